@@ -1,0 +1,171 @@
+"""Character offsets of tokens, and moving key tokens / weights between tokenizers (paper App. A.1).
+
+Key tokens found under the evaluator's tokenizer become character spans of the text (adjacent
+spans merged); a token of the evaluated model is key iff its character span lies inside one merged
+key span. Soft weights move by the character-level average: each character takes the weight of the
+evaluator token that covers it, and a model token takes the mean over its characters.
+
+Offsets are ``[n, 2]`` int64 ``(start, end)`` character spans into the text (``end`` exclusive);
+special tokens that are not in the text get a zero-width span.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+
+import numpy as np
+
+_REPLACEMENT = "\ufffd"  # what a byte-level decoder emits for an incomplete UTF-8 sequence
+
+
+def encode_with_offsets(tokenizer, text: str, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and character offsets of ``text``.
+
+    Uses the fast tokenizer's ``offset_mapping``; tokenizers without one (slow / Python tokenizers)
+    fall back to :func:`decode_offsets`.
+
+    Returns:
+        ``ids`` ``[n]`` int64 and ``offsets`` ``[n, 2]`` int64.
+    """
+    kwargs = dict(add_special_tokens=add_special_tokens, return_attention_mask=False, verbose=False)
+    if getattr(tokenizer, "is_fast", False):
+        try:
+            encoded = tokenizer(text, return_offsets_mapping=True, **kwargs)
+            ids = np.asarray(encoded["input_ids"], dtype=np.int64)
+            return ids, np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        except NotImplementedError:
+            pass
+    ids = np.asarray(tokenizer(text, **kwargs)["input_ids"], dtype=np.int64)
+    return ids, decode_offsets(tokenizer, text, ids)
+
+
+def _decode(tokenizer, ids) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def decode_offsets(tokenizer, text: str, ids: np.ndarray) -> np.ndarray:
+    """Character offsets recovered by incremental decoding, for tokenizers without ``offset_mapping``.
+
+    Each token's text is what decoding it adds after its predecessor (one token of context, so
+    SentencePiece's leading-space handling is right). A token that ends inside a multi-byte
+    character decodes to U+FFFD; it is held until the character completes, and all held tokens
+    share the span of the completed text. (The official ``compute_offsets`` measures decoded
+    lengths token by token and drifts on such characters.) Special tokens get zero-width spans.
+    The concatenated pieces are then aligned to ``text``.
+
+    Raises:
+        ValueError: the tokenizer cannot decode.
+    """
+    ids = [int(i) for i in ids]
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    try:
+        _decode(tokenizer, ids[:1])
+    except Exception as err:  # noqa: BLE001 - any failure means "cannot decode"
+        raise ValueError(
+            f"{type(tokenizer).__name__} gives no offset mapping and cannot decode token ids ({err!r}), so "
+            "its tokens cannot be mapped to characters. Use a fast tokenizer "
+            "(AutoTokenizer.from_pretrained(..., use_fast=True)) or one that implements decode()."
+        ) from err
+
+    starts = np.zeros(len(ids), dtype=np.int64)
+    ends = np.zeros(len(ids), dtype=np.int64)
+    pieces: list[str] = []
+    produced = 0  # characters of decoded text so far
+    stream: list[int] = []  # positions (in ids) of the non-special tokens, in order
+    prefix = read = 0  # stream[prefix:read] is the context already emitted; stream[read:] is held
+    for pos, token in enumerate(ids):
+        if token in special:
+            starts[pos] = ends[pos] = produced
+            continue
+        stream.append(pos)
+        context = _decode(tokenizer, [ids[p] for p in stream[prefix:read]])
+        current = _decode(tokenizer, [ids[p] for p in stream[prefix:]])
+        if len(current) > len(context) and not current.endswith(_REPLACEMENT):
+            piece = current[len(context) :]
+            for held in stream[read:]:
+                starts[held], ends[held] = produced, produced + len(piece)
+            pieces.append(piece)
+            produced += len(piece)
+            prefix, read = read, len(stream)
+        else:
+            for held in stream[read:]:  # provisional, in case the text ends mid-character
+                starts[held] = ends[held] = produced
+    if read < len(stream):  # flush tokens still held at the end
+        piece = _decode(tokenizer, [ids[p] for p in stream[prefix:]])[
+            len(_decode(tokenizer, [ids[p] for p in stream[prefix:read]])) :
+        ]
+        for held in stream[read:]:
+            starts[held], ends[held] = produced, produced + len(piece)
+        pieces.append(piece)
+        produced += len(piece)
+    decoded = "".join(pieces)
+    offsets = np.stack([starts, ends], axis=1)
+    if decoded == text:
+        return offsets
+    return _map_positions(decoded, text, type(tokenizer).__name__)[offsets]
+
+
+def _map_positions(decoded: str, text: str, tokenizer_name: str) -> np.ndarray:
+    """``[len(decoded) + 1]`` map from positions in the decoded text to positions in ``text``."""
+    if len(decoded) == len(text):
+        # Same length (e.g. case or character normalisation): the official code assumes this too.
+        return np.arange(len(text) + 1, dtype=np.int64)
+    warnings.warn(
+        f"{tokenizer_name} does not decode back to the input text ({len(decoded)} vs {len(text)} "
+        "characters); token offsets are aligned by sequence matching and may be approximate.",
+        stacklevel=3,
+    )
+    mapping = np.full(len(decoded) + 1, -1, dtype=np.int64)
+    matcher = difflib.SequenceMatcher(None, decoded, text, autojunk=False)
+    for a, b, size in matcher.get_matching_blocks():
+        mapping[a : a + size + 1] = np.arange(b, b + size + 1)
+    # Unmatched positions take the last matched position before them (monotone, never past the end).
+    mapping[0] = max(mapping[0], 0)
+    return np.maximum.accumulate(mapping)
+
+
+def tokens_within_spans(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """``[n]`` bool: token ``k`` lies inside one span (``start_j <= a_k`` and ``b_k <= end_j``).
+
+    Args:
+        offsets: ``[n, 2]`` token spans in text order.
+        spans: ``[m, 2]`` merged key spans in text order (starts and ends non-decreasing), so the
+            candidate span is the last one starting at or before the token.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    if spans.shape[0] == 0 or offsets.shape[0] == 0:
+        return np.zeros(offsets.shape[0], dtype=bool)
+    candidate = np.searchsorted(spans[:, 0], offsets[:, 0], side="right") - 1
+    safe = np.clip(candidate, 0, None)
+    return (candidate >= 0) & (offsets[:, 1] <= spans[safe, 1])
+
+
+def transfer_token_weights(
+    text_length: int, source_offsets: np.ndarray, source_weights: np.ndarray, target_offsets: np.ndarray
+) -> np.ndarray:
+    """Character-level average of per-token weights from one tokenization to another.
+
+    Each character gets the weight of the source token covering it (1 where none does; where
+    several byte-level tokens share one character, the last of them); each target token gets the
+    mean over its characters, or 1 if it spans no character.
+
+    Returns:
+        ``[n_target]`` float64 weights.
+    """
+    source_offsets = np.asarray(source_offsets, dtype=np.int64).reshape(-1, 2)
+    target_offsets = np.asarray(target_offsets, dtype=np.int64).reshape(-1, 2)
+    per_char = np.ones(text_length, dtype=np.float64)
+    widths = source_offsets[:, 1] - source_offsets[:, 0]
+    covering = widths > 0
+    chars = np.concatenate(
+        [np.arange(a, b) for a, b in source_offsets[covering]] or [np.zeros(0, dtype=np.int64)]
+    )
+    per_char[chars] = np.repeat(np.asarray(source_weights, dtype=np.float64)[covering], widths[covering])
+    cumulative = np.concatenate([[0.0], np.cumsum(per_char)])
+    a, b = target_offsets[:, 0], target_offsets[:, 1]
+    width = b - a
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (cumulative[b] - cumulative[a]) / width
+    return np.where(width > 0, mean, 1.0)

@@ -1,0 +1,77 @@
+"""Key tokens from long- and short-context log-probabilities (paper Sec. 2.2, 3.1, Table 2).
+
+All arrays are per evaluator token, index ``i`` as in ``logprobs``; NaN marks "no value" (``i = 0``
+for ``lp_long``, ``i < K`` for ``lp_short``), and a NaN never makes a token key.
+
+- LSD (long-short difference): ``lsd[i] = lp_long[i] - lp_short[i]``
+- LCL (long-context likelihood): ``lcl[i] = lp_long[i]``
+- hard rule: key iff ``lsd > alpha and lcl > beta`` (strict; the LCL test can be dropped for the
+  paper's ablation)
+- soft weight: ``min(exp(lsd), gamma)``, and 1 where there is no short score
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_ALPHA = 2.0
+DEFAULT_BETA = -2.0
+DEFAULT_GAMMA = 5.0
+
+
+def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:
+    """``[n]`` LSD, NaN where either log-prob is missing."""
+    return np.asarray(lp_long, dtype=np.float32) - np.asarray(lp_short, dtype=np.float32)
+
+
+def key_token_mask(
+    lp_long: np.ndarray,
+    lp_short: np.ndarray,
+    alpha: float = DEFAULT_ALPHA,
+    beta: float = DEFAULT_BETA,
+    use_lcl: bool = True,
+) -> np.ndarray:
+    """``[n]`` bool: ``LSD > alpha`` and (if ``use_lcl``) ``LCL > beta``."""
+    lsd = long_short_difference(lp_long, lp_short)
+    with np.errstate(invalid="ignore"):
+        mask = lsd > alpha
+        if use_lcl:
+            mask &= np.asarray(lp_long, dtype=np.float32) > beta
+    return mask
+
+
+def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
+    """``[n]`` float32 ``min(exp(LSD), gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
+    lsd = long_short_difference(lp_long, lp_short)
+    with np.errstate(over="ignore", invalid="ignore"):
+        weights = np.minimum(np.exp(lsd), np.float32(gamma))
+    return np.where(np.isnan(lsd), np.float32(1.0), weights).astype(np.float32)
+
+
+def merge_adjacent_spans(spans: np.ndarray) -> np.ndarray:
+    """Merge character spans that touch (``start[j+1] == end[j]``), keeping their order.
+
+    Args:
+        spans: ``[m, 2]`` int ``(start, end)`` spans in text order.
+    Returns:
+        ``[m', 2]`` merged spans. Like the official code, only exactly touching spans merge.
+    """
+    spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    if spans.shape[0] == 0:
+        return spans
+    touches = spans[1:, 0] == spans[:-1, 1]
+    keep_start = np.concatenate([[True], ~touches])
+    keep_end = np.concatenate([~touches, [True]])
+    return np.stack([spans[keep_start, 0], spans[keep_end, 1]], axis=1)
+
+
+def key_char_spans(offsets: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Merged character spans of the key tokens.
+
+    Args:
+        offsets: ``[n, 2]`` character span of each evaluator token in the text.
+        mask: ``[n]`` bool key-token mask.
+    Returns:
+        ``[m, 2]`` int64 spans.
+    """
+    return merge_adjacent_spans(np.asarray(offsets, dtype=np.int64)[np.asarray(mask, dtype=bool)])

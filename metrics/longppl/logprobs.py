@@ -1,0 +1,219 @@
+"""Token log-probabilities of a causal LM without a full ``[sequence, vocabulary]`` logits tensor.
+
+Index convention (shared by the whole package): for a sequence ``x_0 … x_{T-1}``,
+``lp[i] = log P(x_i | x_0 … x_{i-1})`` for ``i >= 1``; ``lp[0]`` has no value (NaN).
+
+The backbone runs once and returns final hidden states ``[B, T, H]``; only the positions that are
+scored are projected through the LM head, a chunk of rows at a time, so the largest logits tensor
+ever alive is ``[chunk, vocabulary]`` (about ``logits_chunk_bytes`` of float32).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# float32 bytes of one logits chunk; 1 GiB keeps a 128k-vocabulary chunk at ~2k rows, large enough
+# for the LM-head matmul to run at full speed and small next to a model's weights.
+DEFAULT_LOGITS_CHUNK_BYTES = 1 << 30
+
+_CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+@dataclass(frozen=True)
+class CausalLMHead:
+    """A causal LM split into backbone and LM head, with the logit post-processing of its architecture.
+
+    ``logits = softcap(head(hidden) * logit_multiplier)`` where ``softcap(z) = c * tanh(z / c)``
+    when ``final_logit_softcapping = c`` is set (Gemma 2/3), and ``logit_multiplier`` covers
+    Cohere's ``logit_scale`` and Granite's ``1 / logits_scaling``.
+    """
+
+    model: nn.Module  # the unwrapped ``*ForCausalLM`` module
+    backbone: nn.Module  # returns ``last_hidden_state`` (final norm applied)
+    head: nn.Module  # maps hidden states to logits (may be a PEFT/LoRA-wrapped Linear)
+    logit_multiplier: float
+    final_logit_softcapping: float | None
+
+    @property
+    def input_device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, H]`` hidden states -> ``[N, V]`` float32 logits exactly as the model defines them."""
+        # Call the module, not F.linear(weight): a LoRA-wrapped head adds its delta in forward().
+        logits = self.head(hidden).float()
+        if self.logit_multiplier != 1.0:
+            logits = logits * self.logit_multiplier
+        if self.final_logit_softcapping is not None:
+            cap = self.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Return the transformers model under DDP / PEFT wrappers (LoRA-style adapters stay in place)."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+        active = getattr(model, "active_peft_config", None)
+        if active is not None and getattr(active, "is_prompt_learning", False):
+            raise ValueError(
+                f"PEFT prompt-learning adapters ({type(active).__name__}) change the model's inputs and "
+                "are not supported for token scoring; merge them or use a LoRA-style adapter."
+            )
+        # LoRA & co. are injected into the base model's modules, so the base model computes with them.
+        model = model.get_base_model()
+    return model
+
+
+def resolve_lm_head(model: nn.Module) -> CausalLMHead:
+    """Split ``model`` into backbone and LM head, or explain why it is not a causal LM.
+
+    Raises:
+        ValueError: ``model`` has no causal language-modeling head (e.g. a bare ``LlamaModel``,
+            a masked LM, an encoder-decoder, or a classifier).
+    """
+    base = unwrap_model(model)
+    name = type(base).__name__
+    config = getattr(base, "config", None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    backbone = getattr(base, "base_model", None)
+    is_causal = name.endswith(_CAUSAL_LM_SUFFIXES) and not getattr(config, "is_encoder_decoder", False)
+    if head is None or backbone is None or backbone is base or not is_causal:
+        raise ValueError(
+            f"{name} is not a causal language model with an LM head, so it cannot score tokens. "
+            "Load it with transformers.AutoModelForCausalLM.from_pretrained(...) (a *ForCausalLM class)."
+        )
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    multiplier = 1.0
+    scale = getattr(base, "logit_scale", None)  # Cohere keeps it as a model attribute
+    if isinstance(scale, (int, float)):
+        multiplier *= float(scale)
+    divisor = getattr(text_config, "logits_scaling", None)  # Granite
+    if isinstance(divisor, (int, float)) and divisor:
+        multiplier /= float(divisor)
+    softcap = getattr(text_config, "final_logit_softcapping", None)
+    return CausalLMHead(base, backbone, head, multiplier, float(softcap) if softcap else None)
+
+
+def head_log_probs(
+    head: CausalLMHead,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
+) -> torch.Tensor:
+    """``log softmax(logits(hidden[rows]))[targets]``, a chunk of rows at a time.
+
+    Args:
+        hidden: ``[M, H]`` final hidden states.
+        targets: ``[N]`` token ids; ``targets[r]`` is predicted by hidden row ``rows[r]``.
+        rows: ``[N]`` row indices into ``hidden``; ``None`` means ``arange(M)`` (then ``N == M``).
+            Rows are gathered chunk by chunk, so no ``[N, H]`` copy is made.
+    Returns:
+        ``[N]`` float32 log-probabilities on ``targets.device``.
+    """
+    vocab = getattr(head.head, "out_features", None) or head.model.config.get_text_config().vocab_size
+    step = max(1, logits_chunk_bytes // (4 * vocab))
+    out = torch.empty(targets.shape[0], dtype=torch.float32, device=targets.device)
+    for start in range(0, targets.shape[0], step):
+        end = start + step
+        chunk = hidden[start:end] if rows is None else hidden[rows[start:end].to(hidden.device)]
+        logits = head.logits(chunk)
+        tgt = targets[start:end].to(logits.device)
+        out[start:end] = -F.cross_entropy(logits, tgt, reduction="none").to(out.device)
+        del logits
+    return out
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` 0/1 mask -> ``[B, T]`` positions counted over real tokens (left padding safe)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+_VERIFIED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def verify_head(head: CausalLMHead, input_ids: torch.Tensor) -> None:
+    """Check once per model that backbone + head reproduce the model's own logits.
+
+    This guards against architectures whose logit post-processing we do not know: a short probe
+    (at most 16 tokens of ``input_ids``) is scored both ways and compared.
+    """
+    if _VERIFIED.get(head.model):
+        return
+    probe = input_ids[:1, :16].to(head.input_device)
+    with torch.no_grad():
+        reference = head.model(input_ids=probe, use_cache=False).logits[0].float().log_softmax(-1)
+        hidden = head.backbone(input_ids=probe, use_cache=False).last_hidden_state[0]
+        ours = head.logits(hidden).log_softmax(-1)
+    dtype = head.head.weight.dtype if hasattr(head.head, "weight") else torch.float32
+    # In half precision the model post-processes bf16 logits while we do it in float32.
+    atol = 1e-3 if dtype == torch.float32 else 0.25
+    diff = (reference - ours.to(reference.device)).abs().max().item()
+    if not math.isfinite(diff) or diff > atol:
+        raise RuntimeError(
+            f"Backbone + LM head of {type(head.model).__name__} do not reproduce its own logits "
+            f"(max log-prob difference {diff:.3g}); its architecture post-processes logits in a way this "
+            "library does not know. Please open an issue with the model name."
+        )
+    _VERIFIED[head.model] = True
+
+
+def token_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    score_mask: torch.Tensor | None = None,
+    logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
+) -> torch.Tensor:
+    """Per-token log-probabilities of a (possibly padded) batch, in float32.
+
+    Args:
+        model: a ``*ForCausalLM`` model, optionally PEFT- or DDP-wrapped.
+        input_ids: ``[B, T]`` token ids.
+        attention_mask: ``[B, T]`` 1 for real tokens, 0 for padding (left or right); ``None`` = no padding.
+            Positions are counted over real tokens, so a padded row scores exactly like the unpadded one.
+        score_mask: ``[B, T]`` bool, the target positions ``i`` to score; ``None`` scores every
+            ``i >= 1`` whose token and predecessor are real. Unscored positions cost no LM-head work.
+    Returns:
+        ``[B, T]`` float32 on the model's input device: ``lp[b, i] = log P(x[b, i] | real x[b, <i])``;
+        NaN at position 0, at padding and wherever ``score_mask`` is False.
+    """
+    head = resolve_lm_head(model)
+    device = head.input_device
+    input_ids = input_ids.to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)
+        if bool(attention_mask.all()):
+            attention_mask = None  # no padding: lets SDPA use its causal fast path
+    verify_head(head, input_ids if attention_mask is None else input_ids[:1, attention_mask[0].bool()])
+
+    batch, length = input_ids.shape
+    scored = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    scored[:, 1:] = True
+    if attention_mask is not None:
+        real = attention_mask.bool()
+        scored[:, 1:] &= real[:, 1:] & real[:, :-1]
+    if score_mask is not None:
+        scored &= score_mask.to(device)
+
+    position_ids = None if attention_mask is None else position_ids_from_mask(attention_mask)
+    hidden = head.backbone(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+
+    rows, cols = scored.nonzero(as_tuple=True)  # one host sync per batch
+    out = torch.full((batch, length), float("nan"), dtype=torch.float32, device=device)
+    if rows.numel():
+        flat_hidden = hidden.reshape(batch * length, hidden.shape[-1])
+        predictor_rows = rows * length + cols - 1  # hidden state at i-1 predicts token i
+        lp = head_log_probs(head, flat_hidden, input_ids[rows, cols], predictor_rows, logits_chunk_bytes)
+        out[rows, cols] = lp
+    return out

@@ -1,0 +1,307 @@
+"""LongPPL: perplexity over the key tokens of long-context language modeling (evaluate metric)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import numbers
+import warnings
+
+import datasets
+import evaluate
+import torch
+
+# evaluate copies only the sibling modules this file imports directly (it does not follow imports
+# recursively), so every module of the scoring core is imported here, even where unused. (No
+# comments on these lines: evaluate reads a comment after a relative import as a download URL.)
+from .alignment import encode_with_offsets
+from .batching import long_context_log_probs
+from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA
+from .loading import load_causal_lm, load_tokenizer
+from .logprobs import resolve_lm_head
+from .official import compute_longppl, find_key_token, load_key_token
+from .scoring import (
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+    ModelScores,
+    aggregate,
+    document_result,
+    model_key_weights,
+    score_with_evaluator,
+    score_with_model,
+    truncate_texts,
+)
+from .windows import window_bounds
+
+# Re-exported: the official package's scripts do `from longppl.longppl import *`.
+__all__ = ["LongPPL", "compute_longppl", "find_key_token", "load_key_token"]
+_CORE = (encode_with_offsets, long_context_log_probs, window_bounds)
+
+_CITATION = """\
+@inproceedings{fang2025wrong,
+  title={What is Wrong with Perplexity for Long-context Language Modeling?},
+  author={Lizhe Fang and Yifei Wang and Zhaoyang Liu and Chenheng Zhang and Stefanie Jegelka and Jinyang Gao and Bolin Ding and Yisen Wang},
+  booktitle={The Thirteenth International Conference on Learning Representations},
+  year={2025},
+  url={https://arxiv.org/abs/2410.23771}
+}
+"""
+
+_DESCRIPTION = """\
+LongPPL is perplexity computed only over the *key tokens* of a text: the tokens whose prediction
+needs long context. An evaluator model scores every token twice, with its full context and with a
+truncated context of K tokens (sliding windows of stride d). A token is key when its long-short
+difference LSD = log P(x|long) - log P(x|short) exceeds alpha and its long-context likelihood
+LCL = log P(x|long) exceeds beta. The evaluated model's LongPPL is then exp(mean negative
+log-likelihood over those tokens); plain perplexity is reported alongside. Key tokens are carried
+to the evaluated model's tokenizer through character spans, so any two tokenizers can be mixed.
+
+Unlike perplexity, LongPPL correlates strongly with long-context benchmarks (Pearson -0.96 with
+LongBench in the paper). Use a strong long-context model (e.g. Llama-3.1-8B) as evaluator: a model
+evaluating itself gives uninformative values (paper, Appendix B.2).
+"""
+
+_KWARGS_DESCRIPTION = """
+Computes LongPPL and PPL of a causal LM on long texts.
+
+Args:
+    predictions (`list` of `str`): the texts to score (long documents; each needs more than
+        `trunc_len` evaluator tokens to have key tokens).
+    model_id (`str`): Hub id or local path of the evaluated causal LM. Or pass `model` and
+        `tokenizer` objects (a PEFT-wrapped model works too).
+    evaluator_model_id (`str`): Hub id or local path of the evaluator. Or pass `evaluator_model`
+        and `evaluator_tokenizer`. Required unless `self_evaluation=True`.
+    self_evaluation (`bool`, default False): use the evaluated model as its own evaluator (the
+        paper's ablation; uninformative as a benchmark).
+    alpha (`float`, default 2.0): LSD threshold; key iff LSD > alpha.
+    beta (`float`, default -2.0): LCL threshold; key iff LCL > beta.
+    use_lcl (`bool`, default True): False drops the LCL condition (paper ablation).
+    soft (`bool`, default False): weight every token by min(exp(LSD), gamma) instead of the hard
+        rule (paper Table 2); `n_key_tokens` then holds the total weight.
+    gamma (`float`, default 5.0): cap of the soft weights.
+    trunc_len (`int`, default 4096): K, the short-context length.
+    sliding_window (`int`, default 1024): d, how many tokens share one short context.
+    max_length (`int`, optional): keep only the first `max_length` tokens of each text (evaluated
+        model's tokenizer, no special tokens). The official script uses its `--max-length` minus one.
+    max_tokens_per_batch (`int`, default 32768): token budget of one forward pass; short windows
+        and short documents are packed up to it. Results do not depend on it.
+    device (`str`, optional): where models given by id are loaded: "cuda", "cpu", "auto"
+        (shard over GPUs). Default: a GPU if available. Model objects stay where they are.
+    torch_dtype (`str` or `torch.dtype`, optional): dtype of models given by id; default bfloat16
+        on GPU, float32 on CPU.
+    aggregation (`str`, default "official"): "official" = key-token-weighted mean of per-text
+        LongPPLs (token-weighted for PPL), as the official evaluation script; "pooled" =
+        exp(total NLL / total count) over all texts.
+    add_special_tokens (`bool`, default False): tokenize for the evaluated model with its special
+        tokens (the official code does not).
+    evaluator_add_special_tokens (`bool`, default True): tokenize for the evaluator with its special
+        tokens (official behaviour).
+    window_bos (`bool`, default False): opt-in: put the evaluator's BOS at the head of every short
+        window (the official code does not).
+    progress (`bool`, default True): show progress bars.
+
+Returns:
+    longppl (`float`): corpus LongPPL (NaN if no text has key tokens).
+    ppl (`float`): corpus perplexity.
+    longppls (`list` of `float`): LongPPL per text (NaN when it has no key tokens).
+    perplexities (`list` of `float`): perplexity per text.
+    n_key_tokens (`list`): key tokens per text, under the evaluated model's tokenizer.
+    n_tokens (`list` of `int`): tokens per text, under the evaluated model's tokenizer.
+
+Examples:
+    >>> import evaluate
+    >>> longppl = evaluate.load("metrics/longppl")  # doctest: +SKIP
+    >>> results = longppl.compute(
+    ...     predictions=long_texts,
+    ...     model_id="Qwen/Qwen2-7B",
+    ...     evaluator_model_id="meta-llama/Llama-3.1-8B",
+    ... )  # doctest: +SKIP
+    >>> sorted(results)  # doctest: +SKIP
+    ['longppl', 'longppls', 'n_key_tokens', 'n_tokens', 'perplexities', 'ppl']
+"""
+
+
+def _require_finite(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def _require_positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def check_predictions(predictions) -> None:
+    """Raise a ValueError naming the first prediction that is not a non-empty string."""
+    if predictions is None or len(predictions) == 0:
+        raise ValueError("predictions is empty: pass a list with at least one text to score.")
+    for index, text in enumerate(predictions):
+        if not isinstance(text, str):
+            raise ValueError(f"predictions[{index}] is a {type(text).__name__}, not a string; pass texts.")
+        if not text.strip():
+            raise ValueError(f"predictions[{index}] is an empty string; every text must have content.")
+
+
+def _model_and_tokenizer(model, tokenizer, model_id, role: str):
+    """``(model or None, tokenizer or None, id or None)`` after checking that exactly one source is given."""
+    if model is not None and model_id is not None:
+        raise ValueError(f"Pass either {role}_id or {role} (an object), not both.")
+    if model is not None:
+        if tokenizer is None:
+            raise ValueError(f"{role} is a model object, so pass its tokenizer too.")
+        resolve_lm_head(model)  # clear error now for a model without a causal LM head
+    return model, tokenizer, model_id
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class LongPPL(evaluate.Metric):
+    """LongPPL (Fang et al., ICLR 2025) as an ``evaluate`` metric."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            module_type="metric",
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features({"predictions": datasets.Value("string")}),
+            reference_urls=["https://arxiv.org/abs/2410.23771", "https://github.com/PKU-ML/LongPPL"],
+        )
+
+    def compute(self, *, predictions=None, references=None, **kwargs):
+        """Compute LongPPL and PPL of a model on ``predictions`` (the arguments are listed below).
+        """
+        # Checked before evaluate stores the texts: its Arrow encoding would turn 123 into "123".
+        check_predictions(predictions)
+        return super().compute(predictions=predictions, references=references, **kwargs)
+
+    def _compute(
+        self,
+        predictions,
+        model_id=None,
+        evaluator_model_id=None,
+        model=None,
+        tokenizer=None,
+        evaluator_model=None,
+        evaluator_tokenizer=None,
+        self_evaluation=False,
+        alpha=DEFAULT_ALPHA,
+        beta=DEFAULT_BETA,
+        use_lcl=True,
+        soft=False,
+        gamma=DEFAULT_GAMMA,
+        trunc_len=DEFAULT_TRUNC_LEN,
+        sliding_window=DEFAULT_SLIDING_WINDOW,
+        max_length=None,
+        max_tokens_per_batch=DEFAULT_MAX_TOKENS_PER_BATCH,
+        device=None,
+        torch_dtype=None,
+        aggregation="official",
+        add_special_tokens=False,
+        evaluator_add_special_tokens=True,
+        window_bos=False,
+        progress=True,
+    ):
+        check_predictions(predictions)
+        alpha = _require_finite("alpha", alpha)
+        beta = _require_finite("beta", beta)
+        gamma = _require_finite("gamma", gamma)
+        if gamma <= 0:
+            raise ValueError(f"gamma must be > 0 (it caps the soft weights min(exp(LSD), gamma)), got {gamma!r}.")
+        trunc_len = _require_positive_int("trunc_len", trunc_len)
+        sliding_window = _require_positive_int("sliding_window", sliding_window)
+        max_tokens_per_batch = _require_positive_int("max_tokens_per_batch", max_tokens_per_batch)
+        if max_length is not None:
+            max_length = _require_positive_int("max_length", max_length, minimum=2)
+        if aggregation not in ("official", "pooled"):
+            raise ValueError(f"aggregation must be 'official' or 'pooled', got {aggregation!r}.")
+
+        model, tokenizer, model_id = _model_and_tokenizer(model, tokenizer, model_id, "model")
+        if model is None and model_id is None:
+            raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
+        evaluator_given = evaluator_model is not None or evaluator_model_id is not None
+        if self_evaluation and evaluator_given:
+            raise ValueError("self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too.")
+        if not self_evaluation and not evaluator_given:
+            raise ValueError(
+                "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
+                "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
+                "evaluator_tokenizer. A model that evaluates itself gives uninformative LongPPL "
+                "(paper, Appendix B.2: all models score about the same); to run that ablation anyway, "
+                "pass self_evaluation=True."
+            )
+        evaluator_model, evaluator_tokenizer, evaluator_model_id = _model_and_tokenizer(
+            evaluator_model, evaluator_tokenizer, evaluator_model_id, "evaluator_model"
+        )
+
+        if self_evaluation and model is None:
+            model, tokenizer = load_causal_lm(model_id, device, torch_dtype)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(model_id)  # the model itself is loaded after the evaluator is freed
+        texts = truncate_texts(predictions, tokenizer, max_length)
+
+        loaded_evaluator = False
+        if self_evaluation:
+            evaluator_model, evaluator_tokenizer = model, tokenizer
+        elif evaluator_model is None:
+            evaluator_model, evaluator_tokenizer = load_causal_lm(evaluator_model_id, device, torch_dtype)
+            loaded_evaluator = True
+        evaluator_scores = score_with_evaluator(
+            evaluator_model,
+            evaluator_tokenizer,
+            texts,
+            trunc_len,
+            sliding_window,
+            max_tokens_per_batch,
+            add_special_tokens=evaluator_add_special_tokens,
+            window_bos=window_bos,
+            progress=progress,
+        )
+        if loaded_evaluator:
+            del evaluator_model
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+        if model is None:
+            model, _ = load_causal_lm(model_id, device, torch_dtype)
+        if self_evaluation and add_special_tokens == evaluator_add_special_tokens:
+            # Same model, same tokens: the evaluator's long pass already holds the model's log-probs.
+            model_scores = [ModelScores(s.input_ids, s.offsets, s.lp_long) for s in evaluator_scores]
+        else:
+            model_scores = score_with_model(
+                model, tokenizer, texts, max_tokens_per_batch, add_special_tokens=add_special_tokens, progress=progress
+            )
+
+        results = []
+        for text, ev, ms in zip(texts, evaluator_scores, model_scores):
+            weights = model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma)
+            results.append(document_result(ms.lp, weights))
+        self._warn_without_key_tokens(evaluator_scores, results, trunc_len)
+
+        longppl, ppl = aggregate(results, aggregation)
+        return {
+            "longppl": longppl,
+            "ppl": ppl,
+            "longppls": [r.longppl for r in results],
+            "perplexities": [r.ppl for r in results],
+            "n_key_tokens": [r.n_key_tokens if soft else int(r.n_key_tokens) for r in results],
+            "n_tokens": [r.n_tokens for r in results],
+        }
+
+    @staticmethod
+    def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:
+        too_short = [i for i, s in enumerate(evaluator_scores) if s.input_ids.shape[0] <= trunc_len]
+        if too_short:
+            warnings.warn(
+                f"Texts {too_short} have at most trunc_len={trunc_len} evaluator tokens, so no token has a "
+                "short context to compare with: their LongPPL is NaN. Use longer texts or a smaller trunc_len.",
+                stacklevel=3,
+            )
+        no_keys = [i for i, r in enumerate(results) if r.n_key_tokens == 0 and i not in too_short]
+        if no_keys:
+            warnings.warn(f"Texts {no_keys} have no key tokens: their LongPPL is NaN.", stacklevel=3)
+        if all(r.n_key_tokens == 0 for r in results):
+            warnings.warn("No text has key tokens: the corpus LongPPL is NaN.", stacklevel=3)

@@ -1,0 +1,197 @@
+"""Drop-in replacement for the official ``longppl`` package (0.3.0): same functions, arguments and
+return keys, computed with this library's batched, chunked core.
+
+Key spans are saved as JSON (never read back with ``eval``); key-span files written by the official
+package (``[a, b];[c, d]``) are read too, parsed as integers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import warnings
+
+import numpy as np
+import torch
+
+from .alignment import tokens_within_spans
+from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA
+from .loading import load_causal_lm
+from .scoring import (
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+    document_result,
+    score_with_evaluator,
+    score_with_model,
+)
+
+KEY_SPANS_FORMAT = "longppl-key-spans"
+KEY_SPANS_VERSION = 1
+_OFFICIAL_SPAN = re.compile(r"^\[\s*(\d+)\s*,\s*(\d+)\s*\]$")
+
+
+def text_fingerprint(text: str) -> str:
+    """SHA-256 of the UTF-8 text, to refuse key spans computed for another text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def save_key_spans(path: str, spans: np.ndarray, text: str, settings: dict) -> None:
+    """Write key spans as JSON atomically (a temporary file in the same folder, then rename)."""
+    payload = {
+        "format": KEY_SPANS_FORMAT,
+        "version": KEY_SPANS_VERSION,
+        "text_sha256": text_fingerprint(text),
+        "settings": settings,
+        "spans": np.asarray(spans, dtype=np.int64).reshape(-1, 2).tolist(),
+    }
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".key_spans.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_key_token(save_path: str, text: str | None = None) -> list[list[int]]:
+    """Key character spans saved by :func:`compute_longppl` / :func:`find_key_token`.
+
+    Reads this library's JSON files and the official package's ``[a, b];[c, d]`` files.
+
+    Args:
+        text: if given, a JSON file computed for a different text is refused.
+    Returns:
+        ``[[start, end], ...]`` spans in text order.
+    """
+    if not os.path.isfile(save_path):
+        raise FileNotFoundError(
+            f"No key-span file at {save_path!r}. Compute it first with an evaluator "
+            "(compute_longppl(..., evaluator_model=..., save_path=...))."
+        )
+    with open(save_path, encoding="utf-8") as handle:
+        content = handle.read()
+    stripped = content.strip()
+    if stripped.startswith("{"):
+        try:
+            payload = json.loads(stripped)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{save_path!r} is not a valid key-span JSON file: {err}") from err
+        if payload.get("format") != KEY_SPANS_FORMAT or payload.get("version") != KEY_SPANS_VERSION:
+            raise ValueError(
+                f"{save_path!r} is not a key-span file of this library (format {payload.get('format')!r}, "
+                f"version {payload.get('version')!r}); recompute it with an evaluator."
+            )
+        if text is not None and payload.get("text_sha256") != text_fingerprint(text):
+            raise ValueError(
+                f"The key spans in {save_path!r} were computed for a different text; recompute them "
+                "with an evaluator or pass the matching save_path."
+            )
+        return [[int(a), int(b)] for a, b in payload["spans"]]
+    spans = []
+    for number, part in enumerate(filter(None, stripped.split(";"))):
+        match = _OFFICIAL_SPAN.match(part.strip())
+        if match is None:
+            raise ValueError(
+                f"{save_path!r} is neither a JSON key-span file nor the official '[a, b];[c, d]' format "
+                f"(entry {number}: {part[:40]!r})."
+            )
+        spans.append([int(match.group(1)), int(match.group(2))])
+    return spans
+
+
+def _as_model(model, tokenizer, role: str):
+    if isinstance(model, str):
+        if tokenizer is not None:
+            warnings.warn(f"{role} is a path; its own tokenizer is loaded and the one given is ignored.", stacklevel=3)
+        return load_causal_lm(model)
+    if tokenizer is None:
+        raise ValueError(f"{role} is a model object, so its tokenizer must be given too.")
+    return model, tokenizer
+
+
+def find_key_token(
+    text,
+    evaluator_model,
+    evaluator_tokenizer,
+    trunc_len=DEFAULT_TRUNC_LEN,
+    sliding_window=DEFAULT_SLIDING_WINDOW,
+    save_path=None,
+    alpha=DEFAULT_ALPHA,
+    beta=DEFAULT_BETA,
+):
+    """Key character spans of ``text`` under ``evaluator_model`` (official signature).
+
+    Returns:
+        ``[m, 2]`` int64 tensor of merged ``(start, end)`` character spans.
+    """
+    scores = score_with_evaluator(
+        evaluator_model, evaluator_tokenizer, [text], trunc_len, sliding_window, progress=False
+    )[0]
+    spans = scores.key_spans(alpha, beta)
+    if save_path is not None:
+        settings = dict(trunc_len=trunc_len, sliding_window=sliding_window, alpha=alpha, beta=beta)
+        save_key_spans(save_path, spans, text, settings)
+    return torch.from_numpy(spans)
+
+
+def compute_longppl(
+    text,
+    model,
+    evaluator_model,
+    tokenizer=None,
+    evaluator_tokenizer=None,
+    save_path=None,
+    trunc_len=DEFAULT_TRUNC_LEN,
+    sliding_window=DEFAULT_SLIDING_WINDOW,
+    alpha=DEFAULT_ALPHA,
+    beta=DEFAULT_BETA,
+):
+    r"""LongPPL of one text, with the official ``longppl.compute_longppl`` signature and return keys.
+
+    Parameters:
+        text (`str`): the text to score.
+        model (`PreTrainedModel` or `str`): the evaluated causal LM, or its path / Hub id.
+        evaluator_model (`PreTrainedModel`, `str` or `None`): the model that selects key tokens; ``None``
+            reads key spans saved earlier at ``save_path``.
+        tokenizer, evaluator_tokenizer: tokenizers of the two models (required for model objects).
+        save_path (`str`, optional): where the key spans are saved (JSON) or, without an evaluator, read.
+        trunc_len (`int`, default 4096): K, the length of the truncated short context.
+        sliding_window (`int`, default 1024): d, the number of tokens sharing one short context.
+        alpha, beta (`float`, default 2, -2): key token iff LSD > alpha and LCL > beta.
+
+    Returns:
+        `dict` with ``longppl`` (``None`` when no token is key, as in the official package),
+        ``n_key_token``, ``ppl`` and ``n_token`` (the evaluated model's tokens, without special tokens).
+
+    As officially, the evaluator tokenizes with its special tokens and the evaluated model without.
+    """
+    model, tokenizer = _as_model(model, tokenizer, "model")
+    if evaluator_model is not None:
+        evaluator_model, evaluator_tokenizer = _as_model(evaluator_model, evaluator_tokenizer, "evaluator_model")
+        spans = find_key_token(
+            text, evaluator_model, evaluator_tokenizer, trunc_len, sliding_window, save_path, alpha, beta
+        ).numpy()
+    elif save_path is None:
+        raise ValueError("evaluator_model is None, so key spans are read from save_path, which is None too.")
+    else:
+        spans = np.asarray(load_key_token(save_path, text), dtype=np.int64).reshape(-1, 2)
+
+    scores = score_with_model(model, tokenizer, [text], progress=False)[0]
+    weights = tokens_within_spans(scores.offsets, spans).astype(np.float64)
+    result = document_result(scores.lp, weights)
+    if result.n_key_tokens == 0:
+        warnings.warn("No key tokens in this text; 'longppl' is None.", stacklevel=2)
+        return {"longppl": None, "n_key_token": None, "ppl": result.ppl, "n_token": result.n_tokens}
+    return {
+        "longppl": result.longppl,
+        "n_key_token": int(result.n_key_tokens),
+        "ppl": result.ppl,
+        "n_token": result.n_tokens,
+    }

@@ -1,0 +1,235 @@
+"""Scoring documents: the evaluator's long/short log-probs, the evaluated model's log-probs, and
+LongPPL / PPL per document and per corpus.
+
+Per-token arrays follow the index convention of ``logprobs`` (``lp[i] = log P(x_i | x_<i)``, NaN
+where there is no value). Evaluator arrays are indexed by evaluator tokens, model arrays by the
+evaluated model's tokens; the two meet through character spans (``alignment``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
+from .batching import long_context_log_probs
+from .key_tokens import key_char_spans, key_token_mask, soft_weights
+from .logprobs import unwrap_model
+from .windows import short_context_log_probs
+
+DEFAULT_TRUNC_LEN = 4096
+DEFAULT_SLIDING_WINDOW = 1024
+DEFAULT_MAX_TOKENS_PER_BATCH = 32768
+
+
+@dataclass
+class EvaluatorScores:
+    """The evaluator's view of one document, per evaluator token.
+
+    ``input_ids`` ``[n]``, ``offsets`` ``[n, 2]`` character spans, ``lp_long`` ``[n]`` (NaN at 0),
+    ``lp_short`` ``[n]`` (NaN for ``i < trunc_len``).
+    """
+
+    input_ids: np.ndarray
+    offsets: np.ndarray
+    lp_long: np.ndarray
+    lp_short: np.ndarray
+
+    def key_mask(self, alpha: float, beta: float, use_lcl: bool = True) -> np.ndarray:
+        """``[n]`` bool hard key-token mask over evaluator tokens."""
+        return key_token_mask(self.lp_long, self.lp_short, alpha, beta, use_lcl)
+
+    def key_spans(self, alpha: float, beta: float, use_lcl: bool = True) -> np.ndarray:
+        """``[m, 2]`` merged character spans of the key tokens."""
+        return key_char_spans(self.offsets, self.key_mask(alpha, beta, use_lcl))
+
+
+@dataclass
+class ModelScores:
+    """The evaluated model's tokens and log-probs of one document (``[n]``, ``[n, 2]``, ``[n]``)."""
+
+    input_ids: np.ndarray
+    offsets: np.ndarray
+    lp: np.ndarray
+
+
+@dataclass
+class DocumentResult:
+    """LongPPL and PPL of one document, with the sums that corpus aggregation needs.
+
+    ``n_key_tokens`` counts key tokens (with soft weights: their total weight); ``n_tokens`` counts
+    the model's tokens (as the official code does: position 0, which has no prediction, included).
+    """
+
+    longppl: float
+    ppl: float
+    n_key_tokens: float
+    n_tokens: int
+    key_nll: float  # sum of weight * (-lp) over key tokens
+    nll: float  # sum of -lp over predicted tokens
+    n_predicted: int
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    return tqdm(total=total, desc=desc, unit="doc", disable=not enabled or total == 0, leave=False)
+
+
+def _encode_all(tokenizer, texts: Sequence[str], add_special_tokens: bool):
+    encoded = [encode_with_offsets(tokenizer, text, add_special_tokens) for text in texts]
+    for index, (ids, _) in enumerate(encoded):
+        if ids.shape[0] == 0:
+            raise ValueError(f"predictions[{index}] tokenizes to no tokens; pass texts with content.")
+    return encoded
+
+
+def truncate_texts(texts: Sequence[str], tokenizer, max_length: int | None) -> list[str]:
+    """Cut each text after its first ``max_length`` tokens (evaluated model's tokenizer, no special tokens)."""
+    if max_length is None:
+        return list(texts)
+    out = []
+    for text in texts:
+        ids, offsets = encode_with_offsets(tokenizer, text, add_special_tokens=False)
+        out.append(text if ids.shape[0] <= max_length else text[: int(offsets[max_length - 1, 1])])
+    return out
+
+
+def _window_prefix(tokenizer, window_bos: bool) -> int | None:
+    if not window_bos:
+        return None
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise ValueError(
+            f"window_bos=True needs a BOS token, but {type(tokenizer).__name__} has none; leave window_bos=False."
+        )
+    return int(bos)
+
+
+def score_with_evaluator(
+    evaluator,
+    tokenizer,
+    texts: Sequence[str],
+    trunc_len: int = DEFAULT_TRUNC_LEN,
+    sliding_window: int = DEFAULT_SLIDING_WINDOW,
+    max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
+    add_special_tokens: bool = True,
+    window_bos: bool = False,
+    progress: bool = True,
+) -> list[EvaluatorScores]:
+    """Long- and short-context log-probs of every evaluator token of every text.
+
+    Args:
+        add_special_tokens: tokenize with the evaluator's special tokens (BOS), as the official code does.
+        window_bos: opt-in improvement over the official code: feed the evaluator's BOS token at the
+            head of every short window after the first (the first starts at the document's head).
+    """
+    encoded = _encode_all(tokenizer, texts, add_special_tokens)
+    sequences = [torch.from_numpy(ids) for ids, _ in encoded]
+    was_training = unwrap_model(evaluator).training
+    evaluator.eval()
+    try:
+        with torch.inference_mode():
+            with _progress(len(texts), "LongPPL evaluator: long context", progress) as bar:
+                lp_long = long_context_log_probs(evaluator, sequences, max_tokens_per_batch, lambda _: bar.update())
+            with _progress(len(texts), f"LongPPL evaluator: short windows (K={trunc_len})", progress) as bar:
+                lp_short = short_context_log_probs(
+                    evaluator,
+                    sequences,
+                    trunc_len,
+                    sliding_window,
+                    max_tokens_per_batch,
+                    long_log_probs=lp_long,
+                    prefix_token_id=_window_prefix(tokenizer, window_bos),
+                    on_sequence_done=lambda _: bar.update(),
+                )
+    finally:
+        evaluator.train(was_training)
+    return [
+        EvaluatorScores(ids, offsets, long.numpy(), short.numpy())
+        for (ids, offsets), long, short in zip(encoded, lp_long, lp_short)
+    ]
+
+
+def score_with_model(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
+    add_special_tokens: bool = False,
+    progress: bool = True,
+) -> list[ModelScores]:
+    """Full-context log-probs of the evaluated model's tokens (no special tokens by default, as official)."""
+    encoded = _encode_all(tokenizer, texts, add_special_tokens)
+    was_training = unwrap_model(model).training
+    model.eval()
+    try:
+        with torch.inference_mode(), _progress(len(texts), "LongPPL: evaluated model", progress) as bar:
+            lp = long_context_log_probs(
+                model, [torch.from_numpy(ids) for ids, _ in encoded], max_tokens_per_batch, lambda _: bar.update()
+            )
+    finally:
+        model.train(was_training)
+    return [ModelScores(ids, offsets, values.numpy()) for (ids, offsets), values in zip(encoded, lp)]
+
+
+def model_key_weights(
+    evaluator_scores: EvaluatorScores,
+    model_offsets: np.ndarray,
+    text_length: int,
+    alpha: float,
+    beta: float,
+    use_lcl: bool = True,
+    soft: bool = False,
+    gamma: float = 5.0,
+) -> np.ndarray:
+    """Per model token: 1.0 / 0.0 for key / not key (hard rule), or the transferred soft weight."""
+    if soft:
+        weights = soft_weights(evaluator_scores.lp_long, evaluator_scores.lp_short, gamma)
+        return transfer_token_weights(text_length, evaluator_scores.offsets, weights, model_offsets)
+    spans = evaluator_scores.key_spans(alpha, beta, use_lcl)
+    return tokens_within_spans(model_offsets, spans).astype(np.float64)
+
+
+def document_result(lp: np.ndarray, weights: np.ndarray) -> DocumentResult:
+    """LongPPL ``exp(sum w*(-lp) / sum w)`` over key tokens and PPL over all predicted tokens.
+
+    Args:
+        lp: ``[n]`` model log-probs (NaN at 0). weights: ``[n]`` key weights (0/1 for the hard rule).
+    """
+    lp = np.asarray(lp, dtype=np.float64)
+    predicted = ~np.isnan(lp)
+    nll = -lp[predicted]
+    w = np.asarray(weights, dtype=np.float64)[predicted]
+    key = w > 0
+    key_weight = float(w[key].sum())
+    key_nll = float((w[key] * nll[key]).sum())
+    longppl = math.exp(key_nll / key_weight) if key_weight > 0 else float("nan")
+    ppl = math.exp(float(nll.mean())) if nll.size else float("nan")
+    return DocumentResult(longppl, ppl, key_weight, int(lp.shape[0]), key_nll, float(nll.sum()), int(nll.size))
+
+
+def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") -> tuple[float, float]:
+    """Corpus ``(longppl, ppl)``.
+
+    ``"official"`` (default) reproduces the official evaluation script: the mean of per-document
+    LongPPLs weighted by their key-token counts, and of per-document PPLs weighted by token counts
+    (documents without key tokens are left out of the LongPPL mean). ``"pooled"`` is the perplexity
+    of all key tokens of all documents taken together, ``exp(sum nll / count)`` (and likewise PPL).
+    """
+    with_keys = [r for r in results if r.n_key_tokens > 0]
+    key_total = sum(r.n_key_tokens for r in with_keys)
+    if aggregation == "official":
+        longppl = sum(r.longppl * r.n_key_tokens for r in with_keys) / key_total if key_total else float("nan")
+        tokens = sum(r.n_tokens for r in results)
+        ppl = sum(r.ppl * r.n_tokens for r in results) / tokens if tokens else float("nan")
+    elif aggregation == "pooled":
+        longppl = math.exp(sum(r.key_nll for r in with_keys) / key_total) if key_total else float("nan")
+        predicted = sum(r.n_predicted for r in results)
+        ppl = math.exp(sum(r.nll for r in results) / predicted) if predicted else float("nan")
+    else:
+        raise ValueError(f"aggregation={aggregation!r} is not one of 'official', 'pooled'.")
+    return float(longppl), float(ppl)

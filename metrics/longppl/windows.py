@@ -1,0 +1,84 @@
+"""Short-context log-probabilities with the K/d sliding-window scheme (paper App. A.1, official code).
+
+Trunc length ``K`` (``trunc_len``) and stride ``d`` (``sliding_window``). For ``s = 0, d, 2d, …``
+while ``s + K < n``, the model reads ``x[s : min(s+K+d, n)]`` alone, and for ``i`` in
+``[s+K, min(s+K+d, n))``::
+
+    lp_short[i] = log P(x_i | x_s … x_{i-1})
+
+so every token has between ``K`` and ``K+d-1`` tokens of context. Tokens ``i < K`` get no short
+score (NaN). Windows of one or many documents share forward passes (see ``batching``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from .batching import Segment, segment_log_probs
+
+
+def window_bounds(n: int, trunc_len: int, sliding_window: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of every short window of an ``n``-token document; scored: ``[start+K, end)``."""
+    return [(s, min(s + trunc_len + sliding_window, n)) for s in range(0, max(n - trunc_len, 0), sliding_window)]
+
+
+def short_context_log_probs(
+    model: nn.Module,
+    sequences: Sequence[torch.Tensor],
+    trunc_len: int,
+    sliding_window: int,
+    max_tokens_per_batch: int,
+    long_log_probs: Sequence[torch.Tensor] | None = None,
+    prefix_token_id: int | None = None,
+    on_sequence_done: Callable[[int], None] | None = None,
+) -> list[torch.Tensor]:
+    """Short-context log-probs of every token with at least ``trunc_len`` tokens before it.
+
+    Args:
+        sequences: ``[n_k]`` int64 token ids per document.
+        long_log_probs: the documents' full-context log-probs, if already computed. The first window
+            (``s = 0``) reads ``x[0 : K+d]``, which *is* the full context of its scored tokens, so its
+            values are taken from here instead of running it again.
+        prefix_token_id: if given (opt-in, not the official behaviour), windows with ``s > 0`` are
+            fed as ``[prefix_token_id] + x[s:end]``, e.g. a BOS token that the model expects at the
+            head of every sequence. The first window already starts with the document's own tokens.
+        on_sequence_done: called with a document's index once all its windows are scored.
+    Returns:
+        ``[n_k]`` float32 per document: ``lp_short[i]`` for ``i >= K``, NaN for ``i < K``.
+    """
+    results = [torch.full((int(seq.shape[0]),), float("nan")) for seq in sequences]
+    segments: list[Segment] = []
+    owners: list[tuple[int, int, int]] = []  # (document, first scored token, end) per segment
+    pending = [0] * len(sequences)
+    for doc, seq in enumerate(sequences):
+        seq = seq.long().cpu()
+        for start, end in window_bounds(int(seq.shape[0]), trunc_len, sliding_window):
+            if start == 0 and long_log_probs is not None:
+                results[doc][trunc_len:end] = long_log_probs[doc][trunc_len:end]
+                continue
+            tokens = seq[start:end]
+            first = trunc_len
+            if prefix_token_id is not None and start > 0:
+                tokens = torch.cat([torch.tensor([prefix_token_id]), tokens])
+                first += 1
+            segments.append(Segment(tokens, first_scored=first))
+            owners.append((doc, start + trunc_len, end))
+            pending[doc] += 1
+    if on_sequence_done is not None:
+        for doc, count in enumerate(pending):
+            if count == 0:
+                on_sequence_done(doc)
+
+    def done(index: int) -> None:
+        doc = owners[index][0]
+        pending[doc] -= 1
+        if pending[doc] == 0 and on_sequence_done is not None:
+            on_sequence_done(doc)
+
+    scored = segment_log_probs(model, segments, max_tokens_per_batch, done)
+    for (doc, first, end), lp in zip(owners, scored):
+        results[doc][first:end] = lp
+    return results

@@ -1,0 +1,149 @@
+"""Local tokenizers, tiny models and real text for the tests (no network, CPU only)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedTokenizer,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "govreport_crs.jsonl")
+DATA = os.environ.get("LONGPPL_TEST_DATA", os.path.normpath(DATA))
+SPECIALS = ["<s>", "</s>", "<pad>"]
+
+
+@functools.lru_cache(maxsize=None)
+def govreport_texts() -> tuple[str, ...]:
+    """The 13 public-domain CRS reports of ../shared/data (see its README)."""
+    with open(DATA, encoding="utf-8") as handle:
+        return tuple(json.loads(line)["text"] for line in handle if line.strip())
+
+
+def _wrap(tok: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
+    if add_bos:
+        bos = tok.token_to_id("<s>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def byte_level_bpe(vocab_size: int = 600, add_bos: bool = True) -> PreTrainedTokenizerFast:
+    """GPT-2 / Llama-3 style byte-level BPE trained on the reports (offsets include leading spaces)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(govreport_texts(), trainer)
+    return _wrap(tok, add_bos)
+
+
+@functools.lru_cache(maxsize=None)
+def metaspace_bpe(vocab_size: int = 900, add_bos: bool = True) -> PreTrainedTokenizerFast:
+    """SentencePiece-like BPE (Metaspace pre-tokenizer, byte fallback off) trained on the reports."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS + ["<unk>"])
+    tok.train_from_iterator(govreport_texts(), trainer)
+    return _wrap(tok, add_bos)
+
+
+class SlowByteTokenizer(PreTrainedTokenizer):
+    """A Python (slow) tokenizer: one token per UTF-8 byte, no offset mapping.
+
+    Multi-byte characters are split across tokens, which is what the decode-based offset fallback
+    must get right.
+    """
+
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self, **kwargs):
+        self._specials = {"<s>": 256, "</s>": 257, "<pad>": 258}
+        kwargs.setdefault("bos_token", "<s>")
+        kwargs.setdefault("eos_token", "</s>")
+        kwargs.setdefault("pad_token", "<pad>")
+        super().__init__(**kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return 259
+
+    def get_vocab(self):
+        vocab = {f"<0x{i:02X}>": i for i in range(256)}
+        vocab.update(self._specials)
+        return vocab
+
+    def _tokenize(self, text, **kwargs):
+        return [f"<0x{b:02X}>" for b in text.encode("utf-8")]
+
+    def _convert_token_to_id(self, token):
+        if token in self._specials:
+            return self._specials[token]
+        return int(token[3:5], 16)
+
+    def _convert_id_to_token(self, index):
+        for name, value in self._specials.items():
+            if value == index:
+                return name
+        return f"<0x{index:02X}>"
+
+    def convert_tokens_to_string(self, tokens):
+        data = bytes(int(t[3:5], 16) for t in tokens if t not in self._specials)
+        return data.decode("utf-8", errors="replace")
+
+    def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
+        return [self.bos_token_id] + token_ids_0 + ([] if token_ids_1 is None else token_ids_1)
+
+    def save_vocabulary(self, save_directory, filename_prefix=None):
+        return ()
+
+
+def tiny_model(arch: str, vocab_size: int, seed: int = 0, max_positions: int = 8192, **overrides):
+    """A random float32 causal LM of family ``arch`` small enough for CPU tests."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    if arch == "llama":
+        config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=max_positions, **common)
+    elif arch == "mistral":
+        config = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=max_positions, sliding_window=None,
+                               **common)
+    elif arch == "qwen2":
+        config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=max_positions, **common)
+    elif arch == "gpt2":
+        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=max_positions, **common)
+    elif arch == "gemma2":
+        config = Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=8, max_position_embeddings=max_positions,
+                              final_logit_softcapping=2.0, attn_logit_softcapping=50.0,
+                              sliding_window=max_positions, query_pre_attn_scalar=8, **common)
+    else:
+        raise ValueError(arch)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if arch == "gemma2":
+        # Random init leaves logits small; scale the head so that soft-capping really bites.
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(40.0)
+    return model.eval()
