@@ -76,7 +76,7 @@ class DocumentResult:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    return tqdm(total=total, desc=desc, unit="doc", disable=not enabled or total == 0, leave=False)
+    return tqdm(total=total, desc=desc, unit="doc", disable=not enabled or total == 0)
 
 
 def _encode_all(tokenizer, texts: Sequence[str], add_special_tokens: bool):

@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""Benchmark: online LongPPL vs plain PPL vs the reference (official) algorithm, in one process.
+
+Two random-weight models shaped like Llama-3.1-8B (vocabulary 128256), one the evaluator and one
+the evaluated model, bf16, SDPA attention, on documents of random tokens. For each length it runs
+
+- ``ppl``: plain perplexity from the evaluated model's full logits (what a PPL harness does);
+- ``reference``: the official algorithm re-implemented faithfully: batch 1, one short window per
+  forward, full logits kept (the evaluator's long-pass output stays alive during the windows),
+  models called with their default arguments, key tokens collected token by token in Python as
+  the official loop does; ``reference-vec`` is the same with one ``nonzero()`` per window;
+- ``ours``: this library's core (chunked LM head, packed windows, first window reused);
+
+and prints seconds and peak GiB (``torch.cuda.max_memory_allocated``, weights of both models
+included) with ratios. Tokens are random ids shared by both models, so no tokenizer is involved
+(character-span mapping is CPU work of a few milliseconds either way).
+
+    python scripts/bench_longppl.py --out bench.json                # on an H200
+    python scripts/bench_longppl.py --tiny --lengths 600 1000       # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import longppl
+except ImportError:  # running from a checkout without `pip install`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
+    import longppl
+
+from longppl import key_token_mask, long_context_log_probs, short_context_log_probs
+
+
+def build_model(tiny: bool, device: str, seed: int):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    if tiny:
+        config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 17)
+        dtype = torch.float32
+    else:  # Llama-3.1-8B's shape
+        config = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                             rope_theta=500000.0, tie_word_embeddings=False)
+        dtype = torch.bfloat16
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def reference_longppl(evaluator, model, ids, K, d, alpha, beta, vectorized=False):
+    """The official ``find_key_token`` + ``compute_longppl`` on token ids (same tokenizer).
+
+    As in the official code, key tokens are collected by a Python loop that tests each token of
+    a window (one device sync per token); ``vectorized=True`` replaces that loop by one
+    ``nonzero()`` per window, a kinder baseline reported alongside.
+    """
+    input_ids = ids[None]
+    n = ids.shape[0]
+    loss_f = torch.nn.CrossEntropyLoss(reduction="none")
+    with torch.no_grad():
+        output_full = evaluator(input_ids)
+        key_tokens = []
+        window = d
+        for start in range(0, n - K, d):
+            if start + K + window > n:
+                window = n - start - K
+            output_short = evaluator(input_ids[:, start : start + K + window])
+            loss_full = loss_f(output_full.logits[0, start + K - 1 : start + K + window - 1], ids[start + K : start + K + window])
+            loss_short = loss_f(output_short.logits[0, K - 1 : K + window - 1], ids[start + K : start + K + window])
+            is_key = torch.logical_and((loss_short - loss_full) > alpha, loss_full < -beta)
+            if vectorized:
+                key_tokens += (start + K + is_key.nonzero()[:, 0]).tolist()
+            else:
+                for i, flag in enumerate(is_key):
+                    if flag:
+                        key_tokens.append(start + K + i)
+            del output_short
+        del output_full
+        output = model(input_ids)
+        loss_overall = loss_f(output.logits[0, :-1], ids[1:]).float()
+    key = torch.tensor(key_tokens, dtype=torch.long, device=ids.device) - 1
+    longppl = math.exp(loss_overall[key].mean().item()) if key.numel() else float("nan")
+    return longppl, math.exp(loss_overall.mean().item()), len(key_tokens)
+
+
+def plain_ppl(model, ids):
+    """PPL as the official code computes it: cross-entropy over the model's full (bf16) logits."""
+    with torch.no_grad():
+        logits = model(ids[None]).logits
+        loss = F.cross_entropy(logits[0, :-1], ids[1:], reduction="none").float()
+    return math.exp(loss.mean().item())
+
+
+def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None):
+    """This library's path; ``phases`` (a dict) receives the seconds of each stage."""
+    marks = [time.perf_counter()]
+
+    def mark():
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+
+    with torch.inference_mode():
+        lp_long = long_context_log_probs(evaluator, [ids], budget)
+        mark()
+        lp_short = short_context_log_probs(evaluator, [ids], K, d, budget, long_log_probs=lp_long)
+        mark()
+        key = torch.from_numpy(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), alpha, beta))
+        lp = long_context_log_probs(model, [ids], budget)[0]
+        mark()
+    if phases is not None:
+        phases.update(zip(["evaluator_long", "evaluator_windows", "model"], [b - a for a, b in zip(marks, marks[1:])]))
+    nll = -lp[1:].double()
+    longppl = math.exp(nll[key[1:]].mean().item()) if key.any() else float("nan")
+    return longppl, math.exp(nll.mean().item()), int(key.sum())
+
+
+def measure(fn, device):
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    value = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return seconds, peak, value
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072])
+    parser.add_argument("--trunc-len", type=int, default=4096)
+    parser.add_argument("--sliding-window", type=int, default=1024)
+    parser.add_argument("--alpha", type=float, default=2.0)
+    parser.add_argument("--beta", type=float, default=-2.0)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[32768], help="max_tokens_per_batch values for ours")
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs per method and length (best is kept)")
+    parser.add_argument("--skip-reference-above", type=int, default=1 << 30)
+    parser.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke run)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    t0 = time.perf_counter()
+    evaluator = build_model(args.tiny, device, seed=1)
+    model = build_model(args.tiny, device, seed=2)
+    print(f"built two models in {time.perf_counter() - t0:.1f}s on {device}"
+          + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""), flush=True)
+    vocab = model.config.vocab_size
+    K, d = args.trunc_len, args.sliding_window
+
+    # Warm-up on a short document: kernels, cuBLAS handles, allocator.
+    warm = torch.randint(vocab, (K + 2 * d + 7,), device=device)
+    plain_ppl(model, warm)
+    reference_longppl(evaluator, model, warm, K, d, args.alpha, args.beta)
+    our_longppl(evaluator, model, warm, K, d, args.alpha, args.beta, args.budgets[0])
+
+    rows = []
+    for n in args.lengths:
+        ids = torch.randint(vocab, (n,), generator=torch.Generator().manual_seed(n)).to(device)
+        methods = [("ppl", lambda: plain_ppl(model, ids))]
+        if n <= args.skip_reference_above:
+            methods.append(("reference", lambda: reference_longppl(evaluator, model, ids, K, d, args.alpha, args.beta)))
+            methods.append(("reference-vec", lambda: reference_longppl(
+                evaluator, model, ids, K, d, args.alpha, args.beta, vectorized=True)))
+        phases = {}
+        for budget in args.budgets:
+            methods.append((f"ours(b={budget})", lambda b=budget: our_longppl(
+                evaluator, model, ids, K, d, args.alpha, args.beta, b, phases.setdefault(b, {}))))
+        for name, fn in methods:
+            best = None
+            for _ in range(args.repeat):
+                seconds, peak, value = measure(fn, device)
+                if best is None or seconds < best[0]:
+                    best = (seconds, peak, value)
+            row = {"tokens": n, "method": name, "seconds": best[0], "peak_gib": best[1],
+                   "value": best[2] if isinstance(best[2], float) else list(best[2])}
+            if name.startswith("ours"):
+                row["phases"] = {k: round(v, 3) for k, v in phases[int(name[7:-1])].items()}
+            rows.append(row)
+            print(f"{n:>7} {name:<16} {best[0]:8.2f}s {best[1]:7.1f} GiB  {best[2]}  {row.get('phases', '')}", flush=True)
+
+    print("\n| tokens | method | seconds | peak GiB | time / reference | peak / reference | time / PPL |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for row in rows:
+        same = {r["method"]: r for r in rows if r["tokens"] == row["tokens"]}
+        ref, ppl = same.get("reference"), same["ppl"]
+        ratio = lambda key, base: f"{row[key] / base[key]:.2f}x" if base and base[key] == base[key] else "-"
+        print(f"| {row['tokens']} | {row['method']} | {row['seconds']:.2f} | {row['peak_gib']:.1f} | "
+              f"{ratio('seconds', ref)} | {ratio('peak_gib', ref)} | {ratio('seconds', ppl)} |")
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                       "torch": torch.__version__, "trunc_len": K, "sliding_window": d, "rows": rows}, handle, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

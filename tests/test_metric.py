@@ -1,0 +1,227 @@
+"""The evaluate module: loading, exact values against the plain reference, options, bad input."""
+
+import math
+import os
+import warnings
+
+import evaluate
+import pytest
+import torch
+from helpers import SlowByteTokenizer, byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from reference import longppl_document
+from transformers import LlamaConfig, LlamaModel
+
+import longppl
+
+K, D = 47, 13  # neither divides the document lengths
+ALPHA, BETA = 0.005, -50.0  # random tiny models: LSD is small, LCL is about -log(vocab)
+
+
+@pytest.fixture(scope="module")
+def metric(repo_root):
+    cwd = os.getcwd()
+    os.chdir(repo_root)
+    try:
+        return evaluate.load("metrics/longppl")
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    ev_tok, tok = byte_level_bpe(), metaspace_bpe()
+    evaluator = tiny_model("llama", len(ev_tok), seed=1)
+    model = tiny_model("qwen2", len(tok), seed=2)
+    texts = [t[1000 : 1000 + size] for t, size in zip(govreport_texts()[:3], (900, 1400, 650))]
+    return dict(model=model, tokenizer=tok, evaluator_model=evaluator, evaluator_tokenizer=ev_tok, texts=texts)
+
+
+def run(metric, setup, **kwargs):
+    predictions = kwargs.pop("predictions", setup["texts"])
+    args = {k: v for k, v in setup.items() if k != "texts"}
+    args.update(trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA, progress=False)
+    args.update(kwargs)
+    return metric.compute(predictions=predictions, **args)
+
+
+def test_load_from_checkout_and_from_installed_path(metric, tmp_path, monkeypatch):
+    assert type(metric).__name__ == "LongPPL"
+    assert list(metric.features) == ["predictions"]
+    assert "fang2025wrong" in metric.citation and "trunc_len" in metric.inputs_description
+    monkeypatch.chdir(tmp_path)  # another directory: the installed package's folder loads too
+    again = evaluate.load(longppl.METRIC_PATH)
+    assert type(again).__name__ == "LongPPL"
+
+
+def test_values_equal_the_official_algorithm(metric, setup):
+    result = run(metric, setup)
+    refs = [
+        longppl_document(text, setup["model"], setup["tokenizer"], setup["evaluator_model"],
+                         setup["evaluator_tokenizer"], K, D, ALPHA, BETA)
+        for text in setup["texts"]
+    ]
+    assert sorted(result) == ["longppl", "longppls", "n_key_tokens", "n_tokens", "perplexities", "ppl"]
+    assert result["n_key_tokens"] == [r["n_key"] for r in refs]
+    assert result["n_tokens"] == [r["n_tokens"] for r in refs]
+    assert all(r["n_key"] > 5 for r in refs)
+    for got, ref in zip(result["longppls"], refs):
+        assert got == pytest.approx(ref["longppl"], rel=1e-5)
+    for got, ref in zip(result["perplexities"], refs):
+        assert got == pytest.approx(ref["ppl"], rel=1e-5)
+    # official aggregation: key-token-weighted mean of LongPPLs, token-weighted mean of PPLs
+    official = sum(r["longppl"] * r["n_key"] for r in refs) / sum(r["n_key"] for r in refs)
+    assert result["longppl"] == pytest.approx(official, rel=1e-5)
+    assert result["ppl"] == pytest.approx(
+        sum(r["ppl"] * r["n_tokens"] for r in refs) / sum(r["n_tokens"] for r in refs), rel=1e-5
+    )
+    pooled = run(metric, setup, aggregation="pooled")
+    assert pooled["longppl"] == pytest.approx(
+        math.exp(sum(r["key_nll"] for r in refs) / sum(r["n_key"] for r in refs)), rel=1e-5
+    )
+    assert pooled["ppl"] == pytest.approx(math.exp(sum(r["nll"] for r in refs) / sum(r["n_pred"] for r in refs)), rel=1e-5)
+
+
+def test_no_lcl_condition_matches_reference(metric, setup):
+    result = run(metric, setup, beta=-1.0, use_lcl=False)
+    ref = longppl_document(setup["texts"][1], setup["model"], setup["tokenizer"], setup["evaluator_model"],
+                           setup["evaluator_tokenizer"], K, D, ALPHA, -1.0, use_lcl=False)
+    assert result["n_key_tokens"][1] == ref["n_key"] > 0
+    with_lcl = run(metric, setup, beta=-1.0)
+    assert with_lcl["n_key_tokens"][1] == 0  # LCL > -1 is out of reach for a random model
+
+
+def test_batching_does_not_change_results(metric, setup):
+    small = run(metric, setup, max_tokens_per_batch=1)
+    large = run(metric, setup, max_tokens_per_batch=100_000)
+    assert small["n_key_tokens"] == large["n_key_tokens"]
+    for a, b in zip(small["longppls"] + small["perplexities"], large["longppls"] + large["perplexities"]):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_model_ids_and_paths(metric, setup, tmp_path):
+    # A Llama-family evaluated model: transformers reloads a qwen2 folder's tokenizer as
+    # Qwen2Tokenizer, which re-tokenizes differently from the tokenizer object saved there.
+    setup = dict(setup, model=tiny_model("mistral", len(setup["tokenizer"]), seed=2))
+    for name in ("model", "evaluator_model"):
+        setup[name].save_pretrained(tmp_path / name)
+    setup["tokenizer"].save_pretrained(tmp_path / "model")
+    setup["evaluator_tokenizer"].save_pretrained(tmp_path / "evaluator_model")
+    by_object = run(metric, setup)
+    by_path = metric.compute(
+        predictions=setup["texts"], model_id=str(tmp_path / "model"), evaluator_model_id=str(tmp_path / "evaluator_model"),
+        trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA, device="cpu", torch_dtype="float32", progress=False,
+    )
+    assert by_path["n_key_tokens"] == by_object["n_key_tokens"]
+    assert by_path["longppl"] == pytest.approx(by_object["longppl"], rel=1e-5)
+
+
+def test_soft_weights_match_character_average_reference(metric, setup):
+    from reference import evaluator_scores, full_log_probs
+
+    gamma = 1.05
+    result = run(metric, setup, soft=True, gamma=gamma)
+    text = setup["texts"][0]
+    ids, offsets, lp_long, lp_short = evaluator_scores(setup["evaluator_model"], setup["evaluator_tokenizer"], text, K, D)
+    per_char = [1.0] * len(text)
+    for (a, b), lo, sh in zip(offsets, lp_long, lp_short):
+        weight = 1.0 if math.isnan(sh) else min(math.exp(lo - sh), gamma)
+        for c in range(a, b):
+            per_char[c] = weight
+    enc = setup["tokenizer"](text, add_special_tokens=False, return_offsets_mapping=True)
+    full = full_log_probs(setup["model"], enc["input_ids"])
+    num = den = 0.0
+    for i in range(1, len(enc["input_ids"])):
+        a, b = enc["offset_mapping"][i]
+        w = sum(per_char[a:b]) / (b - a) if b > a else 1.0
+        num += w * -float(full[i - 1, enc["input_ids"][i]])
+        den += w
+    assert result["longppls"][0] == pytest.approx(math.exp(num / den), rel=1e-5)
+    assert result["n_key_tokens"][0] == pytest.approx(den, rel=1e-5)
+
+
+def test_self_evaluation_opt_in(metric, setup):
+    args = dict(setup)
+    args.update(evaluator_model=None, evaluator_tokenizer=None)
+    result = run(metric, args, self_evaluation=True)
+    same = run(metric, setup, evaluator_model=setup["model"], evaluator_tokenizer=setup["tokenizer"])
+    assert result["n_key_tokens"] == same["n_key_tokens"]
+    assert result["longppl"] == pytest.approx(same["longppl"], rel=1e-6)
+
+
+def test_progress_bar_reports_documents(metric, setup, capsys):
+    run(metric, setup, progress=True, predictions=setup["texts"][:2])
+    err = capsys.readouterr().err
+    assert "LongPPL evaluator: long context" in err and "LongPPL: evaluated model" in err and "2/2" in err
+
+
+def test_short_text_gets_nan_and_warning_others_still_scored(metric, setup):
+    texts = [setup["texts"][0], "Only a few words here."]
+    with pytest.warns(UserWarning, match=r"Texts \[1\] have at most trunc_len=47 evaluator tokens"):
+        result = run(metric, setup, predictions=texts)
+    assert math.isnan(result["longppls"][1]) and result["n_key_tokens"][1] == 0
+    assert not math.isnan(result["longppls"][0]) and not math.isnan(result["perplexities"][1])
+    assert result["longppl"] == pytest.approx(result["longppls"][0])
+
+
+def test_no_key_tokens_anywhere_gives_nan_and_warning(metric, setup):
+    with pytest.warns(UserWarning, match="corpus LongPPL is NaN"):
+        result = run(metric, setup, alpha=50.0)
+    assert math.isnan(result["longppl"]) and not math.isnan(result["ppl"])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(predictions=[]), "predictions is empty"),
+        (dict(predictions=["  "]), r"predictions\[0\] is an empty string"),
+        (dict(predictions=["fine text", 17]), r"predictions\[1\] is a int, not a string"),
+        (dict(alpha=float("inf")), "alpha must be a finite number"),
+        (dict(beta=float("nan")), "beta must be a finite number"),
+        (dict(trunc_len=0), "trunc_len must be an integer >= 1"),
+        (dict(sliding_window=0), "sliding_window must be an integer >= 1"),
+        (dict(sliding_window=2.5), "sliding_window must be an integer >= 1"),
+        (dict(gamma=0.0), "gamma must be > 0"),
+        (dict(gamma=-1.0, soft=True), "gamma must be > 0"),
+        (dict(max_tokens_per_batch=0), "max_tokens_per_batch must be an integer >= 1"),
+        (dict(aggregation="mean"), "aggregation must be 'official' or 'pooled'"),
+        (dict(evaluator_model=None, evaluator_tokenizer=None), "No evaluator given.*self_evaluation=True"),
+        (dict(self_evaluation=True), "do not pass an evaluator too"),
+        (dict(tokenizer=None), "model is a model object, so pass its tokenizer too"),
+        (dict(model_id="some/model"), "either model_id or model"),
+    ],
+)
+def test_bad_input_messages(metric, setup, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run(metric, setup, **kwargs)
+
+
+def test_model_without_causal_lm_head(metric, setup):
+    bare = LlamaModel(LlamaConfig(vocab_size=len(setup["tokenizer"]), hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    for role in ("model", "evaluator_model"):
+        with pytest.raises(ValueError, match="LlamaModel is not a causal language model with an LM head"):
+            run(metric, setup, **{role: bare})
+
+
+def test_tokenizer_without_offsets_or_decoding(metric, setup):
+    class Opaque(SlowByteTokenizer):
+        def _decode(self, *args, **kwargs):
+            raise NotImplementedError("no decoder")
+
+    model = tiny_model("llama", 259)
+    with pytest.raises(ValueError, match="Opaque gives no offset mapping and cannot decode"):
+        run(metric, setup, model=model, tokenizer=Opaque())
+
+
+def test_slow_tokenizer_model_is_scored(metric, setup):
+    """A model whose tokenizer has no offset mapping is mapped through the decode fallback."""
+    slow = SlowByteTokenizer()
+    model = tiny_model("gpt2", 259, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # decode round-trips: no approximate-alignment warning
+        result = run(metric, setup, model=model, tokenizer=slow)
+    byte_counts = [len(t.encode("utf-8")) for t in setup["texts"]]
+    assert result["n_tokens"] == byte_counts
+    assert all(n > 0 for n in result["n_key_tokens"])
+    with torch.no_grad():
+        assert all(math.isfinite(v) for v in result["longppls"])

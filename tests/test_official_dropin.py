@@ -1,0 +1,129 @@
+"""`from longppl import compute_longppl` behaves like the official 0.3.0 package, with safe files."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from reference import longppl_document
+
+import longppl.official as official
+from longppl import compute_longppl, find_key_token, load_key_token
+
+K, D, ALPHA, BETA = 41, 17, 0.005, -50.0
+
+
+@pytest.fixture(scope="module")
+def models():
+    ev_tok, tok = byte_level_bpe(), metaspace_bpe()
+    return dict(
+        model=tiny_model("mistral", len(tok), seed=4),
+        tokenizer=tok,
+        evaluator_model=tiny_model("gpt2", len(ev_tok), seed=5),
+        evaluator_tokenizer=ev_tok,
+    )
+
+
+@pytest.fixture(scope="module")
+def text():
+    return govreport_texts()[7][2000:3100]
+
+
+def call(text, models, **kwargs):
+    args = dict(models, trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA)
+    args.update(kwargs)
+    return compute_longppl(text, **args)
+
+
+def test_same_numbers_and_keys_as_the_official_algorithm(models, text, tmp_path):
+    out = call(text, models, save_path=str(tmp_path / "spans.json"))
+    ref = longppl_document(text, models["model"], models["tokenizer"], models["evaluator_model"],
+                           models["evaluator_tokenizer"], K, D, ALPHA, BETA)
+    assert set(out) == {"longppl", "n_key_token", "ppl", "n_token"}
+    assert out["n_key_token"] == ref["n_key"] > 0
+    assert out["n_token"] == ref["n_tokens"]
+    assert out["longppl"] == pytest.approx(ref["longppl"], rel=1e-5)
+    assert out["ppl"] == pytest.approx(ref["ppl"], rel=1e-5)
+
+
+def test_official_positional_call_and_module_path(models, text):
+    from longppl.longppl import compute_longppl as from_submodule  # the official scripts' import
+
+    positional = from_submodule(text, models["model"], models["evaluator_model"], models["tokenizer"],
+                                models["evaluator_tokenizer"], None, K, D, ALPHA, BETA)
+    assert positional == call(text, models)
+
+
+def test_saved_spans_are_json_and_reused_without_evaluator(models, text, tmp_path):
+    path = tmp_path / "key" / "slice_0.json"
+    first = call(text, models, save_path=str(path))
+    payload = json.loads(path.read_text())
+    assert payload["format"] == "longppl-key-spans" and payload["settings"]["trunc_len"] == K
+    spans = find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"], K, D, None, ALPHA, BETA)
+    assert payload["spans"] == spans.tolist()
+    again = call(text, dict(models, evaluator_model=None), save_path=str(path))
+    assert again == first
+    assert os.listdir(path.parent) == ["slice_0.json"]  # no temporary files left behind
+
+
+def test_reads_official_span_files(models, text, tmp_path):
+    spans = find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"], K, D, None, ALPHA, BETA)
+    path = tmp_path / "slice_0.txt"
+    path.write_text(";".join(f"[{a}, {b}]" for a, b in spans.tolist()), encoding="utf-8")
+    assert load_key_token(str(path)) == spans.tolist()
+    assert call(text, dict(models, evaluator_model=None), save_path=str(path)) == call(text, models)
+
+
+def test_span_files_are_never_evaluated(tmp_path):
+    path = tmp_path / "evil.txt"
+    marker = tmp_path / "pwned"
+    path.write_text(f"[1, 2];__import__('pathlib').Path({str(marker)!r}).touch()", encoding="utf-8")
+    with pytest.raises(ValueError, match="neither a JSON key-span file nor the official"):
+        load_key_token(str(path))
+    assert not marker.exists()
+
+
+def test_bad_span_files_and_arguments(models, text, tmp_path):
+    with pytest.raises(FileNotFoundError, match="No key-span file"):
+        load_key_token(str(tmp_path / "missing.json"))
+    other = tmp_path / "other.json"
+    official.save_key_spans(str(other), np.array([[1, 4]]), "a different text", {})
+    with pytest.raises(ValueError, match="computed for a different text"):
+        call(text, dict(models, evaluator_model=None), save_path=str(other))
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"format": "something-else", "spans": []}))
+    with pytest.raises(ValueError, match="not a key-span file of this library"):
+        load_key_token(str(foreign))
+    with pytest.raises(ValueError, match="save_path, which is None"):
+        call(text, dict(models, evaluator_model=None))
+    with pytest.raises(ValueError, match="model object, so its tokenizer must be given"):
+        call(text, dict(models, tokenizer=None))
+
+
+def test_interrupted_save_keeps_previous_file(models, text, tmp_path, monkeypatch):
+    path = tmp_path / "spans.json"
+    call(text, models, save_path=str(path))
+    before = path.read_text()
+
+    def broken_dump(*args, **kwargs):
+        raise KeyboardInterrupt("interrupted while writing")
+
+    monkeypatch.setattr(official.json, "dump", broken_dump)
+    with pytest.raises(KeyboardInterrupt):
+        official.save_key_spans(str(path), np.array([[0, 1]]), text, {})
+    assert path.read_text() == before
+    assert os.listdir(tmp_path) == ["spans.json"]
+
+
+def test_no_key_tokens_returns_none_like_official(models, text):
+    with pytest.warns(UserWarning, match="No key tokens"):
+        out = call(text, models, alpha=100.0)
+    assert out["longppl"] is None and out["n_key_token"] is None and out["ppl"] > 1
+
+
+def test_model_given_as_path(models, text, tmp_path):
+    models["model"].save_pretrained(tmp_path / "m")
+    models["tokenizer"].save_pretrained(tmp_path / "m")
+    by_path = call(text, dict(models, tokenizer=None, model=str(tmp_path / "m")))
+    assert by_path["n_key_token"] == call(text, models)["n_key_token"]
