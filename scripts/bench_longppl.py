@@ -39,6 +39,7 @@ except ImportError:  # running from a checkout without `pip install`
     import longppl
 
 from longppl import key_token_mask, long_context_log_probs, short_context_log_probs
+from longppl.compilation import compiled_blocks
 
 
 def build_model(tiny: bool, device: str, seed: int):
@@ -103,7 +104,7 @@ def plain_ppl(model, ids):
     return math.exp(loss.mean().item())
 
 
-def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None):
+def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None, compile_blocks=False):
     """This library's path; ``phases`` (a dict) receives the seconds of each stage."""
     marks = [time.perf_counter()]
 
@@ -113,12 +114,14 @@ def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None):
         marks.append(time.perf_counter())
 
     with torch.inference_mode():
-        lp_long = long_context_log_probs(evaluator, [ids], budget)
-        mark()
-        lp_short = short_context_log_probs(evaluator, [ids], K, d, budget, long_log_probs=lp_long)
-        mark()
+        with compiled_blocks(evaluator, compile_blocks):
+            lp_long = long_context_log_probs(evaluator, [ids], budget)
+            mark()
+            lp_short = short_context_log_probs(evaluator, [ids], K, d, budget, long_log_probs=lp_long)
+            mark()
         key = torch.from_numpy(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), alpha, beta))
-        lp = long_context_log_probs(model, [ids], budget)[0]
+        with compiled_blocks(model, compile_blocks):
+            lp = long_context_log_probs(model, [ids], budget)[0]
         mark()
     if phases is not None:
         phases.update(zip(["evaluator_long", "evaluator_windows", "model"], [b - a for a, b in zip(marks, marks[1:])]))
@@ -152,6 +155,8 @@ def main(argv=None):
     parser.add_argument("--budgets", type=int, nargs="+", default=[32768], help="max_tokens_per_batch values for ours")
     parser.add_argument("--repeat", type=int, default=1, help="timed runs per method and length (best is kept)")
     parser.add_argument("--skip-reference-above", type=int, default=1 << 30)
+    parser.add_argument("--vectorized-reference", action="store_true", help="also run reference-vec")
+    parser.add_argument("--compile", action="store_true", help="also run ours with torch_compile (compiled in warm-up)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke run)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -172,6 +177,10 @@ def main(argv=None):
     plain_ppl(model, warm)
     reference_longppl(evaluator, model, warm, K, d, args.alpha, args.beta)
     our_longppl(evaluator, model, warm, K, d, args.alpha, args.beta, args.budgets[0])
+    if args.compile:
+        start = time.perf_counter()
+        our_longppl(evaluator, model, warm, K, d, args.alpha, args.beta, args.budgets[0], compile_blocks=True)
+        print(f"one-off compilation (warm-up document): {time.perf_counter() - start:.1f}s", flush=True)
 
     rows = []
     for n in args.lengths:
@@ -179,12 +188,17 @@ def main(argv=None):
         methods = [("ppl", lambda: plain_ppl(model, ids))]
         if n <= args.skip_reference_above:
             methods.append(("reference", lambda: reference_longppl(evaluator, model, ids, K, d, args.alpha, args.beta)))
-            methods.append(("reference-vec", lambda: reference_longppl(
-                evaluator, model, ids, K, d, args.alpha, args.beta, vectorized=True)))
+            if args.vectorized_reference:
+                methods.append(("reference-vec", lambda: reference_longppl(
+                    evaluator, model, ids, K, d, args.alpha, args.beta, vectorized=True)))
         phases = {}
         for budget in args.budgets:
             methods.append((f"ours(b={budget})", lambda b=budget: our_longppl(
-                evaluator, model, ids, K, d, args.alpha, args.beta, b, phases.setdefault(b, {}))))
+                evaluator, model, ids, K, d, args.alpha, args.beta, b, phases.setdefault(f"ours(b={b})", {}))))
+        if args.compile:
+            b = args.budgets[0]
+            methods.append(("ours+compile", lambda: our_longppl(
+                evaluator, model, ids, K, d, args.alpha, args.beta, b, phases.setdefault("ours+compile", {}), True)))
         for name, fn in methods:
             best = None
             for _ in range(args.repeat):
@@ -194,7 +208,7 @@ def main(argv=None):
             row = {"tokens": n, "method": name, "seconds": best[0], "peak_gib": best[1],
                    "value": best[2] if isinstance(best[2], float) else list(best[2])}
             if name.startswith("ours"):
-                row["phases"] = {k: round(v, 3) for k, v in phases[int(name[7:-1])].items()}
+                row["phases"] = {k: round(v, 3) for k, v in phases[name].items()}
             rows.append(row)
             print(f"{n:>7} {name:<16} {best[0]:8.2f}s {best[1]:7.1f} GiB  {best[2]}  {row.get('phases', '')}", flush=True)
 

@@ -16,6 +16,7 @@ import torch
 # comments on these lines: evaluate reads a comment after a relative import as a download URL.)
 from .alignment import encode_with_offsets
 from .batching import long_context_log_probs
+from .compilation import compiled_blocks
 from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA
 from .loading import load_causal_lm, load_tokenizer
 from .logprobs import resolve_lm_head
@@ -36,7 +37,7 @@ from .windows import window_bounds
 
 # Re-exported: the official package's scripts do `from longppl.longppl import *`.
 __all__ = ["LongPPL", "compute_longppl", "find_key_token", "load_key_token"]
-_CORE = (encode_with_offsets, long_context_log_probs, window_bounds)
+_CORE = (encode_with_offsets, long_context_log_probs, compiled_blocks, window_bounds)
 
 _CITATION = """\
 @inproceedings{fang2025wrong,
@@ -99,6 +100,8 @@ Args:
         tokens (official behaviour).
     window_bos (`bool`, default False): opt-in: put the evaluator's BOS at the head of every short
         window (the official code does not).
+    torch_compile (`bool`, default False): compile the models' transformer blocks while scoring
+        (10-20% faster on GPU after a one-off compilation of 10-20 s; worth it for corpora).
     progress (`bool`, default True): show progress bars.
 
 Returns:
@@ -203,6 +206,7 @@ class LongPPL(evaluate.Metric):
         evaluator_add_special_tokens=True,
         window_bos=False,
         progress=True,
+        torch_compile=False,
     ):
         check_predictions(predictions)
         alpha = _require_finite("alpha", alpha)
@@ -258,6 +262,7 @@ class LongPPL(evaluate.Metric):
             add_special_tokens=evaluator_add_special_tokens,
             window_bos=window_bos,
             progress=progress,
+            torch_compile=torch_compile,
         )
         if loaded_evaluator:
             del evaluator_model
@@ -272,7 +277,13 @@ class LongPPL(evaluate.Metric):
             model_scores = [ModelScores(s.input_ids, s.offsets, s.lp_long) for s in evaluator_scores]
         else:
             model_scores = score_with_model(
-                model, tokenizer, texts, max_tokens_per_batch, add_special_tokens=add_special_tokens, progress=progress
+                model,
+                tokenizer,
+                texts,
+                max_tokens_per_batch,
+                add_special_tokens=add_special_tokens,
+                progress=progress,
+                torch_compile=torch_compile,
             )
 
         results = []

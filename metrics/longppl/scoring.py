@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
 from .batching import long_context_log_probs
+from .compilation import compiled_blocks
 from .key_tokens import key_char_spans, key_token_mask, soft_weights
 from .logprobs import unwrap_model
 from .windows import short_context_log_probs
@@ -119,6 +120,7 @@ def score_with_evaluator(
     add_special_tokens: bool = True,
     window_bos: bool = False,
     progress: bool = True,
+    torch_compile: bool = False,
 ) -> list[EvaluatorScores]:
     """Long- and short-context log-probs of every evaluator token of every text.
 
@@ -126,13 +128,14 @@ def score_with_evaluator(
         add_special_tokens: tokenize with the evaluator's special tokens (BOS), as the official code does.
         window_bos: opt-in improvement over the official code: feed the evaluator's BOS token at the
             head of every short window after the first (the first starts at the document's head).
+        torch_compile: compile the evaluator's transformer blocks while scoring (see ``compilation``).
     """
     encoded = _encode_all(tokenizer, texts, add_special_tokens)
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
     was_training = unwrap_model(evaluator).training
     evaluator.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), compiled_blocks(evaluator, torch_compile):
             with _progress(len(texts), "LongPPL evaluator: long context", progress) as bar:
                 lp_long = long_context_log_probs(evaluator, sequences, max_tokens_per_batch, lambda _: bar.update())
             with _progress(len(texts), f"LongPPL evaluator: short windows (K={trunc_len})", progress) as bar:
@@ -161,13 +164,16 @@ def score_with_model(
     max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
     add_special_tokens: bool = False,
     progress: bool = True,
+    torch_compile: bool = False,
 ) -> list[ModelScores]:
     """Full-context log-probs of the evaluated model's tokens (no special tokens by default, as official)."""
     encoded = _encode_all(tokenizer, texts, add_special_tokens)
     was_training = unwrap_model(model).training
     model.eval()
     try:
-        with torch.inference_mode(), _progress(len(texts), "LongPPL: evaluated model", progress) as bar:
+        with torch.inference_mode(), compiled_blocks(model, torch_compile), _progress(
+            len(texts), "LongPPL: evaluated model", progress
+        ) as bar:
             lp = long_context_log_probs(
                 model, [torch.from_numpy(ids) for ids, _ in encoded], max_tokens_per_batch, lambda _: bar.update()
             )
