@@ -3,28 +3,12 @@
 import numpy as np
 import pytest
 from helpers import SlowByteTokenizer, byte_level_bpe, govreport_texts, metaspace_bpe
+from reference import official_overlap
 
 from longppl import encode_with_offsets, key_char_spans, tokens_within_spans, transfer_token_weights
 from longppl.alignment import decode_offsets
 
 MULTIBYTE = "Café déjà vu — naïve 北京 façade 🙂 end. Ünïcödé “quotes” ok"
-
-
-def official_cal_overlap(offset_mapping, key_text_slices):
-    """The official package's two-pointer containment, written out (with its i-1 shift undone)."""
-    key_tokens = []
-    i, j = 0, 0
-    while i < len(offset_mapping) and j < len(key_text_slices):
-        a_start, a_end = offset_mapping[i]
-        b_start, b_end = key_text_slices[j]
-        if a_start >= b_start and a_end <= b_end:
-            key_tokens.append(i)
-            i += 1
-        elif a_start < b_start:
-            i += 1
-        else:
-            j += 1
-    return key_tokens
 
 
 def true_byte_spans(text):
@@ -73,7 +57,7 @@ def test_tokens_within_spans_matches_official_two_pointer():
         mask[:50] = False
         spans = key_char_spans(ev_offsets, mask)
         ours = np.flatnonzero(tokens_within_spans(model_offsets, spans)).tolist()
-        assert ours == official_cal_overlap(model_offsets.tolist(), spans.tolist())
+        assert ours == official_overlap(model_offsets.tolist(), spans.tolist())
         assert len(ours) > 0
 
 

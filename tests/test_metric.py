@@ -1,5 +1,6 @@
 """The evaluate module: loading, exact values against the plain reference, options, bad input."""
 
+import copy
 import math
 import os
 import warnings
@@ -225,3 +226,25 @@ def test_slow_tokenizer_model_is_scored(metric, setup):
     assert all(n > 0 for n in result["n_key_tokens"])
     with torch.no_grad():
         assert all(math.isfinite(v) for v in result["longppls"])
+
+
+def test_max_length_truncates_each_text(metric, setup):
+    max_length = 150
+    result = run(metric, setup, max_length=max_length)
+    cut = []
+    for text in setup["texts"]:
+        enc = setup["tokenizer"](text, add_special_tokens=False, return_offsets_mapping=True)
+        cut.append(text[: enc["offset_mapping"][max_length - 1][1]])
+    expected = run(metric, setup, predictions=cut)
+    assert result["n_tokens"] == [max_length] * len(cut)
+    assert result["n_key_tokens"] == expected["n_key_tokens"]
+    assert result["longppls"] == pytest.approx(expected["longppls"], rel=1e-6)
+
+
+def test_window_bos_needs_a_bos_token(metric, setup):
+    no_bos = copy.deepcopy(byte_level_bpe(add_bos=False))  # the cached one is shared by other tests
+    no_bos.bos_token = None
+    with pytest.raises(ValueError, match="window_bos=True needs a BOS token"):
+        run(metric, setup, evaluator_tokenizer=no_bos, window_bos=True)
+    with_bos = run(metric, setup, window_bos=True)
+    assert with_bos["n_tokens"] == run(metric, setup)["n_tokens"]
