@@ -248,3 +248,17 @@ def test_window_bos_needs_a_bos_token(metric, setup):
         run(metric, setup, evaluator_tokenizer=no_bos, window_bos=True)
     with_bos = run(metric, setup, window_bos=True)
     assert with_bos["n_tokens"] == run(metric, setup)["n_tokens"]
+
+
+def test_add_batch_then_compute(metric, setup):
+    direct = run(metric, setup)
+    metric.add_batch(predictions=setup["texts"][:2])
+    metric.add(prediction=setup["texts"][2])
+    args = {k: v for k, v in setup.items() if k != "texts"}
+    streamed = metric.compute(trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA, progress=False, **args)
+    assert streamed["n_key_tokens"] == direct["n_key_tokens"]
+    assert streamed["longppl"] == pytest.approx(direct["longppl"], rel=1e-6)
+    with pytest.raises(ValueError, match=r"predictions\[1\] is a float, not a string"):
+        metric.add_batch(predictions=["text", 1.5])
+    with pytest.raises(ValueError, match=r"predictions\[0\] is an empty string"):
+        metric.add(prediction="")

@@ -137,9 +137,9 @@ def _require_positive_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-def check_predictions(predictions) -> None:
+def check_predictions(predictions, allow_empty: bool = False) -> None:
     """Raise a ValueError naming the first prediction that is not a non-empty string."""
-    if predictions is None or len(predictions) == 0:
+    if predictions is None or (len(predictions) == 0 and not allow_empty):
         raise ValueError("predictions is empty: pass a list with at least one text to score.")
     for index, text in enumerate(predictions):
         if not isinstance(text, str):
@@ -173,12 +173,25 @@ class LongPPL(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2410.23771", "https://github.com/PKU-ML/LongPPL"],
         )
 
+    # Texts are checked before evaluate stores them: its Arrow encoding would turn 123 into "123".
     def compute(self, *, predictions=None, references=None, **kwargs):
         """Compute LongPPL and PPL of a model on ``predictions`` (the arguments are listed below).
         """
-        # Checked before evaluate stores the texts: its Arrow encoding would turn 123 into "123".
-        check_predictions(predictions)
+        if predictions is not None:  # None: texts were given earlier through add() / add_batch()
+            check_predictions(predictions)
         return super().compute(predictions=predictions, references=references, **kwargs)
+
+    def add_batch(self, *, predictions=None, references=None, **kwargs):
+        """Add a batch of texts to score at the next ``compute(...)``."""
+        if predictions is not None:
+            check_predictions(predictions, allow_empty=True)
+        return super().add_batch(predictions=predictions, references=references, **kwargs)
+
+    def add(self, *, prediction=None, reference=None, **kwargs):
+        """Add one text to score at the next ``compute(...)``."""
+        if prediction is not None:
+            check_predictions([prediction])
+        return super().add(prediction=prediction, reference=reference, **kwargs)
 
     def _compute(
         self,
