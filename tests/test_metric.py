@@ -87,7 +87,8 @@ def test_no_lcl_condition_matches_reference(metric, setup):
     ref = longppl_document(setup["texts"][1], setup["model"], setup["tokenizer"], setup["evaluator_model"],
                            setup["evaluator_tokenizer"], K, D, ALPHA, -1.0, use_lcl=False)
     assert result["n_key_tokens"][1] == ref["n_key"] > 0
-    with_lcl = run(metric, setup, beta=-1.0)
+    with pytest.warns(UserWarning, match="no key tokens"):
+        with_lcl = run(metric, setup, beta=-1.0)
     assert with_lcl["n_key_tokens"][1] == 0  # LCL > -1 is out of reach for a random model
 
 
@@ -165,8 +166,9 @@ def test_short_text_gets_nan_and_warning_others_still_scored(metric, setup):
 
 
 def test_no_key_tokens_anywhere_gives_nan_and_warning(metric, setup):
-    with pytest.warns(UserWarning, match="corpus LongPPL is NaN"):
+    with pytest.warns(UserWarning, match="corpus LongPPL is NaN") as caught:
         result = run(metric, setup, alpha=50.0)
+    assert all(w.filename == __file__ for w in caught)  # warnings point at the caller's line
     assert math.isnan(result["longppl"]) and not math.isnan(result["ppl"])
 
 

@@ -317,15 +317,16 @@ class LongPPL(evaluate.Metric):
 
     @staticmethod
     def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:
+        # stacklevel 5 = the user's compute() call (through our compute, evaluate's, and _compute).
         too_short = [i for i, s in enumerate(evaluator_scores) if s.input_ids.shape[0] <= trunc_len]
         if too_short:
             warnings.warn(
                 f"Texts {too_short} have at most trunc_len={trunc_len} evaluator tokens, so no token has a "
                 "short context to compare with: their LongPPL is NaN. Use longer texts or a smaller trunc_len.",
-                stacklevel=3,
+                stacklevel=5,
             )
         no_keys = [i for i, r in enumerate(results) if r.n_key_tokens == 0 and i not in too_short]
         if no_keys:
-            warnings.warn(f"Texts {no_keys} have no key tokens: their LongPPL is NaN.", stacklevel=3)
+            warnings.warn(f"Texts {no_keys} have no key tokens: their LongPPL is NaN.", stacklevel=5)
         if all(r.n_key_tokens == 0 for r in results):
-            warnings.warn("No text has key tokens: the corpus LongPPL is NaN.", stacklevel=3)
+            warnings.warn("No text has key tokens: the corpus LongPPL is NaN.", stacklevel=5)
