@@ -189,10 +189,10 @@ def token_log_probs(
     head = resolve_lm_head(model)
     device = head.input_device
     input_ids = input_ids.to(device)
+    if attention_mask is not None and bool(attention_mask.all()):  # on a CPU mask: no device sync
+        attention_mask = None  # no padding: lets SDPA use its causal fast path
     if attention_mask is not None:
         attention_mask = attention_mask.to(device)
-        if bool(attention_mask.all()):
-            attention_mask = None  # no padding: lets SDPA use its causal fast path
     verify_head(head, input_ids if attention_mask is None else input_ids[:1, attention_mask[0].bool()])
 
     batch, length = input_ids.shape
