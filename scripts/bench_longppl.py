@@ -17,6 +17,7 @@ included) with ratios. Tokens are random ids shared by both models, so no tokeni
 
     python scripts/bench_longppl.py --out bench.json                # on an H200
     python scripts/bench_longppl.py --tiny --lengths 600 1000       # CPU smoke run
+    python scripts/bench_longppl.py --agreement                     # key tokens: ours vs reference
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def build_model(tiny: bool, device: str, seed: int):
     return model.eval()
 
 
-def reference_longppl(evaluator, model, ids, K, d, alpha, beta, vectorized=False):
+def reference_longppl(evaluator, model, ids, K, d, alpha, beta, vectorized=False, return_keys=False):
     """The official ``find_key_token`` + ``compute_longppl`` on token ids (same tokenizer).
 
     As in the official code, key tokens are collected by a Python loop that tests each token of
@@ -91,6 +92,8 @@ def reference_longppl(evaluator, model, ids, K, d, alpha, beta, vectorized=False
         del output_full
         output = model(input_ids)
         loss_overall = loss_f(output.logits[0, :-1], ids[1:]).float()
+    if return_keys:
+        return key_tokens
     key = torch.tensor(key_tokens, dtype=torch.long, device=ids.device) - 1
     longppl = math.exp(loss_overall[key].mean().item()) if key.numel() else float("nan")
     return longppl, math.exp(loss_overall.mean().item()), len(key_tokens)
@@ -130,6 +133,32 @@ def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None, c
     return longppl, math.exp(nll.mean().item()), int(key.sum())
 
 
+def key_token_agreement(device: str) -> None:
+    """Our key tokens vs the reference's on a model that really uses long context (float32 and bf16).
+
+    Random-weight models have no key tokens, so this trains the synthetic copy model (a few seconds
+    to a minute on CPU) and compares the two key-token sets on 16 of its documents (K=32, d=16).
+    """
+    from longppl.synthetic import sample_documents, train_copy_model
+
+    trained = train_copy_model(steps=600, seed=0)
+    docs = sample_documents(16, num_segments=3, generator=torch.Generator().manual_seed(7))
+    copied = int((docs.copy_rank >= 1).sum())
+    for dtype in (torch.float32, torch.bfloat16):
+        m = trained.to(device, dtype)
+        ours_total = ref_total = common = 0
+        for row in docs.ids:
+            ids = row.to(device)
+            with torch.inference_mode():
+                lp_long = long_context_log_probs(m, [ids], 32768)
+                lp_short = short_context_log_probs(m, [ids], 32, 16, 32768, long_log_probs=lp_long)
+            ours = set(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), 2.0, -2.0).nonzero()[0].tolist())
+            ref = set(reference_longppl(m, m, ids, 32, 16, 2.0, -2.0, vectorized=True, return_keys=True))
+            ours_total, ref_total, common = ours_total + len(ours), ref_total + len(ref), common + len(ours & ref)
+        print(f"key-token agreement, copy model, {dtype}: ours {ours_total}, reference {ref_total}, "
+              f"common {common} (copied tokens after the first: {copied})", flush=True)
+
+
 def measure(fn, device):
     gc.collect()
     if device == "cuda":
@@ -158,12 +187,14 @@ def main(argv=None):
     parser.add_argument("--vectorized-reference", action="store_true", help="also run reference-vec")
     parser.add_argument("--compile", action="store_true", help="also run ours with torch_compile (compiled in warm-up)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke run)")
+    parser.add_argument("--agreement", action="store_true",
+                        help="only compare our key tokens with the reference's on the trained copy model")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+    if args.agreement:
+        return key_token_agreement(device)
     t0 = time.perf_counter()
     evaluator = build_model(args.tiny, device, seed=1)
     model = build_model(args.tiny, device, seed=2)
