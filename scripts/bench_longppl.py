@@ -15,7 +15,9 @@ and prints seconds and peak GiB (``torch.cuda.max_memory_allocated``, weights of
 included) with ratios. Tokens are random ids shared by both models, so no tokenizer is involved
 (character-span mapping is CPU work of a few milliseconds either way).
 
-    python scripts/bench_longppl.py --out bench.json                # on an H200
+    # the README's figures (one H200):
+    python scripts/bench_longppl.py --lengths 32768 --repeat 3 --vectorized-reference --compile
+    python scripts/bench_longppl.py --lengths 65536 131072 --compile
     python scripts/bench_longppl.py --tiny --lengths 600 1000       # CPU smoke run
     python scripts/bench_longppl.py --agreement                     # key tokens: ours vs reference
 """
