@@ -8,6 +8,7 @@ evaluated model's tokens; the two meet through character spans (``alignment``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +81,18 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="doc", disable=not enabled or total == 0)
 
 
+@contextlib.contextmanager
+def _scoring(model, torch_compile: bool):
+    """Eval mode (restored afterwards), no autograd, and optionally compiled blocks."""
+    was_training = unwrap_model(model).training
+    model.eval()
+    try:
+        with torch.inference_mode(), compiled_blocks(model, torch_compile):
+            yield
+    finally:
+        model.train(was_training)
+
+
 def _encode_all(tokenizer, texts: Sequence[str], add_special_tokens: bool):
     encoded = [encode_with_offsets(tokenizer, text, add_special_tokens) for text in texts]
     for index, (ids, _) in enumerate(encoded):
@@ -132,25 +145,20 @@ def score_with_evaluator(
     """
     encoded = _encode_all(tokenizer, texts, add_special_tokens)
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
-    was_training = unwrap_model(evaluator).training
-    evaluator.eval()
-    try:
-        with torch.inference_mode(), compiled_blocks(evaluator, torch_compile):
-            with _progress(len(texts), "LongPPL evaluator: long context", progress) as bar:
-                lp_long = long_context_log_probs(evaluator, sequences, max_tokens_per_batch, lambda _: bar.update())
-            with _progress(len(texts), f"LongPPL evaluator: short windows (K={trunc_len})", progress) as bar:
-                lp_short = short_context_log_probs(
-                    evaluator,
-                    sequences,
-                    trunc_len,
-                    sliding_window,
-                    max_tokens_per_batch,
-                    long_log_probs=lp_long,
-                    prefix_token_id=_window_prefix(tokenizer, window_bos),
-                    on_sequence_done=lambda _: bar.update(),
-                )
-    finally:
-        evaluator.train(was_training)
+    with _scoring(evaluator, torch_compile):
+        with _progress(len(texts), "LongPPL evaluator: long context", progress) as bar:
+            lp_long = long_context_log_probs(evaluator, sequences, max_tokens_per_batch, lambda _: bar.update())
+        with _progress(len(texts), f"LongPPL evaluator: short windows (K={trunc_len})", progress) as bar:
+            lp_short = short_context_log_probs(
+                evaluator,
+                sequences,
+                trunc_len,
+                sliding_window,
+                max_tokens_per_batch,
+                long_log_probs=lp_long,
+                prefix_token_id=_window_prefix(tokenizer, window_bos),
+                on_sequence_done=lambda _: bar.update(),
+            )
     return [
         EvaluatorScores(ids, offsets, long.numpy(), short.numpy())
         for (ids, offsets), long, short in zip(encoded, lp_long, lp_short)
@@ -168,17 +176,10 @@ def score_with_model(
 ) -> list[ModelScores]:
     """Full-context log-probs of the evaluated model's tokens (no special tokens by default, as official)."""
     encoded = _encode_all(tokenizer, texts, add_special_tokens)
-    was_training = unwrap_model(model).training
-    model.eval()
-    try:
-        with torch.inference_mode(), compiled_blocks(model, torch_compile), _progress(
-            len(texts), "LongPPL: evaluated model", progress
-        ) as bar:
-            lp = long_context_log_probs(
-                model, [torch.from_numpy(ids) for ids, _ in encoded], max_tokens_per_batch, lambda _: bar.update()
-            )
-    finally:
-        model.train(was_training)
+    with _scoring(model, torch_compile), _progress(len(texts), "LongPPL: evaluated model", progress) as bar:
+        lp = long_context_log_probs(
+            model, [torch.from_numpy(ids) for ids, _ in encoded], max_tokens_per_batch, lambda _: bar.update()
+        )
     return [ModelScores(ids, offsets, values.numpy()) for (ids, offsets), values in zip(encoded, lp)]
 
 
