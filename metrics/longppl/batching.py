@@ -51,8 +51,12 @@ def segment_log_probs(
     max_tokens_per_batch: int,
     on_segment_done: Callable[[int], None] | None = None,
     logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
+    via_forward: bool = False,
 ) -> list[torch.Tensor]:
     """Score many segments, packed into as few forward passes as the budget allows.
+
+    One forward pass per batch of ``pack_by_token_budget(lengths, max_tokens_per_batch)``;
+    ``via_forward`` is passed to ``token_log_probs`` (call the wrapped model itself).
 
     Returns:
         one float32 CPU tensor per segment, of length ``L - first_scored``: entry ``j`` is
@@ -70,7 +74,7 @@ def segment_log_probs(
             ids[row, : lengths[index]] = seg.tokens
             mask[row, : lengths[index]] = 1
             score[row, max(seg.first_scored, 1) : lengths[index]] = True
-        lp = token_log_probs(model, ids, mask, score, logits_chunk_bytes).cpu()  # one sync per batch
+        lp = token_log_probs(model, ids, mask, score, logits_chunk_bytes, via_forward).cpu()  # one sync per batch
         for row, index in enumerate(batch):
             results[index] = lp[row, segments[index].first_scored : lengths[index]]
             if on_segment_done is not None:

@@ -10,8 +10,10 @@ ever alive is ``[chunk, vocabulary]`` (about ``logits_chunk_bytes`` of float32).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -44,10 +46,13 @@ class CausalLMHead:
     def input_device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[N, H]`` hidden states -> ``[N, V]`` float32 logits exactly as the model defines them."""
+    def logits(self, hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """``[N, H]`` hidden states -> ``[N, V]`` float32 logits exactly as the model defines them.
+
+        ``project`` replaces the head module's call while the head is intercepted (``intercept_head``).
+        """
         # Call the module, not F.linear(weight): a LoRA-wrapped head adds its delta in forward().
-        logits = self.head(hidden).float()
+        logits = (self.head if project is None else project)(hidden).float()
         if self.logit_multiplier != 1.0:
             logits = logits * self.logit_multiplier
         if self.final_logit_softcapping is not None:
@@ -108,6 +113,7 @@ def head_log_probs(
     targets: torch.Tensor,
     rows: torch.Tensor | None = None,
     logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
+    project: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``log softmax(logits(hidden[rows]))[targets]``, a chunk of rows at a time.
 
@@ -116,6 +122,7 @@ def head_log_probs(
         targets: ``[N]`` token ids; ``targets[r]`` is predicted by hidden row ``rows[r]``.
         rows: ``[N]`` row indices into ``hidden``; ``None`` means ``arange(M)`` (then ``N == M``).
             Rows are gathered chunk by chunk, so no ``[N, H]`` copy is made.
+        project: the head's own projection while it is intercepted (see ``intercept_head``).
     Returns:
         ``[N]`` float32 log-probabilities on ``targets.device``.
     """
@@ -125,11 +132,42 @@ def head_log_probs(
     for start in range(0, targets.shape[0], step):
         end = start + step
         chunk = hidden[start:end] if rows is None else hidden[rows[start:end].to(hidden.device)]
-        logits = head.logits(chunk)
+        logits = head.logits(chunk, project)
         tgt = targets[start:end].to(logits.device)
         out[start:end] = -F.cross_entropy(logits, tgt, reduction="none").to(out.device)
         del logits
     return out
+
+
+@contextlib.contextmanager
+def intercept_head(
+    head: CausalLMHead, consume: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], None]
+) -> Iterator[None]:
+    """Run ``consume(hidden, project)`` in place of the LM head while the model's own forward runs.
+
+    Sharded and wrapped models (FSDP, DeepSpeed ZeRO-3, DDP) only have their parameters in place,
+    and their gradient hooks armed, inside their own ``forward``; calling the backbone and the head
+    separately would bypass that. So the model is called as usual, and its LM head, when reached,
+    hands the final hidden states ``[B, T, H]`` to ``consume`` together with ``project`` (the head's
+    real projection, for ``CausalLMHead.logits``) and returns an empty ``[B, T, 0]`` tensor instead
+    of ``[B, T, V]`` logits. ``consume`` keeps what it computes (log-probs, a loss) itself.
+    """
+    module = head.head
+    previous = module.__dict__.get("forward")  # an instance-level forward (e.g. accelerate's hooks)
+    project = module.forward
+
+    def forward(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        consume(hidden, project)
+        return hidden.new_zeros(*hidden.shape[:-1], 0)
+
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -172,6 +210,7 @@ def token_log_probs(
     attention_mask: torch.Tensor | None = None,
     score_mask: torch.Tensor | None = None,
     logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
+    via_forward: bool = False,
 ) -> torch.Tensor:
     """Per-token log-probabilities of a (possibly padded) batch, in float32.
 
@@ -182,6 +221,9 @@ def token_log_probs(
             Positions are counted over real tokens, so a padded row scores exactly like the unpadded one.
         score_mask: ``[B, T]`` bool, the target positions ``i`` to score; ``None`` scores every
             ``i >= 1`` whose token and predecessor are real. Unscored positions cost no LM-head work.
+        via_forward: call ``model`` itself (its LM head intercepted, see ``intercept_head``) rather
+            than its backbone and head separately: needed for FSDP / DeepSpeed-wrapped models. The
+            once-per-model logits probe is skipped then (the caller owns the model's wrapping).
     Returns:
         ``[B, T]`` float32 on the model's input device: ``lp[b, i] = log P(x[b, i] | real x[b, <i])``;
         NaN at position 0, at padding and wherever ``score_mask`` is False.
@@ -193,7 +235,8 @@ def token_log_probs(
         attention_mask = None  # no padding: lets SDPA use its causal fast path
     if attention_mask is not None:
         attention_mask = attention_mask.to(device)
-    verify_head(head, input_ids if attention_mask is None else input_ids[:1, attention_mask[0].bool()])
+    if not via_forward:
+        verify_head(head, input_ids if attention_mask is None else input_ids[:1, attention_mask[0].bool()])
 
     batch, length = input_ids.shape
     scored = torch.zeros(batch, length, dtype=torch.bool, device=device)
@@ -205,15 +248,20 @@ def token_log_probs(
         scored &= score_mask.to(device)
 
     position_ids = None if attention_mask is None else position_ids_from_mask(attention_mask)
-    hidden = head.backbone(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
-
     rows, cols = scored.nonzero(as_tuple=True)  # one host sync per batch
     out = torch.full((batch, length), float("nan"), dtype=torch.float32, device=device)
-    if rows.numel():
-        flat_hidden = hidden.reshape(batch * length, hidden.shape[-1])
-        predictor_rows = rows * length + cols - 1  # hidden state at i-1 predicts token i
-        lp = head_log_probs(head, flat_hidden, input_ids[rows, cols], predictor_rows, logits_chunk_bytes)
-        out[rows, cols] = lp
+
+    def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        if rows.numel():
+            flat_hidden = hidden.reshape(batch * length, hidden.shape[-1])
+            predictor_rows = rows * length + cols - 1  # hidden state at i-1 predicts token i
+            targets = input_ids[rows, cols]
+            out[rows, cols] = head_log_probs(head, flat_hidden, targets, predictor_rows, logits_chunk_bytes, project)
+
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    if via_forward:
+        with intercept_head(head, consume):
+            model(**inputs)
+    else:
+        consume(head.backbone(**inputs).last_hidden_state)
     return out

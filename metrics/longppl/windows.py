@@ -25,6 +25,36 @@ def window_bounds(n: int, trunc_len: int, sliding_window: int) -> list[tuple[int
     return [(s, min(s + trunc_len + sliding_window, n)) for s in range(0, max(n - trunc_len, 0), sliding_window)]
 
 
+def window_segments(
+    sequences: Sequence[torch.Tensor],
+    trunc_len: int,
+    sliding_window: int,
+    skip_first_window: bool = False,
+    prefix_token_id: int | None = None,
+) -> tuple[list[Segment], list[tuple[int, int, int]]]:
+    """The short windows of every document as ``Segment``s, with ``(document, first, end)`` owners.
+
+    Window ``[s, end)`` of document ``k`` scores its tokens ``[first, end) = [s+K, end)``. With
+    ``skip_first_window`` the window ``s = 0`` is left out (it is the full context of its tokens).
+    ``prefix_token_id``: see ``short_context_log_probs``.
+    """
+    segments: list[Segment] = []
+    owners: list[tuple[int, int, int]] = []
+    for doc, seq in enumerate(sequences):
+        seq = seq.long().cpu()
+        for start, end in window_bounds(int(seq.shape[0]), trunc_len, sliding_window):
+            if start == 0 and skip_first_window:
+                continue
+            tokens = seq[start:end]
+            first = trunc_len
+            if prefix_token_id is not None and start > 0:
+                tokens = torch.cat([torch.tensor([prefix_token_id]), tokens])
+                first += 1
+            segments.append(Segment(tokens, first_scored=first))
+            owners.append((doc, start + trunc_len, end))
+    return segments, owners
+
+
 def short_context_log_probs(
     model: nn.Module,
     sequences: Sequence[torch.Tensor],
@@ -34,6 +64,8 @@ def short_context_log_probs(
     long_log_probs: Sequence[torch.Tensor] | None = None,
     prefix_token_id: int | None = None,
     on_sequence_done: Callable[[int], None] | None = None,
+    skip_first_window: bool = False,
+    via_forward: bool = False,
 ) -> list[torch.Tensor]:
     """Short-context log-probs of every token with at least ``trunc_len`` tokens before it.
 
@@ -46,27 +78,22 @@ def short_context_log_probs(
             fed as ``[prefix_token_id] + x[s:end]``, e.g. a BOS token that the model expects at the
             head of every sequence. The first window already starts with the document's own tokens.
         on_sequence_done: called with a document's index once all its windows are scored.
+        skip_first_window: leave the first window's tokens NaN (LongCE: their short context is their
+            long context, so their weight is exactly 1). Ignored when ``long_log_probs`` is given.
+        via_forward: call ``model`` itself rather than its backbone and head (see ``token_log_probs``).
     Returns:
         ``[n_k]`` float32 per document: ``lp_short[i]`` for ``i >= K``, NaN for ``i < K``.
     """
     results = [torch.full((int(seq.shape[0]),), float("nan")) for seq in sequences]
-    segments: list[Segment] = []
-    owners: list[tuple[int, int, int]] = []  # (document, first scored token, end) per segment
+    skip = skip_first_window or long_log_probs is not None
+    segments, owners = window_segments(sequences, trunc_len, sliding_window, skip, prefix_token_id)
+    if long_log_probs is not None:
+        for doc, seq in enumerate(sequences):
+            end = min(trunc_len + sliding_window, int(seq.shape[0]))
+            results[doc][trunc_len:end] = long_log_probs[doc][trunc_len:end]
     pending = [0] * len(sequences)
-    for doc, seq in enumerate(sequences):
-        seq = seq.long().cpu()
-        for start, end in window_bounds(int(seq.shape[0]), trunc_len, sliding_window):
-            if start == 0 and long_log_probs is not None:
-                results[doc][trunc_len:end] = long_log_probs[doc][trunc_len:end]
-                continue
-            tokens = seq[start:end]
-            first = trunc_len
-            if prefix_token_id is not None and start > 0:
-                tokens = torch.cat([torch.tensor([prefix_token_id]), tokens])
-                first += 1
-            segments.append(Segment(tokens, first_scored=first))
-            owners.append((doc, start + trunc_len, end))
-            pending[doc] += 1
+    for doc, _, _ in owners:
+        pending[doc] += 1
     if on_sequence_done is not None:
         for doc, count in enumerate(pending):
             if count == 0:
@@ -78,7 +105,7 @@ def short_context_log_probs(
         if pending[doc] == 0 and on_sequence_done is not None:
             on_sequence_done(doc)
 
-    scored = segment_log_probs(model, segments, max_tokens_per_batch, done)
+    scored = segment_log_probs(model, segments, max_tokens_per_batch, done, via_forward=via_forward)
     for (doc, first, end), lp in zip(owners, scored):
         results[doc][first:end] = lp
     return results

@@ -1,0 +1,251 @@
+"""``LongCETrainer``: a drop-in ``transformers.Trainer`` whose loss up-weights long-context tokens.
+
+Per batch (paper Sec. 3.2, App. A.2), with the model being trained as its own scorer:
+
+1. short-context pass, ``torch.no_grad()``, model in eval mode: every document of the batch is cut
+   into the K/d windows of ``longppl.windows`` (never across a document boundary), packed into few
+   forward passes, giving ``lp_short`` for each token with at least ``K + d`` tokens before it in
+   its document (the first window is the tokens' full context: weight exactly 1);
+2. gradient pass: the model's own forward, its LM head intercepted so that the weighted loss
+   ``sum_i w_i * nll_i`` with ``w_i = min(exp(lp_long[i] - lp_short[i]), gamma)`` (``lp_long``
+   from this very pass, detached) is computed from hidden states a chunk at a time, without a
+   ``[tokens, vocabulary]`` logits tensor (``weighted_loss``);
+3. ``loss = sum_i w_i * nll_i / N``, ``N`` = label tokens of the batch, or ``num_items_in_batch``
+   when the Trainer counts them over gradient accumulation (and processes), exactly like the
+   stock causal-LM loss; with all weights 1 it *is* the stock loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import Trainer
+
+from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
+
+from .config import LongCEConfig, validate_longce_settings
+from .documents import batch_documents, batch_short_log_probs, count_window_passes
+from .weighted_loss import (
+    LogitTransform,
+    chunked_weighted_cross_entropy,
+    fused_weighted_linear_cross_entropy,
+)
+
+_DEFAULTS = LongCEConfig.__dataclass_fields__
+# Logged besides the loss, per mode; "eval_" is prefixed in evaluation.
+_STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
+
+
+def _setting(args: Any, name: str) -> Any:
+    """A ``longce_*`` setting of ``args``, or its ``LongCEConfig`` default for plain ``TrainingArguments``."""
+    return getattr(args, name, _DEFAULTS[name].default)
+
+
+def _is_plain_linear(module: nn.Module) -> bool:
+    """True for ``nn.Linear`` (and wrappers' subclasses that keep its forward), not LoRA / quantized heads."""
+    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+
+
+class LongCETrainer(Trainer):
+    """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` get the defaults).
+
+    Everything else is stock ``Trainer``: data collators (padding or ``DataCollatorWithFlattening``),
+    PEFT, gradient accumulation, bf16, gradient checkpointing, DDP / FSDP / DeepSpeed through
+    accelerate. Besides the loss it logs, reduced across processes: ``ce_loss`` (unweighted
+    cross-entropy), ``longce_mean_weight``, ``longce_weight_gt1_share`` and ``longce_max_weight``.
+
+    Batches need ``input_ids`` and ``labels`` (``-100`` = ignored; the model predicts ``labels[t+1]``
+    from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
+    ``attention_mask`` and ``position_ids``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.longce_trunc_len = _setting(self.args, "longce_trunc_len")
+        self.longce_sliding_window = _setting(self.args, "longce_sliding_window")
+        self.longce_gamma = _setting(self.args, "longce_gamma")
+        self.longce_max_tokens_per_batch = _setting(self.args, "longce_max_tokens_per_batch")
+        self.longce_plain_ce = _setting(self.args, "longce_plain_ce")
+        self.longce_loss_chunk_bytes = _setting(self.args, "longce_loss_chunk_bytes")
+        validate_longce_settings(
+            self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch
+        )
+        resolve_lm_head(self.model)  # raises a clear ValueError for models without a causal LM head
+        self._refuse_context_parallelism()
+        # Our loss is normalised by `num_items_in_batch` (counted over gradient accumulation), so the
+        # Trainer must count it and must not divide by the accumulation steps again.
+        self.model_accepts_loss_kwargs = True
+        self._longce_stats: dict[str, torch.Tensor] = {}
+
+    def _refuse_context_parallelism(self) -> None:
+        config = getattr(self.accelerator, "parallelism_config", None) or getattr(self.args, "parallelism_config", None)
+        sizes = {name: getattr(config, name, 1) or 1 for name in ("cp_size", "sp_size")}
+        if any(size > 1 for size in sizes.values()):
+            raise ValueError(
+                f"LongCETrainer does not support context or sequence parallelism ({sizes}): its short-context "
+                "windows need each document's tokens on one process. Use cp_size=1 and sp_size=1 (DDP, FSDP or "
+                "DeepSpeed ZeRO shard parameters, not sequences)."
+            )
+
+    # ------------------------------------------------------------------ loss
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """LongCE loss of one batch (see the module docstring); signature of ``Trainer.compute_loss``."""
+        input_ids, targets = self._validated_targets(inputs)
+        head = resolve_lm_head(self.accelerator.unwrap_model(model))
+        batch, length = input_ids.shape
+
+        if self.longce_plain_ce:
+            lp_short = torch.full((batch, length), float("nan"), device=input_ids.device)
+        else:
+            lp_short = self._short_context_pass(model, head, inputs)
+        # Position t predicts targets[:, t]: its short score is that of token t+1.
+        lp_short_next = torch.full_like(lp_short, float("nan"))
+        lp_short_next[:, :-1] = lp_short[:, 1:]
+
+        rows, cols = (targets != -100).nonzero(as_tuple=True)
+        flat = rows * length + cols
+        result: dict[str, torch.Tensor] = {}
+
+        def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> None:
+            result["loss"], result["nll"], result["weight"] = self._weighted_loss(
+                head, hidden.reshape(batch * length, -1)[flat], project,
+                targets.reshape(-1)[flat], lp_short_next.reshape(-1)[flat],
+            )
+
+        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+        with intercept_head(head, consume):
+            outputs = model(**model_inputs, use_cache=False)
+        if "loss" not in result:
+            raise RuntimeError(
+                f"The LM head of {type(head.model).__name__} was not called by its forward; LongCETrainer needs a "
+                "*ForCausalLM model that projects its final hidden states through get_output_embeddings()."
+            )
+
+        denominator = num_items_in_batch if num_items_in_batch is not None else rows.numel()
+        loss = result["loss"] / denominator
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            # Mirror Trainer: num_items_in_batch counts every process's tokens, and DDP averages gradients.
+            loss = loss * self._token_average_scale()
+        self._record_stats(model.training, result["nll"], result["weight"])
+        return (loss, outputs) if return_outputs else loss
+
+    def _token_average_scale(self) -> int:
+        scale = self.accelerator.num_processes
+        tp_size = self.get_tp_size() if hasattr(self, "get_tp_size") else 1
+        scale //= max(tp_size, 1)
+        return scale if self.args.n_gpu <= 1 else self.args.n_gpu
+
+    @staticmethod
+    def _validated_targets(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids [B, T]`` and ``targets [B, T]``: ``targets[:, t]`` is the token position ``t`` predicts."""
+        missing = [k for k in ("input_ids", "labels") if inputs.get(k) is None]
+        if "labels" in missing and inputs.get("shift_labels") is not None:
+            missing.remove("labels")
+        if missing:
+            raise ValueError(
+                f"LongCETrainer needs {' and '.join(missing)} in every batch (got keys {sorted(inputs)}). Use a "
+                "causal-LM collator, e.g. DataCollatorForLanguageModeling(tokenizer, mlm=False) or "
+                "DataCollatorWithFlattening(), and keep remove_unused_columns from dropping them."
+            )
+        input_ids = inputs["input_ids"]
+        if inputs.get("shift_labels") is not None:
+            targets = inputs["shift_labels"]
+        else:
+            labels = inputs["labels"]
+            targets = torch.full_like(labels, -100)
+            targets[:, :-1] = labels[:, 1:]
+        if targets.shape != input_ids.shape:
+            raise ValueError(f"labels have shape {tuple(targets.shape)} but input_ids {tuple(input_ids.shape)}.")
+        if not bool((targets != -100).any()):
+            raise ValueError(
+                "Every label of this batch is -100, so there is no token to train on (the loss would be 0/0). "
+                "Check the collator / masking: at least one position needs a real label."
+            )
+        return input_ids, targets
+
+    def _short_context_pass(self, model: nn.Module, head: CausalLMHead, inputs: dict[str, Any]) -> torch.Tensor:
+        """``[B, T]`` short-context log-probs (NaN where none), same number of forwards on every process."""
+        input_ids = inputs["input_ids"]
+        documents = batch_documents(input_ids, inputs.get("attention_mask"), inputs.get("position_ids"))
+        K, d, budget = self.longce_trunc_len, self.longce_sliding_window, self.longce_max_tokens_per_batch
+        passes = count_window_passes(input_ids.cpu(), documents, K, d, budget)
+        most = passes
+        if self.accelerator.num_processes > 1 and dist.is_available() and dist.is_initialized():
+            # ZeRO-3 and FSDP gather parameters in every forward: unequal counts across ranks deadlock.
+            count = torch.tensor([passes], device=self.accelerator.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            most = int(count.item())
+        # DDP's wrapper would broadcast buffers in each forward; its module holds the full weights.
+        scorer = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        was_training = scorer.training
+        scorer.eval()  # no dropout in the scores; gradient checkpointing off for no_grad passes
+        try:
+            with torch.no_grad():
+                lp_short = (
+                    batch_short_log_probs(scorer, input_ids, documents, K, d, budget)
+                    if passes
+                    else torch.full(input_ids.shape, float("nan"), device=input_ids.device)
+                )
+                for _ in range(most - passes):  # idle passes keep the ranks' collectives in step
+                    with intercept_head(head, lambda hidden, project: None):
+                        scorer(input_ids=input_ids[:1, :1], use_cache=False)
+        finally:
+            scorer.train(was_training)
+        return lp_short
+
+    def _weighted_loss(
+        self,
+        head: CausalLMHead,
+        hidden: torch.Tensor,
+        project: Callable[[torch.Tensor], torch.Tensor],
+        targets: torch.Tensor,
+        lp_short: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        transform = LogitTransform(head.logit_multiplier, head.final_logit_softcapping)
+        module = head.head
+        gamma, chunk = float(self.longce_gamma), self.longce_loss_chunk_bytes
+        if _is_plain_linear(module):
+            return fused_weighted_linear_cross_entropy(
+                hidden, module.weight, module.bias, targets, lp_short, gamma, transform, chunk
+            )
+        # LoRA (or another adapter) on the head: autograd through its own forward, chunk by chunk.
+        vocab = head.model.config.get_text_config().vocab_size
+        return chunked_weighted_cross_entropy(hidden, project, vocab, targets, lp_short, gamma, transform, chunk)
+
+    # --------------------------------------------------------------- logging
+
+    def _record_stats(self, training: bool, nll: torch.Tensor, weight: torch.Tensor) -> None:
+        """Accumulate on the device (no host sync per step): sums of nll, weight, count, weight > 1; max weight."""
+        mode = "train" if training else "eval"
+        step = torch.stack([nll.sum(), weight.sum(), torch.tensor(float(nll.numel()), device=nll.device),
+                            (weight > 1).sum().float(), weight.max() if weight.numel() else weight.new_zeros(())])
+        previous = self._longce_stats.get(mode)
+        if previous is None:
+            self._longce_stats[mode] = step.detach()
+        else:
+            merged = previous + step.detach()
+            merged[4] = torch.maximum(previous[4], step[4].detach())
+            self._longce_stats[mode] = merged
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """Merge the LongCE statistics since the last log (reduced over processes) into ``logs``."""
+        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
+        stats = self._longce_stats.pop(mode, None)
+        if stats is not None:
+            gathered = self.accelerator.gather(stats[None].to(self.accelerator.device))  # [processes, 5]
+            nll_sum, weight_sum, count, above_one = gathered[:, :4].sum(0).tolist()
+            values = (nll_sum / count, weight_sum / count, above_one / count, gathered[:, 4].max().item())
+            prefix = "eval_" if mode == "eval" else ""
+            logs.update({prefix + key: round(value, 6) for key, value in zip(_STAT_KEYS, values)})
+        super().log(logs, *args, **kwargs)
