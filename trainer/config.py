@@ -41,6 +41,18 @@ class LongCEConfig(TrainingArguments):
         metadata={"help": "Train with plain cross-entropy (all weights 1, no short-context pass), through the same "
                   "memory-lean loss: the CE baseline of the paper's tables."},
     )
+    longce_compile_windows: bool = field(
+        default=False,
+        metadata={"help": "torch.compile the model's transformer blocks for the short-context pass (regional, "
+                  "dynamic shapes): fuses its element-wise kernels after a one-off compilation."},
+    )
+    longce_loss_kernel: str = field(
+        default="auto",
+        metadata={"help": "LM-head loss implementation: 'ours' (chunked autograd function, any device), 'liger' "
+                  "(Liger-Kernel's fused linear cross-entropy, CUDA), or 'auto' (Liger when installed and "
+                  "applicable, else ours). A LoRA-wrapped LM head always goes through its own forward.",
+                  "choices": ["auto", "ours", "liger"]},
+    )
     longce_loss_chunk_bytes: int = field(
         default=DEFAULT_LOSS_CHUNK_BYTES,
         metadata={"help": "Bytes of float32 logits computed at a time by the loss (the LM head never produces a "
@@ -50,12 +62,26 @@ class LongCEConfig(TrainingArguments):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_longce_settings(
-            self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch
+            self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch,
+            self.longce_loss_kernel,
         )
 
 
-def validate_longce_settings(trunc_len: int, sliding_window: int, gamma: float, max_tokens_per_batch: int) -> None:
+LOSS_KERNELS = ("auto", "ours", "liger")
+
+
+def validate_longce_settings(
+    trunc_len: int, sliding_window: int, gamma: float, max_tokens_per_batch: int, loss_kernel: str = "auto"
+) -> None:
     """Raise ``ValueError`` naming the bad LongCE setting and its valid range."""
+    if loss_kernel not in LOSS_KERNELS:
+        raise ValueError(f"longce_loss_kernel must be one of {LOSS_KERNELS}, got {loss_kernel!r}.")
+    if loss_kernel == "liger":
+        from .weighted_loss import liger_available
+
+        if not liger_available():
+            raise ValueError("longce_loss_kernel='liger' needs Liger-Kernel (pip install 'liger-kernel>=0.8.2') "
+                             "and a CUDA build of PyTorch with Triton; or use 'auto' / 'ours'.")
     if not isinstance(trunc_len, int) or trunc_len < 1:
         raise ValueError(f"longce_trunc_len (K) must be an integer >= 1, got {trunc_len!r}.")
     if not isinstance(sliding_window, int) or sliding_window < 1:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
 
+from longppl.compilation import compiled_blocks
 from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
 from .config import LongCEConfig, validate_longce_settings
@@ -33,6 +34,8 @@ from .weighted_loss import (
     LogitTransform,
     chunked_weighted_cross_entropy,
     fused_weighted_linear_cross_entropy,
+    liger_available,
+    liger_weighted_linear_cross_entropy,
 )
 
 _DEFAULTS = LongCEConfig.__dataclass_fields__
@@ -71,8 +74,14 @@ class LongCETrainer(Trainer):
         self.longce_max_tokens_per_batch = _setting(self.args, "longce_max_tokens_per_batch")
         self.longce_plain_ce = _setting(self.args, "longce_plain_ce")
         self.longce_loss_chunk_bytes = _setting(self.args, "longce_loss_chunk_bytes")
+        self.longce_compile_windows = _setting(self.args, "longce_compile_windows")
+        self.longce_loss_kernel = _setting(self.args, "longce_loss_kernel")
         validate_longce_settings(
-            self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch
+            self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch,
+            self.longce_loss_kernel,
+        )
+        self._use_liger = self.longce_loss_kernel == "liger" or (
+            self.longce_loss_kernel == "auto" and torch.cuda.is_available() and liger_available()
         )
         resolve_lm_head(self.model)  # raises a clear ValueError for models without a causal LM head
         self._refuse_context_parallelism()
@@ -191,7 +200,7 @@ class LongCETrainer(Trainer):
         was_training = scorer.training
         scorer.eval()  # no dropout in the scores; gradient checkpointing off for no_grad passes
         try:
-            with torch.no_grad():
+            with torch.no_grad(), compiled_blocks(scorer, enabled=self.longce_compile_windows and passes > 0):
                 lp_short = (
                     batch_short_log_probs(scorer, input_ids, documents, K, d, budget)
                     if passes
@@ -216,6 +225,10 @@ class LongCETrainer(Trainer):
         module = head.head
         gamma, chunk = float(self.longce_gamma), self.longce_loss_chunk_bytes
         if _is_plain_linear(module):
+            if self._use_liger and hidden.is_cuda and transform.multiplier == 1.0 and hidden.dtype == module.weight.dtype:
+                return liger_weighted_linear_cross_entropy(
+                    hidden, module.weight, module.bias, targets, lp_short, gamma, transform
+                )
             return fused_weighted_linear_cross_entropy(
                 hidden, module.weight, module.bias, targets, lp_short, gamma, transform, chunk
             )
