@@ -1,0 +1,306 @@
+"""LongCETrainer against stock Trainer and against a plain reference loss (full logits, windows one by one)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from helpers import tiny_model
+from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+from longce import LongCEConfig, LongCETrainer, batch_documents
+from longce.trainer import _STAT_KEYS
+
+VOCAB = 97
+K, D, GAMMA = 8, 5, 5.0  # neither divides the lengths below
+
+
+def make_args(cls=LongCEConfig, **overrides):
+    settings = dict(output_dir="/tmp/longce-test", report_to=[], use_cpu=True, save_strategy="no",
+                    per_device_train_batch_size=2, max_steps=1, learning_rate=1.0, optim="sgd",
+                    lr_scheduler_type="constant", logging_steps=1, disable_tqdm=True)
+    if cls is LongCEConfig:
+        settings.update(longce_trunc_len=K, longce_sliding_window=D, longce_gamma=GAMMA)
+    settings.update(overrides)
+    return cls(**settings)
+
+
+def documents(lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=generator) for n in lengths]
+
+
+def padded_batch(docs, side="right", pad_id=2):
+    """``input_ids``, ``attention_mask``, ``labels`` of documents padded on ``side``.
+
+    Labels are -100 on padding and on each document's first token: with left padding a pad position
+    would otherwise "predict" it (stock causal-LM losses do train on that pair; LongCETrainer follows
+    the labels it is given, exactly like them).
+    """
+    length = max(len(d) for d in docs)
+    ids = torch.full((len(docs), length), pad_id)
+    mask = torch.zeros(len(docs), length, dtype=torch.long)
+    for row, doc in enumerate(docs):
+        cols = slice(0, len(doc)) if side == "right" else slice(length - len(doc), length)
+        ids[row, cols], mask[row, cols] = doc, 1
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[torch.arange(len(docs)), mask.argmax(-1)] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def collate(side):
+    return lambda rows: padded_batch([torch.tensor(r["input_ids"]) for r in rows], side)
+
+
+# --------------------------------------------------------------------------- plain reference
+
+
+def reference_lp(model, tokens):
+    """Full-logits log-probs of ``tokens`` read alone: ``[n]`` with ``lp[i] = log P(x_i | x_<i)``, ``lp[0]`` = 0."""
+    logits = model(input_ids=tokens[None]).logits[0].float()
+    lp = torch.zeros(len(tokens))
+    lp[1:] = -F.cross_entropy(logits[:-1], tokens[1:], reduction="none")
+    return lp
+
+
+def reference_loss(model, docs, trunc_len=K, window=D, gamma=GAMMA, per_token=None):
+    """The paper's LongCE loss written plainly: each window run on its own, full logits, weights detached.
+
+    ``per_token``: a list that receives ``(weights, nll)`` of every scored token, concatenated.
+    """
+    total, count = 0.0, 0
+    all_weights, all_nll = [], []
+    for doc in docs:
+        n = len(doc)
+        lp_long = reference_lp(model, doc)
+        lp_short = torch.full((n,), float("nan"))
+        with torch.no_grad():
+            for start in range(0, max(n - trunc_len, 0), window):
+                end = min(start + trunc_len + window, n)
+                lp_short[start + trunc_len : end] = reference_lp(model, doc[start:end])[trunc_len:]
+        ratio = torch.exp(lp_long.detach() - lp_short).clamp(max=gamma)
+        weights = torch.where(torch.isnan(lp_short), torch.ones(n), ratio)
+        total = total + (weights[1:] * -lp_long[1:]).sum()
+        count += n - 1
+        all_weights.append(weights[1:])
+        all_nll.append(-lp_long[1:].detach())
+    if per_token is not None:
+        per_token.extend([torch.cat(all_weights), torch.cat(all_nll)])
+    return total / count
+
+
+def gradients(model):
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_gradients(ours, reference, atol=1e-5):
+    assert ours.keys() == reference.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], reference[name], atol=atol, rtol=1e-4, msg=name)
+
+
+def our_loss_and_grads(model, batch, **overrides):
+    trainer = LongCETrainer(model=model, args=make_args(**overrides))
+    model.zero_grad()
+    loss = trainer.compute_loss(model, batch)
+    loss.backward()
+    return loss.detach(), gradients(model), trainer
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_loss_and_gradients_equal_plain_reference(arch, side):
+    model = tiny_model(arch, VOCAB).train()
+    docs = documents([37, 23, 8])  # K, d divide none; 8 tokens: no short score at all
+    ours, our_grads, _ = our_loss_and_grads(model, padded_batch(docs, side))
+    model.zero_grad()
+    ref = reference_loss(model, docs)
+    ref.backward()
+    torch.testing.assert_close(ours, ref.detach(), atol=1e-5, rtol=1e-5)
+    assert_same_gradients(our_grads, gradients(model))
+
+
+def test_weights_really_differ_from_one():
+    """Guard for the test above: the weights it checks are not all 1 (K, d small enough to matter)."""
+    model = tiny_model("llama", VOCAB).train()
+    trainer = LongCETrainer(model=model, args=make_args())
+    trainer.compute_loss(model, padded_batch(documents([37, 23])))
+    stats = trainer._longce_stats["train"]
+    assert stats[3] > 5  # tokens with weight > 1
+    assert float(stats[4]) > 1.0
+
+
+def test_packed_batch_equals_the_same_documents_unpacked():
+    model = tiny_model("llama", VOCAB).train()
+    docs = documents([30, 17, 26], seed=1)
+    packed = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": d.tolist()} for d in docs])
+    assert set(packed) >= {"input_ids", "position_ids", "labels"} and packed["input_ids"].shape[0] == 1
+    assert [(s.start, s.end) for s in batch_documents(packed["input_ids"], None, packed["position_ids"])] == [
+        (0, 30), (30, 47), (47, 73)]
+    loss_packed, grads_packed, _ = our_loss_and_grads(model, packed)
+    loss_padded, grads_padded, _ = our_loss_and_grads(model, padded_batch(docs))
+    torch.testing.assert_close(loss_packed, loss_padded, atol=1e-5, rtol=1e-5)
+    assert_same_gradients(grads_packed, grads_padded)
+    model.zero_grad()
+    reference_loss(model, docs).backward()
+    assert_same_gradients(grads_packed, gradients(model))
+
+
+def test_max_tokens_per_batch_does_not_change_the_result():
+    model = tiny_model("llama", VOCAB).train()
+    batch = padded_batch(documents([41, 29]))
+    loss_one, grads_one, _ = our_loss_and_grads(model, batch, longce_max_tokens_per_batch=1)
+    loss_all, grads_all, _ = our_loss_and_grads(model, batch, longce_max_tokens_per_batch=10_000)
+    torch.testing.assert_close(loss_one, loss_all, atol=1e-6, rtol=1e-6)
+    assert_same_gradients(grads_one, grads_all)
+
+
+def test_chunked_loss_equals_single_chunk():
+    model = tiny_model("llama", VOCAB).train()
+    batch = padded_batch(documents([41, 29]))
+    loss_small, grads_small, _ = our_loss_and_grads(model, batch, longce_loss_chunk_bytes=4 * VOCAB * 3)
+    loss_big, grads_big, _ = our_loss_and_grads(model, batch)
+    torch.testing.assert_close(loss_small, loss_big, atol=1e-6, rtol=1e-6)
+    assert_same_gradients(grads_small, grads_big)
+
+
+def _train(trainer_cls, args, rows, side, model):
+    dataset = Dataset.from_dict({"input_ids": [r.tolist() for r in rows]})
+    trainer = trainer_cls(model=model, args=args, train_dataset=dataset, data_collator=collate(side))
+    trainer.train()
+    return trainer.state.log_history[0], model
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_plain_ce_switch_equals_stock_trainer_with_accumulation(side):
+    """Gradient accumulation 2 over padded batches of unequal token counts: same loss, same SGD update."""
+    base = tiny_model("llama", VOCAB)
+    rows = documents([40, 12, 33, 25, 19, 38, 7, 30])
+    common = dict(gradient_accumulation_steps=2, per_device_train_batch_size=2, max_steps=2)
+    stock_log, stock = _train(Trainer, make_args(TrainingArguments, **common), rows, side, copy.deepcopy(base))
+    ours_log, ours = _train(LongCETrainer, make_args(longce_plain_ce=True, **common), rows, side, copy.deepcopy(base))
+    assert math.isclose(ours_log["loss"], stock_log["loss"], rel_tol=1e-5)
+    for (name, p), q in zip(stock.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
+    assert ours_log["longce_mean_weight"] == 1.0 and ours_log["longce_weight_gt1_share"] == 0.0
+    assert math.isclose(ours_log["ce_loss"], ours_log["loss"], rel_tol=1e-4)
+
+
+def test_logged_statistics_match_the_weights():
+    base = tiny_model("llama", VOCAB).train()
+    rows = documents([40, 33])
+    per_token = []
+    with torch.no_grad():
+        expected_loss = reference_loss(base, rows, per_token=per_token).item()
+    weights, nll = per_token
+    log, _ = _train(LongCETrainer, make_args(max_steps=1), rows, "right", base)
+    assert set(_STAT_KEYS) <= set(log)
+    assert math.isclose(log["loss"], expected_loss, rel_tol=1e-5)
+    assert math.isclose(log["ce_loss"], nll.mean().item(), rel_tol=1e-5)
+    assert math.isclose(log["longce_mean_weight"], weights.mean().item(), rel_tol=1e-5)
+    # the reference runs the first window too, whose LSD is 0 up to float noise; ours knows it is exactly 0
+    above_one = (weights > 1 + 1e-5).float().mean().item()
+    assert math.isclose(log["longce_weight_gt1_share"], above_one, rel_tol=1e-5)
+    assert math.isclose(log["longce_max_weight"], weights.max().item(), rel_tol=1e-5)
+    assert 0 < log["longce_weight_gt1_share"] < 1  # the case is not degenerate
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny_model("llama", VOCAB).train()
+    batch = padded_batch(documents([37, 23]))
+    loss_plain, grads_plain, _ = our_loss_and_grads(model, batch)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    loss_ckpt, grads_ckpt, _ = our_loss_and_grads(model, batch)
+    assert model.is_gradient_checkpointing
+    torch.testing.assert_close(loss_ckpt, loss_plain, atol=1e-6, rtol=1e-6)
+    assert_same_gradients(grads_ckpt, grads_plain)
+
+
+def test_bf16_step_runs_and_is_close_to_float32():
+    base = tiny_model("llama", VOCAB)
+    rows = documents([40, 33])
+    log32, _ = _train(LongCETrainer, make_args(), rows, "right", copy.deepcopy(base))
+    log16, _ = _train(LongCETrainer, make_args(bf16=True), rows, "right", copy.deepcopy(base).to(torch.bfloat16))
+    assert math.isfinite(log16["loss"]) and abs(log16["loss"] - log32["loss"]) < 0.05
+
+
+def test_lora_trains_adapters_only_and_lora_on_lm_head_is_exact():
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_model("llama", VOCAB).train()
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"],
+                                            init_lora_weights=False))
+    docs = documents([37, 23])
+    ours, grads, _ = our_loss_and_grads(model, padded_batch(docs))
+    assert grads and all("lora_" in name for name in grads)
+    assert any("lm_head" in name for name in grads)  # the head's adapter is trained, not dropped
+    model.zero_grad()
+    reference = reference_loss(model, docs)
+    reference.backward()
+    torch.testing.assert_close(ours, reference.detach(), atol=1e-5, rtol=1e-5)
+    assert_same_gradients(grads, gradients(model))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_batch_without_labels_or_input_ids():
+    model = tiny_model("llama", VOCAB)
+    trainer = LongCETrainer(model=model, args=make_args())
+    batch = padded_batch(documents([20]))
+    with pytest.raises(ValueError, match="needs labels in every batch"):
+        trainer.compute_loss(model, {k: v for k, v in batch.items() if k != "labels"})
+    with pytest.raises(ValueError, match="needs input_ids in every batch"):
+        trainer.compute_loss(model, {k: v for k, v in batch.items() if k != "input_ids"})
+
+
+def test_all_labels_ignored():
+    model = tiny_model("llama", VOCAB)
+    trainer = LongCETrainer(model=model, args=make_args())
+    batch = padded_batch(documents([20]))
+    batch["labels"][:] = -100
+    with pytest.raises(ValueError, match="Every label of this batch is -100"):
+        trainer.compute_loss(model, batch)
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [("longce_gamma", 0.0, "longce_gamma must be > 0"), ("longce_gamma", -1.0, "longce_gamma must be > 0"),
+     ("longce_gamma", float("nan"), "longce_gamma must be > 0"),
+     ("longce_trunc_len", 0, r"longce_trunc_len \(K\) must be an integer >= 1"),
+     ("longce_sliding_window", 0, r"longce_sliding_window \(d\) must be an integer >= 1"),
+     ("longce_max_tokens_per_batch", 0, "longce_max_tokens_per_batch must be"),
+     ("longce_loss_kernel", "fast", "longce_loss_kernel must be one of")],
+)
+def test_bad_settings(setting, value, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(**{setting: value})
+
+
+def test_model_without_causal_lm_head():
+    from transformers import LlamaModel
+
+    backbone = LlamaModel(tiny_model("llama", VOCAB).config)
+    with pytest.raises(ValueError, match="not a causal language model with an LM head"):
+        LongCETrainer(model=backbone, args=make_args())
+
+
+def test_context_parallelism_is_refused():
+    from types import SimpleNamespace
+
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args())
+    trainer.accelerator = SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=2, sp_size=1))
+    with pytest.raises(ValueError, match="does not support context or sequence parallelism"):
+        trainer._refuse_context_parallelism()
+
+
+def test_plain_training_arguments_get_longce_defaults():
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(TrainingArguments))
+    assert (trainer.longce_trunc_len, trainer.longce_sliding_window, trainer.longce_gamma) == (4096, 1024, 5.0)
