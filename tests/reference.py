@@ -56,7 +56,8 @@ def official_overlap(offsets, slices):
 
 
 def longppl_document(text, model, tokenizer, evaluator, evaluator_tokenizer, K, d, alpha, beta, use_lcl=True):
-    """Per-document dict: longppl, n_key, ppl, n_tokens, key_nll (sum), nll (sum), n_pred."""
+    """Per-document dict: longppl, n_key, ppl, n_tokens, key_nll (sum), nll (sum), n_pred, and
+    key_spans (the merged character spans of the model's key tokens)."""
     ids, offsets, lp_long, lp_short = evaluator_scores(evaluator, evaluator_tokenizer, text, K, d)
     key = [
         i
@@ -80,4 +81,5 @@ def longppl_document(text, model, tokenizer, evaluator, evaluator_tokenizer, K, 
         "key_nll": sum(key_nll),
         "nll": sum(nll),
         "n_pred": len(nll),
+        "key_spans": merge([list(m_offsets[i]) for i in key_model]),
     }

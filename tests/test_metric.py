@@ -262,3 +262,15 @@ def test_add_batch_then_compute(metric, setup):
         metric.add_batch(predictions=["text", 1.5])
     with pytest.raises(ValueError, match=r"predictions\[0\] is an empty string"):
         metric.add(prediction="")
+
+
+def test_key_spans_are_the_model_key_tokens(metric, setup):
+    result = run(metric, setup, return_key_spans=True)
+    assert result["n_key_tokens"] == run(metric, setup)["n_key_tokens"]
+    for index, (text, spans) in enumerate(zip(setup["texts"], result["key_spans"])):
+        ref = longppl_document(text, setup["model"], setup["tokenizer"], setup["evaluator_model"],
+                               setup["evaluator_tokenizer"], K, D, ALPHA, BETA)
+        assert spans == ref["key_spans"] and len(spans) > 0
+        assert all(0 <= start < end <= len(text) for start, end in spans)
+    with pytest.raises(ValueError, match="return_key_spans=True lists the key tokens of the hard rule.*soft=False"):
+        run(metric, setup, return_key_spans=True, soft=True)

@@ -1,7 +1,8 @@
 """LongPPL: key-token perplexity for long-context language models (Fang et al., ICLR 2025).
 
 - ``evaluate.load(longppl.METRIC_PATH)`` (or ``evaluate.load("metrics/longppl")`` from a checkout)
-  gives the ``evaluate`` metric.
+  gives the ``evaluate`` metric; after ``python -m longppl.register``, ``evaluate.load("longppl")``
+  does too.
 - ``from longppl import compute_longppl`` is a drop-in for the official ``longppl`` package.
 - The scoring core (token log-probs without full logits, batched short-context windows, key-token
   rules, cross-tokenizer alignment) is importable for other tools, e.g. the LongCE trainer.

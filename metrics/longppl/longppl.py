@@ -9,6 +9,7 @@ import warnings
 
 import datasets
 import evaluate
+import numpy as np
 import torch
 
 # evaluate copies only the sibling modules this file imports directly (it does not follow imports
@@ -17,7 +18,7 @@ import torch
 from .alignment import encode_with_offsets
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
-from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA
+from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, key_char_spans
 from .loading import load_causal_lm, load_tokenizer
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
@@ -103,6 +104,8 @@ Args:
     torch_compile (`bool`, default False): compile the models' transformer blocks while scoring
         (10-20% faster on GPU after a one-off compilation of 10-20 s; worth it for corpora).
     progress (`bool`, default True): show progress bars.
+    return_key_spans (`bool`, default False): also return `key_spans`, to see which tokens are key
+        (hard rule only).
 
 Returns:
     longppl (`float`): corpus LongPPL (NaN if no text has key tokens).
@@ -111,6 +114,9 @@ Returns:
     perplexities (`list` of `float`): perplexity per text.
     n_key_tokens (`list`): key tokens per text, under the evaluated model's tokenizer.
     n_tokens (`list` of `int`): tokens per text, under the evaluated model's tokenizer.
+    key_spans (`list` of `list` of `[start, end]`, with `return_key_spans=True`): per text, the
+        character spans `text[start:end]` of the evaluated model's key tokens (the tokens LongPPL
+        averages over), adjacent tokens merged.
 
 Examples:
     >>> import evaluate
@@ -220,6 +226,7 @@ class LongPPL(evaluate.Metric):
         window_bos=False,
         progress=True,
         torch_compile=False,
+        return_key_spans=False,
     ):
         check_predictions(predictions)
         alpha = _require_finite("alpha", alpha)
@@ -234,6 +241,11 @@ class LongPPL(evaluate.Metric):
             max_length = _require_positive_int("max_length", max_length, minimum=2)
         if aggregation not in ("official", "pooled"):
             raise ValueError(f"aggregation must be 'official' or 'pooled', got {aggregation!r}.")
+        if return_key_spans and soft:
+            raise ValueError(
+                "return_key_spans=True lists the key tokens of the hard rule, but soft=True weights every "
+                "token instead; pass soft=False to get key spans."
+            )
 
         model, tokenizer, model_id = _model_and_tokenizer(model, tokenizer, model_id, "model")
         if model is None and model_id is None:
@@ -299,14 +311,16 @@ class LongPPL(evaluate.Metric):
                 torch_compile=torch_compile,
             )
 
-        results = []
+        results, key_spans = [], []
         for text, ev, ms in zip(texts, evaluator_scores, model_scores):
             weights = model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma)
             results.append(document_result(ms.lp, weights))
+            if return_key_spans:  # the tokens document_result counts: key and predicted
+                key_spans.append(key_char_spans(ms.offsets, (weights > 0) & ~np.isnan(ms.lp)).tolist())
         self._warn_without_key_tokens(evaluator_scores, results, trunc_len)
 
         longppl, ppl = aggregate(results, aggregation)
-        return {
+        output = {
             "longppl": longppl,
             "ppl": ppl,
             "longppls": [r.longppl for r in results],
@@ -314,6 +328,9 @@ class LongPPL(evaluate.Metric):
             "n_key_tokens": [r.n_key_tokens if soft else int(r.n_key_tokens) for r in results],
             "n_tokens": [r.n_tokens for r in results],
         }
+        if return_key_spans:
+            output["key_spans"] = key_spans
+        return output
 
     @staticmethod
     def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:
