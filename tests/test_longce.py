@@ -304,3 +304,19 @@ def test_context_parallelism_is_refused():
 def test_plain_training_arguments_get_longce_defaults():
     trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(TrainingArguments))
     assert (trainer.longce_trunc_len, trainer.longce_sliding_window, trainer.longce_gamma) == (4096, 1024, 5.0)
+
+
+def test_evaluation_logs_eval_statistics():
+    base = tiny_model("llama", VOCAB)
+    rows = documents([40, 33, 21, 35])
+    per_token = []
+    with torch.no_grad():
+        reference_loss(base.train(), rows, per_token=per_token)
+    weights, nll = per_token
+    dataset = Dataset.from_dict({"input_ids": [r.tolist() for r in rows]})
+    trainer = LongCETrainer(model=base, args=make_args(per_device_eval_batch_size=2), eval_dataset=dataset,
+                            data_collator=collate("right"))
+    metrics = trainer.evaluate()
+    assert math.isclose(metrics["eval_ce_loss"], nll.mean().item(), rel_tol=1e-5)
+    assert math.isclose(metrics["eval_longce_mean_weight"], weights.mean().item(), rel_tol=1e-5)
+    assert "longce_mean_weight" not in metrics and "train" not in trainer._longce_stats
