@@ -28,6 +28,7 @@ from .scoring import (
     model_key_weights,
     score_with_evaluator,
     score_with_model,
+    summarize_results,
 )
 from .windows import short_context_log_probs, window_bounds
 
@@ -67,6 +68,7 @@ __all__ = [
     "segment_log_probs",
     "short_context_log_probs",
     "soft_weights",
+    "summarize_results",
     "text_fingerprint",
     "token_log_probs",
     "tokens_within_spans",

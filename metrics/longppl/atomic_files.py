@@ -21,13 +21,16 @@ from collections.abc import Callable
 from typing import IO
 
 
-def write_file_atomically(path: str, write: Callable[[IO], None], newline: str | None = None) -> None:
-    """Create or replace the text file ``path`` with what ``write(handle)`` writes (UTF-8)."""
+def write_file_atomically(
+    path: str, write: Callable[[IO], None], newline: str | None = None, binary: bool = False
+) -> None:
+    """Create or replace the file ``path`` with what ``write(handle)`` writes (UTF-8 text, or bytes)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as handle:
+        text = {} if binary else dict(encoding="utf-8", newline=newline)
+        with os.fdopen(fd, "wb" if binary else "w", **text) as handle:
             write(handle)
         os.replace(tmp, path)
     except BaseException:

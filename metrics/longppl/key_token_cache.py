@@ -270,6 +270,45 @@ class KeyTokenCache:
         ]
         return "it holds " + "; ".join(lines)
 
+    def select(self, evaluator: str | None = None, **settings) -> tuple[KeyTokenSettings, str, list[int]]:
+        """The one (evaluator, settings) configuration that matches the filters, and its rows.
+
+        Args:
+            evaluator: an evaluator name or the start of a fingerprint; ``None`` matches any.
+            settings: ``trunc_len``, ``sliding_window``, ``add_special_tokens``, ``window_bos``
+                (``None`` or absent matches any).
+        Returns:
+            ``(settings, evaluator_fingerprint, rows)`` with the rows in cache order.
+        Raises:
+            ValueError: no configuration or several match (the message lists them).
+        """
+        unknown = set(settings) - set(_SETTING_COLUMNS)
+        if unknown:
+            raise TypeError(f"select() got unknown settings {sorted(unknown)}; use {list(_SETTING_COLUMNS)}.")
+        matching = [
+            c
+            for c in self.configurations()
+            if (evaluator is None or evaluator == c["evaluator_name"] or c["evaluator_fingerprint"].startswith(evaluator))
+            and all(value is None or c[name] == value for name, value in settings.items())
+        ]
+        if len(matching) != 1:
+            asked = ", ".join(f"{k}={v}" for k, v in dict(evaluator=evaluator, **settings).items() if v is not None)
+            raise ValueError(
+                f"{len(matching)} evaluator/settings combinations of the key-token cache match "
+                f"({asked or 'no filter'}): {self.describe()}. Choose one with the evaluator (name or "
+                "fingerprint start) and settings options."
+            )
+        chosen = matching[0]
+        fingerprint = chosen["evaluator_fingerprint"]
+        chosen_settings = KeyTokenSettings(*(chosen[name] for name in _SETTING_COLUMNS))
+        wanted = tuple(asdict(chosen_settings).values())
+        rows = sorted(row for (_, fp, *rest), row in self._rows_by_key().items() if fp == fingerprint and tuple(rest) == wanted)
+        return chosen_settings, fingerprint, rows
+
+    def texts(self, rows: Sequence[int]) -> list[str]:
+        """The stored texts of ``rows``."""
+        return self._dataset.select_columns(["text"])[list(rows)]["text"]
+
     def _rows_by_key(self) -> dict[tuple, int]:
         if self._index is None:
             keys = self._key_table()

@@ -29,10 +29,10 @@ from .scoring import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
     ModelScores,
-    aggregate,
     document_results,
     score_with_evaluator,
     score_with_model,
+    summarize_results,
     truncate_texts,
 )
 from .windows import window_bounds
@@ -360,15 +360,7 @@ class LongPPL(evaluate.Metric):
         results = document_results(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
         self._warn_without_key_tokens(evaluator_scores, results, trunc_len)
 
-        longppl, ppl = aggregate(results, aggregation)
-        return {
-            "longppl": longppl,
-            "ppl": ppl,
-            "longppls": [r.longppl for r in results],
-            "perplexities": [r.ppl for r in results],
-            "n_key_tokens": [r.n_key_tokens if soft else int(r.n_key_tokens) for r in results],
-            "n_tokens": [r.n_tokens for r in results],
-        }
+        return summarize_results(results, aggregation, soft)
 
     @staticmethod
     def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:

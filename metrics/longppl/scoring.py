@@ -276,3 +276,17 @@ def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") 
     else:
         raise ValueError(f"aggregation={aggregation!r} is not one of 'official', 'pooled'.")
     return float(longppl), float(ppl)
+
+
+def summarize_results(results: Sequence[DocumentResult], aggregation: str = "official", soft: bool = False) -> dict:
+    """The metric's return value: corpus ``longppl`` and ``ppl`` (see :func:`aggregate`), and per text
+    ``longppls``, ``perplexities``, ``n_key_tokens`` (int, or the total weight when ``soft``) and ``n_tokens``."""
+    longppl, ppl = aggregate(results, aggregation)
+    return {
+        "longppl": longppl,
+        "ppl": ppl,
+        "longppls": [r.longppl for r in results],
+        "perplexities": [r.ppl for r in results],
+        "n_key_tokens": [r.n_key_tokens if soft else int(r.n_key_tokens) for r in results],
+        "n_tokens": [r.n_tokens for r in results],
+    }
