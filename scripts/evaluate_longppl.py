@@ -31,7 +31,7 @@ except ImportError:  # running from a checkout without `pip install`
     import longppl
 
 from longppl.correlation import pearson, spearman
-from longppl.key_token_cache import KeyTokenCache
+from longppl.cache_cli import add_cache_arguments, open_selected
 from longppl.loading import load_causal_lm
 from longppl.reports import format_table, write_results_csv, write_results_json
 from longppl.scoring import DEFAULT_MAX_TOKENS_PER_BATCH, document_results, score_with_model, summarize_results
@@ -39,18 +39,11 @@ from longppl.scoring import DEFAULT_MAX_TOKENS_PER_BATCH, document_results, scor
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--key-tokens", required=True, help="the key-token cache: a directory or a Hub dataset")
-    parser.add_argument("--split", default="train", help="split of a Hub cache (default: train)")
+    add_cache_arguments(parser)
     parser.add_argument("--models", nargs="+", required=True, help="Hub ids or local paths of the models")
     parser.add_argument("--output-dir", default="longppl_results", help="where results.json/.csv go")
     parser.add_argument("--benchmark-scores", help="CSV with columns model,score: correlate and plot")
     parser.add_argument("--benchmark-name", default="benchmark score", help="y-axis label of the plot")
-    parser.add_argument("--evaluator", help="pick the cache's rows of this evaluator (name or fingerprint start)")
-    parser.add_argument("--trunc-len", type=int, help="pick the cache's rows with this K")
-    parser.add_argument("--sliding-window", type=int, help="pick the cache's rows with this d")
-    parser.add_argument("--alpha", type=float, default=2.0)
-    parser.add_argument("--beta", type=float, default=-2.0)
-    parser.add_argument("--no-lcl", action="store_true", help="drop the LCL condition (paper ablation)")
     parser.add_argument("--soft", action="store_true", help="soft weights min(exp(LSD), gamma) (paper Table 2)")
     parser.add_argument("--gamma", type=float, default=5.0)
     parser.add_argument("--aggregation", choices=("official", "pooled"), default="official")
@@ -62,15 +55,6 @@ def parse_args(argv=None):
     parser.add_argument("--torch-compile", action="store_true", help="compile the models' blocks")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
-
-
-def open_cache(source: str, split: str) -> KeyTokenCache:
-    """A cache from a local directory, else from the Hub (``datasets.load_dataset``)."""
-    if os.path.exists(source):
-        return KeyTokenCache.load(source)
-    import datasets
-
-    return KeyTokenCache.load(datasets.load_dataset(source, split=split))
 
 
 def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
@@ -120,9 +104,7 @@ def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict
 def main(argv=None) -> dict:
     """Run the script; returns ``{"results": [(model, result)], "correlations": ... or None}``."""
     args = parse_args(argv)
-    cache = open_cache(args.key_tokens, args.split)
-    settings, fingerprint, rows = cache.select(args.evaluator, trunc_len=args.trunc_len,
-                                               sliding_window=args.sliding_window)
+    cache, settings, fingerprint, rows = open_selected(args)
     scores = read_benchmark_scores(args.benchmark_scores, args.models) if args.benchmark_scores else None
     texts = cache.texts(rows)
     evaluator_scores = [cache.scores(row) for row in rows]

@@ -26,23 +26,17 @@ except ImportError:  # running from a checkout without `pip install`
     import longppl
 
 from longppl.atomic_files import write_file_atomically
-from longppl.key_token_cache import KeyTokenCache
+from longppl.cache_cli import add_cache_arguments, open_selected
 from longppl.key_token_html import key_token_html
 from longppl.key_tokens import long_short_difference
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--key-tokens", required=True, help="the key-token cache directory")
+    add_cache_arguments(parser)
     parser.add_argument("--document", type=int, default=0, help="which text (0-based position) to show as HTML")
     parser.add_argument("--html", help="write the document's HTML view here")
     parser.add_argument("--histogram", help="write the PNG histogram of the corpus's LSD values here")
-    parser.add_argument("--evaluator", help="pick the cache's rows of this evaluator (name or fingerprint start)")
-    parser.add_argument("--trunc-len", type=int, help="pick the cache's rows with this K")
-    parser.add_argument("--sliding-window", type=int, help="pick the cache's rows with this d")
-    parser.add_argument("--alpha", type=float, default=2.0)
-    parser.add_argument("--beta", type=float, default=-2.0)
-    parser.add_argument("--no-lcl", action="store_true", help="drop the LCL condition (paper ablation)")
     args = parser.parse_args(argv)
     if not (args.html or args.histogram):
         parser.error("nothing to draw: pass --html FILE and/or --histogram FILE")
@@ -51,9 +45,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    cache = KeyTokenCache.load(args.key_tokens)
-    settings, fingerprint, rows = cache.select(args.evaluator, trunc_len=args.trunc_len,
-                                               sliding_window=args.sliding_window)
+    cache, settings, fingerprint, rows = open_selected(args)
     if args.html:
         if not 0 <= args.document < len(rows):
             raise ValueError(

@@ -397,6 +397,14 @@ class KeyTokenCache:
         return path
 
 
+def open_cache(source: str, split: str = "train") -> KeyTokenCache:
+    """A cache from a local directory or, if no such path exists, from the Hub
+    (``datasets.load_dataset(source, split=split)``, e.g. a cache shared with ``push_to_hub``)."""
+    if os.path.exists(source):
+        return KeyTokenCache.load(source)
+    return KeyTokenCache.load(datasets.load_dataset(source, split=split))
+
+
 def cached_evaluator_scores(
     cache: KeyTokenCache,
     texts: Sequence[str],
