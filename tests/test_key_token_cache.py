@@ -271,3 +271,24 @@ def test_fingerprints_follow_weights_dtype_and_files(setup, tmp_path):
     assert a.fingerprint == b.fingerprint != c.fingerprint and a.fingerprint.startswith("checkpoint:")
     assert ModelIdentity.of_checkpoint(str(tmp_path / "a"), torch.bfloat16).fingerprint != a.fingerprint
     assert text_fingerprint("é") == hashlib.sha256("é".encode("utf-8")).hexdigest()
+
+
+def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(built, monkeypatch):
+    import longppl.key_token_cache as module
+
+    cache = KeyTokenCache.load(built["path"])
+    texts = cache.texts(range(3))
+    scores = [cache.scores(row) for row in range(3)]
+    identity = ModelIdentity("ev", "", "float32", cache.row(0)["evaluator_fingerprint"])
+    whole = module.key_token_rows(texts, scores, _settings(), identity)
+    monkeypatch.setattr(module, "_MAX_CHUNK_ITEMS", max(len(s.input_ids) for s in scores))  # one row per chunk
+    rows = module.key_token_rows(texts, scores, _settings(), identity)
+    assert whole.data.column("lp_long").num_chunks == 1 and rows.data.column("lp_long").num_chunks == 3
+    assert rows.to_dict()["offsets"] == whole.to_dict()["offsets"] and rows["text"] == whole["text"]
+    # Re-adding a row with the same key replaces it (here: changed log-probs of text 1).
+    changed = copy.deepcopy(scores[1])
+    changed.lp_long[1:] -= 1.0
+    cache.add(module.key_token_rows([texts[1]], [changed], _settings(), identity))
+    assert len(cache) == 3 and cache.texts(range(3)) == [texts[0], texts[2], texts[1]]
+    assert np.array_equal(cache.scores(cache.find([texts[1]], _settings())[0]).lp_long, changed.lp_long, equal_nan=True)
+    assert [cache.row(i)["evaluator_name"] for i in range(3)] == ["", "", "ev"]

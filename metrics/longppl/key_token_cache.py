@@ -124,6 +124,24 @@ def _list_array(arrays: Sequence[np.ndarray], values_type: pa.DataType, width: i
     return pa.ListArray.from_arrays(offsets, values)
 
 
+# Arrow's list and string arrays index their values with int32 offsets: rows are built in chunks
+# of at most this many tokens (and text bytes), well below 2**31.
+_MAX_CHUNK_ITEMS = 1 << 30
+
+
+def _chunks(texts: Sequence[str], scores: Sequence[EvaluatorScores]) -> list[list[int]]:
+    chunks: list[list[int]] = [[]]
+    tokens = chars = 0
+    for index, (text, score) in enumerate(zip(texts, scores)):
+        n, c = int(score.input_ids.shape[0]), len(text.encode("utf-8"))
+        if chunks[-1] and (tokens + n > _MAX_CHUNK_ITEMS or chars + c > _MAX_CHUNK_ITEMS):
+            chunks.append([])
+            tokens = chars = 0
+        chunks[-1].append(index)
+        tokens, chars = tokens + n, chars + c
+    return chunks
+
+
 def key_token_rows(
     texts: Sequence[str],
     scores: Sequence[EvaluatorScores],
@@ -133,26 +151,31 @@ def key_token_rows(
     """Cache rows (a ``Dataset`` with ``CACHE_FEATURES``) for ``scores[k]`` of ``texts[k]``."""
     if len(texts) != len(scores):
         raise ValueError(f"{len(texts)} texts but {len(scores)} evaluator scores; pass one score per text.")
-    n = len(texts)
-    columns = {
-        "format_version": pa.array([FORMAT_VERSION] * n, type=pa.int32()),
-        "text": pa.array(list(texts), type=pa.string()),
-        "text_fingerprint": pa.array([text_fingerprint(t) for t in texts], type=pa.string()),
-        "evaluator_name": pa.array([evaluator.name] * n, type=pa.string()),
-        "evaluator_revision": pa.array([evaluator.revision] * n, type=pa.string()),
-        "evaluator_dtype": pa.array([evaluator.dtype] * n, type=pa.string()),
-        "evaluator_fingerprint": pa.array([evaluator.fingerprint] * n, type=pa.string()),
-        "trunc_len": pa.array([settings.trunc_len] * n, type=pa.int32()),
-        "sliding_window": pa.array([settings.sliding_window] * n, type=pa.int32()),
-        "add_special_tokens": pa.array([settings.add_special_tokens] * n, type=pa.bool_()),
-        "window_bos": pa.array([settings.window_bos] * n, type=pa.bool_()),
-        "input_ids": _list_array([s.input_ids for s in scores], pa.int32()),
-        "offsets": _list_array([s.offsets for s in scores], pa.int32(), width=2),
-        "lp_long": _list_array([s.lp_long for s in scores], pa.float32()),
-        "lp_short": _list_array([s.lp_short for s in scores], pa.float32()),
-    }
-    table = pa.Table.from_arrays(list(columns.values()), schema=CACHE_FEATURES.arrow_schema)
-    return datasets.Dataset(table, info=datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES))
+
+    def table(rows: list[int]) -> pa.Table:
+        n = len(rows)
+        chunk_texts, chunk_scores = [texts[i] for i in rows], [scores[i] for i in rows]
+        columns = {
+            "format_version": pa.array([FORMAT_VERSION] * n, type=pa.int32()),
+            "text": pa.array(chunk_texts, type=pa.string()),
+            "text_fingerprint": pa.array([text_fingerprint(t) for t in chunk_texts], type=pa.string()),
+            "evaluator_name": pa.array([evaluator.name] * n, type=pa.string()),
+            "evaluator_revision": pa.array([evaluator.revision] * n, type=pa.string()),
+            "evaluator_dtype": pa.array([evaluator.dtype] * n, type=pa.string()),
+            "evaluator_fingerprint": pa.array([evaluator.fingerprint] * n, type=pa.string()),
+            "trunc_len": pa.array([settings.trunc_len] * n, type=pa.int32()),
+            "sliding_window": pa.array([settings.sliding_window] * n, type=pa.int32()),
+            "add_special_tokens": pa.array([settings.add_special_tokens] * n, type=pa.bool_()),
+            "window_bos": pa.array([settings.window_bos] * n, type=pa.bool_()),
+            "input_ids": _list_array([s.input_ids for s in chunk_scores], pa.int32()),
+            "offsets": _list_array([s.offsets for s in chunk_scores], pa.int32(), width=2),
+            "lp_long": _list_array([s.lp_long for s in chunk_scores], pa.float32()),
+            "lp_short": _list_array([s.lp_short for s in chunk_scores], pa.float32()),
+        }
+        return pa.Table.from_arrays(list(columns.values()), schema=CACHE_FEATURES.arrow_schema)
+
+    rows = pa.concat_tables([table(chunk) for chunk in _chunks(texts, scores)])
+    return datasets.Dataset(rows, info=datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES))
 
 
 def check_cache_dataset(dataset, where: str) -> datasets.Dataset:
