@@ -14,7 +14,7 @@ import os
 from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
 from .batching import Segment, long_context_log_probs, pack_by_token_budget, segment_log_probs
 from .fingerprints import ModelIdentity, text_fingerprint
-from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores, key_token_rows
+from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores, key_token_rows, open_cache
 from .key_tokens import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
 from .logprobs import resolve_lm_head, token_log_probs
 from .official import compute_longppl, find_key_token, load_key_token
@@ -60,6 +60,7 @@ __all__ = [
     "long_context_log_probs",
     "long_short_difference",
     "merge_adjacent_spans",
+    "open_cache",
     "model_key_weights",
     "pack_by_token_budget",
     "resolve_lm_head",

@@ -251,7 +251,10 @@ class KeyTokenCache:
         if not os.path.exists(path):
             if create:
                 return cls(None, path)
-            raise FileNotFoundError(f"No key-token cache at {path!r}. {_HOW_TO_BUILD}")
+            raise FileNotFoundError(
+                f"No key-token cache at {path!r} (for one on the Hub, pass "
+                f"datasets.load_dataset({path!r}, split='train')). {_HOW_TO_BUILD}"
+            )
         try:
             dataset = datasets.load_from_disk(path)
         except FileNotFoundError as err:
