@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .logprobs import unwrap_model
+
 WEIGHT_SAMPLES = 4096  # values per parameter tensor
 CHECKPOINT_SAMPLES = 64  # blocks per weight file
 CHECKPOINT_BLOCK = 1 << 16  # bytes per block
@@ -61,7 +63,12 @@ class ModelIdentity:
 
     @classmethod
     def of_model(cls, model: nn.Module) -> "ModelIdentity":
-        """Identity of a model object, from its configuration and sampled weights (no forward pass)."""
+        """Identity of a model object, from its configuration and sampled weights (no forward pass).
+
+        DDP / PEFT wrappers are looked through (LoRA weights injected into the model count), so a
+        wrapped model has the fingerprint of the model it computes with.
+        """
+        model = unwrap_model(model)
         digest = hashlib.sha256(b"longppl-weights-v1\0")
         config = getattr(model, "config", None)
         digest.update(type(model).__name__.encode())
