@@ -20,6 +20,18 @@ included) with ratios. Tokens are random ids shared by both models, so no tokeni
     python scripts/bench_longppl.py --lengths 65536 131072 --compile
     python scripts/bench_longppl.py --tiny --lengths 600 1000       # CPU smoke run
     python scripts/bench_longppl.py --agreement                     # key tokens: ours vs reference
+
+``--cache``: evaluating a second model against a warm key-token cache vs plain PPL on the same
+documents. The evaluator scores each document into a cache on disk (``cache-build``) and is freed;
+then, per length, in one process: ``ppl`` (tokenize, one forward with full logits, as a PPL harness
+does), ``ppl-chunked`` (this library's PPL pass alone: chunked LM head) and ``cached`` (what
+``evaluate_longppl.py`` and ``compute(key_tokens=...)`` do: open the cache from disk, look the
+document up, tokenize and score it with the evaluated model, map key tokens across, aggregate).
+Documents are random words of a word-level tokenizer shared by both models; a low ``--alpha`` makes
+about half the tokens key, so that the character-span mapping has real work to do.
+
+    python scripts/bench_longppl.py --cache --lengths 32768 131072 --repeat 3 --alpha 0 --beta -100
+    python scripts/bench_longppl.py --cache --tiny --lengths 600 1000 --trunc-len 64 --sliding-window 32 --alpha 0 --beta -100
 """
 
 from __future__ import annotations
@@ -29,9 +41,11 @@ import gc
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -161,6 +175,114 @@ def key_token_agreement(device: str) -> None:
               f"common {common} (copied tokens after the first: {copied})", flush=True)
 
 
+def cache_benchmark(args, device):
+    """``--cache`` (see the module docstring): rows of seconds and peak GiB per length and method."""
+    import tempfile
+
+    from longppl import (
+        KeyTokenCache,
+        KeyTokenSettings,
+        ModelIdentity,
+        cached_evaluator_scores,
+        document_result,
+        document_results,
+        key_token_rows,
+        score_with_evaluator,
+        score_with_model,
+        summarize_results,
+    )
+    from longppl.synthetic import word_tokenizer
+
+    K, d, budget = args.trunc_len, args.sliding_window, args.budgets[0]
+    settings = KeyTokenSettings(K, d, add_special_tokens=False)
+    evaluator = build_model(args.tiny, device, seed=1)
+    vocab = evaluator.config.vocab_size
+    tokenizer = word_tokenizer(vocab - 2)  # ids 0 .. vocab-1 with <unk> and <pad>
+
+    def words(n, seed):
+        return " ".join(f"w{i}" for i in torch.randint(vocab - 2, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
+
+    texts = {n: words(n, n) for n in args.lengths}
+    warm = words(K + 2 * d + 7, 0)
+    folder = tempfile.mkdtemp(prefix="longppl-bench-cache-")
+    identity = ModelIdentity.of_model(evaluator)
+    rows = []
+
+    def build(text, path):
+        scores = score_with_evaluator(evaluator, tokenizer, [text], K, d, budget, add_special_tokens=False,
+                                      progress=False, per_document=True)
+        KeyTokenCache(key_token_rows([text], scores, settings, identity)).save(path)
+
+    build(warm, f"{folder}/warm")
+    for n, text in texts.items():
+        seconds, peak, _ = measure(lambda: build(text, f"{folder}/{n}"), device)
+        rows.append({"tokens": n, "method": "cache-build", "seconds": seconds, "peak_gib": peak})
+        print(f"{n:>7} cache-build      {seconds:8.2f}s {peak:7.1f} GiB", flush=True)
+    del evaluator
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    model = build_model(args.tiny, device, seed=2)
+
+    def ppl_full(text):  # a plain PPL harness: token ids only (no offsets), full logits
+        ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], device=device)
+        return plain_ppl(model, ids)
+
+    def ppl_chunked(text):
+        lp = score_with_model(model, tokenizer, [text], budget, progress=False)[0].lp
+        return document_result(lp, np.zeros_like(lp)).ppl
+
+    def cached(text, path, phases):
+        marks = [time.perf_counter()]
+
+        def mark():
+            if device == "cuda":
+                torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+
+        cache = KeyTokenCache.load(path)
+        evaluator_scores = cached_evaluator_scores(cache, [text], settings, None, None)
+        mark()
+        model_scores = score_with_model(model, tokenizer, [text], budget, progress=False)
+        mark()
+        result = summarize_results(document_results([text], evaluator_scores, model_scores, args.alpha, args.beta))
+        mark()
+        phases.update(zip(["cache_load", "model", "key_tokens"], [b - a for a, b in zip(marks, marks[1:])]))
+        return result["longppl"], result["ppl"], result["n_key_tokens"][0]
+
+    ppl_full(warm), ppl_chunked(warm), cached(warm, f"{folder}/warm", {})
+    for n, text in texts.items():
+        phases = {}
+        methods = [("ppl", lambda: ppl_full(text)), ("ppl-chunked", lambda: ppl_chunked(text)),
+                   ("cached", lambda: cached(text, f"{folder}/{n}", phases))]
+        for name, fn in methods:
+            best = None
+            for _ in range(args.repeat):
+                try:
+                    result = measure(fn, device)
+                except torch.cuda.OutOfMemoryError:  # full logits of a long text may not fit next to the model
+                    result = (float("nan"), float("nan"), "out of memory")
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                if best is None or result[0] < best[0] or best[0] != best[0]:  # fastest run; NaN = failed
+                    best = result
+            row = {"tokens": n, "method": name, "seconds": best[0], "peak_gib": best[1], "value": best[2]}
+            if name == "cached":
+                row["phases"] = {k: round(v, 4) for k, v in phases.items()}
+            rows.append(row)
+            print(f"{n:>7} {name:<16} {best[0]:8.2f}s {best[1]:7.1f} GiB  {best[2]}  {row.get('phases', '')}", flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+    print("\n| tokens | method | seconds | peak GiB | time / PPL | time / PPL (chunked head) |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for row in rows:
+        same = {r["method"]: r for r in rows if r["tokens"] == row["tokens"]}
+        ratio = lambda base: f"{row['seconds'] / base['seconds']:.3f}x" if base['seconds'] == base['seconds'] else "-"
+        print(f"| {row['tokens']} | {row['method']} | {row['seconds']:.3f} | {row['peak_gib']:.1f} | "
+              f"{ratio(same['ppl'])} | {ratio(same['ppl-chunked'])} |")
+    return rows
+
+
 def measure(fn, device):
     gc.collect()
     if device == "cuda":
@@ -191,12 +313,22 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke run)")
     parser.add_argument("--agreement", action="store_true",
                         help="only compare our key tokens with the reference's on the trained copy model")
+    parser.add_argument("--cache", action="store_true",
+                        help="only time evaluating a second model against a warm key-token cache vs plain PPL")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.agreement:
         return key_token_agreement(device)
+    if args.cache:
+        rows = cache_benchmark(args, device)
+        if args.out:
+            with open(args.out, "w") as handle:
+                json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                           "torch": torch.__version__, "trunc_len": args.trunc_len,
+                           "sliding_window": args.sliding_window, "rows": rows}, handle, indent=1)
+        return rows
     t0 = time.perf_counter()
     evaluator = build_model(args.tiny, device, seed=1)
     model = build_model(args.tiny, device, seed=2)

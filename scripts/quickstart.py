@@ -29,33 +29,23 @@ except ImportError:  # running from a checkout without `pip install`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
     import longppl
 
+from longppl.corpus import read_jsonl_texts
+from longppl.reports import format_table
+
 
 def read_texts(path: str, column: str) -> list[str]:
     """Texts from a JSONL file (one object per line, text in ``column``) or a plain text file."""
     if not path.endswith(".jsonl"):
         with open(path, encoding="utf-8") as handle:
             return [handle.read()]
-    texts = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                sys.exit(f"{path}:{number} is not valid JSON ({err.msg}).")
-            if not isinstance(record, dict) or not isinstance(record.get(column), str):
-                sys.exit(f"{path}:{number} has no string field {column!r} (use --column).")
-            texts.append(record[column])
-    return texts
+    try:
+        return read_jsonl_texts(path, column)
+    except ValueError as err:
+        sys.exit(str(err))
 
 
 def print_table(rows: list[tuple[str, dict]]) -> None:
-    print(f"\n| {'model':<34} | {'LongPPL':>9} | {'PPL':>9} | {'key tokens':>10} | {'tokens':>7} |")
-    print(f"|{'-' * 36}|{'-' * 11}|{'-' * 11}|{'-' * 12}|{'-' * 9}|")
-    for name, result in rows:
-        print(f"| {name:<34} | {result['longppl']:>9.2f} | {result['ppl']:>9.2f} | "
-              f"{sum(result['n_key_tokens']):>10.0f} | {sum(result['n_tokens']):>7} |")
+    print("\n" + format_table(rows))
 
 
 def toy_demo(args) -> None:

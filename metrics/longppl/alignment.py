@@ -159,10 +159,11 @@ def transfer_token_weights(
     per_char = np.ones(text_length, dtype=np.float64)
     widths = source_offsets[:, 1] - source_offsets[:, 0]
     covering = widths > 0
-    chars = np.concatenate(
-        [np.arange(a, b) for a, b in source_offsets[covering]] or [np.zeros(0, dtype=np.int64)]
-    )
-    per_char[chars] = np.repeat(np.asarray(source_weights, dtype=np.float64)[covering], widths[covering])
+    starts, widths = source_offsets[covering, 0], widths[covering]
+    # The characters of every covering token in token order, without a Python loop over tokens:
+    # token j's run begins at position (cumsum - width)[j] of the concatenation and at starts[j] in the text.
+    chars = np.arange(int(widths.sum())) + np.repeat(starts - (np.cumsum(widths) - widths), widths)
+    per_char[chars] = np.repeat(np.asarray(source_weights, dtype=np.float64)[covering], widths)
     cumulative = np.concatenate([[0.0], np.cumsum(per_char)])
     a, b = target_offsets[:, 0], target_offsets[:, 1]
     width = b - a

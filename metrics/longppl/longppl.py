@@ -16,10 +16,13 @@ import torch
 # recursively), so every module of the scoring core is imported here, even where unused. (No
 # comments on these lines: evaluate reads a comment after a relative import as a download URL.)
 from .alignment import encode_with_offsets
+from .atomic_files import write_file_atomically
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
+from .fingerprints import ModelIdentity
+from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
 from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, key_char_spans
-from .loading import load_causal_lm, load_tokenizer
+from .loading import default_device, load_causal_lm, load_tokenizer, resolve_dtype
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
 from .scoring import (
@@ -27,18 +30,18 @@ from .scoring import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
     ModelScores,
-    aggregate,
-    document_result,
+    document_results,
     model_key_weights,
     score_with_evaluator,
     score_with_model,
+    summarize_results,
     truncate_texts,
 )
 from .windows import window_bounds
 
 # Re-exported: the official package's scripts do `from longppl.longppl import *`.
 __all__ = ["LongPPL", "compute_longppl", "find_key_token", "load_key_token"]
-_CORE = (encode_with_offsets, long_context_log_probs, compiled_blocks, window_bounds)
+_CORE = (encode_with_offsets, long_context_log_probs, compiled_blocks, window_bounds, write_file_atomically)
 
 _CITATION = """\
 @inproceedings{fang2025wrong,
@@ -73,7 +76,16 @@ Args:
     model_id (`str`): Hub id or local path of the evaluated causal LM. Or pass `model` and
         `tokenizer` objects (a PEFT-wrapped model works too).
     evaluator_model_id (`str`): Hub id or local path of the evaluator. Or pass `evaluator_model`
-        and `evaluator_tokenizer`. Required unless `self_evaluation=True`.
+        and `evaluator_tokenizer`. Required unless `self_evaluation=True` or `key_tokens` holds
+        every text.
+    key_tokens (`str` or `datasets.Dataset`, optional): a key-token cache (directory written by
+        `scripts/compute_key_tokens.py` or by this argument, or a `Dataset` of it, e.g. from the
+        Hub). Texts found in it, for the same evaluator and `trunc_len`, `sliding_window`,
+        `evaluator_add_special_tokens`, `window_bos`, are not scored again: when all are found the
+        evaluator is neither loaded nor run, and alpha, beta, soft and gamma may differ from the
+        run that built it. Missing texts are scored by the evaluator and added (a directory is
+        created or updated atomically; a `Dataset` is only updated in memory); without an
+        evaluator they are an error that lists them.
     self_evaluation (`bool`, default False): use the evaluated model as its own evaluator (the
         paper's ablation; uninformative as a benchmark).
     alpha (`float`, default 2.0): LSD threshold; key iff LSD > alpha.
@@ -165,6 +177,62 @@ def _model_and_tokenizer(model, tokenizer, model_id, role: str):
     return model, tokenizer, model_id
 
 
+def _release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _evaluator_scores(evaluator, tokenizer, texts, settings, scoring, per_document=False):
+    return score_with_evaluator(
+        evaluator,
+        tokenizer,
+        texts,
+        settings.trunc_len,
+        settings.sliding_window,
+        add_special_tokens=settings.add_special_tokens,
+        window_bos=settings.window_bos,
+        per_document=per_document,
+        **scoring,
+    )
+
+
+def _score_live(texts, settings, evaluator, tokenizer, evaluator_id, device, torch_dtype, scoring):
+    """The evaluator's scores of ``texts``, loading it first when given by id (and freeing it after)."""
+    if evaluator is None:
+        evaluator, tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
+        scores = _evaluator_scores(evaluator, tokenizer, texts, settings, scoring)
+        del evaluator
+        _release_memory()
+        return scores
+    return _evaluator_scores(evaluator, tokenizer, texts, settings, scoring)
+
+
+def _score_from_cache(key_tokens, texts, settings, evaluator, tokenizer, evaluator_id, device, torch_dtype, scoring):
+    """The evaluator's scores of ``texts`` from the key-token cache; the evaluator (if any) scores
+    only the texts the cache lacks, and is loaded only then (or when its checkpoint has no
+    fingerprint that can be taken without loading it)."""
+    cache = KeyTokenCache.load(key_tokens, create=evaluator is not None or evaluator_id is not None)
+    identity = None
+    if evaluator is None and evaluator_id is not None:
+        identity = ModelIdentity.of_checkpoint(evaluator_id, resolve_dtype(torch_dtype, device or default_device()))
+        if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the weights
+            evaluator, tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
+    if evaluator is not None and identity is None:
+        identity = ModelIdentity.of_model(evaluator)
+
+    def score_missing(missing):
+        model, model_tokenizer = evaluator, tokenizer
+        if model is None:
+            model, model_tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
+        return identity, _evaluator_scores(model, model_tokenizer, missing, settings, scoring, per_document=True)
+
+    scores = cached_evaluator_scores(cache, texts, settings, identity, score_missing if identity else None)
+    del evaluator
+    _release_memory()
+    return scores
+
+
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class LongPPL(evaluate.Metric):
     """LongPPL (Fang et al., ICLR 2025) as an ``evaluate`` metric."""
@@ -227,6 +295,7 @@ class LongPPL(evaluate.Metric):
         progress=True,
         torch_compile=False,
         return_key_spans=False,
+        key_tokens=None,
     ):
         check_predictions(predictions)
         alpha = _require_finite("alpha", alpha)
@@ -253,7 +322,7 @@ class LongPPL(evaluate.Metric):
         evaluator_given = evaluator_model is not None or evaluator_model_id is not None
         if self_evaluation and evaluator_given:
             raise ValueError("self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too.")
-        if not self_evaluation and not evaluator_given:
+        if not self_evaluation and not evaluator_given and key_tokens is None:
             raise ValueError(
                 "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
                 "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
@@ -271,29 +340,19 @@ class LongPPL(evaluate.Metric):
             tokenizer = load_tokenizer(model_id)  # the model itself is loaded after the evaluator is freed
         texts = truncate_texts(predictions, tokenizer, max_length)
 
-        loaded_evaluator = False
         if self_evaluation:
-            evaluator_model, evaluator_tokenizer = model, tokenizer
-        elif evaluator_model is None:
-            evaluator_model, evaluator_tokenizer = load_causal_lm(evaluator_model_id, device, torch_dtype)
-            loaded_evaluator = True
-        evaluator_scores = score_with_evaluator(
-            evaluator_model,
-            evaluator_tokenizer,
-            texts,
-            trunc_len,
-            sliding_window,
-            max_tokens_per_batch,
-            add_special_tokens=evaluator_add_special_tokens,
-            window_bos=window_bos,
-            progress=progress,
-            torch_compile=torch_compile,
-        )
-        if loaded_evaluator:
-            del evaluator_model
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            evaluator_model, evaluator_tokenizer, evaluator_model_id = model, tokenizer, None
+        scoring = dict(max_tokens_per_batch=max_tokens_per_batch, progress=progress, torch_compile=torch_compile)
+        settings = KeyTokenSettings(trunc_len, sliding_window, evaluator_add_special_tokens, window_bos)
+        if key_tokens is None:
+            evaluator_scores = _score_live(
+                texts, settings, evaluator_model, evaluator_tokenizer, evaluator_model_id, device, torch_dtype, scoring
+            )
+        else:
+            evaluator_scores = _score_from_cache(
+                key_tokens, texts, settings, evaluator_model, evaluator_tokenizer, evaluator_model_id,
+                device, torch_dtype, scoring,
+            )
 
         if model is None:
             model, _ = load_causal_lm(model_id, device, torch_dtype)
@@ -311,25 +370,18 @@ class LongPPL(evaluate.Metric):
                 torch_compile=torch_compile,
             )
 
-        results, key_spans = [], []
-        for text, ev, ms in zip(texts, evaluator_scores, model_scores):
-            weights = model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma)
-            results.append(document_result(ms.lp, weights))
-            if return_key_spans:  # the tokens document_result counts: key and predicted
-                key_spans.append(key_char_spans(ms.offsets, (weights > 0) & ~np.isnan(ms.lp)).tolist())
+        results = document_results(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
         self._warn_without_key_tokens(evaluator_scores, results, trunc_len)
-
-        longppl, ppl = aggregate(results, aggregation)
-        output = {
-            "longppl": longppl,
-            "ppl": ppl,
-            "longppls": [r.longppl for r in results],
-            "perplexities": [r.ppl for r in results],
-            "n_key_tokens": [r.n_key_tokens if soft else int(r.n_key_tokens) for r in results],
-            "n_tokens": [r.n_tokens for r in results],
-        }
-        if return_key_spans:
-            output["key_spans"] = key_spans
+        output = summarize_results(results, aggregation, soft)
+        if return_key_spans:  # the tokens document_result counts: key and predicted
+            output["key_spans"] = [
+                key_char_spans(
+                    ms.offsets,
+                    (model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma) > 0)
+                    & ~np.isnan(ms.lp),
+                ).tolist()
+                for text, ev, ms in zip(texts, evaluator_scores, model_scores)
+            ]
         return output
 
     @staticmethod

@@ -7,17 +7,17 @@ package (``[a, b];[c, d]``) are read too, parsed as integers.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import tempfile
 import warnings
 
 import numpy as np
 import torch
 
 from .alignment import tokens_within_spans
+from .atomic_files import write_file_atomically
+from .fingerprints import text_fingerprint
 from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA
 from .loading import load_causal_lm
 from .scoring import (
@@ -33,11 +33,6 @@ KEY_SPANS_VERSION = 1
 _OFFICIAL_SPAN = re.compile(r"^\[\s*(\d+)\s*,\s*(\d+)\s*\]$")
 
 
-def text_fingerprint(text: str) -> str:
-    """SHA-256 of the UTF-8 text, to refuse key spans computed for another text."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def save_key_spans(path: str, spans: np.ndarray, text: str, settings: dict) -> None:
     """Write key spans as JSON atomically (a temporary file in the same folder, then rename)."""
     payload = {
@@ -47,17 +42,7 @@ def save_key_spans(path: str, spans: np.ndarray, text: str, settings: dict) -> N
         "settings": settings,
         "spans": np.asarray(spans, dtype=np.int64).reshape(-1, 2).tolist(),
     }
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".key_spans.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_file_atomically(path, lambda handle: json.dump(payload, handle))
 
 
 def load_key_token(save_path: str, text: str | None = None) -> list[list[int]]:

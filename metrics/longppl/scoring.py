@@ -134,6 +134,7 @@ def score_with_evaluator(
     window_bos: bool = False,
     progress: bool = True,
     torch_compile: bool = False,
+    per_document: bool = False,
 ) -> list[EvaluatorScores]:
     """Long- and short-context log-probs of every evaluator token of every text.
 
@@ -142,23 +143,36 @@ def score_with_evaluator(
         window_bos: opt-in improvement over the official code: feed the evaluator's BOS token at the
             head of every short window after the first (the first starts at the document's head).
         torch_compile: compile the evaluator's transformer blocks while scoring (see ``compilation``).
+        per_document: pack forward passes only within each document, never across documents, so a
+            document's scores are bit-for-bit the same whatever other texts are scored with it (what
+            a shareable cache needs; packing across documents only helps texts much shorter than
+            ``max_tokens_per_batch``, and changes results by float rounding).
     """
     encoded = _encode_all(tokenizer, texts, add_special_tokens)
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
-    with _scoring(evaluator, torch_compile):
-        with _progress(len(texts), "LongPPL evaluator: long context", progress) as bar:
-            lp_long = long_context_log_probs(evaluator, sequences, max_tokens_per_batch, lambda _: bar.update())
-        with _progress(len(texts), f"LongPPL evaluator: short windows (K={trunc_len})", progress) as bar:
-            lp_short = short_context_log_probs(
+    groups = [[doc] for doc in range(len(texts))] if per_document else [list(range(len(texts)))]
+    lp_long: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+    lp_short: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+    with (
+        _scoring(evaluator, torch_compile),
+        _progress(len(texts), "LongPPL evaluator: long context", progress) as long_bar,
+        _progress(len(texts), f"LongPPL evaluator: short windows (K={trunc_len})", progress) as short_bar,
+    ):
+        for group in groups:
+            seqs = [sequences[doc] for doc in group]
+            long = long_context_log_probs(evaluator, seqs, max_tokens_per_batch, lambda _: long_bar.update())
+            short = short_context_log_probs(
                 evaluator,
-                sequences,
+                seqs,
                 trunc_len,
                 sliding_window,
                 max_tokens_per_batch,
-                long_log_probs=lp_long,
+                long_log_probs=long,
                 prefix_token_id=_window_prefix(tokenizer, window_bos),
-                on_sequence_done=lambda _: bar.update(),
+                on_sequence_done=lambda _: short_bar.update(),
             )
+            for doc, values_long, values_short in zip(group, long, short):
+                lp_long[doc], lp_short[doc] = values_long, values_short
     return [
         EvaluatorScores(ids, offsets, long.numpy(), short.numpy())
         for (ids, offsets), long, short in zip(encoded, lp_long, lp_short)
@@ -219,6 +233,28 @@ def document_result(lp: np.ndarray, weights: np.ndarray) -> DocumentResult:
     return DocumentResult(longppl, ppl, key_weight, int(lp.shape[0]), key_nll, float(nll.sum()), int(nll.size))
 
 
+def document_results(
+    texts: Sequence[str],
+    evaluator_scores: Sequence[EvaluatorScores],
+    model_scores: Sequence[ModelScores],
+    alpha: float,
+    beta: float,
+    use_lcl: bool = True,
+    soft: bool = False,
+    gamma: float = 5.0,
+) -> list[DocumentResult]:
+    """LongPPL and PPL of every text from the evaluator's scores and the evaluated model's log-probs.
+
+    The evaluator's scores may come from a live run or from a key-token cache: only the stored
+    ``lp_long``, ``lp_short`` and ``offsets`` are used, so alpha, beta, the soft variant and gamma
+    can change without a forward pass.
+    """
+    return [
+        document_result(ms.lp, model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma))
+        for text, ev, ms in zip(texts, evaluator_scores, model_scores)
+    ]
+
+
 def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") -> tuple[float, float]:
     """Corpus ``(longppl, ppl)``.
 
@@ -240,3 +276,17 @@ def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") 
     else:
         raise ValueError(f"aggregation={aggregation!r} is not one of 'official', 'pooled'.")
     return float(longppl), float(ppl)
+
+
+def summarize_results(results: Sequence[DocumentResult], aggregation: str = "official", soft: bool = False) -> dict:
+    """The metric's return value: corpus ``longppl`` and ``ppl`` (see :func:`aggregate`), and per text
+    ``longppls``, ``perplexities``, ``n_key_tokens`` (int, or the total weight when ``soft``) and ``n_tokens``."""
+    longppl, ppl = aggregate(results, aggregation)
+    return {
+        "longppl": longppl,
+        "ppl": ppl,
+        "longppls": [r.longppl for r in results],
+        "perplexities": [r.ppl for r in results],
+        "n_key_tokens": [r.n_key_tokens if soft else int(r.n_key_tokens) for r in results],
+        "n_tokens": [r.n_tokens for r in results],
+    }

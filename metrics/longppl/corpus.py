@@ -1,0 +1,89 @@
+"""Reading the texts of a corpus to score: a JSONL file, a local ``datasets`` directory, or a Hub dataset.
+
+Every bad record is reported with where it is (file and line, or row) and what to do, before any
+model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import datasets
+
+
+def read_jsonl_texts(path: str, column: str = "text") -> list[str]:
+    """The ``column`` field of every JSON object in a JSONL file (blank lines are skipped).
+
+    Raises:
+        ValueError: naming the line that is not JSON, not an object, lacks ``column``, or holds a
+            non-string or empty text there.
+    """
+    texts = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where} is a JSON {type(record).__name__}, not an object with a {column!r} field.")
+            if column not in record:
+                raise ValueError(
+                    f"{where} has no field {column!r} (its fields: {sorted(record)}); name the text field "
+                    "with --text-column."
+                )
+            texts.append(_checked_text(record[column], f"{where}, field {column!r}"))
+    return texts
+
+
+def _checked_text(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where} is a {type(value).__name__}, not a string; the text column must hold texts.")
+    if not value.strip():
+        raise ValueError(f"{where} is an empty text; remove it or fill it in.")
+    return value
+
+
+def dataset_texts(dataset: datasets.Dataset, column: str, where: str) -> list[str]:
+    """The texts of ``column`` of a ``datasets.Dataset``, checked to be non-empty strings."""
+    if column not in dataset.column_names:
+        raise ValueError(
+            f"{where} has no column {column!r} (its columns: {dataset.column_names}); name the text column "
+            "with --text-column."
+        )
+    feature = dataset.features[column]
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+        raise ValueError(f"{where}: column {column!r} holds {feature!r}, not strings; pass a column of texts.")
+    texts = dataset[column]
+    for row, text in enumerate(texts):
+        _checked_text(text, f"{where}, row {row} of column {column!r}")
+    return texts
+
+
+def read_documents(source: str, text_column: str = "text", split: str = "train") -> list[str]:
+    """Texts from a ``.jsonl`` file, a directory saved with ``save_to_disk``, or a Hub dataset name.
+
+    Args:
+        split: the split to use when the source holds several (a ``DatasetDict`` or a Hub dataset).
+    """
+    if source.endswith(".jsonl"):
+        if not os.path.isfile(source):
+            raise ValueError(f"No JSONL file at {source!r}.")
+        return read_jsonl_texts(source, text_column)
+    if os.path.isdir(source):
+        try:
+            dataset = datasets.load_from_disk(source)
+        except FileNotFoundError as err:
+            raise ValueError(f"{source!r} is not a directory written by datasets' save_to_disk ({err}).") from None
+        if isinstance(dataset, datasets.DatasetDict):
+            if split not in dataset:
+                raise ValueError(f"{source!r} has splits {list(dataset)}, not {split!r}; choose one with --split.")
+            dataset = dataset[split]
+        return dataset_texts(dataset, text_column, repr(source))
+    if os.path.exists(source):
+        raise ValueError(f"{source!r} is neither a .jsonl file nor a datasets directory.")
+    return dataset_texts(datasets.load_dataset(source, split=split), text_column, f"Hub dataset {source!r}")

@@ -1,0 +1,92 @@
+"""PNG figures like the paper's: LongPPL and PPL against a benchmark (Fig. 1(b)), and the
+distribution of LSD values over a corpus (Fig. 4(a)).
+
+Needs matplotlib (``pip install "longppl-hf[plots]"``). Figures are drawn on matplotlib's Agg canvas
+without pyplot, so the caller's plotting backend and open figures are left alone, and saved
+atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .atomic_files import write_file_atomically
+from .correlation import pearson, spearman
+
+KEY_COLOR = "#ff7f1f"  # the paper's highlight colour for key tokens (RGB 255, 127, 31)
+PPL_COLOR = "#4a6fa5"
+
+
+def _figure(width: float, height: float):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            "Drawing PNG figures needs matplotlib: pip install matplotlib (or the 'plots' extra of longppl-hf)."
+        ) from err
+    return Figure(figsize=(width, height), dpi=120, layout="constrained")
+
+
+def _save(figure, path: str) -> None:
+    write_file_atomically(path, lambda handle: figure.savefig(handle, format="png"), binary=True)
+
+
+def correlation_scatter(
+    path: str,
+    models: Sequence[str],
+    longppl: Sequence[float],
+    ppl: Sequence[float],
+    scores: Sequence[float],
+    benchmark: str = "benchmark score",
+) -> None:
+    """Two panels, benchmark score (y) against LongPPL and against PPL (x), one labelled point per
+    model, Pearson and Spearman correlations in the titles (like the paper's Figure 1(b))."""
+    figure = _figure(10, 4.2)
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, values, name, color in ((axes[0], longppl, "LongPPL", KEY_COLOR), (axes[1], ppl, "PPL", PPL_COLOR)):
+        ax.scatter(values, scores, s=46, color=color, edgecolor="black", linewidth=0.5, zorder=3)
+        for label, x, y in zip(models, values, scores):
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.set_title(f"{name}: Pearson {pearson(values, scores):.2f}, Spearman {spearman(values, scores):.2f}")
+        ax.set_xlabel(name)
+        ax.grid(alpha=0.3, zorder=0)
+        ax.margins(x=0.2, y=0.1)  # room for the labels
+    axes[0].set_ylabel(benchmark)
+    _save(figure, path)
+
+
+def lsd_histogram(path: str, lsd: np.ndarray, alpha: float, title: str = "LSD of the corpus tokens") -> None:
+    """Histogram of LSD values (NaNs ignored) with the key-token threshold ``alpha`` marked (a bin
+    edge, bars above it in the key-token colour), and the shares of tokens below 0.5, between 0.5
+    and alpha, and above alpha (like the paper's Figure 4(a)); log-scaled counts."""
+    lsd = np.asarray(lsd, dtype=np.float64)
+    lsd = lsd[~np.isnan(lsd)]
+    if lsd.size == 0:
+        raise ValueError("No token has an LSD value (every text is at most trunc_len tokens long); nothing to plot.")
+    # The bulk sets the range (a few outliers must not squeeze it into one bar); outliers go to the end bins.
+    low, high = np.percentile(lsd, [0.1, 99.9])
+    span = max(high - low, abs(alpha), 1e-3)
+    low, high = min(low, alpha - 0.05 * span), max(high, alpha + 0.05 * span)
+    below = max(2, int(round(60 * (alpha - low) / (high - low))))
+    edges = np.concatenate([np.linspace(low, alpha, below + 1), np.linspace(alpha, high, max(2, 60 - below) + 1)[1:]])
+    clipped = np.clip(lsd, low, high)
+    figure = _figure(6.4, 4.2)
+    ax = figure.subplots()
+    ax.hist(clipped[clipped <= alpha], bins=edges, color=PPL_COLOR, label=f"LSD <= {alpha:g}")
+    ax.hist(clipped[clipped > alpha], bins=edges, color=KEY_COLOR, label=f"LSD > {alpha:g} (key if LCL > beta)")
+    ax.axvline(alpha, color="black", linestyle="--", linewidth=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("LSD = log P(x | long context) - log P(x | short context)")
+    ax.set_ylabel("tokens")
+    ax.set_title(title)
+    bands = [(f"LSD <= {alpha:g}", lsd <= alpha)]
+    if alpha > 0.5:  # the paper's reading: most tokens below 0.5, few above alpha = 2
+        bands = [("LSD < 0.5", lsd < 0.5), (f"0.5 <= LSD <= {alpha:g}", (lsd >= 0.5) & (lsd <= alpha))]
+    bands.append((f"LSD > {alpha:g}", lsd > alpha))
+    shares = "\n".join(f"{name}: {np.mean(mask):.1%}" for name, mask in bands) + f"\n{lsd.size:,} tokens"
+    ax.text(0.98, 0.97, shares, transform=ax.transAxes, ha="right", va="top", fontsize=9,
+            bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
+    ax.legend(loc="upper left", fontsize=8)
+    _save(figure, path)

@@ -1,0 +1,147 @@
+"""Fingerprints: short digests that tell whether stored key tokens belong to a text and an evaluator.
+
+- ``text_fingerprint``: SHA-256 of the UTF-8 text.
+- ``ModelIdentity``: who scored a text, i.e. the evaluator's name, revision, dtype and a fingerprint.
+  There are two kinds of fingerprint, depending on how the evaluator is given:
+
+  * a **checkpoint** (a Hub id or a local directory, as ``evaluator_model_id`` or in the scripts):
+    a Hub id is identified by the commit its revision resolves to; a local directory by the bytes
+    of its files: ``config.json`` whole, and of every weight file its name, size and
+    ``CHECKPOINT_SAMPLES`` evenly spaced blocks of ``CHECKPOINT_BLOCK`` bytes. Nothing is loaded,
+    so a cached corpus can be checked against an evaluator id without loading the evaluator.
+  * a **model object**: its class, configuration (without name and version fields) and, for every
+    parameter, its name, shape, dtype and ``WEIGHT_SAMPLES`` evenly strided values (as float32).
+
+  Both kinds include the dtype the evaluator computes in. Sampling keeps fingerprinting an 8B model
+  at a fraction of a second instead of hashing 16 GB; it detects any change of configuration,
+  shape, dtype, fine-tuning or merged adapter (which move every entry of the tensors they touch),
+  but not an edit confined to entries between the samples. The same weights given once as a
+  checkpoint and once as an object get different fingerprints (the two kinds never match), so
+  such a cache is recomputed, never wrongly reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from .logprobs import unwrap_model
+
+WEIGHT_SAMPLES = 4096  # values per parameter tensor
+CHECKPOINT_SAMPLES = 64  # blocks per weight file
+CHECKPOINT_BLOCK = 1 << 16  # bytes per block
+_WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# Config fields that name where a model came from or what wrote it, not what it computes.
+_VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "dtype", "torch_dtype")
+
+
+def text_fingerprint(text: str) -> str:
+    """SHA-256 hex digest of the UTF-8 text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Who computed scores: ``name`` (Hub id or path, "" if unknown), ``revision`` (Hub commit, "" if
+    none), ``dtype`` (e.g. ``"bfloat16"``) and ``fingerprint`` (hex digest; see the module docstring)."""
+
+    name: str
+    revision: str
+    dtype: str
+    fingerprint: str
+
+    @classmethod
+    def of_model(cls, model: nn.Module) -> "ModelIdentity":
+        """Identity of a model object, from its configuration and sampled weights (no forward pass).
+
+        DDP / PEFT wrappers are looked through (LoRA weights injected into the model count), so a
+        wrapped model has the fingerprint of the model it computes with.
+        """
+        model = unwrap_model(model)
+        digest = hashlib.sha256(b"longppl-weights-v1\0")
+        config = getattr(model, "config", None)
+        digest.update(type(model).__name__.encode())
+        if config is not None:
+            fields = json.loads(config.to_json_string(use_diff=False))
+            for key in _VOLATILE_CONFIG_KEYS:
+                fields.pop(key, None)
+            digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
+        dtypes = set()
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            dtypes.add(dtype_name(param.dtype))
+            digest.update(f"\0{name}:{tuple(param.shape)}:{param.dtype}".encode())
+            if param.device.type != "meta":  # offloaded weights have no values here; name and shape still count
+                flat = param.detach().reshape(-1)
+                stride = max(1, flat.numel() // WEIGHT_SAMPLES)
+                digest.update(flat[::stride][:WEIGHT_SAMPLES].float().cpu().numpy().tobytes())
+        name = str(getattr(config, "_name_or_path", "") or "")
+        dtype = "+".join(sorted(dtypes)) or "none"
+        digest.update(dtype.encode())
+        return cls(name, "", dtype, "weights:" + digest.hexdigest())
+
+    @classmethod
+    def of_checkpoint(cls, name_or_path: str, dtype: torch.dtype) -> "ModelIdentity | None":
+        """Identity of a checkpoint loaded in ``dtype``, without loading it.
+
+        Returns ``None`` for a Hub id whose revision cannot be resolved to a commit (offline and not
+        cached); the caller then loads the model and uses :meth:`of_model`.
+        """
+        digest = hashlib.sha256(b"longppl-checkpoint-v1\0")
+        digest.update(dtype_name(dtype).encode())
+        if os.path.isdir(name_or_path):
+            revision = ""
+            digest.update(_directory_digest(name_or_path))
+        else:
+            revision = _hub_commit(name_or_path)
+            if revision is None:
+                return None
+            digest.update(f"{name_or_path}@{revision}".encode())
+        return cls(str(name_or_path), revision, dtype_name(dtype), "checkpoint:" + digest.hexdigest())
+
+
+def _hub_commit(repo_id: str) -> str | None:
+    """The commit a Hub repository's default revision points to, or ``None``."""
+    try:
+        from transformers.utils.hub import resolve_revision
+    except ImportError:  # older transformers
+        return None
+    try:
+        commit = resolve_revision(repo_id, None)
+    except Exception:  # noqa: BLE001 - unresolvable (offline, gated, unknown) means "unknown"
+        return None
+    commit = str(commit) if commit is not None else ""
+    return commit if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else None
+
+
+def _directory_digest(folder: str) -> bytes:
+    """Digest of a saved model folder: its config and sampled blocks of its weight files."""
+    digest = hashlib.sha256()
+    config = os.path.join(folder, "config.json")
+    if os.path.isfile(config):
+        with open(config, "rb") as handle:
+            digest.update(handle.read())
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not (name.endswith(_WEIGHT_FILE_SUFFIXES) and os.path.isfile(path)):
+            continue
+        size = os.path.getsize(path)
+        digest.update(f"\0{name}:{size}".encode())
+        with open(path, "rb") as handle:
+            if size <= CHECKPOINT_SAMPLES * CHECKPOINT_BLOCK:
+                digest.update(handle.read())
+                continue
+            for start in np.linspace(0, size - CHECKPOINT_BLOCK, CHECKPOINT_SAMPLES).astype(np.int64):
+                handle.seek(int(start))
+                digest.update(handle.read(CHECKPOINT_BLOCK))
+    return digest.digest()

@@ -1,0 +1,471 @@
+"""The key-token cache: an evaluator's scores of a corpus, kept as a ``datasets.Dataset``.
+
+Score a corpus once with the evaluator; evaluate any number of models against it at the cost of
+one perplexity pass each. The raw log-probs are stored, so alpha, beta, the LCL condition, the
+soft variant and gamma can all change without a forward pass. The cache is a plain Arrow table
+(no pickled objects): ``save_to_disk`` / ``load_from_disk``, ``push_to_hub`` / ``load_dataset``.
+
+Schema (``FORMAT_VERSION = 1``), one row per (document, evaluator, settings):
+
+====================  ==============================  ===========================================
+column                Arrow type                      meaning
+====================  ==============================  ===========================================
+format_version        int32                           ``FORMAT_VERSION`` of the writer
+text                  string                          the text scored (after any ``max_length`` cut)
+text_fingerprint      string                          SHA-256 of ``text`` (``fingerprints``)
+evaluator_name        string                          Hub id or path of the evaluator ("" unknown)
+evaluator_revision    string                          Hub commit of the evaluator ("" if none)
+evaluator_dtype       string                          dtype it computed in, e.g. ``bfloat16``
+evaluator_fingerprint string                          ``checkpoint:…`` or ``weights:…`` digest
+trunc_len             int32                           K, the short-context length
+sliding_window        int32                           d, the short-window stride
+add_special_tokens    bool                            evaluator tokenized with its special tokens
+window_bos            bool                            BOS fed at the head of each short window
+input_ids             list<int32>                     ``[n]`` evaluator token ids
+offsets               list<fixed_size_list<int32>[2]> ``[n, 2]`` character span of each token
+lp_long               list<float32>                   ``[n]`` ``log P(x_i | x_<i)``; NaN at ``i = 0``
+lp_short              list<float32>                   ``[n]`` short-context log-prob; NaN for ``i < K``
+====================  ==============================  ===========================================
+
+Index conventions are those of ``logprobs`` and ``windows`` (DESIGN.md). A row is found by its
+key: text fingerprint, evaluator fingerprint and the four settings ``trunc_len``,
+``sliding_window``, ``add_special_tokens``, ``window_bos``; anything else never matches, so a
+cache is recomputed, not reused, for another text, evaluator or setting. A cache may hold rows of
+several evaluators and settings side by side. Rows are scored document by document
+(``score_with_evaluator(per_document=True)``), so a row does not depend on which other documents
+were scored with it, and a corpus scored on N processes gives the same cache as on one.
+
+What makes a directory a cache of ours: exactly these columns and types, and ``format_version``
+equal to ``FORMAT_VERSION`` in every row (it survives ``push_to_hub``, unlike a sidecar file).
+Saving is atomic (``atomic_files``): an interrupted save leaves the previous cache readable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import datasets
+import numpy as np
+import pyarrow as pa
+
+from .atomic_files import recover_directory, replace_directory_atomically
+from .fingerprints import ModelIdentity, text_fingerprint
+from .scoring import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, EvaluatorScores
+
+FORMAT_VERSION = 1
+
+CACHE_FEATURES = datasets.Features(
+    {
+        "format_version": datasets.Value("int32"),
+        "text": datasets.Value("string"),
+        "text_fingerprint": datasets.Value("string"),
+        "evaluator_name": datasets.Value("string"),
+        "evaluator_revision": datasets.Value("string"),
+        "evaluator_dtype": datasets.Value("string"),
+        "evaluator_fingerprint": datasets.Value("string"),
+        "trunc_len": datasets.Value("int32"),
+        "sliding_window": datasets.Value("int32"),
+        "add_special_tokens": datasets.Value("bool"),
+        "window_bos": datasets.Value("bool"),
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "offsets": datasets.List(datasets.List(datasets.Value("int32"), length=2)),
+        "lp_long": datasets.List(datasets.Value("float32")),
+        "lp_short": datasets.List(datasets.Value("float32")),
+    }
+)
+_SETTING_COLUMNS = ("trunc_len", "sliding_window", "add_special_tokens", "window_bos")
+_KEY_COLUMNS = ("text_fingerprint", "evaluator_fingerprint") + _SETTING_COLUMNS
+_EVALUATOR_COLUMNS = ("evaluator_name", "evaluator_revision", "evaluator_dtype", "evaluator_fingerprint")
+_ARRAY_COLUMNS = ("input_ids", "offsets", "lp_long", "lp_short")
+_DESCRIPTION = f"LongPPL key-token cache, format {FORMAT_VERSION} (see longppl.key_token_cache)."
+_HOW_TO_BUILD = (
+    "Build one with scripts/compute_key_tokens.py, or with the metric: "
+    "compute(..., key_tokens=<new directory>, evaluator_model_id=...)."
+)
+
+
+@dataclass(frozen=True)
+class KeyTokenSettings:
+    """The evaluator settings a cached row was computed with (all part of the row's key)."""
+
+    trunc_len: int = DEFAULT_TRUNC_LEN
+    sliding_window: int = DEFAULT_SLIDING_WINDOW
+    add_special_tokens: bool = True
+    window_bos: bool = False
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in asdict(self).items())
+
+
+@contextlib.contextmanager
+def _datasets_progress(enabled: bool):
+    """Silence ``datasets``' own progress bars (saving, concatenating) unless ``enabled``."""
+    was_enabled = not datasets.utils.are_progress_bars_disabled()
+    if not enabled and was_enabled:
+        datasets.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not enabled and was_enabled:
+            datasets.utils.enable_progress_bars()
+
+
+def _list_array(arrays: Sequence[np.ndarray], values_type: pa.DataType, width: int | None = None) -> pa.Array:
+    """One Arrow list per array (``[n]`` or ``[n, width]``), built without Python loops over tokens."""
+    lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+    flat = np.concatenate([np.asarray(a).reshape(-1) for a in arrays]) if arrays else np.zeros(0)
+    values = pa.array(flat.astype(values_type.to_pandas_dtype()), type=values_type)
+    if width is not None:
+        values = pa.FixedSizeListArray.from_arrays(values, width)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), type=pa.int32())
+    return pa.ListArray.from_arrays(offsets, values)
+
+
+# Arrow's list and string arrays index their values with int32 offsets: rows are built in chunks
+# of at most this many tokens (and text bytes), well below 2**31.
+_MAX_CHUNK_ITEMS = 1 << 30
+
+
+def _chunks(texts: Sequence[str], scores: Sequence[EvaluatorScores]) -> list[list[int]]:
+    chunks: list[list[int]] = [[]]
+    tokens = chars = 0
+    for index, (text, score) in enumerate(zip(texts, scores)):
+        n, c = int(score.input_ids.shape[0]), len(text.encode("utf-8"))
+        if chunks[-1] and (tokens + n > _MAX_CHUNK_ITEMS or chars + c > _MAX_CHUNK_ITEMS):
+            chunks.append([])
+            tokens = chars = 0
+        chunks[-1].append(index)
+        tokens, chars = tokens + n, chars + c
+    return chunks
+
+
+def key_token_rows(
+    texts: Sequence[str],
+    scores: Sequence[EvaluatorScores],
+    settings: KeyTokenSettings,
+    evaluator: ModelIdentity,
+) -> datasets.Dataset:
+    """Cache rows (a ``Dataset`` with ``CACHE_FEATURES``) for ``scores[k]`` of ``texts[k]``."""
+    if len(texts) != len(scores):
+        raise ValueError(f"{len(texts)} texts but {len(scores)} evaluator scores; pass one score per text.")
+
+    def table(rows: list[int]) -> pa.Table:
+        n = len(rows)
+        chunk_texts, chunk_scores = [texts[i] for i in rows], [scores[i] for i in rows]
+        columns = {
+            "format_version": pa.array([FORMAT_VERSION] * n, type=pa.int32()),
+            "text": pa.array(chunk_texts, type=pa.string()),
+            "text_fingerprint": pa.array([text_fingerprint(t) for t in chunk_texts], type=pa.string()),
+            "evaluator_name": pa.array([evaluator.name] * n, type=pa.string()),
+            "evaluator_revision": pa.array([evaluator.revision] * n, type=pa.string()),
+            "evaluator_dtype": pa.array([evaluator.dtype] * n, type=pa.string()),
+            "evaluator_fingerprint": pa.array([evaluator.fingerprint] * n, type=pa.string()),
+            "trunc_len": pa.array([settings.trunc_len] * n, type=pa.int32()),
+            "sliding_window": pa.array([settings.sliding_window] * n, type=pa.int32()),
+            "add_special_tokens": pa.array([settings.add_special_tokens] * n, type=pa.bool_()),
+            "window_bos": pa.array([settings.window_bos] * n, type=pa.bool_()),
+            "input_ids": _list_array([s.input_ids for s in chunk_scores], pa.int32()),
+            "offsets": _list_array([s.offsets for s in chunk_scores], pa.int32(), width=2),
+            "lp_long": _list_array([s.lp_long for s in chunk_scores], pa.float32()),
+            "lp_short": _list_array([s.lp_short for s in chunk_scores], pa.float32()),
+        }
+        return pa.Table.from_arrays(list(columns.values()), schema=CACHE_FEATURES.arrow_schema)
+
+    rows = pa.concat_tables([table(chunk) for chunk in _chunks(texts, scores)])
+    return datasets.Dataset(rows, info=datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES))
+
+
+def check_cache_dataset(dataset, where: str) -> datasets.Dataset:
+    """Return ``dataset`` if it is a key-token cache of this format, else raise a ValueError saying why."""
+    if isinstance(dataset, datasets.DatasetDict):
+        raise ValueError(
+            f"{where} is a DatasetDict with splits {list(dataset)}; a key-token cache is one Dataset: "
+            "pass one split, e.g. load_dataset(name, split='train')."
+        )
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(f"{where} is a {type(dataset).__name__}; pass a path or a datasets.Dataset.")
+    columns = set(dataset.column_names)
+    if "format_version" not in columns or not {"lp_long", "lp_short", "offsets"} <= columns:
+        raise ValueError(
+            f"{where} is not a LongPPL key-token cache (its columns are {sorted(columns)}). {_HOW_TO_BUILD}"
+        )
+    versions = set(dataset.unique("format_version"))
+    if versions - {FORMAT_VERSION}:
+        raise ValueError(
+            f"{where} was written in key-token cache format {sorted(versions)}, but this version of longppl "
+            f"reads format {FORMAT_VERSION}. Recompute the cache with this version ({_HOW_TO_BUILD[:-1]}), or "
+            "read it with the longppl version that wrote it."
+        )
+    wrong = [
+        f"{name} ({dataset.features.get(name)!r}, expected {feature!r})"
+        for name, feature in CACHE_FEATURES.items()
+        if dataset.features.get(name) != feature
+    ]
+    extra = sorted(columns - set(CACHE_FEATURES))
+    if wrong or extra:
+        raise ValueError(
+            f"{where} does not have the key-token cache schema: "
+            + "; ".join((["wrong or missing columns: " + ", ".join(wrong)] if wrong else [])
+                        + ([f"unexpected columns {extra} (remove them with remove_columns)"] if extra else []))
+        )
+    return dataset
+
+
+class KeyTokenCache:
+    """A key-token cache: a ``datasets.Dataset`` of rows (schema above), optionally tied to a directory.
+
+    Args:
+        dataset: the rows; ``None`` for an empty cache.
+        path: the directory :meth:`save` writes to by default.
+    """
+
+    def __init__(self, dataset: datasets.Dataset | None = None, path: str | None = None):
+        if dataset is None:
+            dataset = key_token_rows([], [], KeyTokenSettings(), ModelIdentity("", "", "", ""))
+        self._dataset = check_cache_dataset(dataset, repr(path) if path else "the dataset given")
+        self.path = path
+        self._index: dict[tuple, int] | None = None
+        self._arrays = None
+
+    @classmethod
+    def load(cls, source, create: bool = False) -> "KeyTokenCache":
+        """Open a cache from a directory (``save_to_disk``), a ``Dataset``, or a ``KeyTokenCache``.
+
+        Args:
+            create: a directory that does not exist yet gives an empty cache that saves there;
+                otherwise it is an error.
+        """
+        if isinstance(source, KeyTokenCache):
+            return source
+        if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
+            return cls(source)
+        if not isinstance(source, (str, os.PathLike)):
+            raise TypeError(
+                f"key_tokens is a {type(source).__name__}; pass the directory of a key-token cache or a datasets.Dataset."
+            )
+        path = os.fspath(source)
+        recover_directory(path)
+        if not os.path.exists(path):
+            if create:
+                return cls(None, path)
+            raise FileNotFoundError(
+                f"No key-token cache at {path!r} (for one on the Hub, pass "
+                f"datasets.load_dataset({path!r}, split='train')). {_HOW_TO_BUILD}"
+            )
+        try:
+            dataset = datasets.load_from_disk(path)
+        except FileNotFoundError as err:
+            raise ValueError(
+                f"{path!r} is not a key-token cache: it is not a directory written by datasets' save_to_disk "
+                f"({err}). {_HOW_TO_BUILD}"
+            ) from err
+        return cls(dataset, path)
+
+    @property
+    def dataset(self) -> datasets.Dataset:
+        """The rows as a ``datasets.Dataset`` (e.g. for ``push_to_hub``)."""
+        return self._dataset
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def _key_table(self) -> dict[str, list]:
+        return self._dataset.select_columns(list(dict.fromkeys(_KEY_COLUMNS + _EVALUATOR_COLUMNS))).to_dict()
+
+    def configurations(self) -> list[dict]:
+        """Distinct (evaluator, settings) combinations with their row counts, most rows first."""
+        keys = self._key_table()
+        counts: dict[tuple, int] = {}
+        names = _EVALUATOR_COLUMNS + _SETTING_COLUMNS
+        for values in zip(*(keys[name] for name in names)):
+            counts[values] = counts.get(values, 0) + 1
+        return [dict(zip(names, values), rows=count) for values, count in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+    def describe(self) -> str:
+        """One line per configuration, for error messages."""
+        if len(self) == 0:
+            return "it is empty"
+        lines = [
+            f"{c['rows']} rows from evaluator {c['evaluator_name'] or '(unnamed)'} "
+            f"[{c['evaluator_fingerprint'][:22]}…, {c['evaluator_dtype']}] with "
+            + KeyTokenSettings(*(c[name] for name in _SETTING_COLUMNS)).describe()
+            for c in self.configurations()
+        ]
+        return "it holds " + "; ".join(lines)
+
+    def select(self, evaluator: str | None = None, **settings) -> tuple[KeyTokenSettings, str, list[int]]:
+        """The one (evaluator, settings) configuration that matches the filters, and its rows.
+
+        Args:
+            evaluator: an evaluator name or the start of a fingerprint; ``None`` matches any.
+            settings: ``trunc_len``, ``sliding_window``, ``add_special_tokens``, ``window_bos``
+                (``None`` or absent matches any).
+        Returns:
+            ``(settings, evaluator_fingerprint, rows)`` with the rows in cache order.
+        Raises:
+            ValueError: no configuration or several match (the message lists them).
+        """
+        unknown = set(settings) - set(_SETTING_COLUMNS)
+        if unknown:
+            raise TypeError(f"select() got unknown settings {sorted(unknown)}; use {list(_SETTING_COLUMNS)}.")
+        matching = [
+            c
+            for c in self.configurations()
+            if (evaluator is None or evaluator == c["evaluator_name"] or c["evaluator_fingerprint"].startswith(evaluator))
+            and all(value is None or c[name] == value for name, value in settings.items())
+        ]
+        if len(matching) != 1:
+            asked = ", ".join(f"{k}={v}" for k, v in dict(evaluator=evaluator, **settings).items() if v is not None)
+            raise ValueError(
+                f"{len(matching)} evaluator/settings combinations of the key-token cache match "
+                f"({asked or 'no filter'}): {self.describe()}. Choose one with the evaluator (name or "
+                "fingerprint start) and settings options."
+            )
+        chosen = matching[0]
+        fingerprint = chosen["evaluator_fingerprint"]
+        chosen_settings = KeyTokenSettings(*(chosen[name] for name in _SETTING_COLUMNS))
+        wanted = tuple(asdict(chosen_settings).values())
+        rows = sorted(row for (_, fp, *rest), row in self._rows_by_key().items() if fp == fingerprint and tuple(rest) == wanted)
+        return chosen_settings, fingerprint, rows
+
+    def texts(self, rows: Sequence[int]) -> list[str]:
+        """The stored texts of ``rows``."""
+        return self._dataset.select_columns(["text"])[list(rows)]["text"]
+
+    def _rows_by_key(self) -> dict[tuple, int]:
+        if self._index is None:
+            keys = self._key_table()
+            self._index = {}
+            for row, key in enumerate(zip(*(keys[name] for name in _KEY_COLUMNS))):
+                self._index.setdefault(key, row)
+        return self._index
+
+    def find(
+        self, texts: Sequence[str], settings: KeyTokenSettings, evaluator_fingerprint: str | None = None
+    ) -> list[int | None]:
+        """Row of each text under ``settings`` and the given evaluator, or ``None`` where there is none.
+
+        Args:
+            evaluator_fingerprint: ``None`` accepts any evaluator, provided the rows found all come
+                from one evaluator (several would be ambiguous: a ValueError names them).
+        """
+        index = self._rows_by_key()
+        wanted = tuple(asdict(settings).values())
+        fingerprints = [text_fingerprint(t) for t in texts]
+        if evaluator_fingerprint is not None:
+            return [index.get((fp, evaluator_fingerprint) + wanted) for fp in fingerprints]
+        by_text: dict[str, dict[str, int]] = {}
+        for (fp, evaluator, *setting), row in index.items():
+            if tuple(setting) == wanted:
+                by_text.setdefault(fp, {})[evaluator] = row
+        found = [by_text.get(fp, {}) for fp in fingerprints]
+        evaluators = sorted({evaluator for rows in found for evaluator in rows})
+        if len(evaluators) > 1:
+            raise ValueError(
+                f"The key-token cache holds rows of {len(evaluators)} evaluators for these texts with "
+                f"{settings.describe()} ({self.describe()}); pass the evaluator to use (evaluator_model_id or "
+                "evaluator_model) or a cache filtered to one evaluator (dataset.filter(...))."
+            )
+        return [rows.get(evaluators[0]) if rows else None for rows in found]
+
+    def scores(self, row: int) -> EvaluatorScores:
+        """The stored evaluator scores of one row (arrays as in ``EvaluatorScores``)."""
+        if self._arrays is None:
+            self._arrays = self._dataset.select_columns(list(_ARRAY_COLUMNS)).with_format("arrow")
+        table = self._arrays[row]
+
+        def values(name: str) -> np.ndarray:
+            return table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+
+        offsets = table.column("offsets").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
+        return EvaluatorScores(
+            values("input_ids").astype(np.int64),
+            offsets.astype(np.int64).reshape(-1, 2),
+            values("lp_long"),
+            values("lp_short"),
+        )
+
+    def row(self, row: int) -> dict:
+        """The scalar columns of one row (text, fingerprints, evaluator, settings), without the arrays."""
+        scalar = [name for name in CACHE_FEATURES if name not in _ARRAY_COLUMNS]
+        return self._dataset.select_columns(scalar)[row]
+
+    def add(self, rows: datasets.Dataset) -> None:
+        """Add rows (from :func:`key_token_rows`); a row whose key is already cached replaces the old one."""
+        check_cache_dataset(rows, "the rows to add")
+        keys = rows.select_columns(list(_KEY_COLUMNS)).to_dict()
+        new_keys: dict[tuple, int] = {}
+        for position, key in enumerate(zip(*(keys[name] for name in _KEY_COLUMNS))):
+            new_keys.setdefault(key, position)
+        if len(new_keys) < len(rows):  # the same document twice: keep its first row
+            rows = rows.select(sorted(new_keys.values()))
+        replaced = {row for key, row in self._rows_by_key().items() if key in new_keys}
+        kept = self._dataset
+        if replaced:
+            kept = kept.select([row for row in range(len(kept)) if row not in replaced])
+        self._dataset = datasets.concatenate_datasets([kept, rows]) if len(kept) else rows
+        self._index = self._arrays = None
+
+    def save(self, path: str | None = None, progress: bool = False) -> str:
+        """Write the cache to ``path`` (default: where it was loaded from) atomically; return the path."""
+        path = path if path is not None else self.path
+        if path is None:
+            raise ValueError("This cache was not loaded from a directory; pass the path to save it to.")
+        path = os.fspath(path)
+        with _datasets_progress(progress):
+            replace_directory_atomically(path, self._dataset.save_to_disk)
+        self.path = path
+        self._dataset = datasets.load_from_disk(path)  # memory-mapped from its new home
+        self._index = self._arrays = None
+        return path
+
+
+def open_cache(source: str, split: str = "train") -> KeyTokenCache:
+    """A cache from a local directory or, if no such path exists, from the Hub
+    (``datasets.load_dataset(source, split=split)``, e.g. a cache shared with ``push_to_hub``)."""
+    if os.path.exists(source):
+        return KeyTokenCache.load(source)
+    return KeyTokenCache.load(datasets.load_dataset(source, split=split))
+
+
+def cached_evaluator_scores(
+    cache: KeyTokenCache,
+    texts: Sequence[str],
+    settings: KeyTokenSettings,
+    evaluator: ModelIdentity | None,
+    score_missing: Callable[[list[str]], tuple[ModelIdentity, list[EvaluatorScores]]] | None,
+    save: bool = True,
+) -> list[EvaluatorScores]:
+    """Evaluator scores of ``texts`` from ``cache``, scoring (and caching) only the missing ones.
+
+    Args:
+        evaluator: identity of the evaluator rows must come from; ``None`` accepts the cache's
+            (one) evaluator.
+        score_missing: ``texts -> (identity, scores)`` runs the evaluator on the texts not cached
+            (each distinct text once); ``None`` makes missing texts an error that lists them.
+        save: write the updated cache to its directory (a cache opened from a ``Dataset`` has
+            none and is updated in memory only).
+    Returns:
+        ``EvaluatorScores`` per text, in order.
+    """
+    rows = cache.find(texts, settings, evaluator.fingerprint if evaluator else None)
+    missing = [i for i, row in enumerate(rows) if row is None]
+    if missing and score_missing is None:
+        shown = ", ".join(map(str, missing[:20])) + (", …" if len(missing) > 20 else "")
+        raise ValueError(
+            f"The key-token cache has no rows for {len(missing)} of {len(texts)} texts (predictions "
+            f"[{shown}]) with {settings.describe()}; {cache.describe()}. Pass an evaluator "
+            "(evaluator_model_id or evaluator_model) to score and add them, or the settings the cache was "
+            "built with. If the cache was built with max_length, pass its own texts (its 'text' column)."
+        )
+    if missing:
+        distinct = list(dict.fromkeys(texts[i] for i in missing))
+        identity, scores = score_missing(distinct)
+        cache.add(key_token_rows(distinct, scores, settings, identity))
+        if save and cache.path is not None:
+            cache.save()
+        rows = cache.find(texts, settings, identity.fingerprint)
+    return [cache.scores(row) for row in rows]

@@ -1,0 +1,192 @@
+#!/usr/bin/env python
+"""Score a corpus with an evaluator once, into a key-token cache (a ``datasets.Dataset`` on disk).
+
+    python scripts/compute_key_tokens.py --corpus docs.jsonl --evaluator meta-llama/Llama-3.1-8B \\
+        --output key_tokens/govreport-llama3.1-8b
+
+    # on 8 GPUs: documents are split across processes, the result is one cache
+    accelerate launch --multi_gpu --num_processes 8 scripts/compute_key_tokens.py --corpus ... --output ...
+
+(On a machine without GPUs the same ``--multi_gpu`` launch runs CPU processes that talk over gloo.)
+
+The corpus is a ``.jsonl`` file, a directory saved with ``datasets``' ``save_to_disk`` or a Hub
+dataset name (``--split``), with the texts in ``--text-column``. Documents already in the cache
+for the same evaluator and settings are skipped, so adding documents scores only the new ones.
+Each process scores its share of the new documents and writes it to a shard beside the output
+(the output's folder must be shared by all processes, e.g. one machine or a shared file system);
+the main process merges the shards in corpus order and replaces the cache atomically. The result
+does not depend on the number of processes. Then evaluate models with
+``scripts/evaluate_longppl.py`` or ``compute(..., key_tokens=<output>)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+import uuid
+
+import numpy as np
+
+try:
+    import longppl
+except ImportError:  # running from a checkout without `pip install`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
+    import longppl
+
+from longppl.corpus import read_documents
+from longppl.fingerprints import ModelIdentity
+from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+from longppl.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from longppl.scoring import (
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+    score_with_evaluator,
+    truncate_texts,
+)
+
+
+def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int]]:
+    """Split documents across processes, balancing total length (longest first, to the least loaded).
+
+    Returns:
+        per process, the indices into ``lengths`` it scores, in increasing order.
+    """
+    loads = [0] * num_processes
+    shares: list[list[int]] = [[] for _ in range(num_processes)]
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        target = loads.index(min(loads))
+        shares[target].append(index)
+        loads[target] += lengths[index]
+    return [sorted(share) for share in shares]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", required=True, help="a .jsonl file, a datasets directory or a Hub dataset name")
+    parser.add_argument("--split", default="train", help="split of a Hub dataset or DatasetDict (default: train)")
+    parser.add_argument("--text-column", default="text", help="field / column holding the texts (default: text)")
+    parser.add_argument("--evaluator", required=True, help="Hub id or local path of the evaluator model")
+    parser.add_argument("--output", required=True, help="the cache directory (created, or updated atomically)")
+    parser.add_argument("--trunc-len", type=int, default=DEFAULT_TRUNC_LEN, help="K (default 4096)")
+    parser.add_argument("--sliding-window", type=int, default=DEFAULT_SLIDING_WINDOW, help="d (default 1024)")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="keep the first N evaluator tokens of each text (the cache stores the cut text)")
+    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH)
+    parser.add_argument("--torch-dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    parser.add_argument("--device", default=None,
+                        help="single process only: cuda, cpu or auto (shard a large evaluator over the GPUs)")
+    parser.add_argument("--window-bos", action="store_true", help="opt-in: BOS at the head of each short window")
+    parser.add_argument("--no-special-tokens", action="store_true",
+                        help="tokenize without the evaluator's special tokens (official: with)")
+    parser.add_argument("--torch-compile", action="store_true", help="compile the evaluator's blocks")
+    parser.add_argument("--alpha", type=float, default=2.0, help="only for the summary's key-token share")
+    parser.add_argument("--beta", type=float, default=-2.0, help="only for the summary's key-token share")
+    args = parser.parse_args(argv)
+    for name in ("trunc_len", "sliding_window", "max_tokens_per_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_length is not None and args.max_length < 2:
+        parser.error("--max-length must be >= 2")
+    return args
+
+
+def main(argv=None) -> dict:
+    """Run the script; returns the summary (documents, scored, tokens, key_share, seconds, output)."""
+    import torch
+    from accelerate import PartialState
+
+    args = parse_args(argv)
+    start = time.perf_counter()
+    # cpu=True where there is no GPU: accelerate then joins the processes over gloo.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    try:
+        return _run(args, state, start)
+    finally:
+        if state.use_distributed:
+            state.destroy_process_group()  # a gloo group left open aborts the process at exit
+
+
+def _run(args, state, start: float) -> dict:
+    import datasets
+    from accelerate.utils import broadcast_object_list
+
+    if args.device is not None and state.num_processes > 1:
+        raise ValueError("--device is for a single process; under accelerate launch each process uses its own device.")
+    device = args.device or str(state.device)
+    settings = KeyTokenSettings(args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos)
+
+    texts = read_documents(args.corpus, args.text_column, args.split)
+    if not texts:
+        raise ValueError(f"{args.corpus!r} holds no documents.")
+    datasets.disable_progress_bars()  # shards and the cache are small writes; ours is the bar that counts
+    tokenizer = load_tokenizer(args.evaluator)
+    texts = truncate_texts(texts, tokenizer, args.max_length)
+    identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
+    evaluator = None
+    if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
+        evaluator, tokenizer = load_causal_lm(args.evaluator, device, args.torch_dtype)
+        identity = ModelIdentity.of_model(evaluator)
+
+    # Every process reads the same cache before any writes it, so all agree on what is missing.
+    cache = KeyTokenCache.load(args.output, create=True)
+    found = cache.find(texts, settings, identity.fingerprint)
+    missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
+    shares = assign_to_processes([len(t) for t in missing], state.num_processes)
+    mine = [missing[i] for i in shares[state.process_index]]
+
+    output = os.path.abspath(args.output)
+    shards = [f"{os.path.dirname(output)}/.{os.path.basename(output)}.shards-{uuid.uuid4().hex}"]
+    broadcast_object_list(shards)  # the main process's name for all
+    shards = shards[0]
+    if mine:
+        if evaluator is None:
+            evaluator, tokenizer = load_causal_lm(args.evaluator, device, args.torch_dtype)
+        scores = score_with_evaluator(
+            evaluator, tokenizer, mine, args.trunc_len, args.sliding_window, args.max_tokens_per_batch,
+            add_special_tokens=settings.add_special_tokens, window_bos=args.window_bos,
+            progress=state.is_main_process, torch_compile=args.torch_compile, per_document=True,
+        )
+        key_token_rows(mine, scores, settings, identity).save_to_disk(f"{shards}/{state.process_index}")
+    state.wait_for_everyone()
+
+    summary = {}
+    if state.is_main_process:
+        try:
+            if missing:
+                parts = [datasets.load_from_disk(f"{shards}/{rank}") for rank, share in enumerate(shares) if share]
+                order = np.argsort(np.concatenate([share for share in shares if share]), kind="stable")
+                cache.add(datasets.concatenate_datasets(parts).select(order.tolist()))
+                cache.save(args.output)
+        finally:
+            shutil.rmtree(shards, ignore_errors=True)
+        summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
+    state.wait_for_everyone()
+    return summary
+
+
+def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:
+    """Print and return documents, tokens and key-token share of the corpus, and the seconds taken."""
+    rows = cache.find(texts, settings, identity.fingerprint)
+    n_tokens = n_key = 0
+    for row in dict.fromkeys(rows):
+        scores = cache.scores(row)
+        n_tokens += scores.input_ids.shape[0]
+        n_key += int(scores.key_mask(args.alpha, args.beta).sum())
+    summary = dict(documents=len(texts), scored=scored, tokens=n_tokens,
+                   key_share=n_key / n_tokens if n_tokens else float("nan"), seconds=seconds,
+                   output=os.path.abspath(args.output))
+    print(f"{summary['documents']} documents ({scored} scored now, {len(set(texts)) - scored} already cached), "
+          f"{n_tokens:,} evaluator tokens, key tokens (alpha={args.alpha:g}, beta={args.beta:g}): "
+          f"{summary['key_share']:.2%}, {seconds:.1f} s -> {summary['output']}", flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as err:
+        sys.exit(f"compute_key_tokens.py: error: {err}")

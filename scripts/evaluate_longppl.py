@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""Evaluate one or more models against a key-token cache: one perplexity pass per model, no evaluator.
+
+    python scripts/evaluate_longppl.py --key-tokens key_tokens/govreport-llama3.1-8b \\
+        --models Qwen/Qwen2-7B mistralai/Mistral-7B-v0.1 --output-dir results/
+
+prints a table (model, LongPPL, PPL, key tokens, tokens) and writes ``results.json`` (per-text
+values too) and ``results.csv`` into ``--output-dir``. With ``--benchmark-scores scores.csv``
+(columns ``model,score``, e.g. LongBench averages) it also reports the Pearson and Spearman
+correlations of LongPPL and of PPL with the scores and draws them like the paper's Figure 1(b)
+(``correlation.png``; needs matplotlib).
+
+The cache (``scripts/compute_key_tokens.py``) is a directory or a Hub dataset name; the texts are
+the cache's own. A cache holding several evaluators or settings needs ``--evaluator`` (a name or
+the start of a fingerprint) and/or ``--trunc-len`` / ``--sliding-window`` to pick one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import math
+import os
+import sys
+
+try:
+    import longppl
+except ImportError:  # running from a checkout without `pip install`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
+    import longppl
+
+from longppl.correlation import pearson, spearman
+from longppl.cache_cli import add_cache_arguments, open_selected
+from longppl.loading import load_causal_lm
+from longppl.reports import format_table, write_results_csv, write_results_json
+from longppl.scoring import DEFAULT_MAX_TOKENS_PER_BATCH, document_results, score_with_model, summarize_results
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cache_arguments(parser)
+    parser.add_argument("--models", nargs="+", required=True, help="Hub ids or local paths of the models")
+    parser.add_argument("--output-dir", default="longppl_results", help="where results.json/.csv go")
+    parser.add_argument("--benchmark-scores", help="CSV with columns model,score: correlate and plot")
+    parser.add_argument("--benchmark-name", default="benchmark score", help="y-axis label of the plot")
+    parser.add_argument("--soft", action="store_true", help="soft weights min(exp(LSD), gamma) (paper Table 2)")
+    parser.add_argument("--gamma", type=float, default=5.0)
+    parser.add_argument("--aggregation", choices=("official", "pooled"), default="official")
+    parser.add_argument("--add-special-tokens", action="store_true",
+                        help="tokenize for the evaluated models with their special tokens (official: without)")
+    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH)
+    parser.add_argument("--device", default=None, help="cuda, cpu or auto (default: GPU if available)")
+    parser.add_argument("--torch-dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    parser.add_argument("--torch-compile", action="store_true", help="compile the models' blocks")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser.parse_args(argv)
+
+
+def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
+    """``{model: score}`` from a CSV with a header holding ``model`` and ``score``.
+
+    Raises:
+        ValueError: a missing column, a score that is not a number, a model listed twice, or a
+            model that was not evaluated (with the line, and what to do).
+    """
+    scores: dict[str, float] = {}
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not {"model", "score"} <= set(reader.fieldnames):
+            raise ValueError(f"{path} needs a header with the columns 'model' and 'score' (found {reader.fieldnames}).")
+        for line, record in enumerate(reader, 2):
+            name = (record["model"] or "").strip()
+            try:
+                score = float(record["score"])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}, line {line}: score {record['score']!r} of {name!r} is not a number.") from None
+            if name in scores:
+                raise ValueError(f"{path}, line {line}: model {name!r} is listed twice.")
+            scores[name] = score
+    unknown = [name for name in scores if name not in models]
+    if unknown:
+        raise ValueError(
+            f"{path} names models that were not evaluated: {unknown} (evaluated: {models}). Add them to "
+            "--models or remove them from the file; names must match --models exactly."
+        )
+    return scores
+
+
+def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict:
+    """Pearson and Spearman of LongPPL and of PPL with the benchmark scores, over the models that
+    have a score and a finite LongPPL."""
+    used = [(name, r) for name, r in rows if name in scores and math.isfinite(r["longppl"])]
+    x_long = [r["longppl"] for _, r in used]
+    x_ppl = [r["ppl"] for _, r in used]
+    y = [scores[name] for name, _ in used]
+    return {
+        "models": [name for name, _ in used],
+        "longppl": {"pearson": pearson(x_long, y), "spearman": spearman(x_long, y)},
+        "ppl": {"pearson": pearson(x_ppl, y), "spearman": spearman(x_ppl, y)},
+    }
+
+
+def main(argv=None) -> dict:
+    """Run the script; returns ``{"results": [(model, result)], "correlations": ... or None}``."""
+    args = parse_args(argv)
+    cache, settings, fingerprint, rows = open_selected(args)
+    scores = read_benchmark_scores(args.benchmark_scores, args.models) if args.benchmark_scores else None
+    texts = cache.texts(rows)
+    evaluator_scores = [cache.scores(row) for row in rows]
+    evaluator = cache.row(rows[0])["evaluator_name"] if rows else ""
+    print(f"{len(texts)} texts of the key-token cache (evaluator {evaluator or '(unnamed)'}, {settings.describe()})")
+
+    results = []
+    for name in args.models:
+        model, tokenizer = load_causal_lm(name, args.device, args.torch_dtype)
+        model_scores = score_with_model(model, tokenizer, texts, args.max_tokens_per_batch,
+                                        add_special_tokens=args.add_special_tokens,
+                                        progress=not args.no_progress, torch_compile=args.torch_compile)
+        del model
+        gc.collect()
+        per_text = document_results(texts, evaluator_scores, model_scores, args.alpha, args.beta,
+                                    not args.no_lcl, args.soft, args.gamma)
+        results.append((name, summarize_results(per_text, args.aggregation, args.soft)))
+    print("\n" + format_table(results))
+
+    meta = dict(key_tokens=args.key_tokens, evaluator=evaluator, evaluator_fingerprint=fingerprint,
+                **vars(settings), alpha=args.alpha, beta=args.beta, use_lcl=not args.no_lcl, soft=args.soft,
+                gamma=args.gamma, aggregation=args.aggregation, texts=len(texts))
+    found = None
+    if scores is not None:
+        found = correlations(results, scores)
+        meta["correlations"] = found
+        print(f"\nCorrelation with {args.benchmark_name} over {len(found['models'])} models:")
+        for metric in ("longppl", "ppl"):
+            print(f"  {metric:<8} Pearson {found[metric]['pearson']:+.3f}   Spearman {found[metric]['spearman']:+.3f}")
+        if len(found["models"]) < 3:
+            print("  (fewer than 3 models: a correlation is not meaningful)")
+        from longppl.figures import correlation_scatter
+
+        chosen = [(name, r) for name, r in results if name in found["models"]]
+        correlation_scatter(os.path.join(args.output_dir, "correlation.png"), [n for n, _ in chosen],
+                            [r["longppl"] for _, r in chosen], [r["ppl"] for _, r in chosen],
+                            [scores[n] for n, _ in chosen], args.benchmark_name)
+    write_results_json(os.path.join(args.output_dir, "results.json"), results, meta)
+    write_results_csv(os.path.join(args.output_dir, "results.csv"), results)
+    print(f"\nwrote {os.path.join(args.output_dir, 'results.json')}, results.csv"
+          + (", correlation.png" if found else ""))
+    return {"results": results, "correlations": found}
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as err:
+        sys.exit(f"evaluate_longppl.py: error: {err}")

@@ -1,0 +1,263 @@
+"""The scripts around the key-token cache: scoring a corpus (one and two processes), evaluating
+models against it, pictures; and the correlations they report."""
+
+import csv
+import html
+import importlib.util
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import datasets
+import evaluate
+import numpy as np
+import pytest
+from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+
+import longppl
+from longppl.correlation import average_ranks, pearson, spearman
+from longppl.key_token_cache import KeyTokenCache
+
+K, D = 47, 13
+ALPHA, BETA = 0.005, -50.0
+SETTINGS = ["--trunc-len", str(K), "--sliding-window", str(D)]
+
+
+def load_script(name):
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def scripts():
+    from accelerate import PartialState
+
+    yield {name: load_script(name) for name in ("compute_key_tokens", "evaluate_longppl", "visualize_key_tokens")}
+    PartialState._reset_state()  # compute_key_tokens set up accelerate's (process-wide) state
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A JSONL corpus, a saved evaluator and two saved evaluated models (Mistral family: a saved
+    Qwen2 folder would reload its tokenizer as a different class)."""
+    root = tmp_path_factory.mktemp("scripts")
+    texts = [t[700 : 700 + size] for t, size in zip(govreport_texts()[3:7], (700, 1100, 500, 900))]
+    corpus = root / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    ev_tok, tok = byte_level_bpe(), metaspace_bpe()
+    tiny_model("llama", len(ev_tok), seed=1).save_pretrained(root / "evaluator")
+    ev_tok.save_pretrained(root / "evaluator")
+    for seed in (2, 3):
+        tiny_model("mistral", len(tok), seed=seed).save_pretrained(root / f"model{seed}")
+        tok.save_pretrained(root / f"model{seed}")
+    return dict(root=root, texts=texts, corpus=str(corpus), evaluator=str(root / "evaluator"),
+                models=[str(root / "model2"), str(root / "model3")])
+
+
+@pytest.fixture(scope="module")
+def cache(scripts, files):
+    output = str(files["root"] / "cache")
+    summary = scripts["compute_key_tokens"].main(
+        ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS,
+         "--alpha", str(ALPHA), "--beta", str(BETA)]
+    )
+    assert summary["documents"] == 4 and summary["scored"] == 4 and 0 < summary["key_share"] < 1
+    return output
+
+
+def assert_same_cache(a, b):
+    a, b = datasets.load_from_disk(a), datasets.load_from_disk(b)
+    assert a.column_names == b.column_names and len(a) == len(b)
+    for name in a.column_names:
+        if name.startswith("lp_"):
+            for x, y in zip(a[name], b[name]):
+                assert np.array_equal(np.array(x), np.array(y), equal_nan=True)
+        else:
+            assert a[name] == b[name], name
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
+    output = str(tmp_path / "cache")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py")
+    # --multi_gpu is accelerate's torchrun launcher; without GPUs the script joins the processes over gloo.
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(free_port()),
+               script, "--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "4 documents (4 scored now, 0 already cached)" in done.stdout
+    assert_same_cache(cache, output)
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # shards removed
+
+
+def test_new_documents_only_are_scored(scripts, files, cache, tmp_path):
+    output = str(tmp_path / "cache")
+    KeyTokenCache.load(cache).save(output)
+    more = tmp_path / "more.jsonl"
+    extra = govreport_texts()[9][100:700]
+    more.write_text(open(files["corpus"], encoding="utf-8").read() + json.dumps({"text": extra}) + "\n", encoding="utf-8")
+    summary = scripts["compute_key_tokens"].main(
+        ["--corpus", str(more), "--evaluator", files["evaluator"], "--output", output, *SETTINGS])
+    assert summary["documents"] == 5 and summary["scored"] == 1
+    assert KeyTokenCache.load(output).texts(range(5)) == files["texts"] + [extra]
+    # max_length cuts each text to its first N evaluator tokens (the cache keeps the cut text)
+    summary = scripts["compute_key_tokens"].main(
+        ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS,
+         "--max-length", "120"])
+    assert summary["scored"] == 4
+    cut = KeyTokenCache.load(output)
+    assert [len(cut.scores(row).input_ids) for row in range(5, 9)] == [121] * 4  # + BOS
+    assert all(files["texts"][i].startswith(t) for i, t in enumerate(cut.texts(range(5, 9))))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"text": "fine"}\n{"text": "broken\n', r"docs.jsonl, line 2 is not valid JSON"),
+        ('{"text": "fine"}\n\n{"body": "x"}\n', r"docs.jsonl, line 3 has no field 'text' \(its fields: \['body'\]\)"),
+        ('{"text": 17}\n', r"docs.jsonl, line 1, field 'text' is a int, not a string"),
+        ('["text"]\n', r"docs.jsonl, line 1 is a JSON list, not an object"),
+    ],
+)
+def test_bad_jsonl_lines_are_named(scripts, files, tmp_path, content, message):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        scripts["compute_key_tokens"].main(["--corpus", str(corpus), "--evaluator", files["evaluator"],
+                                           "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_datasets_directories(scripts, files, tmp_path):
+    numbers = str(tmp_path / "numbers")
+    datasets.Dataset.from_dict({"text": [1, 2]}).save_to_disk(numbers)
+    args = ["--evaluator", files["evaluator"], "--output", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=r"column 'text' holds Value\('int64'\), not strings"):
+        scripts["compute_key_tokens"].main(["--corpus", numbers, *args])
+    with pytest.raises(ValueError, match=r"has no column 'body' \(its columns: \['text'\]\)"):
+        scripts["compute_key_tokens"].main(["--corpus", numbers, "--text-column", "body", *args])
+    holes = str(tmp_path / "holes")
+    datasets.Dataset.from_dict({"text": ["a text", None]}).save_to_disk(holes)
+    with pytest.raises(ValueError, match=r"row 1 of column 'text' is a NoneType, not a string"):
+        scripts["compute_key_tokens"].main(["--corpus", holes, *args])
+
+
+def test_evaluate_models_against_the_cache(scripts, files, cache, tmp_path):
+    scores_file = tmp_path / "scores.csv"
+    scores = {files["models"][0]: 41.5, files["models"][1]: 37.0}
+    scores_file.write_text("model,score\n" + "".join(f"{m},{s}\n" for m, s in scores.items()), encoding="utf-8")
+    out = tmp_path / "results"
+    run = scripts["evaluate_longppl"].main(
+        ["--key-tokens", cache, "--models", *files["models"], "--output-dir", str(out), "--alpha", str(ALPHA),
+         "--beta", str(BETA), "--benchmark-scores", str(scores_file), "--no-progress", "--device", "cpu"])
+    metric = evaluate.load(longppl.METRIC_PATH)
+    rows = []
+    for name, result in run["results"]:
+        expected = metric.compute(predictions=files["texts"], model_id=name, key_tokens=cache, trunc_len=K,
+                                  sliding_window=D, alpha=ALPHA, beta=BETA, device="cpu", progress=False)
+        assert result["n_key_tokens"] == expected["n_key_tokens"] and sum(expected["n_key_tokens"]) > 0
+        assert result["longppl"] == pytest.approx(expected["longppl"], rel=1e-9)
+        assert result["ppl"] == pytest.approx(expected["ppl"], rel=1e-9)
+        rows.append([name, result["longppl"], result["ppl"], sum(result["n_key_tokens"]), sum(result["n_tokens"])])
+    with open(out / "results.csv", newline="") as handle:
+        written = list(csv.reader(handle))
+    assert written[0] == ["model", "longppl", "ppl", "key_tokens", "tokens"]
+    assert [[r[0]] + [float(x) for x in r[1:]] for r in written[1:]] == rows
+    payload = json.loads((out / "results.json").read_text())
+    assert [r["model"] for r in payload["results"]] == files["models"] and payload["meta"]["trunc_len"] == K
+    y = [scores[m] for m in files["models"]]
+    x = [r[1] for r in rows]
+    assert run["correlations"]["longppl"]["pearson"] == pytest.approx(np.corrcoef(x, y)[0, 1])
+    assert payload["meta"]["correlations"]["ppl"]["spearman"] == pytest.approx(
+        np.corrcoef(np.argsort(np.argsort([r[2] for r in rows])), np.argsort(np.argsort(y)))[0, 1])
+    with open(out / "correlation.png", "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(out)) == ["correlation.png", "results.csv", "results.json"]
+
+
+def test_benchmark_scores_for_a_model_not_evaluated(scripts, files, cache, tmp_path):
+    scores_file = tmp_path / "scores.csv"
+    scores_file.write_text(f"model,score\n{files['models'][0]},40\nllama-70b,55\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"names models that were not evaluated: \['llama-70b'\]"):
+        scripts["evaluate_longppl"].main(["--key-tokens", cache, "--models", files["models"][0], "--output-dir",
+                                          str(tmp_path / "out"), "--benchmark-scores", str(scores_file)])
+    scores_file.write_text(f"model,score\n{files['models'][0]},high\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2: score 'high' .* is not a number"):
+        scripts["evaluate_longppl"].main(["--key-tokens", cache, "--models", files["models"][0], "--output-dir",
+                                          str(tmp_path / "out"), "--benchmark-scores", str(scores_file)])
+    assert not (tmp_path / "out").exists()  # checked before any model runs
+
+
+def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
+    tricky = "<b>Tom & Jerry</b> say \"hi\" " + files["texts"][2]
+    # a one-row cache of a text with markup in it, from the same evaluator
+    from longppl.key_token_cache import KeyTokenSettings, key_token_rows
+    from longppl.loading import load_causal_lm
+
+    evaluator, tokenizer = load_causal_lm(files["evaluator"], "cpu", "float32")
+    scores = longppl.score_with_evaluator(evaluator, tokenizer, [tricky], K, D, progress=False, per_document=True)
+    identity = longppl.ModelIdentity.of_checkpoint(files["evaluator"], evaluator.dtype)
+    one = KeyTokenCache(key_token_rows([tricky], scores, KeyTokenSettings(K, D), identity))
+    one.save(str(tmp_path / "one"))
+    page, png = tmp_path / "doc.html", tmp_path / "lsd.png"
+    scripts["visualize_key_tokens"].main(["--key-tokens", str(tmp_path / "one"), "--html", str(page),
+                                          "--histogram", str(png), "--alpha", str(ALPHA), "--beta", str(BETA)])
+    page_text = page.read_text(encoding="utf-8")
+    document = re.search(r'<div class="doc">(.*)</div>', page_text, re.S).group(1)
+    assert "<b>" not in page_text and "Tom & Jerry" not in page_text
+    assert html.unescape(re.sub(r'<span class="[^"]*" title="[^"]*">|</span>', "", document)) == tricky
+    key = scores[0].key_mask(ALPHA, BETA)
+    assert page_text.count('class="t key"') == int(key.sum()) > 0  # no two tokens of this text share a character
+    first_key = int(np.flatnonzero(key)[0])
+    lsd = scores[0].lp_long[first_key] - scores[0].lp_short[first_key]
+    assert f'class="t key" title="token {first_key}: LSD {lsd:.2f}, LCL {scores[0].lp_long[first_key]:.2f}"' in page_text
+    assert f'title="token {K - 1}: LCL' in page_text and "no short-context score (i &lt; K=47)" in page_text
+    with open(png, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match=r"--document 4 is out of range: the cache holds 4 texts"):
+        scripts["visualize_key_tokens"].main(["--key-tokens", cache, "--document", "4", "--html", str(page)])
+
+
+def test_html_shows_tokens_sharing_a_character_as_one_piece():
+    from longppl.key_token_html import key_token_html
+
+    text = "Café au lait"  # "é" split into two byte-level tokens, both spanning character 3
+    offsets = np.array([[0, 0], [0, 3], [3, 4], [3, 4], [4, 7], [7, 12]])
+    nan = float("nan")
+    scores = longppl.EvaluatorScores(np.arange(6), offsets, np.array([nan, -1.0, -0.5, -0.2, -3.0, -0.1]),
+                                     np.array([nan, nan, -4.0, -0.3, -3.1, -2.5]))
+    page = key_token_html(text, scores, alpha=2.0, beta=-2.0, trunc_len=2)
+    document = re.search(r'<div class="doc">(.*)</div>', page, re.S).group(1)
+    assert document.count("<span") == 4 and document.count('class="t key"') == 2
+    assert '<span class="t key" title="token 2: LSD 3.50, LCL -0.50 | token 3: LSD 0.10, LCL -0.20">é</span>' in document
+    assert '<span class="t key" title="token 5: LSD 2.40, LCL -0.10"> lait</span>' in document
+    assert "token 1: LCL -1.00; no short-context score (i &lt; K=2)" in document
+
+
+def test_correlations_against_plain_formulas():
+    x = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    y = [2.0, 7.0, 1.0, 8.0, 2.0, 8.0, 1.0, 8.0]
+    assert pearson(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1], rel=1e-12)
+
+    def plain_ranks(values):  # rank = 1 + number smaller + (number equal - 1) / 2
+        return [1 + sum(v < u for v in values) + (sum(v == u for v in values) - 1) / 2 for u in values]
+
+    assert average_ranks(x).tolist() == plain_ranks(x)
+    assert average_ranks(y).tolist() == plain_ranks(y)
+    assert spearman(x, y) == pytest.approx(np.corrcoef(plain_ranks(x), plain_ranks(y))[0, 1], rel=1e-12)
+    assert math.isnan(pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])) and math.isnan(spearman([1.0], [2.0]))
