@@ -1,0 +1,347 @@
+"""scripts/train_longce.py: the tiny recipe trains, overrides, checkpoints/resumes, LoRA, packing, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from helpers import DATA
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import train_longce  # noqa: E402  (scripts/ is not a package)
+from longce import LongCETrainer  # noqa: E402
+from longce.documents import batch_documents  # noqa: E402
+
+TINY = os.path.join(REPO, "configs", "tiny_cpu.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Two shared cores: a second intra-op thread waits on the other processes and makes tiny
+    # matmuls a hundred times slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def read_recipe(path: str = TINY) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def tiny_argv(tmp_path, *extra: str, subdir: str = "run") -> list[str]:
+    """The tiny recipe with the test's data path, output folder and datasets cache."""
+    return ["--config", TINY, "--data_files", DATA, "--output_dir", str(tmp_path / subdir),
+            "--cache_dir", str(tmp_path / "cache"), *extra]
+
+
+def logged(trainer, key: str) -> list[float]:
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+# ------------------------------------------------------------------ (a) the tiny recipe
+
+
+def test_tiny_recipe_trains_and_loss_decreases(tmp_path):
+    trainer = train_longce.main(tiny_argv(tmp_path))
+    recipe = read_recipe()
+    assert trainer.state.global_step == recipe["max_steps"]
+    losses = logged(trainer, "loss")
+    assert len(losses) == recipe["max_steps"] // recipe["logging_steps"]
+    # Random init starts near ln(259) = 5.56; a byte model learns letter frequencies fast.
+    assert losses[0] > 5.0 and losses[-1] < losses[0] - 1.0, losses
+    # LongCE's own statistics are logged, and the short-context windows really ran: some weights
+    # differ from 1 (tokens before K + d in their block keep weight exactly 1).
+    shares = logged(trainer, "longce_weight_gt1_share")
+    assert len(shares) == len(losses) and len(logged(trainer, "longce_mean_weight")) == len(losses)
+    assert 0 < min(shares) and max(shares) < 1
+    assert max(logged(trainer, "longce_max_weight")) <= recipe["longce_gamma"]
+    out = tmp_path / "run"
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert (out / f"checkpoint-{recipe['max_steps']}" / "trainer_state.json").is_file()
+    # EABF was applied to the built model (context_extension: eabf in the recipe).
+    assert trainer.model.config._attn_implementation == "longce_eabf"
+    assert trainer.model.config.rope_parameters["rope_theta"] == 500000.0
+
+
+def test_script_runs_as_a_command(tmp_path):
+    """End to end in a fresh interpreter, from the repository root, as the README would run it."""
+    argv = [sys.executable, "scripts/train_longce.py", "--config", "configs/tiny_cpu.yaml", "--output_dir",
+            str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--max_steps", "4", "--logging_steps", "2"]
+    if not os.path.isfile(os.path.join(REPO, "../shared/data/govreport_crs.jsonl")):
+        argv += ["--data_files", DATA]  # the recipe's repo-relative path is not there: use the test data
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LongCE training done" in done.stdout and "steps: 4" in done.stdout, done.stdout
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+# ------------------------------------------------------------------ (b) command-line overrides
+
+
+def test_command_line_overrides_yaml_fields(tmp_path):
+    model_config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256}
+    model_args, data_args, args = train_longce.parse_args(tiny_argv(
+        tmp_path, "--learning_rate", "1e-4", "--longce_trunc_len", "8", "--max_seq_length", "64",
+        "--model_config", json.dumps(model_config), "--packing", "true", "--lora_target_modules", "q_proj", "o_proj"))
+    assert args.learning_rate == 1e-4 and args.longce_trunc_len == 8 and data_args.max_seq_length == 64
+    assert model_args.model_config == model_config and data_args.packing is True
+    assert model_args.lora_target_modules == ["q_proj", "o_proj"]
+    # Fields not overridden keep the recipe's values, converted to the field types.
+    assert args.adam_beta2 == 0.95 and args.longce_sliding_window == 16 and model_args.eabf_base_length == 64
+    assert data_args.data_files == [DATA]
+
+    # ... and the overrides reach training: a constant learning rate shows in the log.
+    trainer = train_longce.main(tiny_argv(tmp_path, "--max_steps", "3", "--logging_steps", "1", "--learning_rate",
+                                          "1e-4", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+                                          "--save_strategy", "no"))
+    assert trainer.state.global_step == 3
+    assert logged(trainer, "learning_rate") == [pytest.approx(1e-4)] * 3
+
+
+# ------------------------------------------------------------------ (c) checkpoint and resume
+
+
+def test_checkpoint_then_resume_continues_where_it_stopped(tmp_path, monkeypatch):
+    common = ("--lr_scheduler_type", "constant", "--warmup_steps", "0", "--logging_steps", "2")
+    straight = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "8", "--save_strategy", "no",
+                                           subdir="straight"))
+    first = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "4", "--save_steps", "4",
+                                        subdir="resumed"))
+    checkpoint = tmp_path / "resumed" / "checkpoint-4"
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 4
+    assert first.state.global_step == 4
+
+    calls = []
+    compute_loss = LongCETrainer.compute_loss
+    monkeypatch.setattr(LongCETrainer, "compute_loss", lambda self, *a, **k: calls.append(1) or compute_loss(self, *a, **k))
+    resumed = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "8", "--save_steps", "4",
+                                          "--resume_from_checkpoint", "last", subdir="resumed"))
+    assert len(calls) == 4  # steps 5..8 only
+    assert resumed.state.global_step == 8
+    state = json.loads((tmp_path / "resumed" / "checkpoint-8" / "trainer_state.json").read_text())
+    assert state["global_step"] == 8
+    # The history of the first run came back with the checkpoint, and training went on from step 4.
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == [2, 4, 6, 8]
+    # Optimizer, scheduler, RNG and data position were restored: same result as never stopping.
+    assert logged(resumed, "loss") == pytest.approx(logged(straight, "loss"), rel=1e-5)
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ------------------------------------------------------------------ (d) LoRA
+
+
+def test_lora_trains_only_the_adapter(tmp_path, monkeypatch):
+    before = {}
+    train = LongCETrainer.train
+
+    def snapshot_then_train(self, *args, **kwargs):
+        before.update({k: v.detach().clone() for k, v in self.model.named_parameters()})
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(LongCETrainer, "train", snapshot_then_train)
+    trainer = train_longce.main(tiny_argv(tmp_path, "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules",
+                                          "q_proj", "v_proj", "--max_steps", "4", "--learning_rate", "1e-2",
+                                          "--save_strategy", "no", "--gradient_checkpointing", "true"))
+    params = dict(trainer.model.named_parameters())
+    adapter = {k for k in params if "lora_A" in k or "lora_B" in k}
+    assert len(adapter) == 2 * 2 * 2  # 2 layers x (q_proj, v_proj) x (A, B)
+    assert {k for k, p in params.items() if p.requires_grad} == adapter
+    for name, param in params.items():
+        if name in adapter:
+            assert not torch.equal(param, before[name]), f"{name} did not train"
+        else:
+            assert torch.equal(param, before[name]), f"frozen {name} changed"
+    assert trainer.model.base_model.model.model.layers[0].gradient_checkpointing  # LoRA under checkpointing
+    assert (tmp_path / "run" / "adapter_model.safetensors").is_file()
+
+
+# ------------------------------------------------------------------ (e) packing
+
+
+def test_packing_keeps_documents_apart(tmp_path):
+    # Each document is one repeated letter, so any token's document is readable from its value.
+    lengths = [300, 40, 90, 130, 10, 200]
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": chr(ord("a") + i) * n}) + "\n" for i, n in enumerate(lengths)))
+    trainer = train_longce.main(tiny_argv(tmp_path, "--data_files", str(docs), "--packing", "true",
+                                          "--per_device_train_batch_size", "3", "--max_steps", "2",
+                                          "--logging_steps", "1", "--train_sampling_strategy", "sequential",
+                                          "--save_strategy", "no"))
+    bos, eos, length = 256, 257, 128
+    # Each document (<s> + bytes + </s>) is cut into pieces of <= max_seq_length, in order.
+    expected = []
+    for i, n in enumerate(lengths):
+        tokens = [bos] + [ord("a") + i] * n + [eos]
+        expected += [tokens[j : j + length] for j in range(0, len(tokens), length)]
+    assert trainer.train_dataset["input_ids"] == expected
+
+    batch = next(iter(trainer.get_train_dataloader()))
+    ids, positions, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
+    assert ids.shape[0] == 1 and positions.shape == ids.shape  # one flattened row
+    pieces = expected[:3]
+    assert ids[0].tolist() == sum(pieces, [])
+    assert positions[0].tolist() == sum([list(range(len(p))) for p in pieces], [])
+    starts = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+    assert [int(i) for i in (positions[0] == 0).nonzero()] == starts
+    assert all(labels[0, s] == -100 for s in starts)  # no piece predicts its neighbour's first token
+    # LongCE sees the same documents, and the short-context windows ran inside them.
+    spans = batch_documents(ids, None, positions)
+    assert [(s.start, s.end) for s in spans] == [(s, s + len(p)) for s, p in zip(starts, pieces)]
+    assert len(logged(trainer, "loss")) == 2 and max(logged(trainer, "longce_weight_gt1_share")) > 0
+
+
+# ------------------------------------------------------------------ the paper's recipes
+
+
+@pytest.mark.parametrize("name, dataset, method, global_batch", [
+    ("setting_a_pg19_eabf", "emozilla/pg19", "eabf", 64),
+    ("setting_b_pg19_pi", "emozilla/pg19", "pi", 64),
+    ("setting_c_arxiv_eabf", "timaeus/pile-arxiv", "eabf", 8),
+])
+def test_paper_recipes_hold_the_paper_settings(name, dataset, method, global_batch):
+    """App. A.2 and Sec. 4.2: Llama-2-7B, 32k tokens, K=4096, d=1024, gamma=5, lr 2e-5, no weight
+    decay, 20 warmup steps, AdamW (0.9, 0.95), 200 steps, global batch 64 (PG-19) / 8 (arxiv) on 8 GPUs."""
+    # bf16 needs a GPU; everything else parses as on the paper's machines.
+    model_args, data_args, args = train_longce.parse_args(
+        ["--config", os.path.join(REPO, "configs", f"{name}.yaml"), "--bf16", "false"])
+    assert model_args.model_name_or_path == "meta-llama/Llama-2-7b-hf" and model_args.lora_r == 0
+    assert data_args.dataset_name == dataset and data_args.max_seq_length == 32768
+    assert (args.longce_trunc_len, args.longce_sliding_window, args.longce_gamma) == (4096, 1024, 5.0)
+    assert (args.learning_rate, args.weight_decay, args.warmup_steps) == (2e-5, 0.0, 20)
+    assert (args.adam_beta1, args.adam_beta2, args.max_steps) == (0.9, 0.95, 200)
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == global_batch
+    assert (getattr(args, "activation_checkpointing", False) or args.gradient_checkpointing) and not args.longce_plain_ce
+    assert read_recipe(os.path.join(REPO, "configs", f"{name}.yaml"))["bf16"] is True
+    # The context extension the script applies to Llama-2's config (4096 positions, base 10000).
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(max_position_embeddings=4096, rope_theta=10000.0)
+    attn = train_longce.apply_context_extension(
+        config, model_args.context_extension, factor=model_args.rope_factor, rope_theta=model_args.rope_theta,
+        eabf_base_length=model_args.eabf_base_length)
+    if method == "pi":
+        assert config.rope_parameters["rope_type"] == "linear" and config.rope_parameters["factor"] == 8.0
+        assert attn is None
+    else:
+        assert config.rope_parameters["rope_theta"] == 500000.0 and model_args.eabf_base_length == 4096
+        assert attn == "longce_eabf"
+
+
+# ------------------------------------------------------------------ (f) bad inputs
+
+
+def write_recipe(tmp_path, changes: dict, drop: tuple[str, ...] = ()) -> str:
+    recipe = read_recipe()
+    recipe.update(data_files=DATA, output_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"))
+    recipe.update(changes)
+    for key in drop:
+        recipe.pop(key)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return str(path)
+
+
+def write_jsonl(tmp_path, rows: list[dict]) -> str:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"Config file .*nope\.yaml.* not found"):
+        train_longce.main(["--config", str(tmp_path / "nope.yaml")])
+
+
+def test_config_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- learning_rate: 1.0e-4\n- max_steps: 3\n")
+    with pytest.raises(ValueError, match="must hold a YAML mapping of field: value, got a list"):
+        train_longce.main(["--config", str(path)])
+
+
+def test_unknown_yaml_key(tmp_path):
+    with pytest.raises(ValueError, match=r"Unknown field\(s\) \['learnin_rate', 'lora_rank'\]"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"learnin_rate": 1e-4, "lora_rank": 8})])
+
+
+def test_neither_model_source(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of model_name_or_path .* neither is set"):
+        train_longce.main(["--config", write_recipe(tmp_path, {}, drop=("model_config",))])
+
+
+def test_both_model_sources(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of model_name_or_path .* both are set"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"model_name_or_path": "some/model"})])
+
+
+def test_model_config_without_model_type(tmp_path):
+    with pytest.raises(ValueError, match="model_config must be a mapping with a 'model_type' key"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"model_config": {"hidden_size": 64}})])
+
+
+def test_no_dataset(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of dataset_name .* and data_files .* neither is set"):
+        train_longce.main(["--config", write_recipe(tmp_path, {}, drop=("data_files",))])
+
+
+def test_no_max_seq_length(tmp_path):
+    with pytest.raises(ValueError, match="max_seq_length must be an integer >= 2"):
+        train_longce.main(["--config", write_recipe(tmp_path, {}, drop=("max_seq_length",))])
+
+
+def test_missing_data_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"data_files: .*absent\.jsonl.* not found"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": str(tmp_path / "absent.jsonl")})])
+
+
+def test_unsupported_data_file_extension(tmp_path):
+    path = tmp_path / "docs.xml"
+    path.write_text("<doc/>")
+    with pytest.raises(ValueError, match=r"unsupported extension; use one of \['.csv'"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": str(path)})])
+
+
+def test_text_column_missing_names_the_columns(tmp_path):
+    data = write_jsonl(tmp_path, [{"id": 1, "body": "some text"}, {"id": 2, "body": "more"}])
+    with pytest.raises(ValueError, match=r"Text column 'text' not found .* its columns are \['id', 'body'\]"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+
+
+def test_non_string_text_column(tmp_path):
+    data = write_jsonl(tmp_path, [{"text": 12}, {"text": 13}])
+    with pytest.raises(ValueError, match=r"Text column 'text' .* holds Value\('int64'\).*, not strings"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+
+
+def test_null_text_row(tmp_path):
+    data = write_jsonl(tmp_path, [{"text": "a document"}, {"text": None}])
+    with pytest.raises(ValueError, match="Row 1 of .* has None in text column 'text'"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+
+
+def test_too_little_text(tmp_path):
+    data = write_jsonl(tmp_path, [{"text": "short"}])
+    with pytest.raises(ValueError, match="gives no training sequence: 7 tokens in all, fewer than max_seq_length=128"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+
+
+def test_resume_last_without_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="resume_from_checkpoint='last' but .* holds no checkpoint"):
+        train_longce.main(["--config", write_recipe(tmp_path, {"resume_from_checkpoint": "last"})])
