@@ -95,6 +95,7 @@ def apply_context_extension(
         factor = 8.0 if factor is None else float(factor)
         _check_factor(factor)
         rope = {"rope_type": "linear", "factor": factor, "rope_theta": theta}
+        text_config.max_position_embeddings = int(text_config.max_position_embeddings * factor)
     elif method in ("abf", "eabf"):
         rope = {"rope_type": "default", "rope_theta": float(rope_theta or ABF_ROPE_THETA)}
     elif method == "yarn":

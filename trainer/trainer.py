@@ -126,11 +126,14 @@ class LongCETrainer(Trainer):
         flat = rows * length + cols
         result: dict[str, torch.Tensor] = {}
 
-        def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
             result["loss"], result["nll"], result["weight"] = self._weighted_loss(
                 head, hidden.reshape(batch * length, -1)[flat], project,
                 targets.reshape(-1)[flat], lp_short_next.reshape(-1)[flat],
             )
+            # The model's output must depend on the loss: DDP (find_unused_parameters=True, Trainer's
+            # default without checkpointing and for PEFT) walks back from it to find used parameters.
+            return hidden.new_zeros(*hidden.shape[:-1], 0) + 0 * result["loss"]
 
         model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
         with intercept_head(head, consume):

@@ -141,7 +141,8 @@ def head_log_probs(
 
 @contextlib.contextmanager
 def intercept_head(
-    head: CausalLMHead, consume: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], None]
+    head: CausalLMHead,
+    consume: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor | None],
 ) -> Iterator[None]:
     """Run ``consume(hidden, project)`` in place of the LM head while the model's own forward runs.
 
@@ -149,16 +150,19 @@ def intercept_head(
     and their gradient hooks armed, inside their own ``forward``; calling the backbone and the head
     separately would bypass that. So the model is called as usual, and its LM head, when reached,
     hands the final hidden states ``[B, T, H]`` to ``consume`` together with ``project`` (the head's
-    real projection, for ``CausalLMHead.logits``) and returns an empty ``[B, T, 0]`` tensor instead
-    of ``[B, T, V]`` logits. ``consume`` keeps what it computes (log-probs, a loss) itself.
+    real projection, for ``CausalLMHead.logits``) and returns what ``consume`` returns in place of
+    the ``[B, T, V]`` logits, or an empty ``[B, T, 0]`` tensor when that is ``None``. ``consume``
+    keeps what it computes (log-probs, a loss) itself; a training loss should make its stand-in
+    depend on the loss (``zeros + 0 * loss``), so that DDP's search for unused parameters, which
+    walks back from the forward's outputs, reaches the head and the backbone.
     """
     module = head.head
     previous = module.__dict__.get("forward")  # an instance-level forward (e.g. accelerate's hooks)
     project = module.forward
 
     def forward(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        consume(hidden, project)
-        return hidden.new_zeros(*hidden.shape[:-1], 0)
+        stand_in = consume(hidden, project)
+        return hidden.new_zeros(*hidden.shape[:-1], 0) if stand_in is None else stand_in
 
     module.forward = forward
     try:
