@@ -301,6 +301,13 @@ def test_context_parallelism_is_refused():
         trainer._refuse_context_parallelism()
 
 
+def test_data_parallel_is_refused():
+    args = make_args()
+    args._n_gpu = 2  # what TrainingArguments finds on a machine with 2 GPUs and no distributed launch
+    with pytest.raises(ValueError, match="does not support torch.nn.DataParallel"):
+        LongCETrainer(model=tiny_model("llama", VOCAB), args=args)
+
+
 def test_plain_training_arguments_get_longce_defaults():
     trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(TrainingArguments))
     assert (trainer.longce_trunc_len, trainer.longce_sliding_window, trainer.longce_gamma) == (4096, 1024, 5.0)

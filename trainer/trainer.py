@@ -84,6 +84,14 @@ class LongCETrainer(Trainer):
             self.longce_loss_kernel == "auto" and torch.cuda.is_available() and liger_available()
         )
         resolve_lm_head(self.model)  # raises a clear ValueError for models without a causal LM head
+        if self.args.n_gpu > 1:
+            # nn.DataParallel splits each batch inside the forward, where the intercepted LM head would
+            # see a slice of the batch it scores; one process per GPU (DDP) is also the faster setup.
+            raise ValueError(
+                f"LongCETrainer does not support torch.nn.DataParallel ({self.args.n_gpu} GPUs in one process). "
+                "Launch one process per GPU (`accelerate launch` or `torchrun`: DDP, FSDP, DeepSpeed), or make one "
+                "GPU visible (CUDA_VISIBLE_DEVICES=0)."
+            )
         self._refuse_context_parallelism()
         # Our loss is normalised by `num_items_in_batch` (counted over gradient accumulation), so the
         # Trainer must count it and must not divide by the accumulation steps again.
