@@ -7,12 +7,13 @@ short-context windows of the ``longppl`` scoring core. ``context_extension`` hol
 recipes of the paper's settings (PI, ABF, YaRN, EABF).
 """
 
+from longppl.logprobs import LogitTransform
+
 from .config import LongCEConfig
 from .context_extension import apply_context_extension, register_eabf_attention
 from .documents import DocumentSpan, batch_documents, batch_short_log_probs
 from .trainer import LongCETrainer
 from .weighted_loss import (
-    LogitTransform,
     chunked_weighted_cross_entropy,
     fused_weighted_linear_cross_entropy,
     longce_weights,

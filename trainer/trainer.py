@@ -31,7 +31,6 @@ from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 from .config import LongCEConfig, validate_longce_settings
 from .documents import batch_documents, batch_short_log_probs, count_window_passes
 from .weighted_loss import (
-    LogitTransform,
     chunked_weighted_cross_entropy,
     fused_weighted_linear_cross_entropy,
     liger_available,
@@ -232,7 +231,7 @@ class LongCETrainer(Trainer):
         targets: torch.Tensor,
         lp_short: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        transform = LogitTransform(head.logit_multiplier, head.final_logit_softcapping)
+        transform = head.transform
         module = head.head
         gamma, chunk = float(self.longce_gamma), self.longce_loss_chunk_bytes
         if _is_plain_linear(module):

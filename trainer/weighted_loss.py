@@ -29,32 +29,17 @@ Two implementations, both a chunk of rows at a time so that the largest logits t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from longppl.logprobs import LogitTransform
+
 # float32 bytes of one logits chunk: 1 GiB is ~2k rows of a 128k vocabulary. Measured on an H200
 # (scripts/bench_longce.py --loss-kernels, 32k tokens, Llama-3.2-1B head): 0.159 s vs 0.222 s with
 # 256 MiB chunks (fewer, larger matmuls), for ~4 GiB more peak memory.
 DEFAULT_LOSS_CHUNK_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class LogitTransform:
-    """``logits = softcap(raw * multiplier)``, ``softcap(z) = c * tanh(z / c)`` when ``softcap = c``."""
-
-    multiplier: float = 1.0
-    softcap: float | None = None
-
-    def __call__(self, raw: torch.Tensor) -> torch.Tensor:
-        logits = raw.float()
-        if self.multiplier != 1.0:
-            logits = logits * self.multiplier
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
 
 
 def longce_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) -> torch.Tensor:

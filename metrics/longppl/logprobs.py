@@ -28,6 +28,25 @@ _CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
 @dataclass(frozen=True)
+class LogitTransform:
+    """``logits = softcap(raw * multiplier)``, ``softcap(z) = c * tanh(z / c)`` when ``softcap = c``.
+
+    The post-processing some architectures apply to the head's raw output, in float32.
+    """
+
+    multiplier: float = 1.0
+    softcap: float | None = None
+
+    def __call__(self, raw: torch.Tensor) -> torch.Tensor:
+        logits = raw.float()
+        if self.multiplier != 1.0:
+            logits = logits * self.multiplier
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+@dataclass(frozen=True)
 class CausalLMHead:
     """A causal LM split into backbone and LM head, with the logit post-processing of its architecture.
 
@@ -46,19 +65,18 @@ class CausalLMHead:
     def input_device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
+    @property
+    def transform(self) -> LogitTransform:
+        """The architecture's post-processing of the head's raw output."""
+        return LogitTransform(self.logit_multiplier, self.final_logit_softcapping)
+
     def logits(self, hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """``[N, H]`` hidden states -> ``[N, V]`` float32 logits exactly as the model defines them.
 
         ``project`` replaces the head module's call while the head is intercepted (``intercept_head``).
         """
         # Call the module, not F.linear(weight): a LoRA-wrapped head adds its delta in forward().
-        logits = (self.head if project is None else project)(hidden).float()
-        if self.logit_multiplier != 1.0:
-            logits = logits * self.logit_multiplier
-        if self.final_logit_softcapping is not None:
-            cap = self.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return self.transform((self.head if project is None else project)(hidden))
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
