@@ -30,6 +30,7 @@ from .scoring import (
     score_with_evaluator,
     score_with_model,
     summarize_results,
+    text_key_weights,
 )
 from .windows import short_context_log_probs, window_bounds
 
@@ -70,6 +71,7 @@ __all__ = [
     "segment_log_probs",
     "short_context_log_probs",
     "soft_weights",
+    "text_key_weights",
     "summarize_results",
     "text_fingerprint",
     "token_log_probs",

@@ -30,11 +30,11 @@ from .scoring import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
     ModelScores,
-    document_results,
-    model_key_weights,
+    document_result,
     score_with_evaluator,
     score_with_model,
     summarize_results,
+    text_key_weights,
     truncate_texts,
 )
 from .windows import window_bounds
@@ -370,17 +370,13 @@ class LongPPL(evaluate.Metric):
                 torch_compile=torch_compile,
             )
 
-        results = document_results(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
+        weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
+        results = [document_result(ms.lp, w) for ms, w in zip(model_scores, weights)]
         self._warn_without_key_tokens(evaluator_scores, results, trunc_len)
         output = summarize_results(results, aggregation, soft)
         if return_key_spans:  # the tokens document_result counts: key and predicted
             output["key_spans"] = [
-                key_char_spans(
-                    ms.offsets,
-                    (model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma) > 0)
-                    & ~np.isnan(ms.lp),
-                ).tolist()
-                for text, ev, ms in zip(texts, evaluator_scores, model_scores)
+                key_char_spans(ms.offsets, (w > 0) & ~np.isnan(ms.lp)).tolist() for ms, w in zip(model_scores, weights)
             ]
         return output
 

@@ -233,6 +233,28 @@ def document_result(lp: np.ndarray, weights: np.ndarray) -> DocumentResult:
     return DocumentResult(longppl, ppl, key_weight, int(lp.shape[0]), key_nll, float(nll.sum()), int(nll.size))
 
 
+def text_key_weights(
+    texts: Sequence[str],
+    evaluator_scores: Sequence[EvaluatorScores],
+    model_scores: Sequence[ModelScores],
+    alpha: float,
+    beta: float,
+    use_lcl: bool = True,
+    soft: bool = False,
+    gamma: float = 5.0,
+) -> list[np.ndarray]:
+    """Per text, the ``[n_k]`` key weight of every evaluated-model token (see :func:`model_key_weights`).
+
+    The evaluator's scores may come from a live run or from a key-token cache: only the stored
+    ``lp_long``, ``lp_short`` and ``offsets`` are used, so alpha, beta, the soft variant and gamma
+    can change without a forward pass.
+    """
+    return [
+        model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma)
+        for text, ev, ms in zip(texts, evaluator_scores, model_scores)
+    ]
+
+
 def document_results(
     texts: Sequence[str],
     evaluator_scores: Sequence[EvaluatorScores],
@@ -243,16 +265,9 @@ def document_results(
     soft: bool = False,
     gamma: float = 5.0,
 ) -> list[DocumentResult]:
-    """LongPPL and PPL of every text from the evaluator's scores and the evaluated model's log-probs.
-
-    The evaluator's scores may come from a live run or from a key-token cache: only the stored
-    ``lp_long``, ``lp_short`` and ``offsets`` are used, so alpha, beta, the soft variant and gamma
-    can change without a forward pass.
-    """
-    return [
-        document_result(ms.lp, model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma))
-        for text, ev, ms in zip(texts, evaluator_scores, model_scores)
-    ]
+    """LongPPL and PPL of every text from the evaluator's scores and the evaluated model's log-probs."""
+    weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
+    return [document_result(ms.lp, w) for ms, w in zip(model_scores, weights)]
 
 
 def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") -> tuple[float, float]:
