@@ -87,7 +87,8 @@ def batch_short_log_probs(
         for the tokens of windows ``s > 0`` (document-local index ``>= K + d``), NaN elsewhere.
     """
     out = torch.full(input_ids.shape, float("nan"), dtype=torch.float32)
-    sequences = [input_ids[d.row, d.start : d.end].cpu() for d in documents]
+    ids = input_ids.cpu()  # one device-to-host copy for the batch, not one per document
+    sequences = [ids[d.row, d.start : d.end] for d in documents]
     scores = short_context_log_probs(
         model, sequences, trunc_len, sliding_window, max_tokens_per_batch, skip_first_window=True, via_forward=True
     )

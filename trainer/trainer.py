@@ -118,6 +118,12 @@ class LongCETrainer(Trainer):
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """LongCE loss of one batch (see the module docstring); signature of ``Trainer.compute_loss``."""
         input_ids, targets = self._validated_targets(inputs)
+        rows, cols = (targets != -100).nonzero(as_tuple=True)  # the trained positions (one host sync)
+        if rows.numel() == 0:
+            raise ValueError(
+                "Every label of this batch is -100, so there is no token to train on (the loss would be 0/0). "
+                "Check the collator / masking: at least one position needs a real label."
+            )
         head = resolve_lm_head(self.accelerator.unwrap_model(model))
         batch, length = input_ids.shape
 
@@ -129,7 +135,6 @@ class LongCETrainer(Trainer):
         lp_short_next = torch.full_like(lp_short, float("nan"))
         lp_short_next[:, :-1] = lp_short[:, 1:]
 
-        rows, cols = (targets != -100).nonzero(as_tuple=True)
         flat = rows * length + cols
         result: dict[str, torch.Tensor] = {}
 
@@ -154,16 +159,11 @@ class LongCETrainer(Trainer):
         denominator = num_items_in_batch if num_items_in_batch is not None else rows.numel()
         loss = result["loss"] / denominator
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-            # Mirror Trainer: num_items_in_batch counts every process's tokens, and DDP averages gradients.
-            loss = loss * self._token_average_scale()
+            # Mirror Trainer: num_items_in_batch counts every process's tokens (tensor-parallel ranks share
+            # one batch), and DDP averages gradients. (nn.DataParallel is refused in __init__.)
+            loss = loss * (self.accelerator.num_processes // max(self.get_tp_size(), 1))
         self._record_stats(model.training, result["nll"], result["weight"])
         return (loss, outputs) if return_outputs else loss
-
-    def _token_average_scale(self) -> int:
-        scale = self.accelerator.num_processes
-        tp_size = self.get_tp_size() if hasattr(self, "get_tp_size") else 1
-        scale //= max(tp_size, 1)
-        return scale if self.args.n_gpu <= 1 else self.args.n_gpu
 
     @staticmethod
     def _validated_targets(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,19 +186,15 @@ class LongCETrainer(Trainer):
             targets[:, :-1] = labels[:, 1:]
         if targets.shape != input_ids.shape:
             raise ValueError(f"labels have shape {tuple(targets.shape)} but input_ids {tuple(input_ids.shape)}.")
-        if not bool((targets != -100).any()):
-            raise ValueError(
-                "Every label of this batch is -100, so there is no token to train on (the loss would be 0/0). "
-                "Check the collator / masking: at least one position needs a real label."
-            )
         return input_ids, targets
 
     def _short_context_pass(self, model: nn.Module, head: CausalLMHead, inputs: dict[str, Any]) -> torch.Tensor:
         """``[B, T]`` short-context log-probs (NaN where none), same number of forwards on every process."""
         input_ids = inputs["input_ids"]
-        documents = batch_documents(input_ids, inputs.get("attention_mask"), inputs.get("position_ids"))
+        ids = input_ids.cpu()  # windows are cut on the host: one copy, shared by counting and scoring
+        documents = batch_documents(ids, inputs.get("attention_mask"), inputs.get("position_ids"))
         K, d, budget = self.longce_trunc_len, self.longce_sliding_window, self.longce_max_tokens_per_batch
-        passes = count_window_passes(input_ids.cpu(), documents, K, d, budget)
+        passes = count_window_passes(ids, documents, K, d, budget)
         most = passes
         if self.accelerator.num_processes > 1 and dist.is_available() and dist.is_initialized():
             # ZeRO-3 and FSDP gather parameters in every forward: unequal counts across ranks deadlock.
@@ -211,11 +207,7 @@ class LongCETrainer(Trainer):
         scorer.eval()  # no dropout in the scores; gradient checkpointing off for no_grad passes
         try:
             with torch.no_grad(), compiled_blocks(scorer, enabled=self.longce_compile_windows and passes > 0):
-                lp_short = (
-                    batch_short_log_probs(scorer, input_ids, documents, K, d, budget)
-                    if passes
-                    else torch.full(input_ids.shape, float("nan"), device=input_ids.device)
-                )
+                lp_short = batch_short_log_probs(scorer, ids, documents, K, d, budget).to(input_ids.device)
                 for _ in range(most - passes):  # idle passes keep the ranks' collectives in step
                     with intercept_head(head, lambda hidden, project: None):
                         scorer(input_ids=input_ids[:1, :1], use_cache=False)
