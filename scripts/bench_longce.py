@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import tempfile
 
@@ -36,14 +35,17 @@ import torch.nn.functional as F
 
 from bench_longppl import measure  # scripts/ is on sys.path when a script of it runs
 
-try:
-    import longce
-except ImportError:  # a checkout without `pip install`: map the package folders by hand
+try:  # `longce` maps to the trainer/ folder only through the installed package
+    from longce import LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
+    from longce.weighted_loss import (
+        chunked_weighted_cross_entropy,
+        liger_available,
+        liger_weighted_linear_cross_entropy,
+        longce_weights,
+    )
+    from longppl.logprobs import resolve_lm_head
+except ImportError:
     sys.exit("install the project first: pip install -e .")
-
-from longce import LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
-from longce.weighted_loss import chunked_weighted_cross_entropy, longce_weights
-from longppl.logprobs import resolve_lm_head
 
 
 def build_model(tiny: bool, device: str):
@@ -131,16 +133,13 @@ def loss_kernels(device, tokens, hidden_size, vocab, dtype, gamma=5.0):
 
     candidates = [("full logits (torch)", full_logits), ("ours: fused chunked function (1 GiB chunks)", fused),
                   ("ours: fused, 256 MiB chunks", fused_small_chunks), ("ours: chunked + checkpoint", chunked)]
-    try:
-        from longce.weighted_loss import liger_weighted_linear_cross_entropy
+    if liger_available():
 
         def liger():
             liger_weighted_linear_cross_entropy(hidden, weight, None, targets, lp_short, gamma)[0].backward()
 
-        import liger_kernel  # noqa: F401
-
         candidates.append(("Liger-Kernel fused linear CE, reduction='none'", liger))
-    except ImportError:
+    else:
         print("liger_kernel not installed: its row is skipped", flush=True)
 
     rows, reference = [], None
@@ -226,8 +225,6 @@ def main(argv=None):
                 compiled = make_trainer(model, K, d, args.gamma, args.max_tokens_per_batch, output_dir, True)
                 rows.append((f"ours d={d} compiled windows", *timed(lambda: our_step(compiled, model, ids))))
         if args.kernels_in_step:
-            from longce.weighted_loss import liger_available
-
             for kernel in ("ours", "liger") if liger_available() else ("ours",):
                 other = make_trainer(model, K, windows[0], args.gamma, args.max_tokens_per_batch, output_dir,
                                      args.compile, kernel)
