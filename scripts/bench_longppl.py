@@ -190,6 +190,7 @@ def cache_benchmark(args, device):
         score_with_evaluator,
         score_with_model,
         summarize_results,
+        text_key_weights,
     )
     from longppl.synthetic import word_tokenizer
 
@@ -245,7 +246,8 @@ def cache_benchmark(args, device):
         mark()
         model_scores = score_with_model(model, tokenizer, [text], budget, progress=False)
         mark()
-        result = summarize_results(document_results([text], evaluator_scores, model_scores, args.alpha, args.beta))
+        weights = text_key_weights([text], evaluator_scores, model_scores, args.alpha, args.beta)
+        result = summarize_results(document_results(model_scores, weights))
         mark()
         phases.update(zip(["cache_load", "model", "key_tokens"], [b - a for a, b in zip(marks, marks[1:])]))
         return result["longppl"], result["ppl"], result["n_key_tokens"][0]

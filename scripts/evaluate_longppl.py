@@ -34,7 +34,13 @@ from longppl.correlation import pearson, spearman
 from longppl.cache_cli import add_cache_arguments, open_selected
 from longppl.loading import load_causal_lm
 from longppl.reports import format_table, write_results_csv, write_results_json
-from longppl.scoring import DEFAULT_MAX_TOKENS_PER_BATCH, document_results, score_with_model, summarize_results
+from longppl.scoring import (
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    document_results,
+    score_with_model,
+    summarize_results,
+    text_key_weights,
+)
 
 
 def parse_args(argv=None):
@@ -119,8 +125,9 @@ def main(argv=None) -> dict:
                                         progress=not args.no_progress, torch_compile=args.torch_compile)
         del model
         gc.collect()
-        per_text = document_results(texts, evaluator_scores, model_scores, args.alpha, args.beta,
-                                    not args.no_lcl, args.soft, args.gamma)
+        weights = text_key_weights(texts, evaluator_scores, model_scores, args.alpha, args.beta,
+                                   not args.no_lcl, args.soft, args.gamma)
+        per_text = document_results(model_scores, weights)
         results.append((name, summarize_results(per_text, args.aggregation, args.soft)))
     print("\n" + format_table(results))
 

@@ -30,7 +30,7 @@ from .scoring import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
     ModelScores,
-    document_result,
+    document_results,
     score_with_evaluator,
     score_with_model,
     summarize_results,
@@ -371,7 +371,7 @@ class LongPPL(evaluate.Metric):
             )
 
         weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
-        results = [document_result(ms.lp, w) for ms, w in zip(model_scores, weights)]
+        results = document_results(model_scores, weights)
         self._warn_without_key_tokens(evaluator_scores, results, trunc_len)
         output = summarize_results(results, aggregation, soft)
         if return_key_spans:  # the tokens document_result counts: key and predicted

@@ -255,19 +255,10 @@ def text_key_weights(
     ]
 
 
-def document_results(
-    texts: Sequence[str],
-    evaluator_scores: Sequence[EvaluatorScores],
-    model_scores: Sequence[ModelScores],
-    alpha: float,
-    beta: float,
-    use_lcl: bool = True,
-    soft: bool = False,
-    gamma: float = 5.0,
-) -> list[DocumentResult]:
-    """LongPPL and PPL of every text from the evaluator's scores and the evaluated model's log-probs."""
-    weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
-    return [document_result(ms.lp, w) for ms, w in zip(model_scores, weights)]
+def document_results(model_scores: Sequence[ModelScores], key_weights: Sequence[np.ndarray]) -> list[DocumentResult]:
+    """LongPPL and PPL of every text from the evaluated model's log-probs and its tokens' key weights
+    (``text_key_weights``)."""
+    return [document_result(ms.lp, w) for ms, w in zip(model_scores, key_weights)]
 
 
 def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") -> tuple[float, float]:
