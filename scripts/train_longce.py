@@ -319,7 +319,8 @@ def load_model(model_args: ModelArguments, training_args: LongCEConfig, tokenize
         model = AutoModelForCausalLM.from_pretrained(
             model_args.model_name_or_path, config=config, dtype=dtype, attn_implementation=attn,
             cache_dir=model_args.cache_dir)
-    rows = model.get_input_embeddings().weight.shape[0]
+    embedding = model.get_input_embeddings().weight
+    rows = getattr(embedding, "ds_shape", embedding.shape)[0]  # DeepSpeed ZeRO-3 keeps the full shape aside
     if len(tokenizer) > rows:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model's embedding only {rows} rows; "
                          "use the model's own tokenizer or a larger vocab_size.")
@@ -442,6 +443,7 @@ def main(argv: list[str] | None = None) -> LongCETrainer:
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
+    trainer.save_state()  # trainer_state.json: the logged losses and LongCE statistics of every step
     if trainer.is_world_process_zero():
         print_summary(trainer, model_args, data_args, training_args, len(train_dataset), result.training_loss,
                       time.perf_counter() - start, resume)
@@ -470,3 +472,5 @@ def print_summary(trainer, model_args, data_args, training_args, sequences, trai
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a gloo group left open can abort the process at exit

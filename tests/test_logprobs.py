@@ -166,3 +166,34 @@ def test_unknown_logit_postprocessing_is_detected(tokenizer, sequences):
     model.forward = forward_with_scaled_logits
     with pytest.raises(RuntimeError, match="do not reproduce its own logits"):
         token_log_probs(model, torch.tensor([sequences[0]]))
+
+
+def test_scores_through_a_deepspeed_style_engine(tokenizer, sequences):
+    # DeepSpeed's engine wraps the model in `.module` and is what the Trainer hands compute_loss; deepspeed
+    # is not installed in CI, so a wrapper class that lives in a `deepspeed.*` module stands in for it.
+    class Engine(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+            self.calls = 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            return self.module(*args, **kwargs)
+
+    Engine.__module__ = "deepspeed.runtime.engine"
+    model = tiny_model("llama", len(tokenizer))
+    engine = Engine(model)
+    ids = sequences[0]
+    assert resolve_lm_head(engine).model is model
+    with torch.no_grad():
+        ours = token_log_probs(engine, torch.tensor([ids]), via_forward=True)[0]
+    assert engine.calls == 1  # through the engine's forward (where ZeRO-3 gathers the weights)
+    torch.testing.assert_close(ours, reference_log_probs(model, ids), equal_nan=True, atol=1e-5, rtol=1e-5)
+
+    class Unrelated(Engine):  # same shape, not deepspeed's: not unwrapped
+        pass
+
+    Unrelated.__module__ = "my_project.wrappers"
+    with pytest.raises(ValueError, match="Unrelated is not a causal language model"):
+        resolve_lm_head(Unrelated(model))

@@ -52,6 +52,11 @@ def _is_plain_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
 
 
+def _output_logits(outputs: Any) -> torch.Tensor:
+    """The ``logits`` of a model's output (a ``ModelOutput`` or, with ``return_dict=False``, a tuple)."""
+    return outputs.logits if hasattr(outputs, "logits") else outputs[0]
+
+
 class LongCETrainer(Trainer):
     """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` get the defaults).
 
@@ -157,7 +162,11 @@ class LongCETrainer(Trainer):
             )
 
         denominator = num_items_in_batch if num_items_in_batch is not None else rows.numel()
-        loss = result["loss"] / denominator
+        # The loss leaves the model through its output too (the stand-in logits, [B, T, 0], sum 0):
+        # DeepSpeed ZeRO-3 gathers a module's partitioned weights for backward in hooks on the
+        # module's outputs, so a loss reaching the head only through our closure would give the
+        # head's weight a full-size gradient while that weight is partitioned.
+        loss = (result["loss"] + _output_logits(outputs).sum()) / denominator
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # Mirror Trainer: num_items_in_batch counts every process's tokens (tensor-parallel ranks share
             # one batch), and DDP averages gradients. (nn.DataParallel is refused in __init__.)

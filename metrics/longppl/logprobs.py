@@ -79,9 +79,16 @@ class CausalLMHead:
         return self.transform((self.head if project is None else project)(hidden))
 
 
+def _is_engine_wrapper(model: nn.Module) -> bool:
+    """DDP, DataParallel, or DeepSpeed's engine (checked by module name: deepspeed need not be installed)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return True
+    return type(model).__module__.startswith("deepspeed.") and isinstance(getattr(model, "module", None), nn.Module)
+
+
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """Return the transformers model under DDP / PEFT wrappers (LoRA-style adapters stay in place)."""
-    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+    """Return the transformers model under DDP / DeepSpeed / PEFT wrappers (LoRA-style adapters stay in place)."""
+    while _is_engine_wrapper(model):
         model = model.module
     if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
         active = getattr(model, "active_peft_config", None)

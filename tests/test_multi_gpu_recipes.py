@@ -1,0 +1,104 @@
+"""The multi-GPU recipe, accelerate configs and README commands, and scripts/bench_multi_gpu.py's own checks.
+
+The runs themselves need GPUs (README, "Several GPUs"); here: the recipe holds what the README says,
+every file the README's commands name exists, the bench's cache comparison catches a difference,
+and its scoring check runs end to end on 2 CPU processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import datasets
+import numpy as np
+import pytest
+import yaml
+
+from helpers import DATA
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import bench_multi_gpu  # noqa: E402  (scripts/ is not a package)
+import train_longce  # noqa: E402
+
+RECIPE = os.path.join(REPO, "configs", "llama1b_shape_16k.yaml")
+
+
+def test_recipe_is_the_llama_3_2_1b_shape_on_16k_blocks_that_fill_every_batch():
+    model_args, data_args, args = train_longce.parse_args(
+        ["--config", RECIPE, "--bf16", "false", "--data_files", DATA])
+    shape = model_args.model_config
+    assert (shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]) == (2048, 8192, 16)
+    assert (shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]) == (32, 8, 64)
+    assert shape["vocab_size"] == 128256 and shape["tie_word_embeddings"] is True
+    assert data_args.max_seq_length == 16384 and args.max_steps == 20
+    assert (args.longce_trunc_len, args.longce_sliding_window, args.longce_gamma) == (4096, 1024, 5.0)
+    assert args.gradient_checkpointing and yaml.safe_load(open(RECIPE))["bf16"] is True
+    # 22 full blocks: global batches of 1 GPU x 2 and 2 GPUs x 1 hold the same sequences at every step
+    # (an odd count would leave one sequence for the last batch, which accelerate pads on 2 GPUs).
+    tokenizer = train_longce.load_tokenizer(model_args)
+    raw = train_longce.load_text_dataset(data_args, None)
+    blocks = train_longce.build_train_dataset(raw, tokenizer, data_args)
+    assert len(blocks) == 22 and {len(ids) for ids in blocks["input_ids"]} == {16384}
+
+
+def test_every_file_the_readme_launch_commands_name_exists():
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = readme[readme.index("### Several GPUs"):readme.index("### Training step cost")]
+    named = re.findall(r"--config(?:_file)? (\S+)", section) + re.findall(r"(scripts/\S+\.py)", section)
+    assert {"configs/accelerate/ddp.yaml", "configs/accelerate/fsdp2.yaml", "configs/accelerate/zero3.yaml",
+            "configs/llama1b_shape_16k.yaml", "scripts/bench_multi_gpu.py"} <= set(named)
+    for path in named:
+        assert os.path.isfile(os.path.join(REPO, path)), path
+    kinds = {name: yaml.safe_load(open(os.path.join(REPO, "configs", "accelerate", f"{name}.yaml")))
+             for name in ("ddp", "fsdp2", "zero3")}
+    assert kinds["ddp"]["distributed_type"] == "MULTI_GPU"
+    assert kinds["fsdp2"]["distributed_type"] == "FSDP" and kinds["fsdp2"]["fsdp_config"]["fsdp_version"] == 2
+    assert kinds["zero3"]["distributed_type"] == "DEEPSPEED" and kinds["zero3"]["deepspeed_config"]["zero_stage"] == 3
+    # Batch size, accumulation and clipping must come from the training arguments, not the config.
+    assert not {"gradient_accumulation_steps", "gradient_clipping"} & set(kinds["zero3"]["deepspeed_config"])
+
+
+def _cache(path, lp_long):
+    datasets.Dataset.from_dict({"text_fingerprint": ["b", "a"], "lp_long": lp_long}).save_to_disk(path)
+    return path
+
+
+def test_cache_comparison_finds_a_changed_value_and_accepts_reordered_rows(tmp_path):
+    nan = float("nan")
+    first = _cache(str(tmp_path / "first"), [[nan, 1.0, 2.0], [nan, 3.0]])
+    same = datasets.Dataset.from_dict({"text_fingerprint": ["a", "b"], "lp_long": [[nan, 3.0], [nan, 1.0, 2.0]]})
+    same.save_to_disk(str(tmp_path / "same"))
+    assert bench_multi_gpu.caches_identical(first, str(tmp_path / "same"))[0]
+    changed = _cache(str(tmp_path / "changed"), [[nan, 1.0, 2.0], [nan, 3.0 + 1e-6]])
+    identical, detail = bench_multi_gpu.caches_identical(first, changed)
+    assert not identical and "'lp_long' differs" in detail
+    moved_nan = _cache(str(tmp_path / "nan"), [[1.0, nan, 2.0], [nan, 3.0]])
+    assert not bench_multi_gpu.caches_identical(first, moved_nan)[0]
+
+
+def test_corpus_cut_gives_documents_of_the_asked_byte_length():
+    documents = bench_multi_gpu.crs_documents(DATA, 3, 5000)
+    assert len(documents) == 3 and all(4990 <= len(text.encode("utf-8")) <= 5000 for text in documents)
+    assert documents[0] != documents[1]
+    with pytest.raises(ValueError, match="fewer than 1000 x 5,000"):
+        bench_multi_gpu.crs_documents(DATA, 1000, 5000)
+
+
+def test_scoring_check_runs_on_two_cpu_processes(tmp_path):
+    result_path = tmp_path / "score.json"
+    command = [sys.executable, os.path.join(REPO, "scripts", "bench_multi_gpu.py"), "score", "--cpu",
+               "--shape", "tiny", "--documents", "3", "--tokens", "300", "--trunc-len", "64",
+               "--sliding-window", "32", "--data", DATA,
+               "--workdir", str(tmp_path), "--json", str(result_path)]
+    done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(result_path.read_text())
+    assert result["identical"] is True and result["documents"] == 3
+    assert len(result["script_seconds"]) == 2 and np.isfinite(result["ratio"])
