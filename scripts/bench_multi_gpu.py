@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from longppl.corpus import read_jsonl_texts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRS = os.path.join(os.path.dirname(ROOT), "shared", "data", "govreport_crs.jsonl")
 SHAPES = {  # LlamaConfig fields; the byte-level tokenizer uses 259 rows of the vocabulary
@@ -61,8 +63,7 @@ def crs_documents(path: str, documents: int, tokens: int) -> list[str]:
     tokens; ``--max-length`` then cuts them to exactly that. Raises ``ValueError`` when the reports
     hold fewer than ``documents * tokens`` bytes.
     """
-    with open(path, encoding="utf-8") as handle:
-        corpus = "\n\n".join(json.loads(line)["text"] for line in handle if line.strip()).encode("utf-8")
+    corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
     if len(corpus) < documents * tokens:
         raise ValueError(f"{path} holds {len(corpus):,} bytes, fewer than {documents} x {tokens:,}; ask for fewer "
                          "or shorter documents.")
@@ -70,21 +71,24 @@ def crs_documents(path: str, documents: int, tokens: int) -> list[str]:
     return [corpus[i * tokens : (i + 1) * tokens].decode("utf-8", errors="ignore") for i in range(documents)]
 
 
-def save_random_evaluator(folder: str, shape: str, device: str) -> None:
-    """A random-weight Llama of the given shape (bf16 on GPU, float32 on CPU) and the byte-level tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def save_random_model(folder: str, fields: dict, dtype: str, device: str, seed: int = 0) -> None:
+    """A random-weight model of ``fields`` (``model_type`` and config fields) with the byte-level tokenizer.
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from train_longce import byte_level_tokenizer
+    The tokenizer's size and special-token ids fill the fields the recipe leaves out, as
+    ``train_longce.py`` does for ``model_config``.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from train_longce import byte_level_tokenizer  # scripts/ is on sys.path when a script of it runs
 
     tokenizer = byte_level_tokenizer()
-    config = LlamaConfig(max_position_embeddings=131072, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **SHAPES[shape])
-    torch.manual_seed(0)
+    fields = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+              "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, **fields}
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
     with torch.device(device):  # initialising an 8B model on the CPU takes minutes
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
@@ -154,7 +158,8 @@ def score(args) -> dict:
     log = os.path.join(work, "log.txt")
     evaluator, corpus = os.path.join(work, "evaluator"), os.path.join(work, "corpus.jsonl")
     start = time.perf_counter()
-    save_random_evaluator(evaluator, args.shape, device)
+    save_random_model(evaluator, dict(SHAPES[args.shape], model_type="llama", max_position_embeddings=131072),
+                      "bfloat16" if device == "cuda" else "float32", device)
     print(f"random {args.shape} evaluator saved in {time.perf_counter() - start:.1f} s", flush=True)
     with open(corpus, "w", encoding="utf-8") as handle:
         for text in crs_documents(args.data, args.documents, args.tokens):
@@ -191,28 +196,16 @@ def shared_initial_model(config_path: str, folder: str, device: str) -> str:
     which initialises the weights in another order than a plain build: the same seed gives other
     weights than on one GPU. Every setup therefore starts from this one saved checkpoint.
     """
-    import torch
     import yaml
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from train_longce import BYTE_LEVEL, byte_level_tokenizer
+    from train_longce import BYTE_LEVEL
 
     with open(config_path) as handle:
         recipe = yaml.safe_load(handle)
     if "model_config" not in recipe or recipe.get("tokenizer_name_or_path") != BYTE_LEVEL:
         raise ValueError(f"{config_path} needs a model_config and tokenizer_name_or_path: {BYTE_LEVEL}.")
-    tokenizer = byte_level_tokenizer()
-    fields = dict(recipe.pop("model_config"))
-    fields.setdefault("vocab_size", len(tokenizer))
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        fields.setdefault(name, getattr(tokenizer, name))
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    torch.manual_seed(recipe.get("seed", 0))
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, recipe.get("torch_dtype", "auto").replace("auto", "float32")))
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    dtype = recipe.get("torch_dtype", "auto").replace("auto", "float32")  # train_longce's model_config default
+    save_random_model(folder, recipe.pop("model_config"), dtype, device, recipe.get("seed", 0))
     recipe.update(model_name_or_path=folder, tokenizer_name_or_path=folder)
     derived = os.path.join(os.path.dirname(folder), "recipe.yaml")
     with open(derived, "w") as handle:

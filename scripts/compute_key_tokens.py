@@ -39,7 +39,7 @@ except ImportError:  # running from a checkout without `pip install`
 from longppl.corpus import read_documents
 from longppl.fingerprints import ModelIdentity
 from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
-from longppl.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from longppl.loading import load_model, load_tokenizer, resolve_dtype
 from longppl.scoring import (
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
@@ -128,7 +128,7 @@ def _run(args, state, start: float) -> dict:
     identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
     evaluator = None
     if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
-        evaluator, tokenizer = load_causal_lm(args.evaluator, device, args.torch_dtype)
+        evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
         identity = ModelIdentity.of_model(evaluator)
 
     # Every process reads the same cache before any writes it, so all agree on what is missing.
@@ -144,7 +144,7 @@ def _run(args, state, start: float) -> dict:
     shards = shards[0]
     if mine:
         if evaluator is None:
-            evaluator, tokenizer = load_causal_lm(args.evaluator, device, args.torch_dtype)
+            evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
         scores = score_with_evaluator(
             evaluator, tokenizer, mine, args.trunc_len, args.sliding_window, args.max_tokens_per_batch,
             add_special_tokens=settings.add_special_tokens, window_bos=args.window_bos,

@@ -103,6 +103,15 @@ def assert_same_gradients(ours, reference, atol=1e-5):
         torch.testing.assert_close(ours[name], reference[name], atol=atol, rtol=1e-4, msg=name)
 
 
+def assert_equals_reference(model, docs, loss, grads):
+    """Our ``loss`` and parameter ``grads`` equal ``reference_loss``'s on the same documents."""
+    model.zero_grad()
+    reference = reference_loss(model, docs)
+    reference.backward()
+    torch.testing.assert_close(loss, reference.detach(), atol=1e-5, rtol=1e-5)
+    assert_same_gradients(grads, gradients(model))
+
+
 def our_loss_and_grads(model, batch, **overrides):
     trainer = LongCETrainer(model=model, args=make_args(**overrides))
     model.zero_grad()
@@ -120,11 +129,7 @@ def test_loss_and_gradients_equal_plain_reference(arch, side):
     model = tiny_model(arch, VOCAB).train()
     docs = documents([37, 23, 8])  # K, d divide none; 8 tokens: no short score at all
     ours, our_grads, _ = our_loss_and_grads(model, padded_batch(docs, side))
-    model.zero_grad()
-    ref = reference_loss(model, docs)
-    ref.backward()
-    torch.testing.assert_close(ours, ref.detach(), atol=1e-5, rtol=1e-5)
-    assert_same_gradients(our_grads, gradients(model))
+    assert_equals_reference(model, docs, ours, our_grads)
 
 
 def test_weights_really_differ_from_one():
@@ -241,11 +246,7 @@ def test_lora_trains_adapters_only_and_lora_on_lm_head_is_exact():
     ours, grads, _ = our_loss_and_grads(model, padded_batch(docs))
     assert grads and all("lora_" in name for name in grads)
     assert any("lm_head" in name for name in grads)  # the head's adapter is trained, not dropped
-    model.zero_grad()
-    reference = reference_loss(model, docs)
-    reference.backward()
-    torch.testing.assert_close(ours, reference.detach(), atol=1e-5, rtol=1e-5)
-    assert_same_gradients(grads, gradients(model))
+    assert_equals_reference(model, docs, ours, grads)
 
 
 # --------------------------------------------------------------------------- bad input

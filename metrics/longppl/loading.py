@@ -36,13 +36,18 @@ def load_causal_lm(name_or_path: str, device: str | None = None, torch_dtype=Non
             for models larger than one GPU) or ``None`` (GPU if available).
         torch_dtype: see :func:`resolve_dtype`.
     """
+    return load_model(name_or_path, device, torch_dtype), load_tokenizer(name_or_path)
+
+
+def load_model(name_or_path: str, device: str | None = None, torch_dtype=None):
+    """The model alone, as :func:`load_causal_lm` loads it (for callers that hold its tokenizer already)."""
     from transformers import AutoModelForCausalLM
 
     device = device or default_device()
-    dtype = resolve_dtype(torch_dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=device)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(torch_dtype, device),
+                                                 device_map=device)
     model.eval()
-    return model, load_tokenizer(name_or_path)
+    return model
 
 
 def load_tokenizer(name_or_path: str):

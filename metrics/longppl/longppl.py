@@ -22,7 +22,7 @@ from .compilation import compiled_blocks
 from .fingerprints import ModelIdentity
 from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
 from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, key_char_spans
-from .loading import default_device, load_causal_lm, load_tokenizer, resolve_dtype
+from .loading import default_device, load_causal_lm, load_model, load_tokenizer, resolve_dtype
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
 from .scoring import (
@@ -355,7 +355,7 @@ class LongPPL(evaluate.Metric):
             )
 
         if model is None:
-            model, _ = load_causal_lm(model_id, device, torch_dtype)
+            model = load_model(model_id, device, torch_dtype)  # its tokenizer is loaded above
         if self_evaluation and add_special_tokens == evaluator_add_special_tokens:
             # Same model, same tokens: the evaluator's long pass already holds the model's log-probs.
             model_scores = [ModelScores(s.input_ids, s.offsets, s.lp_long) for s in evaluator_scores]
