@@ -3,7 +3,7 @@
 
 ``score``: ``compute_key_tokens.py`` on one GPU, then under ``accelerate launch --multi_gpu`` on
 ``--gpus`` GPUs, over ``--documents`` documents of ``--tokens`` tokens cut from the CRS reports
-(``../shared/data/govreport_crs.jsonl``), with a random-weight evaluator shaped like Llama-3.1-8B
+(``tests/data/govreport_crs.jsonl``), with a random-weight evaluator shaped like Llama-3.1-8B
 (or ``--shape llama-3.2-1b``) and a byte-level tokenizer, saved to a temporary folder first. It
 prints both wall times, their ratio, and whether the two caches are identical (same rows, every
 column equal, NaNs in the same places).
@@ -44,7 +44,7 @@ import numpy as np
 from longppl.corpus import read_jsonl_texts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CRS = os.path.join(os.path.dirname(ROOT), "shared", "data", "govreport_crs.jsonl")
+CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 SHAPES = {  # LlamaConfig fields; the byte-level tokenizer uses 259 rows of the vocabulary
     "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
@@ -302,7 +302,7 @@ def main(argv=None) -> dict:
     for name in ("score", "train"):
         p = sub.add_parser(name)
         p.add_argument("--gpus", type=int, default=2, help="processes of the multi-process runs (default 2)")
-        p.add_argument("--data", default=CRS, help="the CRS reports' JSONL (default: ../shared/data/...)")
+        p.add_argument("--data", default=CRS, help="the CRS reports' JSONL (default: tests/data/govreport_crs.jsonl)")
         p.add_argument("--workdir", default=None, help="where the temporary folders go (default: the system's)")
         p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each run (default 900)")
         p.add_argument("--json", default=None, help="also write the results to this JSON file")

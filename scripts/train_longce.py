@@ -225,6 +225,14 @@ def load_recipe(path: str) -> dict[str, Any]:
     return recipe
 
 
+def resolve_recipe_paths(paths: str | list[str], recipe_path: str) -> list[str]:
+    """``paths`` (one or a list) made absolute against the folder of ``recipe_path``; absolute paths and
+    URLs (``scheme://``) are returned unchanged."""
+    folder = os.path.dirname(os.path.abspath(recipe_path))
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    return [p if os.path.isabs(p) or "://" in p else os.path.normpath(os.path.join(folder, p)) for p in paths]
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, LongCEConfig]:
     """Parse ``--config recipe.yaml`` plus command-line overrides into the three argument dataclasses."""
     pre = argparse.ArgumentParser(add_help=False)
@@ -240,6 +248,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         if unknown:
             raise ValueError(f"Unknown field(s) {unknown} in {known.config!r}; see `python scripts/train_longce.py "
                              "--help` for the valid ones (ModelArguments, DataArguments, LongCEConfig).")
+        # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
+        # command line stay relative to the current directory, as usual.
+        if recipe.get("data_files"):
+            recipe["data_files"] = resolve_recipe_paths(recipe["data_files"], known.config)
         # Defaults, not values: the command line still overrides (string defaults are converted by type).
         parser.set_defaults(**recipe)
     model_args, data_args, training_args, _ = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
@@ -357,8 +369,9 @@ def load_text_dataset(data_args: DataArguments, cache_dir: str | None = None) ->
                 raise ValueError(f"data_files: {path!r} has an unsupported extension; use one of "
                                  f"{sorted(DATA_FILE_BUILDERS)}.")
             if not any(c in path for c in "*?[") and not os.path.isfile(path):
-                raise FileNotFoundError(f"data_files: {path!r} not found (relative paths are relative to the "
-                                        f"current directory, {os.getcwd()}).")
+                raise FileNotFoundError(f"data_files: {path!r} not found (on the command line relative paths are "
+                                        f"relative to the current directory, {os.getcwd()}; in a recipe, to the "
+                                        "recipe's folder).")
             suffixes.add(DATA_FILE_BUILDERS[suffix])
         if len(suffixes) > 1:
             raise ValueError(f"data_files mixes formats {sorted(suffixes)}; give files of one format.")

@@ -19,14 +19,13 @@ from transformers import (
     Qwen2Config,
 )
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "govreport_crs.jsonl")
-DATA = os.environ.get("LONGPPL_TEST_DATA", os.path.normpath(DATA))
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "govreport_crs.jsonl")
 SPECIALS = ["<s>", "</s>", "<pad>"]
 
 
 @functools.lru_cache(maxsize=None)
 def govreport_texts() -> tuple[str, ...]:
-    """The 13 public-domain CRS reports of ../shared/data (see its README)."""
+    """The 13 public-domain CRS reports of tests/data (see its README)."""
     with open(DATA, encoding="utf-8") as handle:
         return tuple(json.loads(line)["text"] for line in handle if line.strip())
 

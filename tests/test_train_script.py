@@ -78,8 +78,6 @@ def test_script_runs_as_a_command(tmp_path):
     """End to end in a fresh interpreter, from the repository root, as the README would run it."""
     argv = [sys.executable, "scripts/train_longce.py", "--config", "configs/tiny_cpu.yaml", "--output_dir",
             str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--max_steps", "4", "--logging_steps", "2"]
-    if not os.path.isfile(os.path.join(REPO, "../shared/data/govreport_crs.jsonl")):
-        argv += ["--data_files", DATA]  # the recipe's repo-relative path is not there: use the test data
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
