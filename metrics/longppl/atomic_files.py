@@ -21,6 +21,20 @@ from collections.abc import Callable
 from typing import IO
 
 
+def _umask() -> int:
+    """The process's umask (read by setting and restoring it: there is no getter)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str, directory: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would have given it (0o666 or 0o777 less the
+    umask): ``mkstemp``/``mkdtemp`` create private 0o600/0o700 entries, which would make results and
+    caches unreadable to the group that shares them."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def write_file_atomically(
     path: str, write: Callable[[IO], None], newline: str | None = None, binary: bool = False
 ) -> None:
@@ -32,6 +46,7 @@ def write_file_atomically(
         text = {} if binary else dict(encoding="utf-8", newline=newline)
         with os.fdopen(fd, "wb" if binary else "w", **text) as handle:
             write(handle)
+        apply_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -67,6 +82,7 @@ def replace_directory_atomically(path: str, write: Callable[[str], None]) -> Non
     tmp = tempfile.mkdtemp(prefix=f".{name}.new-", dir=folder)
     previous = _previous(path)
     try:
+        apply_umask(tmp, directory=True)
         write(tmp)
         if os.path.exists(path):
             os.rename(path, previous)

@@ -1,0 +1,51 @@
+"""Atomic writes keep the permissions a plain write would give (the umask), so results and caches can
+be shared; and a failed write leaves nothing behind."""
+
+import os
+import stat
+
+import pytest
+
+from longppl.atomic_files import replace_directory_atomically, write_file_atomically
+
+
+@pytest.fixture
+def umask():
+    def set_mask(mask):
+        os.umask(mask)
+
+    old = os.umask(0o022)
+    yield set_mask
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775),
+                                                      (0o077, 0o600, 0o700)])
+def test_files_and_directories_follow_the_umask(tmp_path, umask, mask, file_mode, dir_mode):
+    umask(mask)
+    target = tmp_path / "results.json"
+    write_file_atomically(str(target), lambda handle: handle.write("{}"))
+    assert stat.S_IMODE(target.stat().st_mode) == file_mode
+
+    def write(folder):
+        with open(os.path.join(folder, "state.json"), "w") as handle:
+            handle.write("{}")
+
+    cache = tmp_path / "cache"
+    replace_directory_atomically(str(cache), write)
+    assert stat.S_IMODE(cache.stat().st_mode) == dir_mode
+    assert stat.S_IMODE((cache / "state.json").stat().st_mode) == file_mode
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+
+    def fail(handle):
+        handle.write("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_file_atomically(str(target), fail)
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
