@@ -1,7 +1,7 @@
 """The multi-GPU recipe, accelerate configs and README commands, and scripts/bench_multi_gpu.py's own checks.
 
-The runs themselves need GPUs (README, "Several GPUs"); here: the recipe holds what the README says,
-every file the README's commands name exists, the bench's cache comparison catches a difference,
+The runs themselves need GPUs (docs/benchmarks.md, "Several GPUs"); here: the recipe holds what the docs say,
+every file the documented commands name exists, the bench's cache comparison catches a difference,
 and its scoring check runs end to end on 2 CPU processes.
 """
 
@@ -47,9 +47,9 @@ def test_recipe_is_the_llama_3_2_1b_shape_on_16k_blocks_that_fill_every_batch():
     assert len(blocks) == 22 and {len(ids) for ids in blocks["input_ids"]} == {16384}
 
 
-def test_every_file_the_readme_launch_commands_name_exists():
-    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    section = readme[readme.index("### Several GPUs"):readme.index("### Training step cost")]
+def test_every_file_the_documented_launch_commands_name_exists():
+    docs = open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8").read()
+    section = docs[docs.index("## Several GPUs"):]
     named = re.findall(r"--config(?:_file)? (\S+)", section) + re.findall(r"(scripts/\S+\.py)", section)
     assert {"configs/accelerate/ddp.yaml", "configs/accelerate/fsdp2.yaml", "configs/accelerate/zero3.yaml",
             "configs/llama1b_shape_16k.yaml", "scripts/bench_multi_gpu.py"} <= set(named)

@@ -27,7 +27,7 @@ lp_long               list<float32>                   ``[n]`` ``log P(x_i | x_<i
 lp_short              list<float32>                   ``[n]`` short-context log-prob; NaN for ``i < K``
 ====================  ==============================  ===========================================
 
-Index conventions are those of ``logprobs`` and ``windows`` (DESIGN.md). A row is found by its
+Index conventions are those of ``logprobs`` and ``windows`` (docs/design.md). A row is found by its
 key: text fingerprint, evaluator fingerprint and the four settings ``trunc_len``,
 ``sliding_window``, ``add_special_tokens``, ``window_bos``; anything else never matches, so a
 cache is recomputed, not reused, for another text, evaluator or setting. A cache may hold rows of
