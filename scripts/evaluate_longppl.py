@@ -8,7 +8,9 @@ prints a table (model, LongPPL, PPL, key tokens, tokens) and writes ``results.js
 values too) and ``results.csv`` into ``--output-dir``. With ``--benchmark-scores scores.csv``
 (columns ``model,score``, e.g. LongBench averages) it also reports the Pearson and Spearman
 correlations of LongPPL and of PPL with the scores and draws them like the paper's Figure 1(b)
-(``correlation.png``; needs matplotlib).
+(``correlation.png``, short model names, least-squares lines; needs matplotlib). Models without key
+tokens (LongPPL NaN) get a warning saying why; with fewer than 2 models of finite LongPPL and PPL the
+correlation and its figure are skipped.
 
 The cache (``scripts/compute_key_tokens.py``) is a directory or a Hub dataset name; the texts are
 the cache's own. A cache holding several evaluators or settings needs ``--evaluator`` (a name or
@@ -20,47 +22,62 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import importlib.util
 import math
 import os
 import sys
 
-try:
-    import longppl
-except ImportError:  # running from a checkout without `pip install`
+# Only the standard library at import time: ``--help`` must not wait for torch, transformers or
+# matplotlib, which are imported inside the functions that need them.
+if importlib.util.find_spec("longppl") is None:  # running from a checkout without `pip install`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
-    import longppl
 
-from longppl.correlation import pearson, spearman
-from longppl.cache_cli import add_cache_arguments, open_selected
-from longppl.loading import load_causal_lm
-from longppl.reports import format_table, write_results_csv, write_results_json
-from longppl.scoring import (
-    DEFAULT_MAX_TOKENS_PER_BATCH,
-    document_results,
-    score_with_model,
-    summarize_results,
-    text_key_weights,
-)
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    from longppl.cache_cli import add_cache_arguments
+    from longppl.defaults import DEFAULT_MAX_TOKENS_PER_BATCH
+    from longppl.key_tokens import DEFAULT_GAMMA
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cache_arguments(parser)
+    parser.add_argument("--models", nargs="+", required=True,
+                        help="Hub ids or local paths of the models to evaluate (required)")
+    parser.add_argument("--output-dir", default="longppl_results",
+                        help="where results.json, results.csv and correlation.png go (default: %(default)s)")
+    parser.add_argument("--benchmark-scores",
+                        help="CSV with columns model,score: correlate LongPPL and PPL with the scores and plot "
+                             "them (default: none, no correlation)")
+    parser.add_argument("--benchmark-name", default="benchmark score",
+                        help="y-axis label of the correlation plot (default: %(default)s)")
+    parser.add_argument("--soft", action="store_true",
+                        help="soft weights min(exp(LSD), gamma) instead of hard key tokens (paper Table 2; "
+                             "default: hard)")
+    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA,
+                        help="cap of the soft weights, used with --soft (default: %(default)g)")
+    parser.add_argument("--aggregation", choices=("official", "pooled"), default="official",
+                        help="corpus value; official: the official script's mean of per-text LongPPLs "
+                             "weighted by their key-token counts; pooled: exp of the key-token NLL pooled "
+                             "over all texts (default: %(default)s)")
+    parser.add_argument("--add-special-tokens", action="store_true",
+                        help="tokenize for the evaluated models with their special tokens (default: without, "
+                             "as the official code)")
+    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH,
+                        help="token budget of one forward batch of an evaluated model; lower it if the GPU "
+                             "runs out of memory (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="cuda, cpu or auto (default: GPU if available)")
+    parser.add_argument("--torch-dtype", default=None,
+                        help="dtype of the models: float32, bfloat16 or float16 (default: bfloat16 on GPU, "
+                             "float32 on CPU)")
+    parser.add_argument("--torch-compile", action="store_true",
+                        help="compile the models' transformer blocks (default: off)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="hide the progress bars (default: shown)")
+    return parser
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_cache_arguments(parser)
-    parser.add_argument("--models", nargs="+", required=True, help="Hub ids or local paths of the models")
-    parser.add_argument("--output-dir", default="longppl_results", help="where results.json/.csv go")
-    parser.add_argument("--benchmark-scores", help="CSV with columns model,score: correlate and plot")
-    parser.add_argument("--benchmark-name", default="benchmark score", help="y-axis label of the plot")
-    parser.add_argument("--soft", action="store_true", help="soft weights min(exp(LSD), gamma) (paper Table 2)")
-    parser.add_argument("--gamma", type=float, default=5.0)
-    parser.add_argument("--aggregation", choices=("official", "pooled"), default="official")
-    parser.add_argument("--add-special-tokens", action="store_true",
-                        help="tokenize for the evaluated models with their special tokens (official: without)")
-    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH)
-    parser.add_argument("--device", default=None, help="cuda, cpu or auto (default: GPU if available)")
-    parser.add_argument("--torch-dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
-    parser.add_argument("--torch-compile", action="store_true", help="compile the models' blocks")
-    parser.add_argument("--no-progress", action="store_true")
-    return parser.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
@@ -95,8 +112,11 @@ def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
 
 def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict:
     """Pearson and Spearman of LongPPL and of PPL with the benchmark scores, over the models that
-    have a score and a finite LongPPL."""
-    used = [(name, r) for name, r in rows if name in scores and math.isfinite(r["longppl"])]
+    have a score and a finite LongPPL and PPL."""
+    from longppl.correlation import pearson, spearman
+
+    used = [(name, r) for name, r in rows
+            if name in scores and math.isfinite(r["longppl"]) and math.isfinite(r["ppl"])]
     x_long = [r["longppl"] for _, r in used]
     x_ppl = [r["ppl"] for _, r in used]
     y = [scores[name] for name, _ in used]
@@ -107,9 +127,19 @@ def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict
     }
 
 
+def warn(message: str) -> None:
+    print(f"evaluate_longppl.py: warning: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> dict:
-    """Run the script; returns ``{"results": [(model, result)], "correlations": ... or None}``."""
+    """Run the script; returns ``{"results": [(model, result)], "correlations": ... or None}``
+    (``None`` also when fewer than 2 models have a finite LongPPL and PPL: nothing is correlated)."""
     args = parse_args(argv)
+    from longppl.cache_cli import open_selected
+    from longppl.loading import load_causal_lm
+    from longppl.reports import explain_missing_key_tokens, format_table, write_results_csv, write_results_json
+    from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
+
     cache, settings, fingerprint, rows = open_selected(args)
     scores = read_benchmark_scores(args.benchmark_scores, args.models) if args.benchmark_scores else None
     texts = cache.texts(rows)
@@ -130,6 +160,11 @@ def main(argv=None) -> dict:
         per_text = document_results(model_scores, weights)
         results.append((name, summarize_results(per_text, args.aggregation, args.soft)))
     print("\n" + format_table(results))
+    keyless = [name for name, r in results if not math.isfinite(r["longppl"])]
+    if keyless:
+        reason = explain_missing_key_tokens(evaluator_scores, args.alpha, args.beta, not args.no_lcl,
+                                            settings.trunc_len)
+        warn(f"no key tokens for {', '.join(keyless)}, so LongPPL is NaN: {reason}")
 
     meta = dict(key_tokens=args.key_tokens, evaluator=evaluator, evaluator_fingerprint=fingerprint,
                 **vars(settings), alpha=args.alpha, beta=args.beta, use_lcl=not args.no_lcl, soft=args.soft,
@@ -137,18 +172,25 @@ def main(argv=None) -> dict:
     found = None
     if scores is not None:
         found = correlations(results, scores)
-        meta["correlations"] = found
-        print(f"\nCorrelation with {args.benchmark_name} over {len(found['models'])} models:")
-        for metric in ("longppl", "ppl"):
-            print(f"  {metric:<8} Pearson {found[metric]['pearson']:+.3f}   Spearman {found[metric]['spearman']:+.3f}")
-        if len(found["models"]) < 3:
-            print("  (fewer than 3 models: a correlation is not meaningful)")
-        from longppl.figures import correlation_scatter
+        if len(found["models"]) < 2:
+            warn(f"correlation with {args.benchmark_name} skipped, and no correlation.png drawn: only "
+                 f"{len(found['models'])} of the {len(scores)} models with a score have a finite LongPPL and "
+                 "PPL, and a correlation needs at least 2.")
+            found = None
+        else:
+            print(f"\nCorrelation with {args.benchmark_name} over {len(found['models'])} models:")
+            for metric in ("longppl", "ppl"):
+                values = found[metric]
+                print(f"  {metric:<8} Pearson {values['pearson']:+.3f}   Spearman {values['spearman']:+.3f}")
+            if len(found["models"]) < 3:
+                print("  (fewer than 3 models: a correlation is not meaningful)")
+            from longppl.figures import correlation_scatter
 
-        chosen = [(name, r) for name, r in results if name in found["models"]]
-        correlation_scatter(os.path.join(args.output_dir, "correlation.png"), [n for n, _ in chosen],
-                            [r["longppl"] for _, r in chosen], [r["ppl"] for _, r in chosen],
-                            [scores[n] for n, _ in chosen], args.benchmark_name)
+            chosen = [(name, r) for name, r in results if name in found["models"]]
+            correlation_scatter(os.path.join(args.output_dir, "correlation.png"), [n for n, _ in chosen],
+                                [r["longppl"] for _, r in chosen], [r["ppl"] for _, r in chosen],
+                                [scores[n] for n, _ in chosen], args.benchmark_name)
+        meta["correlations"] = found
     write_results_json(os.path.join(args.output_dir, "results.json"), results, meta)
     write_results_csv(os.path.join(args.output_dir, "results.csv"), results)
     print(f"\nwrote {os.path.join(args.output_dir, 'results.json')}, results.csv"

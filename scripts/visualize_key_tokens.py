@@ -14,37 +14,50 @@ several). The histogram needs matplotlib.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 
-import numpy as np
-
-try:
-    import longppl
-except ImportError:  # running from a checkout without `pip install`
+# Only the standard library at import time: ``--help`` must not wait for torch or matplotlib, which
+# are imported inside the functions that need them.
+if importlib.util.find_spec("longppl") is None:  # running from a checkout without `pip install`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
-    import longppl
 
-from longppl.atomic_files import write_file_atomically
-from longppl.cache_cli import add_cache_arguments, open_selected
-from longppl.key_token_html import key_token_html
-from longppl.key_tokens import long_short_difference
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    from longppl.cache_cli import add_cache_arguments
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cache_arguments(parser)
+    parser.add_argument("--document", type=int, default=0,
+                        help="which text (0-based position among the chosen rows) to show as HTML "
+                             "(default: %(default)s)")
+    parser.add_argument("--html", help="write the document's HTML view here (default: no HTML)")
+    parser.add_argument("--lsd-cap", type=float, default=None,
+                        help="LSD shown at full shade in the HTML; shading is proportional to LSD clipped to "
+                             "[0, cap] (default: 2 * alpha, at least 1)")
+    parser.add_argument("--histogram",
+                        help="write the PNG histogram of the corpus's LSD values here (default: no histogram)")
+    return parser
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_cache_arguments(parser)
-    parser.add_argument("--document", type=int, default=0, help="which text (0-based position) to show as HTML")
-    parser.add_argument("--html", help="write the document's HTML view here")
-    parser.add_argument("--histogram", help="write the PNG histogram of the corpus's LSD values here")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not (args.html or args.histogram):
         parser.error("nothing to draw: pass --html FILE and/or --histogram FILE")
+    if args.lsd_cap is not None and not args.lsd_cap > 0:
+        parser.error(f"--lsd-cap {args.lsd_cap:g} must be positive: it is the LSD shown at full shade")
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from longppl.atomic_files import write_file_atomically
+    from longppl.cache_cli import open_selected
+    from longppl.key_token_html import key_token_html
+
     cache, settings, fingerprint, rows = open_selected(args)
     if args.html:
         if not 0 <= args.document < len(rows):
@@ -56,11 +69,15 @@ def main(argv=None) -> None:
         details = (f"Evaluator {row['evaluator_name'] or '(unnamed)'} ({row['evaluator_dtype']}), "
                    f"{settings.describe()}; text {args.document} of {len(rows)}, SHA-256 {row['text_fingerprint'][:16]}…")
         page = key_token_html(row["text"], cache.scores(rows[args.document]), args.alpha, args.beta,
-                              not args.no_lcl, settings.trunc_len, f"Key tokens of text {args.document}", details)
+                              not args.no_lcl, settings.trunc_len, f"Key tokens of text {args.document}", details,
+                              args.lsd_cap)
         write_file_atomically(args.html, lambda handle: handle.write(page))
         print(f"wrote {args.html}")
     if args.histogram:
+        import numpy as np
+
         from longppl.figures import lsd_histogram
+        from longppl.key_tokens import long_short_difference
 
         lsd = np.concatenate([
             long_short_difference(s.lp_long, s.lp_short) for s in (cache.scores(row) for row in rows)

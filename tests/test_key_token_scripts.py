@@ -203,6 +203,35 @@ def test_benchmark_scores_for_a_model_not_evaluated(scripts, files, cache, tmp_p
     assert not (tmp_path / "out").exists()  # checked before any model runs
 
 
+def test_no_key_tokens_warns_why_and_skips_the_correlation(scripts, files, cache, tmp_path, capsys):
+    scores_file = tmp_path / "scores.csv"
+    scores_file.write_text("model,score\n" + "".join(f"{m},{s}\n" for m, s in zip(files["models"], (41.5, 37.0))),
+                           encoding="utf-8")
+    out = tmp_path / "results"
+    run = scripts["evaluate_longppl"].main(
+        ["--key-tokens", cache, "--models", *files["models"], "--output-dir", str(out), "--alpha", "1000",
+         "--beta", str(BETA), "--benchmark-scores", str(scores_file), "--no-progress", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert all(math.isnan(result["longppl"]) and math.isfinite(result["ppl"]) for _, result in run["results"])
+    stored = KeyTokenCache.load(cache)
+    lsd = np.concatenate([stored.scores(row).lp_long - stored.scores(row).lp_short
+                          for row in range(len(files["texts"]))])
+    scored = int((~np.isnan(lsd)).sum())
+    assert (
+        f"evaluate_longppl.py: warning: no key tokens for {', '.join(files['models'])}, so LongPPL is NaN: none of "
+        f"the {scored} evaluator tokens with a short-context score meets the key-token rule LSD > 1000 and LCL > -50 "
+        f"(largest LSD {np.nanmax(lsd):.2f}; 0 tokens have LSD > 1000): alpha/beta are too strict for this corpus "
+        "and evaluator. Try a lower --alpha or --beta, or --no-lcl"
+    ) in captured.err
+    assert ("evaluate_longppl.py: warning: correlation with benchmark score skipped, and no correlation.png drawn: "
+            "only 0 of the 2 models with a score have a finite LongPPL and PPL, and a correlation needs at least 2."
+            ) in captured.err
+    assert "Correlation" not in captured.out and "correlation.png" not in captured.out
+    assert run["correlations"] is None
+    assert sorted(os.listdir(out)) == ["results.csv", "results.json"]
+    assert json.loads((out / "results.json").read_text())["meta"]["correlations"] is None
+
+
 def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
     tricky = "<b>Tom & Jerry</b> say \"hi\" " + files["texts"][2]
     # a one-row cache of a text with markup in it, from the same evaluator
@@ -220,12 +249,12 @@ def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
     page_text = page.read_text(encoding="utf-8")
     document = re.search(r'<div class="doc">(.*)</div>', page_text, re.S).group(1)
     assert "<b>" not in page_text and "Tom & Jerry" not in page_text
-    assert html.unescape(re.sub(r'<span class="[^"]*" title="[^"]*">|</span>', "", document)) == tricky
+    assert html.unescape(re.sub(r'<span class="[^"]*"( [a-z-]+="[^"]*")*>|</span>', "", document)) == tricky
     key = scores[0].key_mask(ALPHA, BETA)
     assert page_text.count('class="t key"') == int(key.sum()) > 0  # no two tokens of this text share a character
     first_key = int(np.flatnonzero(key)[0])
     lsd = scores[0].lp_long[first_key] - scores[0].lp_short[first_key]
-    assert f'class="t key" title="token {first_key}: LSD {lsd:.2f}, LCL {scores[0].lp_long[first_key]:.2f}"' in page_text
+    assert f'class="t key" title="token {first_key}: LSD {lsd:.2f}, LCL {scores[0].lp_long[first_key]:.2f}" style=' in page_text
     assert f'title="token {K - 1}: LCL' in page_text and "no short-context score (i &lt; K=47)" in page_text
     with open(png, "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -243,9 +272,12 @@ def test_html_shows_tokens_sharing_a_character_as_one_piece():
                                      np.array([nan, nan, -4.0, -0.3, -3.1, -2.5]))
     page = key_token_html(text, scores, alpha=2.0, beta=-2.0, trunc_len=2)
     document = re.search(r'<div class="doc">(.*)</div>', page, re.S).group(1)
-    assert document.count("<span") == 4 and document.count('class="t key"') == 2
-    assert '<span class="t key" title="token 2: LSD 3.50, LCL -0.50 | token 3: LSD 0.10, LCL -0.20">é</span>' in document
-    assert '<span class="t key" title="token 5: LSD 2.40, LCL -0.10"> lait</span>' in document
+    assert document.count("<span") == 5 and document.count('class="t key"') == 2
+    # shade of a shared piece: its largest LSD (3.5 of cap 4); the marker stands before the first token with an LSD
+    assert ('<span class="k-end" data-label="K=2" title="the first K=2 evaluator tokens end here: before this point, '
+            'no short-context score"></span><span class="t key" title="token 2: LSD 3.50, LCL -0.50 | token 3: LSD 0.10, '
+            'LCL -0.20" style="background: rgba(255, 127, 31, 0.744)">é</span>') in document
+    assert '<span class="t key" title="token 5: LSD 2.40, LCL -0.10" style="background: rgba(255, 127, 31, 0.510)"> lait</span>' in document
     assert "token 1: LCL -1.00; no short-context score (i &lt; K=2)" in document
 
 

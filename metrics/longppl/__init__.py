@@ -10,29 +10,49 @@
   models against at the cost of one perplexity pass each.
 """
 
+import importlib
 import os
 
-from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
-from .batching import Segment, long_context_log_probs, pack_by_token_budget, segment_log_probs
-from .fingerprints import ModelIdentity, text_fingerprint
-from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores, key_token_rows, open_cache
-from .key_tokens import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
-from .logprobs import resolve_lm_head, token_log_probs
-from .official import compute_longppl, find_key_token, load_key_token
-from .scoring import (
-    DocumentResult,
-    EvaluatorScores,
-    ModelScores,
-    aggregate,
-    document_result,
-    document_results,
-    model_key_weights,
-    score_with_evaluator,
-    score_with_model,
-    summarize_results,
-    text_key_weights,
-)
-from .windows import short_context_log_probs, window_bounds
+# Names are imported from their modules on first use (PEP 562), so that importing a light module
+# (``longppl.cache_cli``, ``longppl.reports``) or running a script's ``--help`` does not load torch.
+_EXPORTS = {
+    "alignment": ("encode_with_offsets", "tokens_within_spans", "transfer_token_weights"),
+    "batching": ("Segment", "long_context_log_probs", "pack_by_token_budget", "segment_log_probs"),
+    "fingerprints": ("ModelIdentity", "text_fingerprint"),
+    "key_token_cache": ("KeyTokenCache", "KeyTokenSettings", "cached_evaluator_scores", "key_token_rows", "open_cache"),
+    "key_tokens": ("key_char_spans", "key_token_mask", "long_short_difference", "merge_adjacent_spans", "soft_weights"),
+    "logprobs": ("resolve_lm_head", "token_log_probs"),
+    "official": ("compute_longppl", "find_key_token", "load_key_token"),
+    "scoring": (
+        "DocumentResult",
+        "EvaluatorScores",
+        "ModelScores",
+        "aggregate",
+        "document_result",
+        "document_results",
+        "model_key_weights",
+        "score_with_evaluator",
+        "score_with_model",
+        "summarize_results",
+        "text_key_weights",
+    ),
+    "windows": ("short_context_log_probs", "window_bounds"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __version__ = "0.1.0"
 

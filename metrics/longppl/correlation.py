@@ -38,3 +38,21 @@ def average_ranks(values) -> np.ndarray:
 def spearman(x, y) -> float:
     """Spearman's rho (Pearson's r of average ranks)."""
     return pearson(average_ranks(x), average_ranks(y))
+
+
+def least_squares_line(x, y) -> tuple[float, float]:
+    """``(slope, intercept)`` of the ordinary least-squares line ``y ~ slope * x + intercept`` of two
+    ``[n]`` sequences; ``(nan, nan)`` when ``x`` is constant or ``n < 2`` (no line is defined)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(
+            f"least_squares_line needs two sequences of the same length, got shapes {x.shape} and {y.shape}."
+        )
+    if x.shape[0] < 2:
+        return float("nan"), float("nan")
+    dx = x - x.mean()
+    spread = (dx * dx).sum()
+    if spread == 0:
+        return float("nan"), float("nan")
+    slope = float((dx * (y - y.mean())).sum() / spread)
+    return slope, float(y.mean() - slope * x.mean())

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .atomic_files import write_file_atomically
-from .correlation import pearson, spearman
+from .correlation import least_squares_line, pearson, spearman
 
 KEY_COLOR = "#ff7f1f"  # the paper's highlight colour for key tokens (RGB 255, 127, 31)
 PPL_COLOR = "#4a6fa5"
@@ -33,6 +33,57 @@ def _save(figure, path: str) -> None:
     write_file_atomically(path, lambda handle: figure.savefig(handle, format="png"), binary=True)
 
 
+def short_model_names(models: Sequence[str]) -> list[str]:
+    """Plot labels for model ids or paths: the last path component (``Qwen/Qwen2-7B`` -> ``Qwen2-7B``,
+    ``/ckpt/run1/`` -> ``run1``), with as many parent components as needed to tell apart names
+    whose ends collide (``a/model``, ``b/model``). Same order and length as ``models``."""
+    parts = [[p for p in str(m).replace("\\", "/").split("/") if p] or [str(m)] for m in models]
+    depth = [1] * len(parts)
+    while True:
+        labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+        clashing = [i for i, label in enumerate(labels) if labels.count(label) > 1 and depth[i] < len(parts[i])]
+        if not clashing:
+            return labels
+        for i in clashing:
+            depth[i] += 1
+
+
+def correlation_figure(
+    models: Sequence[str],
+    longppl: Sequence[float],
+    ppl: Sequence[float],
+    scores: Sequence[float],
+    benchmark: str = "benchmark score",
+):
+    """The matplotlib ``Figure`` of :func:`correlation_scatter` (Agg canvas, not saved).
+
+    Two panels, benchmark score (y) against LongPPL (left) and PPL (right), one point per model in
+    one colour, labelled with :func:`short_model_names`; a dashed least-squares line labelled with
+    Pearson's r in each panel's legend (none when x is constant), Pearson and Spearman in the titles.
+    All sequences are ``[n_models]``, in the same order.
+    """
+    labels = short_model_names(models)
+    figure = _figure(10, 4.2)
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, values, name in ((axes[0], longppl, "LongPPL"), (axes[1], ppl, "PPL")):
+        ax.scatter(values, scores, s=46, color=PPL_COLOR, edgecolor="black", linewidth=0.5, zorder=3, label="model")
+        for label, x, y in zip(labels, values, scores):
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        r = pearson(values, scores)
+        slope, intercept = least_squares_line(values, scores)
+        if np.isfinite(slope):
+            ends = np.array([min(values), max(values)], dtype=np.float64)
+            ax.plot(ends, slope * ends + intercept, color="black", linestyle="--", linewidth=1, zorder=2,
+                    label=f"least-squares fit (Pearson r = {r:.2f})")
+        ax.set_title(f"{name}: Pearson {r:.2f}, Spearman {spearman(values, scores):.2f}")
+        ax.set_xlabel(name)
+        ax.grid(alpha=0.3, zorder=0)
+        ax.margins(x=0.2, y=0.1)  # room for the labels
+        ax.legend(loc="best", fontsize=8)
+    axes[0].set_ylabel(benchmark)
+    return figure
+
+
 def correlation_scatter(
     path: str,
     models: Sequence[str],
@@ -41,20 +92,8 @@ def correlation_scatter(
     scores: Sequence[float],
     benchmark: str = "benchmark score",
 ) -> None:
-    """Two panels, benchmark score (y) against LongPPL and against PPL (x), one labelled point per
-    model, Pearson and Spearman correlations in the titles (like the paper's Figure 1(b))."""
-    figure = _figure(10, 4.2)
-    axes = figure.subplots(1, 2, sharey=True)
-    for ax, values, name, color in ((axes[0], longppl, "LongPPL", KEY_COLOR), (axes[1], ppl, "PPL", PPL_COLOR)):
-        ax.scatter(values, scores, s=46, color=color, edgecolor="black", linewidth=0.5, zorder=3)
-        for label, x, y in zip(models, values, scores):
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-        ax.set_title(f"{name}: Pearson {pearson(values, scores):.2f}, Spearman {spearman(values, scores):.2f}")
-        ax.set_xlabel(name)
-        ax.grid(alpha=0.3, zorder=0)
-        ax.margins(x=0.2, y=0.1)  # room for the labels
-    axes[0].set_ylabel(benchmark)
-    _save(figure, path)
+    """Write :func:`correlation_figure` to ``path`` as PNG (like the paper's Figure 1(b))."""
+    _save(correlation_figure(models, longppl, ppl, scores, benchmark), path)
 
 
 def lsd_histogram(path: str, lsd: np.ndarray, alpha: float, title: str = "LSD of the corpus tokens") -> None:

@@ -26,12 +26,13 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
-from .logprobs import unwrap_model
+if TYPE_CHECKING:  # torch only in annotations here: the key-token cache imports this module without it
+    import torch
+    from torch import nn
 
 WEIGHT_SAMPLES = 4096  # values per parameter tensor
 CHECKPOINT_SAMPLES = 64  # blocks per weight file
@@ -68,6 +69,8 @@ class ModelIdentity:
         DDP / PEFT wrappers are looked through (LoRA weights injected into the model count), so a
         wrapped model has the fingerprint of the model it computes with.
         """
+        from .logprobs import unwrap_model
+
         model = unwrap_model(model)
         digest = hashlib.sha256(b"longppl-weights-v1\0")
         config = getattr(model, "config", None)

@@ -46,6 +46,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
@@ -53,7 +54,10 @@ import pyarrow as pa
 
 from .atomic_files import recover_directory, replace_directory_atomically
 from .fingerprints import ModelIdentity, text_fingerprint
-from .scoring import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, EvaluatorScores
+from .defaults import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
+
+if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
+    from .scoring import EvaluatorScores
 
 FORMAT_VERSION = 1
 
@@ -381,6 +385,8 @@ class KeyTokenCache:
             return table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
 
         offsets = table.column("offsets").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
+        from .scoring import EvaluatorScores
+
         return EvaluatorScores(
             values("input_ids").astype(np.int64),
             offsets.astype(np.int64).reshape(-1, 2),

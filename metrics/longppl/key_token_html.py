@@ -5,6 +5,11 @@ Pieces of text are laid out by the evaluator tokens' character spans. Tokens tha
 (byte-level pieces of one multi-byte character) are shown as one piece whose tooltip lists each
 token; characters no token covers are shown plainly; special tokens (zero-width spans) are not
 shown. All text is HTML-escaped.
+
+Colours (explained in a legend on the page): every token with a short-context score gets an orange
+background whose opacity is proportional to its LSD clipped to ``[0, lsd_cap]`` (a piece of several
+tokens takes the largest); key tokens are also outlined and bold; the first K tokens, which have no
+short-context score, are grey, and a marker stands where they end.
 """
 
 from __future__ import annotations
@@ -17,13 +22,52 @@ import numpy as np
 from .key_tokens import key_token_mask, long_short_difference
 from .scoring import EvaluatorScores
 
+#: Background opacity of a token whose LSD reaches the cap (text stays readable on it).
+MAX_OPACITY = 0.85
+_RGB = "255, 127, 31"  # the paper's highlight colour for key tokens
+
 _STYLE = """
 body { font-family: Georgia, serif; max-width: 60em; margin: 2em auto; line-height: 1.6; color: #222; }
 .doc { white-space: pre-wrap; }
+.t { border-radius: 2px; }
 .t:hover { outline: 1px solid #999; }
-.key { background: #ff7f1f; color: #000; border-radius: 2px; }
-.meta { font-family: sans-serif; font-size: 0.9em; color: #555; }
+.key { box-shadow: inset 0 0 0 1.5px #a64300; font-weight: bold; color: #000; }
+.noscore { color: #888; }
+.k-end { border-left: 2px solid #c00; }
+.k-end::after { content: attr(data-label); font: bold 0.7em sans-serif; color: #c00; vertical-align: super; }
+.meta, .legend { font-family: sans-serif; font-size: 0.9em; color: #555; }
+.legend span.swatch { display: inline-block; padding: 0 0.4em; margin: 0 0.15em; border-radius: 2px; }
 """
+
+
+def lsd_opacity(lsd: float, lsd_cap: float) -> float:
+    """Background opacity for a token of LSD ``lsd``: ``MAX_OPACITY * clip(lsd / lsd_cap, 0, 1)``;
+    0 for NaN (no short-context score). Monotone non-decreasing in ``lsd``."""
+    if math.isnan(lsd):
+        return 0.0
+    return MAX_OPACITY * min(max(lsd / lsd_cap, 0.0), 1.0)
+
+
+def _background(opacity: float) -> str:
+    return f"background: rgba({_RGB}, {opacity:.3f})"
+
+
+def _legend(alpha: float, beta: float, use_lcl: bool, trunc_len: int, lsd_cap: float) -> str:
+    rule = f"LSD &gt; {alpha:g}" + (f" and LCL &gt; {beta:g}" if use_lcl else "")
+    steps = "".join(
+        f'<span class="swatch" style="{_background(lsd_opacity(v, lsd_cap))}">{v:g}</span>'
+        for v in (0.0, lsd_cap / 4, lsd_cap / 2, 3 * lsd_cap / 4, lsd_cap)
+    )
+    k = f"K={trunc_len}" if trunc_len else "K"
+    return (
+        '<div class="legend"><p><strong>Legend.</strong> Background: LSD = log P(token | long context) &minus; '
+        f"log P(token | last {k} tokens), shaded in proportion to LSD clipped to [0, {lsd_cap:g}]: {steps} "
+        f"(no shade: LSD &le; 0).</p>"
+        f'<p><span class="swatch key" style="{_background(MAX_OPACITY)}">outlined, bold</span>: key token '
+        f"({rule}). "
+        f'<span class="swatch noscore">grey</span>: the first {k} evaluator tokens, which have no '
+        'short-context score; <span class="k-end" data-label="K"></span> marks where they end.</p></div>\n'
+    )
 
 
 def _describe(index: int, lsd: float, lcl: float, trunc_len: int) -> str:
@@ -43,42 +87,65 @@ def key_token_html(
     trunc_len: int = 0,
     title: str = "Key tokens",
     details: str = "",
+    lsd_cap: float | None = None,
 ) -> str:
     """A standalone HTML page of ``text`` with key tokens highlighted.
 
     Args:
         scores: the evaluator's scores of ``text`` (``offsets`` ``[n, 2]``, ``lp_long`` and
             ``lp_short`` ``[n]``), e.g. ``KeyTokenCache.scores(row)``.
-        trunc_len: K, only to explain in tooltips why early tokens have no LSD.
+        trunc_len: K, to explain in tooltips and the legend why early tokens have no LSD (the
+            marker is placed by the scores: before the first token that has an LSD).
         details: a line of context shown under the title (evaluator, settings).
+        lsd_cap: LSD of full shading (default ``2 * alpha``, at least 1): shading is proportional to
+            LSD clipped to ``[0, lsd_cap]``.
     """
+    if lsd_cap is None:
+        lsd_cap = max(2.0 * alpha, 1.0)
+    if not lsd_cap > 0:
+        raise ValueError(f"lsd_cap={lsd_cap!r} must be a positive LSD (the value shown at full shade).")
     offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
     lsd = long_short_difference(scores.lp_long, scores.lp_short)
     key = key_token_mask(scores.lp_long, scores.lp_short, alpha, beta, use_lcl)
-    # Pieces: [start, end, key, tooltip lines]; a token overlapping the previous piece joins it.
+    n_scored = int((~np.isnan(lsd)).sum())
+    # Pieces: [start, end, key, tooltip lines, largest LSD of its tokens (NaN: none has one)].
     pieces: list[list] = []
     for index, (start, end) in enumerate(offsets.tolist()):
         if end <= start:
             continue
-        line = _describe(index, float(lsd[index]), float(scores.lp_long[index]), trunc_len)
+        value = float(lsd[index])
+        line = _describe(index, value, float(scores.lp_long[index]), trunc_len)
         if pieces and start < pieces[-1][1]:
-            pieces[-1][1] = max(pieces[-1][1], end)
-            pieces[-1][2] |= bool(key[index])
-            pieces[-1][3].append(line)
+            piece = pieces[-1]
+            piece[1] = max(piece[1], end)
+            piece[2] |= bool(key[index])
+            piece[3].append(line)
+            piece[4] = float(np.fmax(piece[4], value))  # fmax: NaN only if both are
         else:
-            pieces.append([start, end, bool(key[index]), [line]])
-    body, cursor = [], 0
-    for start, end, is_key, lines in pieces:
+            pieces.append([start, end, bool(key[index]), [line], value])
+    marker_label = f"K={trunc_len}" if trunc_len else "K"
+    marker = (f'<span class="k-end" data-label="{marker_label}" title="the first {html.escape(marker_label)} '
+              'evaluator tokens end here: before this point, no short-context score"></span>')
+    # The marker goes before the first piece with an LSD: where the first K tokens end.
+    body, cursor, marked = [], 0, n_scored == 0
+    for start, end, is_key, lines, largest in pieces:
         body.append(html.escape(text[cursor:start]))
-        css = "t key" if is_key else "t"
-        body.append(f'<span class="{css}" title="{html.escape(" | ".join(lines))}">{html.escape(text[start:end])}</span>')
+        if not marked and not math.isnan(largest):
+            body.append(marker)
+            marked = True
+        css = "t key" if is_key else ("t" if not math.isnan(largest) else "t noscore")
+        style = f' style="{_background(lsd_opacity(largest, lsd_cap))}"' if not math.isnan(largest) else ""
+        body.append(f'<span class="{css}" title="{html.escape(" | ".join(lines))}"{style}>'
+                    f"{html.escape(text[start:end])}</span>")
         cursor = end
     body.append(html.escape(text[cursor:]))
-    n_scored = int((~np.isnan(lsd)).sum())
     summary = (
         f"{int(key.sum())} key tokens of {offsets.shape[0]} evaluator tokens "
         f"({int(key.sum()) / max(n_scored, 1):.1%} of the {n_scored} with a short-context score); "
         f"key iff LSD &gt; {alpha:g}" + (f" and LCL &gt; {beta:g}" if use_lcl else "") + ". Hover a token for its LSD and LCL."
+        + ("" if n_scored else
+           f" No token has a short-context score: the text is at most {'K=' + str(trunc_len) if trunc_len else 'K'} "
+           "evaluator tokens long.")
     )
     return (
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
@@ -86,5 +153,6 @@ def key_token_html(
         f"<h1>{html.escape(title)}</h1>\n"
         + (f'<p class="meta">{html.escape(details)}</p>\n' if details else "")
         + f'<p class="meta">{summary}</p>\n'
-        f'<div class="doc">{"".join(body)}</div>\n</body></html>\n'
+        + _legend(alpha, beta, use_lcl, trunc_len, lsd_cap)
+        + f'<div class="doc">{"".join(body)}</div>\n</body></html>\n'
     )

@@ -19,6 +19,7 @@ from .alignment import encode_with_offsets
 from .atomic_files import write_file_atomically
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
+from .defaults import DEFAULT_MAX_TOKENS_PER_BATCH, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
 from .fingerprints import ModelIdentity
 from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
 from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, key_char_spans
@@ -26,9 +27,6 @@ from .loading import default_device, load_causal_lm, load_model, load_tokenizer,
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
 from .scoring import (
-    DEFAULT_MAX_TOKENS_PER_BATCH,
-    DEFAULT_SLIDING_WINDOW,
-    DEFAULT_TRUNC_LEN,
     ModelScores,
     document_results,
     score_with_evaluator,

@@ -63,3 +63,53 @@ def write_results_csv(path: str, rows: Sequence[tuple[str, dict]]) -> None:
             writer.writerow([name, result["longppl"], result["ppl"], key, tokens])
 
     write_file_atomically(path, write, newline="")
+
+
+def explain_missing_key_tokens(
+    evaluator_scores: Sequence,
+    alpha: float,
+    beta: float,
+    use_lcl: bool = True,
+    trunc_len: int | None = None,
+) -> str:
+    """Why a corpus has no key tokens, and what to try, as one sentence for a warning.
+
+    Args:
+        evaluator_scores: per text, the evaluator's scores (``lp_long``, ``lp_short`` ``[n]``,
+            ``lp_short`` NaN for the first K tokens), e.g. ``KeyTokenCache.scores(row)``.
+        alpha, beta, use_lcl: the key-token rule that found none.
+        trunc_len: K, to name it in the message (``None``: not named).
+
+    Tells apart three causes: no token has a short-context score (every text is at most K evaluator
+    tokens long), no scored token passes the rule (alpha / beta too strict: the largest LSD is
+    given), and key tokens of the evaluator that no evaluated model's token covers.
+    """
+    import numpy as np
+
+    from .key_tokens import key_token_mask, long_short_difference
+
+    k = f"K={trunc_len}" if trunc_len is not None else "K"
+    lsd = [long_short_difference(s.lp_long, s.lp_short) for s in evaluator_scores]
+    scored = sum(int((~np.isnan(x)).sum()) for x in lsd)
+    if scored == 0:
+        return (
+            f"none of the {len(lsd)} texts is longer than {k} evaluator tokens, so no token has a "
+            f"short-context score (LSD) to be a key token. Use longer texts, or score the cache with a "
+            f"smaller --trunc-len (compute_key_tokens.py)."
+        )
+    keys = sum(int(key_token_mask(s.lp_long, s.lp_short, alpha, beta, use_lcl).sum()) for s in evaluator_scores)
+    if keys == 0:
+        largest = max(float(np.nanmax(x)) for x in lsd if not np.isnan(x).all())
+        above = sum(int((x > alpha).sum()) for x in lsd)
+        rule = f"LSD > {alpha:g}" + (f" and LCL > {beta:g}" if use_lcl else "")
+        return (
+            f"none of the {scored} evaluator tokens with a short-context score meets the key-token rule "
+            f"{rule} (largest LSD {largest:.2f}; {above} tokens have LSD > {alpha:g}): alpha/beta are too "
+            f"strict for this corpus and evaluator. Try a lower --alpha" + (" or --beta, or --no-lcl" if use_lcl else "")
+            + "; visualize_key_tokens.py --histogram shows the LSD distribution."
+        )
+    return (
+        f"the evaluator has {keys} key tokens, but no token of the evaluated model lies within their "
+        f"character spans (tokenizers that split the text very differently). Check the model's tokenizer "
+        f"on these texts, or try --add-special-tokens if the model needs them."
+    )
