@@ -10,29 +10,55 @@
   models against at the cost of one perplexity pass each.
 """
 
+import importlib
 import os
 
-from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
-from .batching import Segment, long_context_log_probs, pack_by_token_budget, segment_log_probs
-from .fingerprints import ModelIdentity, text_fingerprint
-from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores, key_token_rows, open_cache
-from .key_tokens import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
-from .logprobs import resolve_lm_head, token_log_probs
-from .official import compute_longppl, find_key_token, load_key_token
-from .scoring import (
-    DocumentResult,
-    EvaluatorScores,
-    ModelScores,
-    aggregate,
-    document_result,
-    document_results,
-    model_key_weights,
-    score_with_evaluator,
-    score_with_model,
-    summarize_results,
-    text_key_weights,
-)
-from .windows import short_context_log_probs, window_bounds
+# Public names -> the submodule defining them. They load on first use (PEP 562), so that
+# `import longppl` and its light submodules (threads, register, key_tokens, ...) do not import
+# torch: a script's `--help` answers at once.
+_EXPORTS = {
+    "alignment": ("encode_with_offsets", "tokens_within_spans", "transfer_token_weights"),
+    "batching": ("Segment", "long_context_log_probs", "pack_by_token_budget", "segment_log_probs"),
+    "fingerprints": ("ModelIdentity", "text_fingerprint"),
+    "key_token_cache": ("KeyTokenCache", "KeyTokenSettings", "cached_evaluator_scores", "key_token_rows", "open_cache"),
+    "key_tokens": ("key_char_spans", "key_token_mask", "long_short_difference", "merge_adjacent_spans", "soft_weights"),
+    "logprobs": ("resolve_lm_head", "token_log_probs"),
+    "official": ("compute_longppl", "find_key_token", "load_key_token"),
+    "scoring": (
+        "DocumentResult",
+        "EvaluatorScores",
+        "ModelScores",
+        "aggregate",
+        "document_result",
+        "document_results",
+        "model_key_weights",
+        "score_with_evaluator",
+        "score_with_model",
+        "summarize_results",
+        "text_key_weights",
+    ),
+    "windows": ("short_context_log_probs", "window_bounds"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+# Submodules that `import longppl` used to load eagerly: `longppl.scoring` etc. still resolve without
+# an import of their own.
+_SUBMODULES = set(_EXPORTS) | {"atomic_files", "compilation", "loading"}
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __version__ = "0.1.0"
 
