@@ -17,6 +17,12 @@ import numpy as np
 DEFAULT_ALPHA = 2.0
 DEFAULT_BETA = -2.0
 DEFAULT_GAMMA = 5.0
+# The scoring defaults (K, d, the packing budget) live here too, beside the rule they feed, in a
+# module without torch: the scripts show them in `--help` before loading anything heavy.
+# ``longppl.scoring`` re-exports them.
+DEFAULT_TRUNC_LEN = 4096
+DEFAULT_SLIDING_WINDOW = 1024
+DEFAULT_MAX_TOKENS_PER_BATCH = 32768
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:

@@ -20,13 +20,10 @@ from tqdm.auto import tqdm
 from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
+from .key_tokens import DEFAULT_MAX_TOKENS_PER_BATCH, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN  # noqa: F401
 from .key_tokens import key_char_spans, key_token_mask, soft_weights
 from .logprobs import unwrap_model
 from .windows import short_context_log_probs
-
-DEFAULT_TRUNC_LEN = 4096
-DEFAULT_SLIDING_WINDOW = 1024
-DEFAULT_MAX_TOKENS_PER_BATCH = 32768
 
 
 @dataclass
