@@ -13,6 +13,8 @@
 import importlib
 import os
 
+from . import register as _register
+
 # Public names -> the submodule defining them. They load on first use (PEP 562), so that
 # `import longppl` and its light submodules (threads, register, key_tokens, ...) do not import
 # torch: a script's `--help` answers at once.
@@ -64,6 +66,12 @@ __version__ = "0.1.0"
 
 #: Folder of the ``evaluate`` module: ``evaluate.load(longppl.METRIC_PATH)`` works from any directory.
 METRIC_PATH = os.path.dirname(os.path.abspath(__file__))
+
+# evaluate.load("longppl") by its bare name: keep evaluate's module-cache copy of the metric this
+# package's code (a cheap check; a one-off copy when missing or stale), and quiet evaluate's
+# "couldn't be found ... remotely" warning about that copy. See longppl.register.
+_register.install_log_filter()
+_register.ensure_registered()
 
 __all__ = [
     "METRIC_PATH",
