@@ -56,7 +56,10 @@ def toy_demo(args) -> None:
     from longppl.synthetic import DISTANCE, cut_context, sample_documents, train_copy_model, word_tokenizer
     from longppl.threads import choose_torch_threads
 
-    threads = choose_torch_threads(1)  # a tiny model: more threads only wait (unless OMP_NUM_THREADS says)
+    try:
+        threads = choose_torch_threads(1)  # a tiny model: more threads only wait (unless OMP_NUM_THREADS says)
+    except ValueError as err:
+        sys.exit(f"quickstart.py: error: {err}")
     start = time.perf_counter()
     print(f"Training a tiny model to copy words seen {DISTANCE} tokens back ({args.steps} steps on CPU, "
           f"{threads} torch thread{'s' if threads > 1 else ''})...")
