@@ -2,7 +2,8 @@
 
 - ``evaluate.load(longppl.METRIC_PATH)`` (or ``evaluate.load("metrics/longppl")`` from a checkout)
   gives the ``evaluate`` metric; after ``python -m longppl.register``, ``evaluate.load("longppl")``
-  does too.
+  does too. ``import longppl`` registers it by itself when evaluate's module-cache copy is missing
+  or stale (see :mod:`longppl.register`; ``LONGPPL_AUTO_REGISTER=0`` turns that off).
 - ``from longppl import compute_longppl`` is a drop-in for the official ``longppl`` package.
 - The scoring core (token log-probs without full logits, batched short-context windows, key-token
   rules, cross-tokenizer alignment) is importable for other tools, e.g. the LongCE trainer.
