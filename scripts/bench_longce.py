@@ -30,22 +30,32 @@ import math
 import sys
 import tempfile
 
-import torch
-import torch.nn.functional as F
+import bench_longppl  # scripts/ is on sys.path when a script of it runs; light until load_dependencies()
+from longppl.key_tokens import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
 
-from bench_longppl import measure  # scripts/ is on sys.path when a script of it runs
 
-try:  # `longce` maps to the trainer/ folder only through the installed package
-    from longce import LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
-    from longce.weighted_loss import (
-        chunked_weighted_cross_entropy,
-        liger_available,
-        liger_weighted_linear_cross_entropy,
-        longce_weights,
-    )
-    from longppl.logprobs import resolve_lm_head
-except ImportError:
-    sys.exit("install the project first: pip install -e .")
+def load_dependencies() -> None:
+    """Import torch, the trainer and the benchmark helpers as this module's globals, once the
+    arguments are parsed: `--help` then answers without loading torch."""
+    global torch, F, measure, LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
+    global chunked_weighted_cross_entropy, liger_available, liger_weighted_linear_cross_entropy, longce_weights
+    global resolve_lm_head
+    import torch
+    import torch.nn.functional as F
+
+    bench_longppl.load_dependencies()
+    measure = bench_longppl.measure
+    try:  # `longce` maps to the trainer/ folder only through the installed package
+        from longce import LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
+        from longce.weighted_loss import (
+            chunked_weighted_cross_entropy,
+            liger_available,
+            liger_weighted_linear_cross_entropy,
+            longce_weights,
+        )
+        from longppl.logprobs import resolve_lm_head
+    except ImportError:
+        sys.exit("install the project first: pip install -e .")
 
 
 def build_model(tiny: bool, device: str):
@@ -172,26 +182,41 @@ def profile_step(fn, device):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536])
-    parser.add_argument("--trunc-len", type=int, default=4096)
-    parser.add_argument("--windows", type=int, nargs="+", default=[1024, 4096], help="values of d to run")
-    parser.add_argument("--gamma", type=float, default=5.0)
-    parser.add_argument("--max-tokens-per-batch", type=int, default=32768)
-    parser.add_argument("--repeat", type=int, default=2, help="timed steps per method (after one warm-up)")
-    parser.add_argument("--tiny", action="store_true", help="CPU smoke run with a tiny model (K=64, d=32)")
-    parser.add_argument("--skip-reference", action="store_true")
-    parser.add_argument("--loss-kernels", action="store_true", help="also compare LM-head loss implementations")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536],
+                        help="sequence lengths in tokens, one timed step each (default: 32768 65536)")
+    parser.add_argument("--trunc-len", type=int, default=4096, help="K (default %(default)s; 64 with --tiny)")
+    parser.add_argument("--windows", type=int, nargs="+", default=[1024, 4096],
+                        help="values of d to run (default: 1024 4096; 32 with --tiny)")
+    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA,
+                        help="LongCE's weight cap: min(exp(LSD), gamma) (default %(default)s)")
+    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH,
+                        help="longce_max_tokens_per_batch: tokens of short windows per batch (default %(default)s)")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="timed steps per method (after one warm-up; best is kept; default %(default)s)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="CPU smoke run with a tiny model (K=64, d=32; one torch thread unless OMP_NUM_THREADS is set)")
+    parser.add_argument("--skip-reference", action="store_true",
+                        help="do not run the (slow) reference LongCE (default: run it)")
+    parser.add_argument("--loss-kernels", action="store_true",
+                        help="also compare LM-head loss implementations (default: off)")
     parser.add_argument("--phases", action="store_true",
-                        help="also time our two phases alone: the short-context pass and the gradient pass")
-    parser.add_argument("--profile", action="store_true", help="torch.profiler table of one of our steps per length")
-    parser.add_argument("--compile", action="store_true", help="also run ours with longce_compile_windows=True")
+                        help="also time our two phases alone: the short-context pass and the gradient pass (default: off)")
+    parser.add_argument("--profile", action="store_true",
+                        help="torch.profiler table of one of our steps per length (default: off)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run ours with longce_compile_windows=True (default: off)")
     parser.add_argument("--kernels-in-step", action="store_true",
-                        help="also run ours (first d) with longce_loss_kernel='ours' and 'liger' explicitly")
+                        help="also run ours (first d) with longce_loss_kernel='ours' and 'liger' explicitly (default: off)")
     parser.add_argument("--budgets", type=int, nargs="*", default=[],
-                        help="also run ours (first d) with these longce_max_tokens_per_batch values")
+                        help="also run ours (first d) with these longce_max_tokens_per_batch values (default: none)")
     args = parser.parse_args(argv)
+    load_dependencies()
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    if device == "cpu" and args.tiny:
+        from longppl.threads import choose_torch_threads
+
+        choose_torch_threads(1)  # a tiny model: extra intra-op threads only wait
     K = 64 if args.tiny else args.trunc_len
     windows = [32] if args.tiny else args.windows
     model = build_model(args.tiny, device)

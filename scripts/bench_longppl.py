@@ -45,18 +45,25 @@ import shutil
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
 try:
     import longppl
 except ImportError:  # running from a checkout without `pip install`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
     import longppl
 
-from longppl import key_token_mask, long_context_log_probs, short_context_log_probs
-from longppl.compilation import compiled_blocks
+from longppl.key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH
+
+
+def load_dependencies() -> None:
+    """Import numpy, torch and the scoring core as this module's globals, once the arguments are
+    parsed: `--help` then answers without loading torch. (bench_longce.py calls it too, for ``measure``.)"""
+    global np, torch, F, key_token_mask, long_context_log_probs, short_context_log_probs, compiled_blocks
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from longppl import key_token_mask, long_context_log_probs, short_context_log_probs
+    from longppl.compilation import compiled_blocks
 
 
 def build_model(tiny: bool, device: str, seed: int):
@@ -302,25 +309,38 @@ def measure(fn, device):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072])
-    parser.add_argument("--trunc-len", type=int, default=4096)
-    parser.add_argument("--sliding-window", type=int, default=1024)
-    parser.add_argument("--alpha", type=float, default=2.0)
-    parser.add_argument("--beta", type=float, default=-2.0)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[32768], help="max_tokens_per_batch values for ours")
-    parser.add_argument("--repeat", type=int, default=1, help="timed runs per method and length (best is kept)")
-    parser.add_argument("--skip-reference-above", type=int, default=1 << 30)
-    parser.add_argument("--vectorized-reference", action="store_true", help="also run reference-vec")
-    parser.add_argument("--compile", action="store_true", help="also run ours with torch_compile (compiled in warm-up)")
-    parser.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke run)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072],
+                        help="document lengths in tokens, one timed document each (default: 32768 65536 131072)")
+    parser.add_argument("--trunc-len", type=int, default=4096, help="K (default %(default)s)")
+    parser.add_argument("--sliding-window", type=int, default=1024, help="d (default %(default)s)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help="key iff LSD > alpha (default %(default)s)")
+    parser.add_argument("--beta", type=float, default=DEFAULT_BETA, help="and LCL > beta (default %(default)s)")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[DEFAULT_MAX_TOKENS_PER_BATCH],
+                        help=f"max_tokens_per_batch values for ours (default: {DEFAULT_MAX_TOKENS_PER_BATCH})")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="timed runs per method and length (best is kept; default %(default)s)")
+    parser.add_argument("--skip-reference-above", type=int, default=1 << 30,
+                        help="skip the (slow) reference for documents longer than this many tokens "
+                        "(default: never skip)")
+    parser.add_argument("--vectorized-reference", action="store_true", help="also run reference-vec (default: off)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run ours with torch_compile (compiled in warm-up; default: off)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="tiny random models (CPU smoke run, one torch thread unless OMP_NUM_THREADS is set)")
     parser.add_argument("--agreement", action="store_true",
                         help="only compare our key tokens with the reference's on the trained copy model")
     parser.add_argument("--cache", action="store_true",
                         help="only time evaluating a second model against a warm key-token cache vs plain PPL")
-    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--out", help="write the results as JSON here (default: print only)")
     args = parser.parse_args(argv)
+    load_dependencies()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and (args.tiny or args.agreement):
+        from longppl.threads import choose_torch_threads
+
+        choose_torch_threads(1)  # tiny models: extra intra-op threads only wait
     if args.agreement:
         return key_token_agreement(device)
     if args.cache:

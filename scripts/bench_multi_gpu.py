@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from longppl.corpus import read_jsonl_texts
+# datasets, torch and transformers load inside the functions that use them: `--help` is immediate.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
@@ -63,6 +63,8 @@ def crs_documents(path: str, documents: int, tokens: int) -> list[str]:
     tokens; ``--max-length`` then cuts them to exactly that. Raises ``ValueError`` when the reports
     hold fewer than ``documents * tokens`` bytes.
     """
+    from longppl.corpus import read_jsonl_texts
+
     corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
     if len(corpus) < documents * tokens:
         raise ValueError(f"{path} holds {len(corpus):,} bytes, fewer than {documents} x {tokens:,}; ask for fewer "
@@ -121,9 +123,11 @@ def launcher(num_processes: int, config_file: str | None = None) -> list[str]:
 
 
 def child_env(cpu: bool, visible: int | None = None) -> dict[str, str]:
+    from longppl.threads import child_thread_env
+
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if cpu:
-        env.setdefault("OMP_NUM_THREADS", "1")
+    if cpu:  # tiny smoke-run models: one thread per process (as many processes as cores), unless the user chose
+        env = child_thread_env(env, 1)
     elif visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(visible))
     return env
@@ -298,26 +302,33 @@ def main(argv=None) -> dict:
     if "--" in argv:
         extra, argv = argv[argv.index("--") + 1 :], argv[: argv.index("--")]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="check", required=True)
-    for name in ("score", "train"):
-        p = sub.add_parser(name)
+    sub = parser.add_subparsers(dest="check", required=True, metavar="{score,train}",
+                                help="the check to run (`score --help`, `train --help` for its options)")
+    for name, what in (("score", "compute_key_tokens.py on one GPU vs on --gpus GPUs"),
+                       ("train", "train_longce.py on one GPU vs under DDP, FSDP2, ZeRO-3 on --gpus GPUs")):
+        p = sub.add_parser(name, help=what, description=what)
         p.add_argument("--gpus", type=int, default=2, help="processes of the multi-process runs (default 2)")
         p.add_argument("--data", default=CRS, help="the CRS reports' JSONL (default: tests/data/govreport_crs.jsonl)")
         p.add_argument("--workdir", default=None, help="where the temporary folders go (default: the system's)")
         p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each run (default 900)")
-        p.add_argument("--json", default=None, help="also write the results to this JSON file")
-        p.add_argument("--cpu", action="store_true", help="CPU processes over gloo (a smoke run)")
+        p.add_argument("--json", default=None, help="also write the results to this JSON file (default: print only)")
+        p.add_argument("--cpu", action="store_true",
+                       help="CPU processes over gloo (a smoke run; one torch thread each unless OMP_NUM_THREADS is set)")
     score_parser, train_parser = sub.choices["score"], sub.choices["train"]
-    score_parser.add_argument("--documents", type=int, default=8)
-    score_parser.add_argument("--tokens", type=int, default=32768)
-    score_parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
-    score_parser.add_argument("--trunc-len", type=int, default=4096)
-    score_parser.add_argument("--sliding-window", type=int, default=1024)
-    train_parser.add_argument("--config", default="configs/llama1b_shape_16k.yaml")
+    score_parser.add_argument("--documents", type=int, default=8,
+                              help="documents cut from the CRS reports (default %(default)s)")
+    score_parser.add_argument("--tokens", type=int, default=32768, help="tokens per document (default %(default)s)")
+    score_parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b",
+                              help="shape of the random-weight evaluator (default %(default)s)")
+    score_parser.add_argument("--trunc-len", type=int, default=4096, help="K (default %(default)s)")
+    score_parser.add_argument("--sliding-window", type=int, default=1024, help="d (default %(default)s)")
+    train_parser.add_argument("--config", default="configs/llama1b_shape_16k.yaml",
+                              help="the train_longce.py recipe (default: %(default)s)")
     train_parser.add_argument("--setups", nargs="+", choices=("ga", "ddp", "fsdp2", "zero3", "fsdp2:1", "zero3:1"),
                               default=["ga", "ddp", "fsdp2", "zero3"],
                               help="ga: one GPU, per-device batch 1 with gradient accumulation (the noise reference); "
-                                   "fsdp2:1, zero3:1: that engine on one GPU (its own precision, one process)")
+                                   "fsdp2:1, zero3:1: that engine on one GPU (its own precision, one process) "
+                                   "(default: ga ddp fsdp2 zero3)")
     args = parser.parse_args(argv)
     args.train_args = extra
     if args.gpus < 2:

@@ -36,16 +36,13 @@ except ImportError:  # running from a checkout without `pip install`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
     import longppl
 
-from longppl.corpus import read_documents
-from longppl.fingerprints import ModelIdentity
-from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
-from longppl.loading import load_model, load_tokenizer, resolve_dtype
-from longppl.scoring import (
+# torch, datasets and transformers load after the arguments are parsed (in _run): `--help` is immediate.
+from longppl.key_tokens import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
-    score_with_evaluator,
-    truncate_texts,
 )
 
 
@@ -66,25 +63,37 @@ def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", required=True, help="a .jsonl file, a datasets directory or a Hub dataset name")
+    parser.add_argument("--corpus", required=True,
+                        help="a .jsonl file, a datasets directory or a Hub dataset name (required)")
     parser.add_argument("--split", default="train", help="split of a Hub dataset or DatasetDict (default: train)")
     parser.add_argument("--text-column", default="text", help="field / column holding the texts (default: text)")
-    parser.add_argument("--evaluator", required=True, help="Hub id or local path of the evaluator model")
-    parser.add_argument("--output", required=True, help="the cache directory (created, or updated atomically)")
-    parser.add_argument("--trunc-len", type=int, default=DEFAULT_TRUNC_LEN, help="K (default 4096)")
-    parser.add_argument("--sliding-window", type=int, default=DEFAULT_SLIDING_WINDOW, help="d (default 1024)")
+    parser.add_argument("--evaluator", required=True, help="Hub id or local path of the evaluator model (required)")
+    parser.add_argument("--output", required=True,
+                        help="the cache directory (required; created, or updated atomically)")
+    parser.add_argument("--trunc-len", type=int, default=DEFAULT_TRUNC_LEN,
+                        help="K: context length of the short-context scores (default %(default)s)")
+    parser.add_argument("--sliding-window", type=int, default=DEFAULT_SLIDING_WINDOW,
+                        help="d: stride of the short-context windows (default %(default)s)")
     parser.add_argument("--max-length", type=int, default=None,
                         help="keep the first N evaluator tokens of each text (the cache stores the cut text)")
-    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH)
-    parser.add_argument("--torch-dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH,
+                        help="tokens of short windows the evaluator scores in one batch; lower it when the "
+                        "evaluator runs out of memory (default %(default)s)")
+    parser.add_argument("--torch-dtype", default=None,
+                        help="the evaluator's dtype, e.g. bfloat16 (default: bfloat16 on GPU, float32 on CPU)")
     parser.add_argument("--device", default=None,
-                        help="single process only: cuda, cpu or auto (shard a large evaluator over the GPUs)")
-    parser.add_argument("--window-bos", action="store_true", help="opt-in: BOS at the head of each short window")
+                        help="single process only: cuda, cpu or auto (shard a large evaluator over the GPUs) "
+                        "(default: the process's device, a GPU if there is one)")
+    parser.add_argument("--window-bos", action="store_true",
+                        help="opt-in: BOS at the head of each short window (default: off, as the official code)")
     parser.add_argument("--no-special-tokens", action="store_true",
-                        help="tokenize without the evaluator's special tokens (official: with)")
-    parser.add_argument("--torch-compile", action="store_true", help="compile the evaluator's blocks")
-    parser.add_argument("--alpha", type=float, default=2.0, help="only for the summary's key-token share")
-    parser.add_argument("--beta", type=float, default=-2.0, help="only for the summary's key-token share")
+                        help="tokenize without the evaluator's special tokens (default: with them, as the official code)")
+    parser.add_argument("--torch-compile", action="store_true",
+                        help="compile the evaluator's blocks with torch.compile (default: off)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help="LSD threshold, only for the summary's key-token share (default %(default)s)")
+    parser.add_argument("--beta", type=float, default=DEFAULT_BETA,
+                        help="LCL threshold, only for the summary's key-token share (default %(default)s)")
     args = parser.parse_args(argv)
     for name in ("trunc_len", "sliding_window", "max_tokens_per_batch"):
         if getattr(args, name) < 1:
@@ -96,10 +105,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     """Run the script; returns the summary (documents, scored, tokens, key_share, seconds, output)."""
+    args = parse_args(argv)  # before the heavy imports: `--help` and usage errors answer at once
     import torch
     from accelerate import PartialState
 
-    args = parse_args(argv)
     start = time.perf_counter()
     # cpu=True where there is no GPU: accelerate then joins the processes over gloo.
     state = PartialState(cpu=not torch.cuda.is_available())
@@ -114,9 +123,18 @@ def _run(args, state, start: float) -> dict:
     import datasets
     from accelerate.utils import broadcast_object_list
 
+    from longppl.corpus import read_documents
+    from longppl.fingerprints import ModelIdentity
+    from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+    from longppl.loading import load_model, load_tokenizer, resolve_dtype
+    from longppl.scoring import score_with_evaluator, truncate_texts
+    from longppl.threads import choose_torch_threads
+
     if args.device is not None and state.num_processes > 1:
         raise ValueError("--device is for a single process; under accelerate launch each process uses its own device.")
     device = args.device or str(state.device)
+    if device == "cpu":  # the processes share the cores (unless OMP_NUM_THREADS says otherwise)
+        choose_torch_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
     settings = KeyTokenSettings(args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos)
 
     texts = read_documents(args.corpus, args.text_column, args.split)

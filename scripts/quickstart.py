@@ -21,20 +21,19 @@ import os
 import sys
 import time
 
-import evaluate
-
+# Only light modules before the arguments are parsed (`--help` must not wait for torch): the
+# `longppl` package loads its torch-based parts on first use.
 try:
     import longppl
 except ImportError:  # running from a checkout without `pip install`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
     import longppl
 
-from longppl.corpus import read_jsonl_texts
-from longppl.reports import format_table
-
 
 def read_texts(path: str, column: str) -> list[str]:
     """Texts from a JSONL file (one object per line, text in ``column``) or a plain text file."""
+    from longppl.corpus import read_jsonl_texts
+
     if not path.endswith(".jsonl"):
         with open(path, encoding="utf-8") as handle:
             return [handle.read()]
@@ -45,16 +44,25 @@ def read_texts(path: str, column: str) -> list[str]:
 
 
 def print_table(rows: list[tuple[str, dict]]) -> None:
+    from longppl.reports import format_table
+
     print("\n" + format_table(rows))
 
 
 def toy_demo(args) -> None:
+    import evaluate
     import torch
 
     from longppl.synthetic import DISTANCE, cut_context, sample_documents, train_copy_model, word_tokenizer
+    from longppl.threads import choose_torch_threads
 
+    try:
+        threads = choose_torch_threads(1)  # a tiny model: more threads only wait (unless OMP_NUM_THREADS says)
+    except ValueError as err:
+        sys.exit(f"quickstart.py: error: {err}")
     start = time.perf_counter()
-    print(f"Training a tiny model to copy words seen {DISTANCE} tokens back ({args.steps} steps on CPU)...")
+    print(f"Training a tiny model to copy words seen {DISTANCE} tokens back ({args.steps} steps on CPU, "
+          f"{threads} torch thread{'s' if threads > 1 else ''})...")
     model = train_copy_model(steps=args.steps, seed=args.seed, log=lambda step, loss: print(
         f"  step {step:4d}  loss {loss:.3f}") if step % 100 == 0 else None)
     print(f"trained in {time.perf_counter() - start:.0f}s")
@@ -75,6 +83,8 @@ def toy_demo(args) -> None:
 
 
 def hub_demo(args) -> None:
+    import evaluate
+
     if not args.texts:
         sys.exit("With --model/--evaluator, pass --texts FILE (.jsonl with a 'text' field per line, or a .txt file).")
     texts = read_texts(args.texts, args.column)
@@ -88,18 +98,18 @@ def hub_demo(args) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="Hub id or path of the model to evaluate (needs --evaluator and --texts)")
-    parser.add_argument("--evaluator", help="Hub id or path of the evaluator, e.g. meta-llama/Llama-3.1-8B")
-    parser.add_argument("--texts", help="a .jsonl file (one JSON object per line) or a .txt file")
+    parser.add_argument("--model", help="Hub id or path of the model to evaluate (needs --evaluator and --texts; default: the toy demo)")
+    parser.add_argument("--evaluator", help="Hub id or path of the evaluator, e.g. meta-llama/Llama-3.1-8B (default: the toy demo)")
+    parser.add_argument("--texts", help="with --model: a .jsonl file (one JSON object per line) or a .txt file (no default)")
     parser.add_argument("--column", default="text", help="JSONL field holding the text (default: text)")
-    parser.add_argument("--max-length", type=int, default=None, help="truncate texts to this many tokens")
+    parser.add_argument("--max-length", type=int, default=None, help="truncate texts to this many tokens (default: no truncation)")
     parser.add_argument("--device", default=None, help="cuda, cpu or auto (default: GPU if available)")
     parser.add_argument("--trunc-len", type=int, default=None, help="K (default 4096; 32 for the toy demo)")
     parser.add_argument("--sliding-window", type=int, default=None, help="d (default 1024; 16 for the toy demo)")
-    parser.add_argument("--steps", type=int, default=600, help="toy demo: training steps")
-    parser.add_argument("--documents", type=int, default=8, help="toy demo: number of documents")
-    parser.add_argument("--window", type=int, default=48, help="toy demo: context left to the cut model")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=600, help="toy demo: training steps (default 600)")
+    parser.add_argument("--documents", type=int, default=8, help="toy demo: number of documents scored (default 8)")
+    parser.add_argument("--window", type=int, default=48, help="toy demo: tokens of context left to the cut model (default 48)")
+    parser.add_argument("--seed", type=int, default=0, help="toy demo: seed of the training and the documents (default 0)")
     args = parser.parse_args(argv)
     if (args.model is None) != (args.evaluator is None):
         parser.error("--model and --evaluator go together")

@@ -1,13 +1,14 @@
 """The metric card (metrics/longppl/README.md): Space header, evaluate's sections, the paper's values
 as the paper's source has them, and its examples run as doctests against tiny local models."""
 
+import configparser
 import json
 import os
 import re
 import subprocess
 import sys
 
-import gradio
+import pytest
 import yaml
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
@@ -42,10 +43,29 @@ def card_parts():
 def test_space_header():
     header, _ = card_parts()
     assert header["sdk"] == "gradio" and header["app_file"] == "app.py"
-    assert header["sdk_version"] == gradio.__version__, "pin sdk_version to the gradio the app is tested with"
     assert {"evaluate", "metric"} <= set(header["tags"])
     for key in ("title", "emoji", "colorFrom", "colorTo", "pinned", "description"):
         assert header.get(key) not in (None, ""), key
+
+
+def test_space_header_names_the_installed_gradio():
+    gradio = pytest.importorskip("gradio", reason='the Space\'s gradio is the "space" extra: pip install -e ".[space]"')
+    header, _ = card_parts()
+    assert header["sdk_version"] == gradio.__version__, "pin sdk_version to the gradio the app is tested with"
+
+
+def _extras(repo_root):
+    config = configparser.ConfigParser()
+    config.read(os.path.join(repo_root, "setup.cfg"))
+    return {name: [line.strip() for line in value.splitlines() if line.strip() and not line.strip().startswith("#")]
+            for name, value in config["options.extras_require"].items()}
+
+
+def test_space_extra_pins_the_cards_gradio_and_test_extra_stays_lean(repo_root):
+    header, _ = card_parts()
+    extras = _extras(repo_root)
+    assert extras["space"] == [f"gradio=={header['sdk_version']}"]  # the Space's sdk installs this version
+    assert not [line for line in extras["test"] if line.lower().startswith("gradio")]
 
 
 def test_evaluate_card_sections_in_order():

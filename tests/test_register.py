@@ -1,5 +1,7 @@
 """`python -m longppl.register`: evaluate.load("longppl") by its bare name, offline, from any directory."""
 
+import importlib
+import logging
 import os
 import shutil
 import subprocess
@@ -118,3 +120,105 @@ def test_failed_copy_leaves_nothing_half_written(tmp_path, monkeypatch):
         register.register_metric(str(modules_cache))
     entry = modules_cache / ENTRY
     assert copied and not [p.name for p in entry.iterdir() if p.is_dir()]
+
+
+# `import longppl` keeps the registration current, and explains evaluate's cache notice.
+
+LOAD = "import longppl, evaluate, inspect; m = evaluate.load('longppl'); print(type(m).__name__, inspect.getfile(type(m)))"
+NOTICE = "couldn't be found locally at evaluate-metric--longppl, or remotely on the Hugging Face Hub"
+
+
+def _python(code, cwd, env):
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_import_registers_a_missing_copy_and_the_bare_name_loads_quietly(tmp_path):
+    modules_cache = tmp_path / "modules"
+    env = offline_env(tmp_path, modules_cache)
+    done = _python(LOAD, tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    name, path = done.stdout.split()
+    assert name == "LongPPL"
+    assert path == str(modules_cache / ENTRY / files_to_hash(register.module_files()) / "longppl.py")
+    assert NOTICE not in done.stderr and "Using the latest cached version" not in done.stderr
+
+
+def test_import_refreshes_a_stale_copy_once(tmp_path, monkeypatch):
+    modules_cache = tmp_path / "modules"
+    monkeypatch.setattr(evaluate.config, "HF_MODULES_CACHE", modules_cache)  # what evaluate.load reads
+    monkeypatch.delenv("LONGPPL_AUTO_REGISTER", raising=False)
+    assert register.loaded_copy(str(modules_cache)) is None
+    older = tmp_path / "older"
+    shutil.copytree(longppl.METRIC_PATH, older, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(older / "scoring.py", "a", encoding="utf-8") as handle:
+        handle.write("\nOLDER = True\n")
+    stale = register.register_metric(str(modules_cache), folder=str(older))
+    assert register.loaded_copy(str(modules_cache)) == stale and not register.is_current(stale)
+    fresh = register.ensure_registered()
+    assert fresh != stale and register.loaded_copy(str(modules_cache)) == fresh and register.is_current(fresh)
+    written = os.stat(os.path.join(fresh, "longppl.py")).st_mtime_ns
+    assert register.ensure_registered() == fresh
+    assert os.stat(os.path.join(fresh, "longppl.py")).st_mtime_ns == written  # current: nothing rewritten
+
+
+def test_auto_registration_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate.config, "HF_MODULES_CACHE", tmp_path / "modules")
+    monkeypatch.setenv("LONGPPL_AUTO_REGISTER", "0")
+    assert register.ensure_registered() is None
+    assert not (tmp_path / "modules").exists()
+
+
+def test_import_never_fails_on_a_cache_it_cannot_write(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    env = offline_env(tmp_path, blocker / "modules")
+    done = _python("import longppl; print(longppl.METRIC_PATH)", tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == longppl.METRIC_PATH
+    assert "longppl could not register its metric for evaluate.load('longppl')" in done.stderr
+    assert "is not writable" in done.stderr
+    assert "set HF_MODULES_CACHE to a writable folder and run `python -m longppl.register`" in done.stderr
+    assert "evaluate.load(longppl.METRIC_PATH) works regardless" in done.stderr
+
+
+def test_an_older_copy_is_named_as_such_instead_of_couldnt_be_found(tmp_path):
+    modules_cache = tmp_path / "modules"
+    older = tmp_path / "older"
+    shutil.copytree(longppl.METRIC_PATH, older, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(older / "longppl.py", "a", encoding="utf-8") as handle:
+        handle.write("\n# an older version\n")
+    stale = register.register_metric(str(modules_cache), folder=str(older))
+    env = dict(offline_env(tmp_path, modules_cache), LONGPPL_AUTO_REGISTER="0")  # keep the older copy
+    done = _python(LOAD, tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1] == os.path.join(stale, "longppl.py")
+    assert NOTICE not in done.stderr
+    assert (f"evaluate.load is loading the LongPPL metric registered at {stale}, which is not the code of the "
+            "installed longppl package") in done.stderr
+    assert "run `python -m longppl.register` to refresh it, or load longppl.METRIC_PATH." in done.stderr
+
+
+def test_other_log_records_pass_the_filter():
+    notice = register.CachedCopyNotice()
+    record = logging.LogRecord("evaluate.loading", logging.WARNING, __file__, 1, "Using %s", ("accuracy",), None)
+    assert notice.filter(record) and record.getMessage() == "Using accuracy"
+
+
+@pytest.mark.parametrize("variables", [
+    {},
+    {"HF_HOME": "/somewhere/hf"},
+    {"XDG_CACHE_HOME": "/xdg"},
+    {"HF_HOME": "/somewhere/hf", "HF_MODULES_CACHE": "/modules/here"},
+])
+def test_cache_location_without_evaluate_is_evaluates(variables, monkeypatch):
+    for name in ("HF_HOME", "HF_MODULES_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    try:
+        importlib.reload(evaluate.config)  # evaluate reads the environment when its config is imported
+        assert register.modules_cache_location(dict(os.environ)) == str(evaluate.config.HF_MODULES_CACHE)
+        assert register.DYNAMIC_MODULES == evaluate.config.MODULE_NAME_FOR_DYNAMIC_MODULES
+    finally:
+        monkeypatch.undo()
+        importlib.reload(evaluate.config)

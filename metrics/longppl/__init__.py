@@ -2,7 +2,8 @@
 
 - ``evaluate.load(longppl.METRIC_PATH)`` (or ``evaluate.load("metrics/longppl")`` from a checkout)
   gives the ``evaluate`` metric; after ``python -m longppl.register``, ``evaluate.load("longppl")``
-  does too.
+  does too. ``import longppl`` registers it by itself when evaluate's module-cache copy is missing
+  or stale (see :mod:`longppl.register`; ``LONGPPL_AUTO_REGISTER=0`` turns that off).
 - ``from longppl import compute_longppl`` is a drop-in for the official ``longppl`` package.
 - The scoring core (token log-probs without full logits, batched short-context windows, key-token
   rules, cross-tokenizer alignment) is importable for other tools, e.g. the LongCE trainer.
@@ -13,8 +14,11 @@
 import importlib
 import os
 
-# Names are imported from their modules on first use (PEP 562), so that importing a light module
-# (``longppl.cache_cli``, ``longppl.reports``) or running a script's ``--help`` does not load torch.
+from . import register as _register
+
+# Public names -> the submodule defining them. They load on first use (PEP 562), so that
+# `import longppl` and its light submodules (threads, register, key_tokens, ...) do not import
+# torch: a script's `--help` answers at once.
 _EXPORTS = {
     "alignment": ("encode_with_offsets", "tokens_within_spans", "transfer_token_weights"),
     "batching": ("Segment", "long_context_log_probs", "pack_by_token_budget", "segment_log_probs"),
@@ -39,18 +43,23 @@ _EXPORTS = {
     "windows": ("short_context_log_probs", "window_bounds"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+# Submodules that `import longppl` used to load eagerly: `longppl.scoring` etc. still resolve without
+# an import of their own.
+_SUBMODULES = set(_EXPORTS) | {"atomic_files", "compilation", "loading"}
 
 
-def __getattr__(name):
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip __getattr__
+    globals()[name] = value  # later look-ups skip this function
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_MODULE_OF))
 
 
@@ -58,6 +67,12 @@ __version__ = "0.1.0"
 
 #: Folder of the ``evaluate`` module: ``evaluate.load(longppl.METRIC_PATH)`` works from any directory.
 METRIC_PATH = os.path.dirname(os.path.abspath(__file__))
+
+# evaluate.load("longppl") by its bare name: keep evaluate's module-cache copy of the metric this
+# package's code (a cheap check; a one-off copy when missing or stale), and quiet evaluate's
+# "couldn't be found ... remotely" warning about that copy. See longppl.register.
+_register.install_log_filter()
+_register.ensure_registered()
 
 __all__ = [
     "METRIC_PATH",

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-DEFAULT_ALPHA = 2.0
-DEFAULT_BETA = -2.0
-DEFAULT_GAMMA = 5.0
+from .defaults import (  # noqa: F401  (re-exported: the rule's defaults live beside it for readers)
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_GAMMA,
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+)
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:

@@ -14,26 +14,40 @@ after upgrading the package.
 
 ``HF_MODULES_CACHE`` (or ``HF_HOME``) decides where evaluate's module cache is, for this command and
 for ``evaluate.load`` alike.
+
+``import longppl`` does the same when needed (:func:`ensure_registered`): it checks cheaply (no
+evaluate import, a few file reads) whether the copy evaluate would load is this package's code, and
+registers it when it is missing or stale (a one-off that imports evaluate). A cache it cannot write
+gives a warning that says what to do, never a failed import; ``LONGPPL_AUTO_REGISTER=0`` turns it
+off. It also installs a filter on evaluate's loader log (:class:`CachedCopyNotice`): evaluate's
+"Using the latest cached version ... couldn't be found locally ..., or remotely on the Hugging Face
+Hub" warning, which reads like a failure, is dropped when the copy is this package's code and
+rewritten into a "run ``python -m longppl.register``" warning when it is an older copy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
+import warnings
 
-import evaluate
-from datasets.utils.filelock import FileLock
-from evaluate.loading import files_to_hash, get_imports
+# evaluate (which imports torch) is imported inside the functions that need it: the check that runs
+# at `import longppl` must stay cheap.
 
 METRIC_NAME = "longppl"
 #: Folder holding longppl.py and its sibling modules (this package's folder).
 METRIC_DIR = os.path.dirname(os.path.abspath(__file__))
 #: evaluate's cache entry for the canonical metric name (the Space id ``evaluate-metric/longppl``).
 CACHE_ENTRY = f"evaluate-metric--{METRIC_NAME}"
+#: evaluate's folder for dynamic modules inside its module cache (``evaluate.config.MODULE_NAME_FOR_DYNAMIC_MODULES``).
+DYNAMIC_MODULES = "evaluate_modules"
+#: Set to 0 (or false/no/off) to stop ``import longppl`` from registering the metric.
+AUTO_REGISTER_VARIABLE = "LONGPPL_AUTO_REGISTER"
 
 
 def module_files(folder: str = METRIC_DIR) -> list[str]:
@@ -42,6 +56,8 @@ def module_files(folder: str = METRIC_DIR) -> list[str]:
     Uses evaluate's own import parser, so the list is what ``evaluate.load`` would copy: the direct
     relative imports of ``longppl.py`` (evaluate does not follow imports recursively).
     """
+    from evaluate.loading import get_imports
+
     script = os.path.join(folder, f"{METRIC_NAME}.py")
     files = [script]
     for kind, name, _, _ in get_imports(script):
@@ -54,7 +70,68 @@ def module_files(folder: str = METRIC_DIR) -> list[str]:
 
 def default_modules_cache() -> str:
     """evaluate's module cache: ``HF_MODULES_CACHE``, else ``HF_HOME/modules`` (read when evaluate is imported)."""
+    import evaluate
+
     return str(evaluate.config.HF_MODULES_CACHE)
+
+
+def modules_cache_location(environ: dict[str, str] | None = None) -> str:
+    """Where ``evaluate.load`` will look: :func:`default_modules_cache` without importing evaluate.
+
+    Once evaluate is imported its value wins (it read the environment then); before, the same rule
+    from the environment: ``HF_MODULES_CACHE``, else ``HF_HOME/modules``, else
+    ``XDG_CACHE_HOME/huggingface/modules``, else ``~/.cache/huggingface/modules``.
+    """
+    if environ is None and "evaluate" in sys.modules:
+        return default_modules_cache()
+    environ = os.environ if environ is None else environ
+    if environ.get("HF_MODULES_CACHE"):
+        return environ["HF_MODULES_CACHE"]
+    home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return os.path.join(os.path.expanduser(home), "modules")
+
+
+def loaded_copy(modules_cache: str) -> str | None:
+    """The folder ``evaluate.load("longppl")`` loads from the module cache (offline, or when the Hub has
+    no such Space): the hash folder whose ``longppl.py`` is newest, as evaluate picks it; ``None`` if none."""
+    entry = os.path.join(modules_cache, DYNAMIC_MODULES, "metrics", CACHE_ENTRY)
+    newest, newest_time = None, None
+    try:
+        names = os.listdir(entry)
+    except OSError:
+        return None
+    for name in names:
+        if len(name) != 64:  # evaluate's rule: hash folders only (not .staging-*, .lock)
+            continue
+        try:
+            modified = os.stat(os.path.join(entry, name, f"{METRIC_NAME}.py")).st_mtime
+        except OSError:
+            continue
+        if newest_time is None or modified > newest_time:
+            newest, newest_time = os.path.join(entry, name), modified
+    return newest
+
+
+def is_current(copy: str | None, folder: str = METRIC_DIR) -> bool:
+    """Whether the module-cache folder ``copy`` holds exactly this package's metric code: its
+    ``longppl.py`` and every sibling module it holds equal, byte for byte, to those in ``folder``.
+
+    Cheap (a few file reads, no evaluate import). ``longppl.py`` decides which siblings a copy needs,
+    so an equal ``longppl.py`` with equal siblings is the code a fresh registration would write.
+    """
+    if copy is None or not os.path.isfile(os.path.join(copy, f"{METRIC_NAME}.py")):
+        return False
+    for name in os.listdir(copy):
+        if not name.endswith(".py") or name == "__init__.py":
+            continue
+        ours = os.path.join(folder, name)
+        try:
+            with open(os.path.join(copy, name), "rb") as theirs_file, open(ours, "rb") as ours_file:
+                if theirs_file.read() != ours_file.read():
+                    return False
+        except OSError:  # a module this package no longer has
+            return False
+    return True
 
 
 def _not_writable(path: str, reason: str) -> OSError:
@@ -67,6 +144,8 @@ def _not_writable(path: str, reason: str) -> OSError:
 
 def _package_dirs(modules_cache: str) -> str:
     """Create the importable packages down to the cache entry (each with an ``__init__.py``); return the entry."""
+    import evaluate
+
     entry = os.path.join(modules_cache, evaluate.config.MODULE_NAME_FOR_DYNAMIC_MODULES, "metrics", CACHE_ENTRY)
     try:
         os.makedirs(entry, exist_ok=True)
@@ -87,13 +166,15 @@ def _package_dirs(modules_cache: str) -> str:
     return entry
 
 
-def register_metric(modules_cache: str | None = None, folder: str = METRIC_DIR) -> str:
+def register_metric(modules_cache: str | None = None, folder: str = METRIC_DIR, if_stale: bool = False) -> str:
     """Copy the metric into evaluate's module cache as the newest ``evaluate-metric/longppl``.
 
     Args:
         modules_cache: evaluate's module cache (default: :func:`default_modules_cache`). A process
             that calls ``evaluate.load("longppl")`` must see the same ``HF_MODULES_CACHE``.
         folder: the metric folder to copy (default: this package's folder).
+        if_stale: write only if the copy evaluate would load is not ``folder``'s code (checked under
+            the cache entry's lock, so that processes importing longppl together write it once).
 
     Returns:
         The folder written, ``<modules_cache>/evaluate_modules/metrics/evaluate-metric--longppl/<hash>``.
@@ -104,6 +185,9 @@ def register_metric(modules_cache: str | None = None, folder: str = METRIC_DIR) 
     The copy is built in a temporary folder beside its destination and renamed into place, so a
     failure leaves no half-written module for evaluate to load.
     """
+    from datasets.utils.filelock import FileLock
+    from evaluate.loading import files_to_hash
+
     modules_cache = os.path.abspath(modules_cache or default_modules_cache())
     files = module_files(folder)
     code_hash = files_to_hash(files)  # the name evaluate gives the same code
@@ -112,6 +196,9 @@ def register_metric(modules_cache: str | None = None, folder: str = METRIC_DIR) 
     try:
         # evaluate takes this lock while it copies a module into the same entry.
         with FileLock(entry + ".lock"):
+            copy = loaded_copy(modules_cache)
+            if if_stale and is_current(copy, folder):
+                return copy
             _write_copy(files, folder, destination)
     except OSError as err:
         written = [p for p in (err.filename, err.filename2) if p and os.path.abspath(p).startswith(modules_cache)]
@@ -158,6 +245,74 @@ def _replace_dir(source: str, destination: str) -> None:
         raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _auto_register_enabled() -> bool:
+    return os.environ.get(AUTO_REGISTER_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def ensure_registered() -> str | None:
+    """Register the metric if the copy ``evaluate.load("longppl")`` would load is missing or stale;
+    run by ``import longppl``.
+
+    Returns:
+        The copy evaluate loads, or ``None`` when there is none: ``LONGPPL_AUTO_REGISTER=0``, or a
+        cache that cannot be written (then a :class:`UserWarning` says what to do).
+
+    Never raises: a failure here must not break ``import longppl``, whose other uses (the scoring
+    core, the trainer, ``evaluate.load(longppl.METRIC_PATH)``) do not need the module cache.
+    """
+    if not _auto_register_enabled():
+        return None
+    modules_cache = modules_cache_location()
+    copy = loaded_copy(modules_cache)
+    if is_current(copy):
+        return copy
+    try:
+        return register_metric(modules_cache, if_stale=True)
+    except Exception as err:  # noqa: BLE001 (see the docstring: warn, never fail the import)
+        warnings.warn(
+            f"longppl could not register its metric for evaluate.load('longppl') ({err}). "
+            f"evaluate.load(longppl.METRIC_PATH) works regardless; for the bare name, set HF_MODULES_CACHE "
+            f"to a writable folder and run `python -m longppl.register`. Set {AUTO_REGISTER_VARIABLE}=0 "
+            "to skip this at import.",
+            stacklevel=3,
+        )
+        return None
+
+
+class CachedCopyNotice(logging.Filter):
+    """Filter for evaluate's loader log: its "Using the latest cached version of the module from
+    ... since it couldn't be found locally at evaluate-metric--longppl, or remotely on the Hugging
+    Face Hub" warning is how evaluate always loads the registered metric, not a failure.
+
+    Dropped when the copy is this package's code; rewritten when it is another (older) copy, to
+    say so and how to refresh it. Other records pass unchanged.
+    """
+
+    PREFIX = "Using the latest cached version of the module from "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(self.PREFIX) or f"{os.sep}{CACHE_ENTRY}{os.sep}" not in message:
+            return True
+        copy = message[len(self.PREFIX) :].split(" (last modified on ", 1)[0]
+        if is_current(copy):
+            return False
+        record.msg = (
+            f"evaluate.load is loading the LongPPL metric registered at {copy}, which is not the code of "
+            f"the installed longppl package ({METRIC_DIR}): run `python -m longppl.register` to refresh it, "
+            "or load longppl.METRIC_PATH."
+        )
+        record.args = ()
+        return True
+
+
+def install_log_filter() -> None:
+    """Add :class:`CachedCopyNotice` to evaluate's loader logger, once (no evaluate import needed)."""
+    logger = logging.getLogger("evaluate.loading")
+    if not any(isinstance(f, CachedCopyNotice) for f in logger.filters):
+        logger.addFilter(CachedCopyNotice())
 
 
 def main(argv: list[str] | None = None) -> None:

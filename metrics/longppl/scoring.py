@@ -25,6 +25,7 @@ from .key_tokens import key_char_spans, key_token_mask, soft_weights
 from .logprobs import unwrap_model
 from .windows import short_context_log_probs
 
+
 @dataclass
 class EvaluatorScores:
     """The evaluator's view of one document, per evaluator token.

@@ -1,0 +1,40 @@
+""".ci/run: the README's two set-up commands, with the Space's extra installed between them, in a copy."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+README = """# x
+<!-- setup-commands -->
+```bash
+echo first-command >> "$LOG"
+echo python -m pytest -q tests >> "$LOG"
+```
+<!-- /setup-commands -->
+"""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason=".ci/run lists the files to copy with git")
+def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_root, tmp_path):
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    shutil.copy(os.path.join(repo_root, ".ci", "run"), repo / ".ci" / "run")
+    (repo / "README.md").write_text(README)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    pip = shims / "pip"  # records what CI installs, and where
+    pip.write_text('#!/usr/bin/env bash\necho "pip $* (in $(basename "$PWD"))" >> "$LOG"\n')
+    pip.chmod(0o755)
+    log = tmp_path / "log"
+    env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
+    done = subprocess.run(["bash", str(repo / ".ci" / "run")], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == "first-command"
+    assert lines[1].startswith('pip install -e .[space] (in tmp.')  # in the isolated copy, not the checkout
+    assert lines[2] == "python -m pytest -q tests"
+    assert len(lines) == 3
