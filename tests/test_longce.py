@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -217,15 +218,52 @@ def test_logged_statistics_match_the_weights():
     assert 0 < log["longce_weight_gt1_share"] < 1  # the case is not degenerate
 
 
+def enable_checkpointing(model, kwargs):
+    """The model's activation checkpointing under the installed transformers' name (renamed in 5.24)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def checkpointing_on(model):
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return model.is_activation_checkpointing
+    return model.is_gradient_checkpointing
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     model = tiny_model("llama", VOCAB).train()
     batch = padded_batch(documents([37, 23]))
     loss_plain, grads_plain, _ = our_loss_and_grads(model, batch)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model, {"use_reentrant": False})
     loss_ckpt, grads_ckpt, _ = our_loss_and_grads(model, batch)
-    assert model.is_gradient_checkpointing
+    assert checkpointing_on(model)
     torch.testing.assert_close(loss_ckpt, loss_plain, atol=1e-6, rtol=1e-6)
     assert_same_gradients(grads_ckpt, grads_plain)
+
+
+@pytest.mark.parametrize("name", ["gradient_checkpointing", "activation_checkpointing"])
+def test_either_checkpointing_name_works_on_this_transformers_without_warning(name):
+    """transformers 5.24 renamed gradient_checkpointing (a deprecated alias that warns there); 5.17 knows only it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = make_args(**{name: True, f"{name}_kwargs": '{"use_reentrant": false}'})
+        model = tiny_model("llama", VOCAB)
+        _train(LongCETrainer, args, documents([30, 20]), "right", model)
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    assert args.gradient_checkpointing is True and args.activation_checkpointing is True
+    assert args.gradient_checkpointing_kwargs == args.activation_checkpointing_kwargs == {"use_reentrant": False}
+    assert checkpointing_on(model)  # the Trainer read it under the name it knows
+    unset = make_args()
+    assert unset.gradient_checkpointing is False and unset.activation_checkpointing is False
+
+
+def test_both_checkpointing_names_with_different_values():
+    with pytest.raises(ValueError, match=r"gradient_checkpointing=True and activation_checkpointing=False are two "
+                                         r"names of one setting .* give only one of them"):
+        make_args(gradient_checkpointing=True, activation_checkpointing=False)
+    assert make_args(gradient_checkpointing=True, activation_checkpointing=True).activation_checkpointing is True
 
 
 def test_bf16_step_runs_and_is_close_to_float32():

@@ -70,7 +70,7 @@ class LongCETrainer(Trainer):
     """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` get the defaults).
 
     Everything else is stock ``Trainer``: data collators (padding or ``DataCollatorWithFlattening``),
-    PEFT, gradient accumulation, bf16, gradient checkpointing, DDP / FSDP / DeepSpeed through
+    PEFT, gradient accumulation, bf16, activation (gradient) checkpointing, DDP / FSDP / DeepSpeed through
     accelerate. Besides the loss it logs, reduced across processes: ``ce_loss`` (unweighted
     cross-entropy), ``longce_mean_weight``, ``longce_weight_gt1_share`` and ``longce_max_weight``;
     ``evaluate()`` and ``predict()`` return them with their prefix (``eval_ce_loss``, ``test_ce_loss``, ...).
