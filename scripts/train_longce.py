@@ -38,10 +38,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, fields, make_dataclass, replace
-from typing import get_type_hints
 from itertools import chain
-from typing import Any
+from typing import Any, get_type_hints
 
+import datasets
 import torch
 import yaml
 from transformers import (
@@ -299,8 +299,8 @@ def resolve_recipe_paths(paths: str | list[str], recipe_path: str) -> list[str]:
 
 
 def _given_on_command_line(argv: list[str]) -> set[str]:
-    """Field names that ``argv`` sets (``--name value``, ``--name=value`` or a bare ``--name``)."""
-    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    """Field names that ``argv`` sets (``--name value``, ``--name=value``, a bare ``--name``; or ``--na-me``)."""
+    return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--")}
 
 
 def merge_aliases(recipe: dict[str, Any], argv: list[str], recipe_path: str) -> dict[str, Any]:
@@ -520,8 +520,6 @@ def load_text_dataset(data_args: DataArguments, cache_dir: str | None = None,
 
     ``files_field``: the option that named ``data_files``, for the error messages.
     """
-    import datasets
-
     if data_args.dataset_name is not None:
         raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name,
                                     split=data_args.dataset_split, cache_dir=cache_dir)

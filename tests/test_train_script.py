@@ -469,10 +469,11 @@ def test_either_checkpointing_name_in_recipe_or_command_line(tmp_path):
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True
     assert from_recipe.gradient_checkpointing is True
     assert from_recipe.gradient_checkpointing_kwargs == {"use_reentrant": False}
-    # The command line overrides the recipe under either name.
-    _, _, off = train_longce.parse_args(["--config", write_recipe(tmp_path, {"activation_checkpointing": True}),
-                                         "--gradient_checkpointing", "false"])
-    assert off.activation_checkpointing is False and off.gradient_checkpointing is False
+    # The command line overrides the recipe under either name (and either spelling).
+    for flag in ("--gradient_checkpointing", "--gradient-checkpointing=false", "--activation_checkpointing"):
+        argv = ["--config", write_recipe(tmp_path, {"activation_checkpointing": True}), flag]
+        _, _, off = train_longce.parse_args(argv if "=" in flag else argv + ["false"])
+        assert off.activation_checkpointing is False and off.gradient_checkpointing is False, flag
     with pytest.raises(ValueError, match="activation_checkpointing: True and gradient_checkpointing: False, two names"):
         train_longce.parse_args(["--config", write_recipe(tmp_path, {"activation_checkpointing": True,
                                                                      "gradient_checkpointing": False})])
