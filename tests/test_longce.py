@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -217,15 +218,52 @@ def test_logged_statistics_match_the_weights():
     assert 0 < log["longce_weight_gt1_share"] < 1  # the case is not degenerate
 
 
+def enable_checkpointing(model, kwargs):
+    """The model's activation checkpointing under the installed transformers' name (renamed in 5.24)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def checkpointing_on(model):
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return model.is_activation_checkpointing
+    return model.is_gradient_checkpointing
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     model = tiny_model("llama", VOCAB).train()
     batch = padded_batch(documents([37, 23]))
     loss_plain, grads_plain, _ = our_loss_and_grads(model, batch)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model, {"use_reentrant": False})
     loss_ckpt, grads_ckpt, _ = our_loss_and_grads(model, batch)
-    assert model.is_gradient_checkpointing
+    assert checkpointing_on(model)
     torch.testing.assert_close(loss_ckpt, loss_plain, atol=1e-6, rtol=1e-6)
     assert_same_gradients(grads_ckpt, grads_plain)
+
+
+@pytest.mark.parametrize("name", ["gradient_checkpointing", "activation_checkpointing"])
+def test_either_checkpointing_name_works_on_this_transformers_without_warning(name):
+    """transformers 5.24 renamed gradient_checkpointing (a deprecated alias that warns there); 5.17 knows only it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = make_args(**{name: True, f"{name}_kwargs": '{"use_reentrant": false}'})
+        model = tiny_model("llama", VOCAB)
+        _train(LongCETrainer, args, documents([30, 20]), "right", model)
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    assert args.gradient_checkpointing is True and args.activation_checkpointing is True
+    assert args.gradient_checkpointing_kwargs == args.activation_checkpointing_kwargs == {"use_reentrant": False}
+    assert checkpointing_on(model)  # the Trainer read it under the name it knows
+    unset = make_args()
+    assert unset.gradient_checkpointing is False and unset.activation_checkpointing is False
+
+
+def test_both_checkpointing_names_with_different_values():
+    with pytest.raises(ValueError, match=r"gradient_checkpointing=True and activation_checkpointing=False are two "
+                                         r"names of one setting .* give only one of them"):
+        make_args(gradient_checkpointing=True, activation_checkpointing=False)
+    assert make_args(gradient_checkpointing=True, activation_checkpointing=True).activation_checkpointing is True
 
 
 def test_bf16_step_runs_and_is_close_to_float32():
@@ -328,3 +366,103 @@ def test_evaluation_logs_eval_statistics():
     assert math.isclose(metrics["eval_ce_loss"], nll.mean().item(), rel_tol=1e-5)
     assert math.isclose(metrics["eval_longce_mean_weight"], weights.mean().item(), rel_tol=1e-5)
     assert "longce_mean_weight" not in metrics and "train" not in trainer._longce_stats
+
+
+# --------------------------------------------------------------------------- predictions and metrics
+
+
+def _eval_dataset(rows):
+    return Dataset.from_dict({"input_ids": [r.tolist() for r in rows]})
+
+
+def greedy_documents(model, lengths, prefix=6):
+    """Random prefixes continued by the model's own argmax: an accuracy strictly between 0 and 1."""
+    docs = []
+    with torch.no_grad():
+        for doc in documents([prefix] * len(lengths), seed=3):
+            while len(doc) < lengths[len(docs)]:
+                doc = torch.cat([doc, model(input_ids=doc[None]).logits[0, -1].argmax()[None]])
+            docs.append(doc)
+    return docs
+
+
+def test_compute_metrics_gets_real_logits_and_argmax_accuracy_matches_plain_model():
+    model = tiny_model("llama", VOCAB)
+    rows = greedy_documents(model, [40, 33, 21, 35])
+    seen = {}
+
+    def accuracy(eval_pred):
+        logits, labels = eval_pred.predictions, eval_pred.label_ids
+        seen["shape"] = logits.shape
+        predicted, targets = logits.argmax(-1)[:, :-1], labels[:, 1:]
+        scored = targets != -100
+        return {"accuracy": float((predicted[scored] == targets[scored]).mean())}
+
+    trainer = LongCETrainer(model=model, args=make_args(per_device_eval_batch_size=2), eval_dataset=_eval_dataset(rows),
+                            data_collator=collate("right"), compute_metrics=accuracy)
+    metrics = trainer.evaluate()
+    assert seen["shape"] == (4, 40, VOCAB)
+    with torch.no_grad():  # plain reference: the model's own logits, one document at a time
+        hits = [(model(input_ids=doc[None]).logits[0, :-1].argmax(-1) == doc[1:]) for doc in rows]
+    expected = torch.cat(hits).float().mean().item()
+    assert 0.5 < expected < 1 and math.isclose(metrics["eval_accuracy"], expected, rel_tol=1e-6)
+    # The loss and the LongCE statistics are those of a loss-only evaluation.
+    loss_only = LongCETrainer(model=model, args=make_args(per_device_eval_batch_size=2),
+                              eval_dataset=_eval_dataset(rows), data_collator=collate("right")).evaluate()
+    for key in ("eval_loss", *(f"eval_{k}" for k in _STAT_KEYS)):
+        assert math.isclose(metrics[key], loss_only[key], rel_tol=1e-6), key
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_predict_returns_the_models_logits_and_test_prefixed_statistics(arch):
+    model = tiny_model(arch, VOCAB)
+    rows = documents([40, 33, 21, 35])
+    per_token = []
+    with torch.no_grad():
+        reference_loss(model, rows, per_token=per_token)
+    weights, nll = per_token
+    trainer = LongCETrainer(model=model, args=make_args(per_device_eval_batch_size=4), data_collator=collate("right"))
+    output = trainer.predict(_eval_dataset(rows))
+    batch = padded_batch(rows)
+    with torch.no_grad():
+        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert output.predictions.shape == (4, 40, VOCAB)
+    torch.testing.assert_close(torch.from_numpy(output.predictions), expected, atol=1e-5, rtol=1e-5)
+    metrics = output.metrics
+    assert {f"test_{key}" for key in _STAT_KEYS} <= set(metrics)
+    assert math.isclose(metrics["test_ce_loss"], nll.mean().item(), rel_tol=1e-5)
+    assert math.isclose(metrics["test_longce_mean_weight"], weights.mean().item(), rel_tol=1e-5)
+    assert not any(key.startswith("eval_") for key in metrics) and not trainer._longce_stats
+
+
+def test_training_and_loss_only_evaluation_keep_the_stand_in_logits():
+    model = tiny_model("llama", VOCAB).train()
+    trainer = LongCETrainer(model=model, args=make_args())
+    _, outputs = trainer.compute_loss(model, padded_batch(documents([20, 15])), return_outputs=True)
+    assert outputs.logits.shape == (2, 20, 0)
+    loss, logits, _ = trainer.prediction_step(model.eval(), padded_batch(documents([20, 15])), prediction_loss_only=True)
+    assert logits is None and torch.isfinite(loss)
+
+
+# --------------------------------------------------------------------------- sequences too short for LongCE
+
+
+def test_sequences_no_longer_than_k_plus_d_warn_once(caplog):
+    model = tiny_model("llama", VOCAB).train()
+    trainer = LongCETrainer(model=model, args=make_args())
+    short = padded_batch(documents([K + D, 9]))  # K + d = 13: the first window is the whole context
+    with caplog.at_level("WARNING", logger="longce.trainer"):
+        trainer.compute_loss(model, short)
+        trainer.compute_loss(model, short)
+    messages = [r.getMessage() for r in caplog.records if r.name == "longce.trainer"]
+    assert len(messages) == 1, messages
+    assert "K + d = 13 tokens (longest: 13; longce_trunc_len K=8, longce_sliding_window d=5)" in messages[0]
+    assert "plain cross-entropy" in messages[0] and "smaller longce_trunc_len" in messages[0]
+    # Per trainer: a new trainer warns again; long enough sequences and longce_plain_ce do not warn.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="longce.trainer"):
+        LongCETrainer(model=model, args=make_args()).compute_loss(model, padded_batch(documents([K + D + 1])))
+        LongCETrainer(model=model, args=make_args(longce_plain_ce=True)).compute_loss(model, short)
+        assert not caplog.records
+        LongCETrainer(model=model, args=make_args()).compute_loss(model, short)
+    assert len(caplog.records) == 1

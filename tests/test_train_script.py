@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -18,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import train_longce  # noqa: E402  (scripts/ is not a package)
-from longce import LongCETrainer  # noqa: E402
+from longce import LongCEConfig, LongCETrainer  # noqa: E402
 from longce.documents import batch_documents  # noqa: E402
 
 TINY = os.path.join(REPO, "configs", "tiny_cpu.yaml")
@@ -225,7 +228,8 @@ def test_paper_recipes_hold_the_paper_settings(name, dataset, method, global_bat
     assert (args.learning_rate, args.weight_decay, args.warmup_steps) == (2e-5, 0.0, 20)
     assert (args.adam_beta1, args.adam_beta2, args.max_steps) == (0.9, 0.95, 200)
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == global_batch
-    assert (getattr(args, "activation_checkpointing", False) or args.gradient_checkpointing) and not args.longce_plain_ce
+    assert args.activation_checkpointing and args.gradient_checkpointing and not args.longce_plain_ce
+    assert args.activation_checkpointing_kwargs == args.gradient_checkpointing_kwargs == {"use_reentrant": False}
     assert read_recipe(os.path.join(REPO, "configs", f"{name}.yaml"))["bf16"] is True
     # The context extension the script applies to Llama-2's config (4096 positions, base 10000).
     from transformers import LlamaConfig
@@ -343,3 +347,188 @@ def test_too_little_text(tmp_path):
 def test_resume_last_without_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="resume_from_checkpoint='last' but .* holds no checkpoint"):
         train_longce.main(["--config", write_recipe(tmp_path, {"resume_from_checkpoint": "last"})])
+
+
+# ------------------------------------------------------------------ (g) evaluation data
+
+
+def plain_mean_nll(model, sequences) -> float:
+    """Mean next-token NLL of ``sequences`` (lists of ids, labels = inputs) from the model's own logits."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids in sequences:
+            ids = torch.tensor(ids)[None]
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            total += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
+            count += ids.shape[1] - 1
+    return total / count
+
+
+def test_eval_strategy_steps_evaluates_a_held_out_share(tmp_path):
+    trainer = train_longce.main(tiny_argv(
+        tmp_path, "--validation_split_percentage", "20", "--eval_strategy", "steps", "--eval_steps", "2",
+        "--max_steps", "4", "--logging_steps", "2", "--save_strategy", "no", "--max_eval_samples", "6",
+        "--per_device_eval_batch_size", "3"))
+    evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert [entry["step"] for entry in evaluations] == [2, 4]
+    for entry in evaluations:
+        assert {"eval_ce_loss", "eval_longce_mean_weight", "eval_longce_weight_gt1_share",
+                "eval_longce_max_weight"} <= set(entry)
+        assert entry["eval_loss"] > 0 and 0 < entry["eval_longce_weight_gt1_share"] < 1
+    # Held out: the first 20% of the 13 documents (3, rounded), processed like the training data.
+    _, data_args, _ = train_longce.parse_args(tiny_argv(tmp_path))
+    raw = train_longce.load_text_dataset(data_args)
+    tokenizer = train_longce.load_tokenizer(train_longce.parse_args(tiny_argv(tmp_path))[0])
+    expected_eval = train_longce.build_train_dataset(raw.select(range(3)), tokenizer, data_args)["input_ids"][:6]
+    expected_train = train_longce.build_train_dataset(raw.select(range(3, len(raw))), tokenizer, data_args)
+    assert trainer.eval_dataset["input_ids"] == expected_eval
+    assert trainer.train_dataset["input_ids"] == expected_train["input_ids"][:512]
+    # The last evaluation ran on the final model: its unweighted CE is the plain mean NLL of those sequences.
+    assert evaluations[-1]["eval_ce_loss"] == pytest.approx(plain_mean_nll(trainer.model, expected_eval), rel=1e-4)
+
+
+def test_eval_data_files_are_evaluated_after_training_without_eval_strategy(tmp_path, capsys):
+    texts = [json.loads(line)["text"] for line in open(DATA, encoding="utf-8")][-2:]
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    trainer = train_longce.main(tiny_argv(tmp_path, "--eval_data_files", str(held_out), "--max_eval_samples", "4",
+                                          "--max_steps", "2", "--save_strategy", "no"))
+    evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert len(evaluations) == 1 and evaluations[0]["step"] == 2 and "eval_ce_loss" in evaluations[0]
+    tokenizer = train_longce.byte_level_tokenizer()
+    tokens = [t for text in texts for t in tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]]
+    assert trainer.eval_dataset["input_ids"] == [tokens[i : i + 128] for i in range(0, 4 * 128, 128)]
+    assert "evaluation: 1 run(s); at step 2 eval_loss" in capsys.readouterr().out
+
+
+def test_eval_split_of_the_training_files_equals_the_percentage_split(tmp_path):
+    tokenizer = train_longce.byte_level_tokenizer()
+    _, by_split, _ = train_longce.parse_args(tiny_argv(tmp_path, "--dataset_split", "train[3:]",
+                                                       "--eval_split", "train[:3]"))
+    _, by_share, _ = train_longce.parse_args(tiny_argv(tmp_path, "--validation_split_percentage", "20"))
+    train_a, eval_a = train_longce.load_datasets(by_split, tokenizer)
+    train_b, eval_b = train_longce.load_datasets(by_share, tokenizer)
+    assert eval_a["input_ids"] == eval_b["input_ids"] and len(eval_a) > 0
+    assert train_a["input_ids"] == train_b["input_ids"]
+
+
+@pytest.mark.parametrize("extra, error, message", [
+    (("--eval_strategy", "steps"), ValueError,
+     "eval_strategy='steps' needs evaluation data: set eval_data_files .*, eval_split .* or validation_split_percentage"),
+    (("--validation_split_percentage", "10", "--eval_split", "validation"), ValueError,
+     "validation_split_percentage .* cannot be combined with eval_data_files or eval_split"),
+    (("--validation_split_percentage", "100"), ValueError,
+     r"validation_split_percentage must be between 0 and 100 \(exclusive\), got 100"),
+    (("--validation_split_percentage", "1"), ValueError,
+     "validation_split_percentage=1.0 of the 13 documents of .* leaves no evaluation document"),
+    (("--eval_data_files", "/nonexistent/held_out.jsonl"), FileNotFoundError,
+     r"eval_data_files: '/nonexistent/held_out\.jsonl' not found"),
+    (("--max_eval_samples", "0", "--eval_split", "train"), ValueError, "max_eval_samples must be >= 1 or unset, got 0"),
+])
+def test_bad_evaluation_settings(tmp_path, extra, error, message):
+    with pytest.raises(error, match=message):
+        train_longce.main(tiny_argv(tmp_path, *extra))
+
+
+def test_too_little_evaluation_text(tmp_path):
+    data = write_jsonl(tmp_path, [{"text": "short"}])
+    with pytest.raises(ValueError, match="gives no evaluation sequence: 7 tokens in all, fewer than max_seq_length"):
+        train_longce.main(tiny_argv(tmp_path, "--eval_data_files", data))
+
+
+# ------------------------------------------------------------------ (h) renamed fields: dtype, activation_checkpointing
+
+
+def test_dtype_and_torch_dtype_are_one_field(tmp_path):
+    model_args, _, args = train_longce.parse_args(tiny_argv(tmp_path, "--dtype", "bfloat16"))
+    assert model_args.dtype == model_args.torch_dtype == "bfloat16"  # the recipe's torch_dtype: float32 is overridden
+    model = train_longce.load_model(model_args, args, train_longce.byte_level_tokenizer())
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model_args, _, _ = train_longce.parse_args(tiny_argv(tmp_path, "--torch_dtype", "float16"))
+    assert model_args.dtype == model_args.torch_dtype == "float16"
+    model_args, _, _ = train_longce.parse_args(tiny_argv(tmp_path, "--dtype", "float32", "--torch_dtype", "float32"))
+    assert model_args.dtype == "float32"
+    with pytest.raises(ValueError, match="dtype='bfloat16' and torch_dtype='float16' are two names of one setting"):
+        train_longce.parse_args(tiny_argv(tmp_path, "--dtype", "bfloat16", "--torch_dtype", "float16"))
+    recipe = write_recipe(tmp_path, {"dtype": "bfloat16"})  # the tiny recipe also has torch_dtype: float32
+    with pytest.raises(ValueError, match=r"sets dtype: 'bfloat16' and torch_dtype: 'float32', two names of one field"):
+        train_longce.parse_args(["--config", recipe])
+    model_args, _, _ = train_longce.parse_args(["--config", write_recipe(tmp_path, {"dtype": "bfloat16"},
+                                                                         drop=("torch_dtype",))])
+    assert model_args.dtype == model_args.torch_dtype == "bfloat16"
+
+
+def test_either_checkpointing_name_in_recipe_or_command_line(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, args = train_longce.parse_args(tiny_argv(tmp_path, "--gradient_checkpointing", "true"))
+        _, _, from_recipe = train_longce.parse_args(
+            ["--config", write_recipe(tmp_path, {"activation_checkpointing": True,
+                                                  "activation_checkpointing_kwargs": {"use_reentrant": False}})])
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    assert args.activation_checkpointing is True and args.gradient_checkpointing is True
+    assert from_recipe.gradient_checkpointing is True
+    assert from_recipe.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    # The command line overrides the recipe under either name (and either spelling).
+    for flag in ("--gradient_checkpointing", "--gradient-checkpointing=false", "--activation_checkpointing"):
+        argv = ["--config", write_recipe(tmp_path, {"activation_checkpointing": True}), flag]
+        _, _, off = train_longce.parse_args(argv if "=" in flag else argv + ["false"])
+        assert off.activation_checkpointing is False and off.gradient_checkpointing is False, flag
+    with pytest.raises(ValueError, match="activation_checkpointing: True and gradient_checkpointing: False, two names"):
+        train_longce.parse_args(["--config", write_recipe(tmp_path, {"activation_checkpointing": True,
+                                                                     "gradient_checkpointing": False})])
+
+
+# ------------------------------------------------------------------ (i) --help
+
+
+def option_names(help_text: str) -> list[str]:
+    """The first spelling of every option, in the order --help prints them."""
+    return re.findall(r"^  (-{1,2}[\w-]+)", help_text, flags=re.MULTILINE)
+
+
+def recipe_fields() -> list[str]:
+    longce = [f.name for f in dataclasses.fields(LongCEConfig) if f.name.startswith("longce_")]
+    return [f.name for cls in (train_longce.ModelArguments, train_longce.DataArguments)
+            for f in dataclasses.fields(cls)] + longce
+
+
+def show_help(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as done:
+        train_longce.parse_args(list(argv))
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_shows_the_recipe_fields_config_first(capsys):
+    text = show_help(capsys, "--help")
+    names = option_names(text)
+    assert names[:3] == ["-h", "--config", "--help-all"]
+    assert names[3:] == [f"--{name}" for name in recipe_fields()]  # and nothing else: no TrainingArguments field
+    assert "--adam_beta1" not in text and len(text.splitlines()) < 200
+    assert "`--help-all` lists them all" in text
+
+
+def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
+    names = option_names(show_help(capsys, "--help-all"))
+    assert names[:3] == ["-h", "--config", "--help-all"]
+    every = {f.name for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
+             for f in dataclasses.fields(cls) if f.init}
+    # HfArgumentParser adds --no_X for boolean fields that default to True.
+    assert {f"--{name}" for name in every} == {name.replace("--no_", "--") for name in names[3:]}
+    text = show_help(capsys, "--config", TINY, "--help")
+    assert re.search(r"--longce_trunc_len LONGCE_TRUNC_LEN.*\n(.*\n)*?.*\(default: 32\)", text)
+
+
+def test_every_recipe_field_has_help_text():
+    specs = {f.name: f for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
+             for f in dataclasses.fields(cls)}
+    missing = [name for name in recipe_fields() if len(specs[name].metadata.get("help", "")) < 10]
+    assert not missing, missing
+
+
+def test_help_as_a_command():
+    done = subprocess.run([sys.executable, "scripts/train_longce.py", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert option_names(done.stdout)[:2] == ["-h", "--config"] and "--longce_gamma" in done.stdout

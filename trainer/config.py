@@ -1,8 +1,16 @@
-"""``LongCEConfig``: ``TrainingArguments`` plus the LongCE settings (paper Sec. 3.2, App. A.2)."""
+"""``LongCEConfig``: ``TrainingArguments`` plus the LongCE settings (paper Sec. 3.2, App. A.2).
+
+Activation checkpointing has two names across transformers versions: ``gradient_checkpointing``
+(and ``gradient_checkpointing_kwargs``) up to 5.23, ``activation_checkpointing`` (``..._kwargs``)
+from 5.24 on, where the old names are deprecated aliases that warn. ``LongCEConfig`` accepts both
+names on every version, without a warning, and sets both to the resolved value, so code reading
+either name sees the same setting.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import TrainingArguments
 
@@ -59,8 +67,34 @@ class LongCEConfig(TrainingArguments):
                   "[tokens, vocabulary] tensor for the whole sequence)."},
     )
 
+    # Both names on every transformers version (see the module docstring); None = not given.
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Recompute activations in backward instead of keeping them (less memory, ~20%% slower). "
+                  "Same as gradient_checkpointing (its name before transformers 5.24); give one of them.",
+                  "nargs": "?", "const": True},
+    )
+    activation_checkpointing_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of the model's activation checkpointing, e.g. "
+                  "'{\"use_reentrant\": false}'. Same as gradient_checkpointing_kwargs."},
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Same as activation_checkpointing (the name before transformers 5.24); accepted on every "
+                  "version without a deprecation warning.", "nargs": "?", "const": True},
+    )
+    gradient_checkpointing_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata={"help": "Same as activation_checkpointing_kwargs."},
+    )
+
     def __post_init__(self) -> None:
+        native = _resolve_checkpointing_aliases(self)
         super().__post_init__()
+        for names in CHECKPOINTING_ALIASES:  # mirror the resolved (and JSON-parsed) value under both names
+            value = getattr(self, names[native])
+            for name in names:
+                setattr(self, name, value)
         validate_longce_settings(
             self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch,
             self.longce_loss_kernel,
@@ -68,6 +102,35 @@ class LongCEConfig(TrainingArguments):
 
 
 LOSS_KERNELS = ("auto", "ours", "liger")
+# (name up to transformers 5.23, name from 5.24 on) of each activation-checkpointing setting.
+CHECKPOINTING_ALIASES = (
+    ("gradient_checkpointing", "activation_checkpointing"),
+    ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+)
+
+
+def _resolve_checkpointing_aliases(args: LongCEConfig) -> int:
+    """Put the checkpointing settings under the names the installed ``TrainingArguments`` reads.
+
+    Returns the index in each ``CHECKPOINTING_ALIASES`` pair of that name (0: ``gradient_*``, up to
+    5.23; 1: ``activation_*``, 5.24 on); the other name is cleared so that transformers does not
+    warn about it. Raises ``ValueError`` when both names are given different values.
+    """
+    base = TrainingArguments.__dataclass_fields__
+    native = 1 if "activation_checkpointing" in base else 0
+    for names in CHECKPOINTING_ALIASES:
+        given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+        if len(set(map(repr, given.values()))) > 1:
+            raise ValueError(
+                f"{names[0]}={given[names[0]]!r} and {names[1]}={given[names[1]]!r} are two names of one setting "
+                f"(renamed in transformers 5.24); give only one of them, or the same value."
+            )
+        value = next(iter(given.values()), None)
+        setattr(args, names[native], value)
+        setattr(args, names[1 - native], None)
+    if args.gradient_checkpointing is None and args.activation_checkpointing is None:
+        setattr(args, CHECKPOINTING_ALIASES[0][native], False)  # the flag is a bool once resolved
+    return native
 
 
 def validate_longce_settings(

@@ -13,10 +13,17 @@ Per batch (paper Sec. 3.2, App. A.2), with the model being trained as its own sc
 3. ``loss = sum_i w_i * nll_i / N``, ``N`` = label tokens of the batch, or ``num_items_in_batch``
    when the Trainer counts them over gradient accumulation (and processes), exactly like the
    stock causal-LM loss; with all weights 1 it *is* the stock loss.
+
+The model's output carries a ``[B, T, 0]`` stand-in for its logits, except in ``evaluate()`` /
+``predict()`` when predictions are gathered (``prediction_loss_only=False``: a ``compute_metrics``
+is set, or ``predict()``): then the head also returns the real ``[B, T, V]`` logits, exactly the
+model's own, which cost what they cost the stock ``Trainer``. Evaluation with loss only keeps the
+memory saving.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +44,10 @@ from .weighted_loss import (
     liger_weighted_linear_cross_entropy,
 )
 
+logger = logging.getLogger(__name__)
+
 _DEFAULTS = LongCEConfig.__dataclass_fields__
-# Logged besides the loss, per mode; "eval_" is prefixed in evaluation.
+# Logged besides the loss, per mode; evaluation prefixes its metric_key_prefix ("eval_", "test_").
 _STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
 
 
@@ -61,9 +70,11 @@ class LongCETrainer(Trainer):
     """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` get the defaults).
 
     Everything else is stock ``Trainer``: data collators (padding or ``DataCollatorWithFlattening``),
-    PEFT, gradient accumulation, bf16, gradient checkpointing, DDP / FSDP / DeepSpeed through
+    PEFT, gradient accumulation, bf16, activation (gradient) checkpointing, DDP / FSDP / DeepSpeed through
     accelerate. Besides the loss it logs, reduced across processes: ``ce_loss`` (unweighted
-    cross-entropy), ``longce_mean_weight``, ``longce_weight_gt1_share`` and ``longce_max_weight``.
+    cross-entropy), ``longce_mean_weight``, ``longce_weight_gt1_share`` and ``longce_max_weight``;
+    ``evaluate()`` and ``predict()`` return them with their prefix (``eval_ce_loss``, ``test_ce_loss``, ...).
+    Predictions (``compute_metrics``, ``predict()``) get the model's real ``[B, T, V]`` logits.
 
     Batches need ``input_ids`` and ``labels`` (``-100`` = ignored; the model predicts ``labels[t+1]``
     from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
@@ -101,6 +112,8 @@ class LongCETrainer(Trainer):
         # Trainer must count it and must not divide by the accumulation steps again.
         self.model_accepts_loss_kwargs = True
         self._longce_stats: dict[str, torch.Tensor] = {}
+        self._longce_want_logits = False  # set by prediction_step while predictions are gathered
+        self._longce_warned_no_windows = False
 
     def _refuse_context_parallelism(self) -> None:
         config = getattr(self.accelerator, "parallelism_config", None) or getattr(self.args, "parallelism_config", None)
@@ -142,12 +155,16 @@ class LongCETrainer(Trainer):
 
         flat = rows * length + cols
         result: dict[str, torch.Tensor] = {}
+        # Real logits only when prediction_step gathers them (under no_grad); training never pays for them.
+        real_logits = return_outputs and self._longce_want_logits and not torch.is_grad_enabled()
 
         def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
             result["loss"], result["nll"], result["weight"] = self._weighted_loss(
                 head, hidden.reshape(batch * length, -1)[flat], project,
                 targets.reshape(-1)[flat], lp_short_next.reshape(-1)[flat],
             )
+            if real_logits:
+                return project(hidden)  # the model post-processes it (soft-capping, scaling) as usual
             # The model's output must depend on the loss: DDP (find_unused_parameters=True, Trainer's
             # default without checkpointing and for PEFT) walks back from it to find used parameters.
             return hidden.new_zeros(*hidden.shape[:-1], 0) + 0 * result["loss"]
@@ -166,7 +183,8 @@ class LongCETrainer(Trainer):
         # DeepSpeed ZeRO-3 gathers a module's partitioned weights for backward in hooks on the
         # module's outputs, so a loss reaching the head only through our closure would give the
         # head's weight a full-size gradient while that weight is partitioned.
-        loss = (result["loss"] + _output_logits(outputs).sum()) / denominator
+        stand_in = 0 if real_logits else _output_logits(outputs).sum()
+        loss = (result["loss"] + stand_in) / denominator
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # Mirror Trainer: num_items_in_batch counts every process's tokens (tensor-parallel ranks share
             # one batch), and DDP averages gradients. (nn.DataParallel is refused in __init__.)
@@ -204,6 +222,8 @@ class LongCETrainer(Trainer):
         documents = batch_documents(ids, inputs.get("attention_mask"), inputs.get("position_ids"))
         K, d, budget = self.longce_trunc_len, self.longce_sliding_window, self.longce_max_tokens_per_batch
         passes = count_window_passes(ids, documents, K, d, budget)
+        if passes == 0:
+            self._warn_no_windows(documents)
         most = passes
         if self.accelerator.num_processes > 1 and dist.is_available() and dist.is_initialized():
             # ZeRO-3 and FSDP gather parameters in every forward: unequal counts across ranks deadlock.
@@ -223,6 +243,20 @@ class LongCETrainer(Trainer):
         finally:
             scorer.train(was_training)
         return lp_short
+
+    def _warn_no_windows(self, documents: list) -> None:
+        """Warn (once per trainer) that a batch got no short-context window: its loss is plain CE."""
+        if self._longce_warned_no_windows:
+            return
+        self._longce_warned_no_windows = True
+        K, d = self.longce_trunc_len, self.longce_sliding_window
+        longest = max((doc.end - doc.start for doc in documents), default=0)
+        logger.warning(
+            "LongCE: no document of this batch is longer than K + d = %d tokens (longest: %d; longce_trunc_len "
+            "K=%d, longce_sliding_window d=%d), so no token has a short-context score and every weight is 1: the "
+            "batch trains with plain cross-entropy. Use sequences longer than K + d (e.g. a larger max_seq_length) "
+            "or a smaller longce_trunc_len. (Warned once per trainer.)", K + d, longest, K, d,
+        )
 
     def _weighted_loss(
         self,
@@ -262,14 +296,53 @@ class LongCETrainer(Trainer):
             merged[4] = torch.maximum(previous[4], step[4].detach())
             self._longce_stats[mode] = merged
 
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        """Merge the LongCE statistics since the last log (reduced over processes) into ``logs``."""
-        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
+    def _reduced_stats(self, mode: str, prefix: str) -> dict[str, float]:
+        """The LongCE statistics of ``mode`` since they were last taken, reduced over processes (collective)."""
         stats = self._longce_stats.pop(mode, None)
-        if stats is not None:
-            gathered = self.accelerator.gather(stats[None].to(self.accelerator.device))  # [processes, 5]
-            nll_sum, weight_sum, count, above_one = gathered[:, :4].sum(0).tolist()
-            values = (nll_sum / count, weight_sum / count, above_one / count, gathered[:, 4].max().item())
-            prefix = "eval_" if mode == "eval" else ""
-            logs.update({prefix + key: round(value, 6) for key, value in zip(_STAT_KEYS, values)})
+        if stats is None:
+            return {}
+        gathered = self.accelerator.gather(stats[None].to(self.accelerator.device))  # [processes, 5]
+        nll_sum, weight_sum, count, above_one = gathered[:, :4].sum(0).tolist()
+        values = (nll_sum / count, weight_sum / count, above_one / count, gathered[:, 4].max().item())
+        return {prefix + key: round(value, 6) for key, value in zip(_STAT_KEYS, values)}
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """``Trainer.prediction_step``; the logits are real (``[B, T, V]``) unless ``prediction_loss_only``."""
+        self._longce_want_logits = not prediction_loss_only
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        finally:
+            self._longce_want_logits = False
+
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> Any:
+        """``Trainer.evaluation_loop`` whose metrics also hold the LongCE statistics (``{prefix}_ce_loss``, ...)."""
+        self._longce_stats.pop("eval", None)  # left over from an interrupted loop
+        output = super().evaluation_loop(
+            dataloader, description, prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys,
+            metric_key_prefix=metric_key_prefix,
+        )
+        output.metrics.update(self._reduced_stats("eval", f"{metric_key_prefix}_"))
+        return output
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """Merge the training statistics since the last log (reduced over processes) into training logs.
+
+        Training logs are those with ``loss`` (every ``logging_steps``) or ``train_loss`` (the end of
+        ``train()``); evaluation metrics already hold theirs (``evaluation_loop``).
+        """
+        if "loss" in logs or "train_loss" in logs:
+            logs.update(self._reduced_stats("train", ""))
         super().log(logs, *args, **kwargs)
