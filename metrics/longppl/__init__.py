@@ -19,6 +19,7 @@ from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_s
 from .key_tokens import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
 from .logprobs import resolve_lm_head, token_log_probs
 from .official import compute_longppl, find_key_token, load_key_token
+from .progress import Progress
 from .scoring import (
     DocumentResult,
     EvaluatorScores,
@@ -68,6 +69,7 @@ __all__ = [
     "resolve_lm_head",
     "score_with_evaluator",
     "score_with_model",
+    "Progress",
     "segment_log_probs",
     "short_context_log_probs",
     "soft_weights",
