@@ -42,7 +42,8 @@ def test_progress_leaves_scores_bit_identical_and_reports_layers_chunks_and_wind
     head = [(done, total) for desc, done, total in events if desc == "LongPPL evaluator: long context: LM head"]
     assert head[-1][0] == head[-1][1] >= 1
     n_windows = sum(len(longppl.window_bounds(n, K, D)) - 1 for n in n_tokens)  # the first comes from the long pass
-    windows = [(done, total) for desc, done, total in events if desc == f"LongPPL evaluator: short windows (K={K}): windows"]
+    window_desc = f"LongPPL evaluator: short windows (K={K}): windows"
+    windows = [(done, total) for desc, done, total in events if desc == window_desc]
     assert windows == [(i, n_windows) for i in range(1, n_windows + 1)]
     texts_done = [e for e in events if e[0] == f"LongPPL evaluator: short windows (K={K})"]
     assert texts_done == [(f"LongPPL evaluator: short windows (K={K})", i, 2) for i in (1, 2)]
