@@ -82,11 +82,13 @@ def _env_float(environ, name: str, default: float) -> float:
 class SpaceSettings:
     """What a request may ask of this Space (see the module docstring)."""
 
+    # Sized for a free CPU Space (see longppl/progress.py): an 8k-token pass of a 135M model takes
+    # about a minute on one core, a 0.5B evaluator's several.
     models: tuple[str, ...] = DEFAULT_MODELS
-    max_chars: int = 100_000
-    max_tokens: int = 16_384
+    max_chars: int = 50_000
+    max_tokens: int = 8192
     max_trunc_len: int = 4096
-    max_window_tokens: int = 131_072
+    max_window_tokens: int = 65_536
     time_limit_s: float = 300.0
     concurrency: int = 1
     queue_size: int = 16

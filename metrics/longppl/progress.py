@@ -3,8 +3,8 @@
 Scoring reports its steps at three levels:
 
 * documents (the bars ``scoring`` always showed);
-* forward passes of a group of segments: a bar over the short windows (or documents) when they add
-  up to more than ``large_pass_tokens``, advanced once per forward pass by the segments it held;
+* short windows: a bar over the windows when they add up to more than ``large_pass_tokens``
+  tokens, advanced as each forward pass (a batch of windows) finishes;
 * inside one forward pass of more than ``large_pass_tokens`` tokens (rows x padded length): a bar
   over the model's decoder layers, advanced by forward hooks on the layers, then one over the
   chunks of the LM-head projection. Short texts get no extra bars.
@@ -21,21 +21,34 @@ one past its deadline, so a request overruns its time limit by at most one step,
 decoder layer of the largest forward pass, one LM-head chunk, or one batch of a model without
 ``_no_split_modules`` (plus whatever runs between passes: tokenization, loading a model).
 
-Practical lengths (one document, one forward pass; float32 on CPU unless said otherwise).
-Measured on this project's 2-core CPU test machine with the tests' tiny Llama (hidden 32,
-2 layers, vocabulary 600, ``scripts/bench_progress_lengths.py``): see ``PRACTICAL_LENGTHS``.
-Memory of a pass grows linearly with its length: attention runs through PyTorch's fused SDPA
-kernels (flash on CPU and GPU when there is no padding), which never hold a ``[T, T]`` matrix,
-the LM head is projected in chunks (``logits_chunk_bytes``), and inference mode keeps no
-activations of earlier layers. So a pass costs about ``T x (hidden x ~10 + intermediate x 2)``
-floats of activations plus the weights, and time grows as ``T x params`` (the weight matmuls) plus
-``T^2 x hidden x layers`` (attention), the latter dominating past a few tens of thousands of
-tokens. Estimated, not measured here: an 8B Llama evaluator in bfloat16 needs ~16 GB of weights
-plus ~1.5 MB of activations per token (``hidden 4096 x ~10 + intermediate 14336 x 2`` x 2 bytes,
-peak inside one layer), so ~200 GB... no: activations are freed layer by layer, so ~45 GB for a
-128k-token pass fits one 80 GB GPU, and its attention at 128k tokens costs minutes on an H100,
-not hours; on CPU the same pass is ~100x slower (days for 1M tokens). Prefer a GPU beyond ~32k
-tokens, and on CPU a small model (<= 0.5B) and documents of a few tens of thousands of tokens.
+Practical lengths. A pass's memory grows linearly with its length: attention runs through
+PyTorch's fused SDPA kernels (no ``[T, T]`` matrix), inference mode frees each layer's activations,
+and the LM head projects ``logits_chunk_bytes`` (1 GiB) of float32 logits at a time (plus as much
+again for their log-softmax). Its time grows faster: attention costs ``~T^2`` and dominates
+beyond a few thousand tokens on CPU. The evaluator also reads about ``(K + d) / d`` times the
+document in short windows (5x at K=4096, d=1024), but in windows of ``K + d`` tokens, so that part
+grows only linearly.
+
+Measured with ``scripts/bench_long_pass.py`` (one long pass over random tokens, float32, one
+thread of a shared 2-core CPU, ``OMP_NUM_THREADS=1``; memory = peak RSS growth over the loaded
+model)::
+
+    model (Llama shape)                     2k tokens       8k tokens      32k tokens      128k tokens
+    tests' tiny: hidden 32, 2 layers,       -               -              35 s, 0.17 GiB  262 s, 0.71 GiB
+      vocabulary 600
+    SmolLM2-135M: hidden 576, 30 layers,    8.4 s, 0.76 GiB 63 s, 2.0 GiB  -               -
+      vocabulary 49152
+
+Estimated from these (``t ~ 2.9 ms * T + 0.59 us * T^2`` fits the 135M rows; memory ~2 GiB of
+LM-head chunk plus a few tens of KB per token): a 135M model needs ~12 min and ~3 GiB for a 32k
+pass and ~3 h for 128k on one CPU thread (a few times less on many cores), and a 2M-character
+text (1.25M tokens) would take days: on CPU keep to small models (<= 0.5B) and documents of up
+to ~8-16k tokens. On a GPU (measured, README, ``scripts/bench_longppl.py`` on one H200: two
+Llama-3.1-8B-shaped models in bfloat16) a whole LongPPL of a 128k-token document takes 43 s and
+44.5 GiB at peak, 30 GiB of it weights. Extrapolating that (estimated, not run): ~1M tokens
+would need ~100 GiB beside the weights (one layer's activations at a time, which sharding the
+layers over GPUs does not split) and ~7-13 min per long pass, ~20-30 min per document: about
+the limit of one 141 GiB H200.
 """
 
 from __future__ import annotations
