@@ -125,3 +125,30 @@ def test_layer_hooks_work_on_compiled_blocks(setup):
         compiled = longppl.long_context_log_probs(model, ids, BUDGET, progress=reporter)
     assert all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(plain, compiled))
     assert [e[1:] for e in events if "pass of" in e[0]][:3] == [(1, 3), (2, 3), (3, 3)]
+
+
+@pytest.fixture(scope="module")
+def metric():
+    import evaluate
+
+    return evaluate.load(longppl.METRIC_PATH)
+
+
+def test_the_metric_passes_progress_callback_through(metric, setup):
+    model, tok, texts = setup
+    events = []
+    args = dict(predictions=texts, model=model, tokenizer=tok, evaluator_model=model, evaluator_tokenizer=tok,
+                trunc_len=K, sliding_window=D, alpha=0.005, beta=-50.0, progress=False)
+    plain = metric.compute(**args)
+    reported = metric.compute(**args, progress_callback=lambda *e: events.append(e))
+    assert reported == plain
+    assert {desc for desc, _, _ in events} >= {"LongPPL evaluator: long context", "LongPPL: evaluated model"}
+    assert any("pass of" in desc for desc, _, _ in events)  # with a callback, every pass reports its layers
+
+
+def test_the_metric_refuses_a_progress_callback_that_is_not_callable(metric, setup):
+    model, tok, texts = setup
+    with pytest.raises(ValueError, match=r"progress_callback must be a function callback\(desc, done, total\), "
+                                         r"got 'tqdm'"):
+        metric.compute(predictions=texts, model=model, tokenizer=tok, evaluator_model=model,
+                       evaluator_tokenizer=tok, progress_callback="tqdm")
