@@ -1,6 +1,8 @@
-"""The Hub Space: the Gradio app (built, never launched), its requirements, and the push script."""
+"""The Hub Space: the Gradio app (built, never launched), its limits as a public server, its
+requirements, and the push script."""
 
 import configparser
+import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -8,14 +10,17 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
-import gradio as gr
 import huggingface_hub
 import pytest
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
 from longppl import register
+
+gradio = pytest.importorskip("gradio", reason="the Space's tests need gradio: pip install -e '.[space]'")
+gr = gradio
 
 K, D, ALPHA, BETA = 47, 13, 0.005, -50.0  # as test_metric: random tiny models have small LSDs
 
@@ -35,16 +40,44 @@ def push_script(repo_root):
     return module
 
 
+MODEL, EVALUATOR = "tiny-org/model", "tiny-org/evaluator"  # the allow-list the tests give the Space
+
+
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    """A tiny evaluator and evaluated model saved as local folders (they stand in for Hub ids)."""
-    root = tmp_path_factory.mktemp("models")
+def tiny_models():
+    """A tiny evaluated model and evaluator with their tokenizers, by the ids the Space allows."""
     ev_tok, tok = byte_level_bpe(), metaspace_bpe()
-    for name, model, tokenizer in (("evaluator", tiny_model("llama", len(ev_tok), seed=1), ev_tok),
-                                   ("model", tiny_model("mistral", len(tok), seed=2), tok)):
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return str(root / "model"), str(root / "evaluator")
+    return {MODEL: (tiny_model("mistral", len(tok), seed=2), tok),
+            EVALUATOR: (tiny_model("llama", len(ev_tok), seed=1), ev_tok)}
+
+
+@pytest.fixture(scope="module")
+def saved_model(tiny_models, tmp_path_factory):
+    """A loadable model folder on the server (what a visitor could once get the Space to load)."""
+    folder = tmp_path_factory.mktemp("server") / "model"
+    model, tokenizer = tiny_models[MODEL]
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def space(app, tiny_models, monkeypatch):
+    """The app with a tiny allow-list; ``space.loaded`` records the ids it loads."""
+    monkeypatch.setattr(app, "SETTINGS", app.SpaceSettings(models=(MODEL, EVALUATOR)))
+    loaded = []
+
+    def load_model(model_id):
+        loaded.append(model_id)
+        return tiny_models[model_id]
+
+    monkeypatch.setattr(app, "load_model", load_model)
+    app.loaded = loaded
+    return app
+
+
+def limit(app, monkeypatch, **settings):
+    monkeypatch.setattr(app, "SETTINGS", dataclasses.replace(app.SETTINGS, **settings))
 
 
 def test_blocks_build_without_loading_models(app, monkeypatch):
@@ -54,9 +87,9 @@ def test_blocks_build_without_loading_models(app, monkeypatch):
         raise AssertionError("building the UI must not load a model")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(app, "_metric", None)
+    monkeypatch.setattr(app, "_metrics", app.threading.local())
     demo = app.build_demo()
-    assert isinstance(demo, gr.Blocks) and app._metric is None
+    assert isinstance(demo, gr.Blocks) and getattr(app._metrics, "metric", None) is None
     (handler,) = [fn for fn in demo.fns.values() if fn.fn is app.score]
     labels = [block.label for block in handler.inputs]
     assert labels[1:] == ["Evaluated model (Hub id)", "Evaluator model (Hub id)", "K (short-context length)",
@@ -67,38 +100,211 @@ def test_blocks_build_without_loading_models(app, monkeypatch):
     assert (defaults["alpha (LSD threshold)"], defaults["beta (LCL threshold)"]) == (2.0, -2.0)
 
 
-def test_compute_button_gives_the_metric_values_and_key_tokens(app, model_dirs):
-    model, evaluator = model_dirs
+def test_the_ui_offers_only_the_allowed_models(app):
+    settings = app.SpaceSettings(models=("a-org/small", "b-org/evaluator"), max_trunc_len=2048)
+    (handler,) = [fn for fn in app.build_demo(settings).fns.values() if fn.fn is app.score]
+    model, evaluator, trunc_len = handler.inputs[1:4]
+    for dropdown in (model, evaluator):
+        assert isinstance(dropdown, gr.Dropdown) and not dropdown.allow_custom_value
+        assert [value for _, value in dropdown.choices] == ["a-org/small", "b-org/evaluator"]
+    assert (model.value, evaluator.value) == ("a-org/small", "b-org/evaluator")
+    assert (trunc_len.value, trunc_len.maximum) == (2048, 2048)
+
+
+def test_queue_bounds_concurrency_and_waiting_requests(app):
+    default = app.build_demo(app.SpaceSettings())
+    assert (default._queue.default_concurrency_limit, default._queue.max_size) == (1, 16)
+    demo = app.build_demo(app.SpaceSettings(concurrency=2, queue_size=5))
+    assert (demo._queue.default_concurrency_limit, demo._queue.max_size) == (2, 5)
+
+
+def test_settings_from_the_environment(app):
+    settings = app.SpaceSettings.from_env({
+        "LONGPPL_SPACE_MODELS": " a-org/one, b.org/two_2 ,", "LONGPPL_SPACE_MAX_CHARS": "1000",
+        "LONGPPL_SPACE_MAX_TOKENS": "300", "LONGPPL_SPACE_MAX_K": "64", "LONGPPL_SPACE_MAX_WINDOW_TOKENS": "900",
+        "LONGPPL_SPACE_TIME_LIMIT_S": "2.5", "LONGPPL_SPACE_CONCURRENCY": "3", "LONGPPL_SPACE_QUEUE_SIZE": "7",
+    })
+    assert settings == app.SpaceSettings(("a-org/one", "b.org/two_2"), 1000, 300, 64, 900, 2.5, 3, 7)
+    assert app.SpaceSettings.from_env({}) == app.SpaceSettings()
+    assert app.SpaceSettings().models == app.DEFAULT_MODELS
+
+
+@pytest.mark.parametrize("entry", ["/tmp/model", "./model", "../org/model", "org/../../etc", "model",
+                                   "org/name/extra", "C:/model", "org/na me"])
+def test_settings_refuse_model_entries_that_are_not_hub_ids(app, entry):
+    with pytest.raises(ValueError, match="LONGPPL_SPACE_MODELS lists .* which is not a Hub model id"):
+        app.SpaceSettings.from_env({"LONGPPL_SPACE_MODELS": f"a-org/one,{entry}"})
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("LONGPPL_SPACE_MAX_TOKENS", "lots", "must be an integer >= 2"),
+    ("LONGPPL_SPACE_QUEUE_SIZE", "0", "must be an integer >= 1"),
+    ("LONGPPL_SPACE_TIME_LIMIT_S", "-1", "must be a number of seconds > 0"),
+    ("LONGPPL_SPACE_TIME_LIMIT_S", "nan", "must be a number of seconds > 0"),
+])
+def test_settings_refuse_bad_limits(app, name, value, message):
+    with pytest.raises(ValueError, match=f"The Space setting {name}='{value}' {message}; fix or remove it"):
+        app.SpaceSettings.from_env({name: value})
+
+
+def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_models):
     texts = [govreport_texts()[0][1000:1900], govreport_texts()[1][1000:2400]]
-    longppl_value, ppl, segments, table = app.score(
-        f"{texts[0]}\n{app.SEPARATOR}\n{texts[1]}\n", model, evaluator, K, D, ALPHA, BETA
+    longppl_value, ppl, segments, table = space.score(
+        f"{texts[0]}\n{space.SEPARATOR}\n{texts[1]}\n", MODEL, EVALUATOR, K, D, ALPHA, BETA
     )
-    expected = app.load_metric().compute(
-        predictions=texts, model_id=model, evaluator_model_id=evaluator, trunc_len=K, sliding_window=D,
-        alpha=ALPHA, beta=BETA, return_key_spans=True, progress=False,
+    (model, tok), (evaluator, ev_tok) = tiny_models[MODEL], tiny_models[EVALUATOR]
+    expected = space.load_metric().compute(
+        predictions=texts, model=model, tokenizer=tok, evaluator_model=evaluator, evaluator_tokenizer=ev_tok,
+        trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA, return_key_spans=True, progress=False,
     )
     assert longppl_value == pytest.approx(expected["longppl"], abs=1e-4)
     assert ppl == pytest.approx(expected["ppl"], abs=1e-4)
     shown = "".join(piece for piece, _ in segments)
-    assert shown == f"{texts[0]}\n\n{app.SEPARATOR}\n\n{texts[1]}"
-    keys = [piece for piece, label in segments if label == app.KEY_LABEL]
+    assert shown == f"{texts[0]}\n\n{space.SEPARATOR}\n\n{texts[1]}"
+    keys = [piece for piece, label in segments if label == space.KEY_LABEL]
     spans = [texts[i][a:b] for i in range(2) for a, b in expected["key_spans"][i]]
     assert keys == spans and len(keys) > 0
     assert f"| 2 | {expected['longppls'][1]:.3f} | {expected['perplexities'][1]:.3f} |" in table
+    assert sorted(space.loaded) == [EVALUATOR, MODEL]
 
 
 @pytest.mark.parametrize(
-    "texts, model_id, trunc_len, message",
+    "texts, trunc_len, message",
     [
-        ("  \n---\n  ", "m", K, "Paste at least one long text"),
-        ("some text", " ", K, "Give the model's Hub id"),
-        ("some text", "m", 0, "trunc_len must be an integer >= 1"),
+        ("  \n---\n  ", K, "Paste at least one long text"),
+        ("some text", 0, "trunc_len must be an integer >= 1"),
     ],
 )
-def test_bad_input_is_shown_in_the_ui(app, model_dirs, texts, model_id, trunc_len, message):
-    model, evaluator = model_dirs
+def test_bad_input_is_shown_in_the_ui(space, texts, trunc_len, message):
     with pytest.raises(gr.Error, match=message):
-        app.score(texts, model if model_id == "m" else model_id, evaluator, trunc_len, D, ALPHA, BETA)
+        space.score(texts, MODEL, EVALUATOR, trunc_len, D, ALPHA, BETA)
+
+
+REFUSED_MODEL = rf"The (evaluated|evaluator) model must be one of the models this Space offers: {MODEL}, {EVALUATOR}\."
+
+
+@pytest.mark.parametrize("role", ["evaluated", "evaluator"])
+@pytest.mark.parametrize("model_id", ["meta-llama/Llama-3.1-8B", "gpt2", "", None, f"{MODEL}-x"])
+def test_a_model_outside_the_allow_list_is_refused_before_loading(space, role, model_id):
+    ids = [model_id, EVALUATOR] if role == "evaluated" else [MODEL, model_id]
+    with pytest.raises(gr.Error, match=REFUSED_MODEL.replace("(evaluated|evaluator)", role)):
+        space.score("some text", *ids, K, D, ALPHA, BETA)
+    assert space.loaded == []
+
+
+@pytest.mark.parametrize("path", ["/etc", "/etc/passwd", "/tmp", "./", "../..", "C:\\Windows", "~/.cache"])
+def test_a_local_path_is_refused_without_looking_at_it(space, monkeypatch, saved_model, path):
+    for model_id in (path, saved_model):
+
+        def no_file_system(*args, **kwargs):
+            raise AssertionError("the file system was looked at")
+
+        with monkeypatch.context() as patch:
+            for name in ("exists", "isdir", "isfile"):
+                patch.setattr(space.os.path, name, no_file_system)
+            with pytest.raises(gr.Error, match=REFUSED_MODEL) as refused:
+                space.score("some text", MODEL, model_id, K, D, ALPHA, BETA)
+        assert model_id not in str(refused.value) and "etc" not in str(refused.value)
+    assert space.loaded == []
+
+
+def test_too_many_characters_are_refused_before_loading(space, monkeypatch):
+    limit(space, monkeypatch, max_chars=100)
+    with pytest.raises(gr.Error, match=REFUSED_MODEL):  # 100 characters pass on to the next check
+        space.score("x" * 100, "nowhere/else", EVALUATOR, K, D, ALPHA, BETA)
+    with pytest.raises(gr.Error, match=r"The texts have 101 characters, more than this Space scores per request "
+                                       r"\(100\); score shorter texts\."):
+        space.score("x" * 101, MODEL, EVALUATOR, K, D, ALPHA, BETA)
+    assert space.loaded == []
+
+
+def test_too_many_tokens_are_refused(space, monkeypatch, tiny_models):
+    text = govreport_texts()[0][1000:1900]
+    n_evaluator = len(tiny_models[EVALUATOR][1](text)["input_ids"])  # with its BOS
+    limit(space, monkeypatch, max_tokens=n_evaluator - 1)
+    with pytest.raises(gr.Error, match=rf"The texts have {n_evaluator} tokens for the evaluator model, more than "
+                                       rf"this Space scores per request \({n_evaluator - 1}\)"):
+        space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)
+    # Roles swapped, so that the evaluated model's tokenizer (byte-level) cuts the text finer.
+    n_evaluated = len(tiny_models[EVALUATOR][1](text, add_special_tokens=False)["input_ids"])
+    n_evaluator = len(tiny_models[MODEL][1](text)["input_ids"])
+    assert n_evaluator < n_evaluated
+    limit(space, monkeypatch, max_tokens=n_evaluated - 1)
+    with pytest.raises(gr.Error, match=rf"The texts have {n_evaluated} tokens for the evaluated model, more than "
+                                       rf"this Space scores per request \({n_evaluated - 1}\)"):
+        space.score(text, EVALUATOR, MODEL, K, D, ALPHA, BETA)
+
+
+def test_k_too_large_is_refused(space, monkeypatch):
+    limit(space, monkeypatch, max_trunc_len=40)
+    with pytest.raises(gr.Error, match=r"K = 47 is more than this Space allows \(40\); use K <= 40\."):
+        space.score("some text", MODEL, EVALUATOR, K, D, ALPHA, BETA)
+
+
+def test_too_much_short_window_work_is_refused(space, monkeypatch, tiny_models):
+    text = govreport_texts()[0][1000:1900]
+    n = len(tiny_models[EVALUATOR][1](text)["input_ids"])
+    windows = [(s, min(s + K + 1, n)) for s in range(0, n - K, 1)][1:]  # d = 1; the first comes from the long pass
+    work = sum(end - start for start, end in windows)
+    limit(space, monkeypatch, max_window_tokens=work - 1)
+    with pytest.raises(gr.Error, match=rf"With K = {K} and d = 1 the evaluator would read {work} tokens in short "
+                                       rf"windows, more than this Space allows \({work - 1}\); use a larger d"):
+        space.score(text, MODEL, EVALUATOR, K, 1, ALPHA, BETA)
+    limit(space, monkeypatch, max_window_tokens=work)
+    assert space.score(text, MODEL, EVALUATOR, K, 1, ALPHA, BETA)[1] > 0  # at the limit: scored
+
+
+def test_time_limit_stops_scoring_inside_a_forward_pass(space, monkeypatch, tiny_models):
+    text = govreport_texts()[0][1000:1900]
+    evaluated_layers = []
+    model = tiny_models[MODEL][0]
+    hooks = [layer.register_forward_hook(lambda *_: evaluated_layers.append(1)) for layer in model.model.layers]
+    limit(space, monkeypatch, time_limit_s=1e-9)
+    start = time.monotonic()
+    try:
+        with pytest.raises(gr.Error, match=r"This request took longer than this Space allows \(1e-09 s\) and was "
+                                           r"stopped during: LongPPL evaluator: long context: pass of \d+ tokens\."):
+            space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert evaluated_layers == []  # stopped in the evaluator's first pass: the evaluated model never ran
+    assert time.monotonic() - start < 30
+    limit(space, monkeypatch, time_limit_s=300.0)
+    assert space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)[1] > 0  # the next request is served
+
+
+def test_models_are_loaded_from_the_hub_without_remote_code(app, monkeypatch, tiny_models):
+    import transformers
+
+    calls = []
+
+    def record(kind, result):
+        def from_pretrained(model_id, **kwargs):
+            calls.append((kind, model_id, kwargs.get("trust_remote_code")))
+            return result
+        return from_pretrained
+
+    model, tok = tiny_models[MODEL]
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", record("model", model))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record("tokenizer", tok))
+    assert app.load_model.__wrapped__("HuggingFaceTB/SmolLM2-135M") == (model, tok)
+    assert sorted(calls) == [("model", "HuggingFaceTB/SmolLM2-135M", False),
+                             ("tokenizer", "HuggingFaceTB/SmolLM2-135M", False)]
+
+
+def test_an_allowed_id_that_is_also_a_local_folder_is_not_loaded(app, monkeypatch, tmp_path):
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a local folder was loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    (tmp_path / "some-org" / "model").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(gr.Error, match="The Space is misconfigured: the listed model 'some-org/model' is not loaded"):
+        app.load_model.__wrapped__("some-org/model")
 
 
 def test_split_texts(app):
@@ -225,7 +431,7 @@ def test_push_refuses_a_repo_id_that_is_not_owner_name(push_script, recording_ap
     assert recording_api == []
 
 
-def test_app_runs_from_a_copy_of_the_space_folder(push_script, tmp_path):
+def test_app_runs_from_a_copy_of_the_space_folder(push_script, tmp_path, monkeypatch):
     """The Space is the uploaded files alone, in a folder not named longppl, with no package installed."""
     space = tmp_path / "space"
     space.mkdir()
@@ -233,6 +439,7 @@ def test_app_runs_from_a_copy_of_the_space_folder(push_script, tmp_path):
         shutil.copyfile(os.path.join(longppl.METRIC_PATH, name), space / name)
     spec = importlib.util.spec_from_file_location("space_app", space / "app.py")
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "space_app", module)  # as an import (or `python app.py`) has it
     spec.loader.exec_module(module)
     metric = module.load_metric()
     assert type(metric).__name__ == "LongPPL" and isinstance(module.demo, gr.Blocks)

@@ -27,6 +27,7 @@ _EXPORTS = {
     "key_tokens": ("key_char_spans", "key_token_mask", "long_short_difference", "merge_adjacent_spans", "soft_weights"),
     "logprobs": ("resolve_lm_head", "token_log_probs"),
     "official": ("compute_longppl", "find_key_token", "load_key_token"),
+    "progress": ("Progress",),
     "scoring": (
         "DocumentResult",
         "EvaluatorScores",
@@ -82,6 +83,7 @@ __all__ = [
     "KeyTokenSettings",
     "ModelIdentity",
     "ModelScores",
+    "Progress",
     "Segment",
     "aggregate",
     "cached_evaluator_scores",

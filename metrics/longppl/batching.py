@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .logprobs import DEFAULT_LOGITS_CHUNK_BYTES, token_log_probs
+from .logprobs import DEFAULT_LOGITS_CHUNK_BYTES, resolve_lm_head, token_log_probs, verify_head
+from .progress import Progress
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,14 @@ def segment_log_probs(
     on_segment_done: Callable[[int], None] | None = None,
     logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
     via_forward: bool = False,
+    progress: Progress | None = None,
 ) -> list[torch.Tensor]:
     """Score many segments, packed into as few forward passes as the budget allows.
 
     One forward pass per batch of ``pack_by_token_budget(lengths, max_tokens_per_batch)``;
     ``via_forward`` is passed to ``token_log_probs`` (call the wrapped model itself).
+    ``progress`` (labelled with what the segments are) reports the decoder layers and LM-head
+    chunks of large passes (see ``progress``); it never changes the results.
 
     Returns:
         one float32 CPU tensor per segment, of length ``L - first_scored``: entry ``j`` is
@@ -64,7 +68,11 @@ def segment_log_probs(
     """
     results: list[torch.Tensor | None] = [None] * len(segments)
     lengths = [int(s.tokens.shape[0]) for s in segments]
-    for batch in pack_by_token_budget(lengths, max_tokens_per_batch):
+    batches = pack_by_token_budget(lengths, max_tokens_per_batch)
+    progress = progress or Progress(enabled=False)
+    if segments and not via_forward:  # probe the head now, so that layer hooks count only real passes
+        verify_head(resolve_lm_head(model), segments[batches[0][0]].tokens[None])
+    for batch in batches:
         longest = lengths[batch[0]]
         ids = torch.zeros(len(batch), longest, dtype=torch.long)
         mask = torch.zeros(len(batch), longest, dtype=torch.long)
@@ -74,7 +82,9 @@ def segment_log_probs(
             ids[row, : lengths[index]] = seg.tokens
             mask[row, : lengths[index]] = 1
             score[row, max(seg.first_scored, 1) : lengths[index]] = True
-        lp = token_log_probs(model, ids, mask, score, logits_chunk_bytes, via_forward).cpu()  # one sync per batch
+        with progress.forward_pass(model, len(batch) * longest) as on_head_chunk:
+            lp = token_log_probs(model, ids, mask, score, logits_chunk_bytes, via_forward, on_head_chunk)
+        lp = lp.cpu()  # one sync per batch
         for row, index in enumerate(batch):
             results[index] = lp[row, segments[index].first_scored : lengths[index]]
             if on_segment_done is not None:
@@ -87,14 +97,16 @@ def long_context_log_probs(
     sequences: Sequence[torch.Tensor],
     max_tokens_per_batch: int,
     on_sequence_done: Callable[[int], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[torch.Tensor]:
     """Full-context log-probs of whole documents (short ones share forward passes).
 
     Args:
         sequences: ``[n_k]`` int64 token ids per document.
+        progress: reports the layers and LM-head chunks of a long document's pass (see ``progress``).
     Returns:
         ``[n_k]`` float32 per document, ``lp[i] = log P(x_i | x_0..x_{i-1})``, NaN at ``i = 0``.
     """
     segments = [Segment(seq.long().cpu(), first_scored=1) for seq in sequences]
-    scored = segment_log_probs(model, segments, max_tokens_per_batch, on_sequence_done)
+    scored = segment_log_probs(model, segments, max_tokens_per_batch, on_sequence_done, progress=progress)
     return [torch.cat([torch.full((1,), float("nan")), lp]) for lp in scored]

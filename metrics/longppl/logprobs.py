@@ -139,6 +139,7 @@ def head_log_probs(
     rows: torch.Tensor | None = None,
     logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
     project: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
     """``log softmax(logits(hidden[rows]))[targets]``, a chunk of rows at a time.
 
@@ -148,19 +149,23 @@ def head_log_probs(
         rows: ``[N]`` row indices into ``hidden``; ``None`` means ``arange(M)`` (then ``N == M``).
             Rows are gathered chunk by chunk, so no ``[N, H]`` copy is made.
         project: the head's own projection while it is intercepted (see ``intercept_head``).
+        on_chunk: called as ``on_chunk(done, total)`` after each chunk (progress; may raise to stop).
     Returns:
         ``[N]`` float32 log-probabilities on ``targets.device``.
     """
     vocab = getattr(head.head, "out_features", None) or head.model.config.get_text_config().vocab_size
     step = max(1, logits_chunk_bytes // (4 * vocab))
     out = torch.empty(targets.shape[0], dtype=torch.float32, device=targets.device)
-    for start in range(0, targets.shape[0], step):
+    n_chunks = -(-targets.shape[0] // step)
+    for index, start in enumerate(range(0, targets.shape[0], step)):
         end = start + step
         chunk = hidden[start:end] if rows is None else hidden[rows[start:end].to(hidden.device)]
         logits = head.logits(chunk, project)
         tgt = targets[start:end].to(logits.device)
         out[start:end] = -F.cross_entropy(logits, tgt, reduction="none").to(out.device)
         del logits
+        if on_chunk is not None:
+            on_chunk(index + 1, n_chunks)
     return out
 
 
@@ -240,6 +245,7 @@ def token_log_probs(
     score_mask: torch.Tensor | None = None,
     logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
     via_forward: bool = False,
+    on_head_chunk: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
     """Per-token log-probabilities of a (possibly padded) batch, in float32.
 
@@ -253,6 +259,7 @@ def token_log_probs(
         via_forward: call ``model`` itself (its LM head intercepted, see ``intercept_head``) rather
             than its backbone and head separately: needed for FSDP / DeepSpeed-wrapped models. The
             once-per-model logits probe is skipped then (the caller owns the model's wrapping).
+        on_head_chunk: passed to ``head_log_probs`` as ``on_chunk`` (progress of the LM head).
     Returns:
         ``[B, T]`` float32 on the model's input device: ``lp[b, i] = log P(x[b, i] | real x[b, <i])``;
         NaN at position 0, at padding and wherever ``score_mask`` is False.
@@ -285,7 +292,9 @@ def token_log_probs(
             flat_hidden = hidden.reshape(batch * length, hidden.shape[-1])
             predictor_rows = rows * length + cols - 1  # hidden state at i-1 predicts token i
             targets = input_ids[rows, cols]
-            out[rows, cols] = head_log_probs(head, flat_hidden, targets, predictor_rows, logits_chunk_bytes, project)
+            out[rows, cols] = head_log_probs(
+                head, flat_hidden, targets, predictor_rows, logits_chunk_bytes, project, on_head_chunk
+            )
 
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     if via_forward:

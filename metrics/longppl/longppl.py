@@ -26,6 +26,7 @@ from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, key_char_spa
 from .loading import default_device, load_causal_lm, load_model, load_tokenizer, resolve_dtype
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
+from .progress import Progress
 from .scoring import (
     ModelScores,
     document_results,
@@ -39,7 +40,7 @@ from .windows import window_bounds
 
 # Re-exported: the official package's scripts do `from longppl.longppl import *`.
 __all__ = ["LongPPL", "compute_longppl", "find_key_token", "load_key_token"]
-_CORE = (encode_with_offsets, long_context_log_probs, compiled_blocks, window_bounds, write_file_atomically)
+_CORE = (encode_with_offsets, long_context_log_probs, compiled_blocks, window_bounds, write_file_atomically, Progress)
 
 _CITATION = """\
 @inproceedings{fang2025wrong,
@@ -113,7 +114,12 @@ Args:
         window (the official code does not).
     torch_compile (`bool`, default False): compile the models' transformer blocks while scoring
         (10-20% faster on GPU after a one-off compilation of 10-20 s; worth it for corpora).
-    progress (`bool`, default True): show progress bars.
+    progress (`bool`, default True): show progress bars (per text; inside a text of more than
+        32768 tokens also per batch of short windows, per decoder layer and per LM-head chunk).
+    progress_callback (`callable`, optional): called as `progress_callback(desc, done, total)`
+        after every step of scoring (texts, batches of windows, decoder layers, LM-head chunks),
+        whether bars are shown or not. An exception it raises stops scoring and propagates out
+        of `compute` (e.g. to enforce a time limit).
     return_key_spans (`bool`, default False): also return `key_spans`, to see which tokens are key
         (hard rule only).
 
@@ -294,6 +300,7 @@ class LongPPL(evaluate.Metric):
         torch_compile=False,
         return_key_spans=False,
         key_tokens=None,
+        progress_callback=None,
     ):
         check_predictions(predictions)
         alpha = _require_finite("alpha", alpha)
@@ -306,6 +313,10 @@ class LongPPL(evaluate.Metric):
         max_tokens_per_batch = _require_positive_int("max_tokens_per_batch", max_tokens_per_batch)
         if max_length is not None:
             max_length = _require_positive_int("max_length", max_length, minimum=2)
+        if progress_callback is not None and not callable(progress_callback):
+            raise ValueError(
+                f"progress_callback must be a function callback(desc, done, total), got {progress_callback!r}."
+            )
         if aggregation not in ("official", "pooled"):
             raise ValueError(f"aggregation must be 'official' or 'pooled', got {aggregation!r}.")
         if return_key_spans and soft:
@@ -340,7 +351,8 @@ class LongPPL(evaluate.Metric):
 
         if self_evaluation:
             evaluator_model, evaluator_tokenizer, evaluator_model_id = model, tokenizer, None
-        scoring = dict(max_tokens_per_batch=max_tokens_per_batch, progress=progress, torch_compile=torch_compile)
+        scoring = dict(max_tokens_per_batch=max_tokens_per_batch, progress=progress, torch_compile=torch_compile,
+                       progress_callback=progress_callback)
         settings = KeyTokenSettings(trunc_len, sliding_window, evaluator_add_special_tokens, window_bos)
         if key_tokens is None:
             evaluator_scores = _score_live(
@@ -366,6 +378,7 @@ class LongPPL(evaluate.Metric):
                 add_special_tokens=add_special_tokens,
                 progress=progress,
                 torch_compile=torch_compile,
+                progress_callback=progress_callback,
             )
 
         weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)

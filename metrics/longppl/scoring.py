@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
 from .batching import long_context_log_probs
@@ -23,6 +22,7 @@ from .compilation import compiled_blocks
 from .defaults import DEFAULT_MAX_TOKENS_PER_BATCH, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
 from .key_tokens import key_char_spans, key_token_mask, soft_weights
 from .logprobs import unwrap_model
+from .progress import Progress, ProgressCallback
 from .windows import short_context_log_probs
 
 
@@ -72,10 +72,6 @@ class DocumentResult:
     key_nll: float  # sum of weight * (-lp) over key tokens
     nll: float  # sum of -lp over predicted tokens
     n_predicted: int
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    return tqdm(total=total, desc=desc, unit="doc", disable=not enabled or total == 0)
 
 
 @contextlib.contextmanager
@@ -132,6 +128,7 @@ def score_with_evaluator(
     progress: bool = True,
     torch_compile: bool = False,
     per_document: bool = False,
+    progress_callback: ProgressCallback | None = None,
 ) -> list[EvaluatorScores]:
     """Long- and short-context log-probs of every evaluator token of every text.
 
@@ -144,20 +141,26 @@ def score_with_evaluator(
             document's scores are bit-for-bit the same whatever other texts are scored with it (what
             a shareable cache needs; packing across documents only helps texts much shorter than
             ``max_tokens_per_batch``, and changes results by float rounding).
+        progress_callback: ``callback(desc, done, total)`` after every step: documents, window
+            batches, decoder layers and LM-head chunks (see ``progress``); raise in it to stop.
     """
     encoded = _encode_all(tokenizer, texts, add_special_tokens)
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
     groups = [[doc] for doc in range(len(texts))] if per_document else [list(range(len(texts)))]
     lp_long: list[torch.Tensor] = [torch.empty(0)] * len(texts)
     lp_short: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+    reporter = Progress(progress, progress_callback)
+    long_desc, short_desc = "LongPPL evaluator: long context", f"LongPPL evaluator: short windows (K={trunc_len})"
     with (
         _scoring(evaluator, torch_compile),
-        _progress(len(texts), "LongPPL evaluator: long context", progress) as long_bar,
-        _progress(len(texts), f"LongPPL evaluator: short windows (K={trunc_len})", progress) as short_bar,
+        reporter.labelled(long_desc, "doc").steps(len(texts)) as long_done,
+        reporter.labelled(short_desc, "doc").steps(len(texts)) as short_done,
     ):
         for group in groups:
             seqs = [sequences[doc] for doc in group]
-            long = long_context_log_probs(evaluator, seqs, max_tokens_per_batch, lambda _: long_bar.update())
+            long = long_context_log_probs(
+                evaluator, seqs, max_tokens_per_batch, lambda _: long_done(), reporter.labelled(long_desc, "doc")
+            )
             short = short_context_log_probs(
                 evaluator,
                 seqs,
@@ -166,7 +169,8 @@ def score_with_evaluator(
                 max_tokens_per_batch,
                 long_log_probs=long,
                 prefix_token_id=_window_prefix(tokenizer, window_bos),
-                on_sequence_done=lambda _: short_bar.update(),
+                on_sequence_done=lambda _: short_done(),
+                progress=reporter.labelled(short_desc, "window"),
             )
             for doc, values_long, values_short in zip(group, long, short):
                 lp_long[doc], lp_short[doc] = values_long, values_short
@@ -184,12 +188,17 @@ def score_with_model(
     add_special_tokens: bool = False,
     progress: bool = True,
     torch_compile: bool = False,
+    progress_callback: ProgressCallback | None = None,
 ) -> list[ModelScores]:
-    """Full-context log-probs of the evaluated model's tokens (no special tokens by default, as official)."""
+    """Full-context log-probs of the evaluated model's tokens (no special tokens by default, as official).
+
+    ``progress_callback``: as in :func:`score_with_evaluator`.
+    """
     encoded = _encode_all(tokenizer, texts, add_special_tokens)
-    with _scoring(model, torch_compile), _progress(len(texts), "LongPPL: evaluated model", progress) as bar:
+    reporter = Progress(progress, progress_callback).labelled("LongPPL: evaluated model", "doc")
+    with _scoring(model, torch_compile), reporter.steps(len(texts)) as done:
         lp = long_context_log_probs(
-            model, [torch.from_numpy(ids) for ids, _ in encoded], max_tokens_per_batch, lambda _: bar.update()
+            model, [torch.from_numpy(ids) for ids, _ in encoded], max_tokens_per_batch, lambda _: done(), reporter
         )
     return [ModelScores(ids, offsets, values.numpy()) for (ids, offsets), values in zip(encoded, lp)]
 

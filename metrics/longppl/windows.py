@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .batching import Segment, segment_log_probs
+from .progress import Progress
 
 
 def window_bounds(n: int, trunc_len: int, sliding_window: int) -> list[tuple[int, int]]:
@@ -66,6 +67,7 @@ def short_context_log_probs(
     on_sequence_done: Callable[[int], None] | None = None,
     skip_first_window: bool = False,
     via_forward: bool = False,
+    progress: Progress | None = None,
 ) -> list[torch.Tensor]:
     """Short-context log-probs of every token with at least ``trunc_len`` tokens before it.
 
@@ -81,6 +83,9 @@ def short_context_log_probs(
         skip_first_window: leave the first window's tokens NaN (LongCE: their short context is their
             long context, so their weight is exactly 1). Ignored when ``long_log_probs`` is given.
         via_forward: call ``model`` itself rather than its backbone and head (see ``token_log_probs``).
+        progress: reports the windows as their batches finish (a bar ``"<desc>: windows"`` when
+            they add up to more than ``progress.threshold`` tokens) and the layers and LM-head
+            chunks of large batches (see ``progress``).
     Returns:
         ``[n_k]`` float32 per document: ``lp_short[i]`` for ``i >= K``, NaN for ``i < K``.
     """
@@ -99,13 +104,23 @@ def short_context_log_probs(
             if count == 0:
                 on_sequence_done(doc)
 
-    def done(index: int) -> None:
+    def doc_done(index: int) -> None:
         doc = owners[index][0]
         pending[doc] -= 1
         if pending[doc] == 0 and on_sequence_done is not None:
             on_sequence_done(doc)
 
-    scored = segment_log_probs(model, segments, max_tokens_per_batch, done, via_forward=via_forward)
+    progress = progress or Progress(enabled=False)
+    many_tokens = sum(int(segment.tokens.shape[0]) for segment in segments) > progress.threshold
+    window_steps = progress.labelled(f"{progress.desc}: windows", "window").steps(len(segments), many_tokens, False)
+    with window_steps as window_done:
+
+        def done(index: int) -> None:
+            window_done()
+            doc_done(index)
+
+        scored = segment_log_probs(model, segments, max_tokens_per_batch, done, via_forward=via_forward,
+                                   progress=progress)
     for (doc, first, end), lp in zip(owners, scored):
         results[doc][first:end] = lp
     return results
