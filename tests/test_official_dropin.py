@@ -196,3 +196,9 @@ def test_spans_out_of_order_count_what_the_official_code_counts(models, text, tm
     key_nll = [-float(full[i - 1, ids[i]]) for i in key]
     assert out["n_key_token"] == len(key) > 0
     assert out["longppl"] == pytest.approx(float(np.exp(np.mean(key_nll))), rel=1e-5)
+
+
+def test_model_path_that_does_not_exist(models, text, tmp_path):
+    missing = str(tmp_path / "nonexistent")
+    with pytest.raises(ValueError, match=r"evaluator_model='.*nonexistent' is not an existing directory \(no such"):
+        call(text, dict(models, evaluator_model=missing, evaluator_tokenizer=None))

@@ -21,7 +21,7 @@ import torch
 from .alignment import tokens_within_spans
 from .atomic_files import write_file_atomically
 from .fingerprints import text_fingerprint
-from .loading import load_causal_lm
+from .loading import check_model_source, load_causal_lm
 from .scoring import document_result, score_with_evaluator, score_with_model
 from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, KeyTokenRule, WindowSettings
 
@@ -136,7 +136,7 @@ def _as_model(model, tokenizer, role: str):
     if isinstance(model, str):
         if tokenizer is not None:
             warnings.warn(f"{role} is a path; its own tokenizer is loaded and the one given is ignored.", stacklevel=3)
-        return load_causal_lm(model)
+        return load_causal_lm(check_model_source(model, role))
     if tokenizer is None:
         raise ValueError(f"{role} is a model object, so its tokenizer must be given too.")
     return model, tokenizer
