@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule  # DEFAULT_* importable here too
+# The DEFAULT_* names live in settings and stay importable from here.
+from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:

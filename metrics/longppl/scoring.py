@@ -22,7 +22,8 @@ from .batching import long_context_log_probs
 from .compilation import compiled_blocks
 from .key_tokens import key_char_spans, key_token_mask, soft_weights
 from .logprobs import unwrap_model
-from .settings import (  # the DEFAULT_* names stay importable from here
+# The DEFAULT_* names live in settings and stay importable from here.
+from .settings import (
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
