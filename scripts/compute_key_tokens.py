@@ -75,7 +75,10 @@ def parse_args(argv=None):
     parser.add_argument("--sliding-window", type=int, default=DEFAULT_SLIDING_WINDOW,
                         help="d: stride of the short-context windows (default %(default)s)")
     parser.add_argument("--max-length", type=int, default=None,
-                        help="keep the first N evaluator tokens of each text (the cache stores the cut text)")
+                        help="keep the first N evaluator tokens of each text (special tokens not counted; the "
+                             "cache stores the cut text). The same meaning as the metric's max_length: evaluator "
+                             "tokens, the unit of K and d, so the cut text is the same for every evaluated model "
+                             "and compute(..., key_tokens=<output>, max_length=N) finds it")
     parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH,
                         help="tokens of short windows the evaluator scores in one batch; lower it when the "
                         "evaluator runs out of memory (default %(default)s)")

@@ -36,7 +36,7 @@ if importlib.util.find_spec("longppl") is None:  # running from a checkout witho
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     from longppl.cache_cli import add_cache_arguments
-    from longppl.defaults import DEFAULT_MAX_TOKENS_PER_BATCH
+    from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH
     from longppl.key_tokens import DEFAULT_GAMMA
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -65,3 +65,13 @@ def test_key_char_spans():
     offsets = np.array([[0, 0], [0, 2], [2, 5], [6, 9], [9, 10], [11, 14]])
     mask = np.array([False, False, True, True, True, False])
     assert key_char_spans(offsets, mask).tolist() == [[2, 5], [6, 10]]
+
+
+def test_nan_thresholds_are_refused_not_silently_keyless(scores):
+    lp_long, lp_short = scores
+    with pytest.raises(ValueError, match="alpha must be a finite number, got nan"):
+        key_token_mask(lp_long, lp_short, alpha=NAN)
+    with pytest.raises(ValueError, match="beta must be a finite number, got nan"):
+        key_token_mask(lp_long, lp_short, beta=NAN)
+    with pytest.raises(ValueError, match="gamma must be > 0"):
+        soft_weights(lp_long, lp_short, gamma=0.0)

@@ -1,6 +1,7 @@
 """The evaluate module: loading, exact values against the plain reference, options, bad input."""
 
 import copy
+import json
 import math
 import os
 import warnings
@@ -60,7 +61,9 @@ def test_values_equal_the_official_algorithm(metric, setup):
                          setup["evaluator_tokenizer"], K, D, ALPHA, BETA)
         for text in setup["texts"]
     ]
-    assert sorted(result) == ["longppl", "longppls", "n_key_tokens", "n_tokens", "perplexities", "ppl"]
+    assert sorted(result) == [
+        "longppl", "longppls", "mean_perplexity", "n_key_tokens", "n_tokens", "perplexities", "ppl"
+    ]
     assert result["n_key_tokens"] == [r["n_key"] for r in refs]
     assert result["n_tokens"] == [r["n_tokens"] for r in refs]
     assert all(r["n_key"] > 5 for r in refs)
@@ -74,6 +77,8 @@ def test_values_equal_the_official_algorithm(metric, setup):
     assert result["ppl"] == pytest.approx(
         sum(r["ppl"] * r["n_tokens"] for r in refs) / sum(r["n_tokens"] for r in refs), rel=1e-5
     )
+    # evaluate's perplexity metric: the plain mean of the per-text perplexities
+    assert result["mean_perplexity"] == pytest.approx(sum(r["ppl"] for r in refs) / len(refs), rel=1e-5)
     pooled = run(metric, setup, aggregation="pooled")
     assert pooled["longppl"] == pytest.approx(
         math.exp(sum(r["key_nll"] for r in refs) / sum(r["n_key"] for r in refs)), rel=1e-5
@@ -228,17 +233,55 @@ def test_slow_tokenizer_model_is_scored(metric, setup):
     assert all(math.isfinite(v) for v in result["longppls"])
 
 
-def test_max_length_truncates_each_text(metric, setup):
+def test_max_length_counts_evaluator_tokens(metric, setup):
     max_length = 150
     result = run(metric, setup, max_length=max_length)
     cut = []
     for text in setup["texts"]:
-        enc = setup["tokenizer"](text, add_special_tokens=False, return_offsets_mapping=True)
+        enc = setup["evaluator_tokenizer"](text, add_special_tokens=False, return_offsets_mapping=True)
         cut.append(text[: enc["offset_mapping"][max_length - 1][1]])
     expected = run(metric, setup, predictions=cut)
-    assert result["n_tokens"] == [max_length] * len(cut)
+    for text in cut:
+        assert len(setup["evaluator_tokenizer"](text, add_special_tokens=False)["input_ids"]) == max_length
+    assert result["n_tokens"] == expected["n_tokens"]
     assert result["n_key_tokens"] == expected["n_key_tokens"]
     assert result["longppls"] == pytest.approx(expected["longppls"], rel=1e-6)
+    with pytest.raises(ValueError, match="max_length counts the evaluator's tokens.*pass evaluator_model_id"):
+        run(metric, setup, max_length=max_length, key_tokens="unused", evaluator_model=None, evaluator_tokenizer=None)
+
+
+def test_max_length_means_the_same_in_the_metric_and_compute_key_tokens(metric, setup, tmp_path, monkeypatch):
+    """A cache built with compute_key_tokens.py --max-length N holds the texts compute(max_length=N) cuts."""
+    import importlib.util
+    import sys
+
+    import datasets
+    from accelerate import PartialState
+
+    folder = str(tmp_path / "evaluator")
+    setup["evaluator_model"].save_pretrained(folder)
+    setup["evaluator_tokenizer"].save_pretrained(folder)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in setup["texts"]), encoding="utf-8")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py")
+    spec = importlib.util.spec_from_file_location("compute_key_tokens", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cache = str(tmp_path / "cache")
+    try:
+        module.main(["--corpus", str(corpus), "--evaluator", folder, "--output", cache, "--trunc-len", str(K),
+                     "--sliding-window", str(D), "--max-length", "120"])
+    finally:
+        PartialState._reset_state()
+    rows = len(datasets.load_from_disk(cache))
+    loaded = []
+    metric_module = sys.modules[type(metric).__module__]
+    monkeypatch.setattr(metric_module, "load_causal_lm", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    monkeypatch.setattr(metric_module, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    result = run(metric, dict(setup, evaluator_model=None, evaluator_tokenizer=None), key_tokens=cache,
+                 evaluator_model_id=folder, device="cpu", torch_dtype="float32", max_length=120)
+    assert loaded == [] and len(datasets.load_from_disk(cache)) == rows == 3  # every cut text was found
+    assert result["n_key_tokens"] == run(metric, setup, max_length=120)["n_key_tokens"]
 
 
 def test_window_bos_needs_a_bos_token(metric, setup):
@@ -274,3 +317,157 @@ def test_key_spans_are_the_model_key_tokens(metric, setup):
         assert all(0 <= start < end <= len(text) for start, end in spans)
     with pytest.raises(ValueError, match="return_key_spans=True lists the key tokens of the hard rule.*soft=False"):
         run(metric, setup, return_key_spans=True, soft=True)
+
+
+def count_forward_calls(model):
+    calls = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    return calls, handle
+
+
+def test_batch_size_is_the_token_budget_of_batch_size_windows(metric, setup):
+    calls, handle = count_forward_calls(setup["evaluator_model"])
+    try:
+        by_budget = run(metric, setup, max_tokens_per_batch=3 * (K + D))
+        budget_calls = len(calls)
+        calls.clear()
+        by_batch_size = run(metric, setup, batch_size=3)
+        assert len(calls) == budget_calls
+        calls.clear()
+        run(metric, setup)  # the default budget packs everything into fewer passes
+        assert len(calls) < budget_calls
+    finally:
+        handle.remove()
+    assert by_batch_size == by_budget
+    with pytest.raises(ValueError, match="batch_size and max_tokens_per_batch both set the size"):
+        run(metric, setup, batch_size=3, max_tokens_per_batch=1000)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        run(metric, setup, batch_size=0)
+
+
+def test_add_start_token_is_add_special_tokens(metric, setup):
+    base = run(metric, setup)
+    with_start = run(metric, setup, add_start_token=True)
+    assert with_start == run(metric, setup, add_special_tokens=True)
+    assert with_start["n_tokens"] == [n + 1 for n in base["n_tokens"]]  # the BOS, so the first word is scored
+    assert run(metric, setup, add_start_token=False) == base
+    with pytest.raises(ValueError, match="add_start_token=True and add_special_tokens=False disagree"):
+        run(metric, setup, add_start_token=True, add_special_tokens=False)
+    no_bos = metaspace_bpe(add_bos=False)
+    with pytest.raises(ValueError, match="add_start_token=True asks for a start .BOS. token.*adds none"):
+        run(metric, setup, tokenizer=no_bos, add_start_token=True)
+
+
+def test_dtype_is_transformers_5_name_of_torch_dtype(metric, setup, tmp_path, monkeypatch):
+    import sys
+
+    module = sys.modules[type(metric).__module__]
+    seen = []
+    real = module.load_model
+    monkeypatch.setattr(module, "load_model", lambda name, device, dtype: seen.append(dtype) or real(name, device, dtype))
+    setup = dict(setup, model=tiny_model("mistral", len(setup["tokenizer"]), seed=2))
+    setup["model"].save_pretrained(tmp_path / "model")
+    setup["tokenizer"].save_pretrained(tmp_path / "model")
+    by_path = dict(setup, model=None, tokenizer=None, model_id=str(tmp_path / "model"), device="cpu")
+    result = run(metric, by_path, dtype="bfloat16")
+    assert seen == ["bfloat16"]
+    assert run(metric, by_path, dtype="float32", torch_dtype="float32")["n_key_tokens"] == result["n_key_tokens"]
+    with pytest.raises(ValueError, match="torch_dtype='float32' and dtype='bfloat16' disagree.*pass only one"):
+        run(metric, by_path, dtype="bfloat16", torch_dtype="float32")
+
+
+@pytest.mark.parametrize(
+    "predictions, message",
+    [
+        ("a single long string", "predictions is a single string; pass a list of texts, e.g. predictions=.text."),
+        ({"text": "a dict"}, "predictions must be a list of strings, got a dict"),
+        ((t for t in ["a generator"]), "predictions must be a list of strings, got a generator"),
+        (42, "predictions must be a list of strings, got a int"),
+    ],
+)
+def test_predictions_must_be_a_list_of_strings(metric, setup, predictions, message):
+    with pytest.raises(ValueError, match=message):
+        run(metric, setup, predictions=predictions)
+    with pytest.raises(ValueError, match=message):
+        metric.add_batch(predictions=predictions)
+
+
+def test_a_tuple_or_a_dataset_column_of_texts_is_accepted(metric, setup):
+    import datasets
+
+    column = datasets.Dataset.from_dict({"text": setup["texts"]})["text"]
+    assert run(metric, setup, predictions=column) == run(metric, setup, predictions=tuple(setup["texts"]))
+
+
+def test_devices_are_checked_before_anything_loads(metric, setup, monkeypatch):
+    import torch
+
+    with pytest.raises(ValueError, match="device='gpu' is not a device: pass 'cuda' .or 'cuda:<index>'. for a GPU, 'cpu'"):
+        run(metric, setup, device="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device='cuda', but PyTorch sees no cuda device here.*pass device='cpu'"):
+        run(metric, setup, device="cuda")
+    with pytest.raises(ValueError, match="device='meta' cannot run a model"):
+        run(metric, setup, device="meta")
+
+
+def test_model_paths_that_do_not_exist(metric, setup, tmp_path):
+    missing = str(tmp_path / "nonexistent")
+    for role in ("model", "evaluator_model"):
+        args = dict(setup, **{role: None, f"{role}_id": missing})
+        args.pop("tokenizer" if role == "model" else "evaluator_tokenizer")
+        with pytest.raises(ValueError, match=f"{role}_id='.*nonexistent' is not an existing directory .no such path"):
+            run(metric, args)
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ValueError, match="model_id='.*file.txt' is a file; pass the directory"):
+        run(metric, dict(setup, model=None, tokenizer=None, model_id=str(tmp_path / "file.txt")))
+
+
+def test_offline_hub_id_not_in_the_cache_fails_fast_without_network(metric, setup, tmp_path, monkeypatch):
+    import socket
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the check must not touch the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"model_id='nobody/no-such-model' is not a local directory, and as a Hub "
+                                         r"id it is not in the local Hugging Face cache .*HF_HUB_OFFLINE=1"):
+        run(metric, dict(setup, model=None, tokenizer=None, model_id="nobody/no-such-model"))
+    assert time.perf_counter() - start < 5
+
+
+def test_tokenizer_of_another_model_is_named_before_any_forward_pass(metric, setup):
+    small = tiny_model("qwen2", 100, seed=2)
+    calls, handle = count_forward_calls(setup["evaluator_model"])
+    try:
+        with pytest.raises(ValueError, match=r"The model's tokenizer gives token id \d+ for predictions\[0\], but "
+                                             r"the model has only 100 token embeddings.*tokenizer saved with the model"):
+            run(metric, setup, model=small)
+    finally:
+        handle.remove()
+    assert calls == []  # not even the evaluator ran
+    with pytest.raises(ValueError, match=r"The evaluator's tokenizer gives token id \d+ .*only 100 token embeddings"):
+        run(metric, setup, evaluator_model=tiny_model("llama", 100, seed=1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(use_lcl="no"), "use_lcl must be True or False, got 'no'"),
+        (dict(soft="false"), "soft must be True or False, got 'false'"),
+        (dict(window_bos=1), "window_bos must be True or False, got 1"),
+        (dict(trunc_len=-5), "trunc_len must be an integer >= 1, got -5"),
+        (dict(sliding_window=-1), "sliding_window must be an integer >= 1, got -1"),
+        (dict(gamma=float("nan")), "gamma must be a finite number"),
+    ],
+)
+def test_shared_setting_checks(metric, setup, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run(metric, setup, **kwargs)

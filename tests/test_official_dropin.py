@@ -127,3 +127,78 @@ def test_model_given_as_path(models, text, tmp_path):
     models["tokenizer"].save_pretrained(tmp_path / "m")
     by_path = call(text, dict(models, tokenizer=None, model=str(tmp_path / "m")))
     assert by_path["n_key_token"] == call(text, models)["n_key_token"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(trunc_len=0), "trunc_len must be an integer >= 1, got 0"),
+        (dict(trunc_len=-5), "trunc_len must be an integer >= 1, got -5"),
+        (dict(sliding_window=-1), "sliding_window must be an integer >= 1, got -1"),
+        (dict(alpha=float("nan")), "alpha must be a finite number, got nan"),
+        (dict(beta=float("inf")), "beta must be a finite number, got inf"),
+    ],
+)
+def test_arguments_are_checked_as_in_the_metric(models, text, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        call(text, models, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"],
+                       **dict(dict(trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA), **kwargs))
+
+
+def test_tokenizer_of_another_model_is_named(models, text):
+    with pytest.raises(ValueError, match=r"The model's tokenizer gives token id \d+ .*only 50 token embeddings"):
+        call(text, dict(models, model=tiny_model("mistral", 50, seed=4)))
+    with pytest.raises(ValueError, match=r"The evaluator's tokenizer gives token id \d+ .*only 50 token embeddings"):
+        call(text, dict(models, evaluator_model=tiny_model("gpt2", 50, seed=5)))
+    with pytest.raises(ValueError, match="text must be a non-empty string"):
+        call(["a list"], models)
+
+
+def test_official_span_files_with_numbers_that_are_not_offsets(models, text, tmp_path):
+    path = tmp_path / "slice_0.txt"
+    path.write_text("[1, 4];[99999999999999999999999, 99999999999999999999999]", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"span 1 \[99999999999999999999999, .*\] ends past the text"):
+        load_key_token(str(path))
+    path.write_text("[1, 4];[10, 7]", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"span 1 \[10, 7\] is not a character span \(0 <= start <= end\)"):
+        load_key_token(str(path))
+    path.write_text(f"[1, 4];[10, {len(text) + 5}]", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"span 1 \[10, {len(text) + 5}\] ends past the text \(the text has"):
+        call(text, dict(models, evaluator_model=None), save_path=str(path))
+    bad_json = tmp_path / "bad.json"
+    official.save_key_spans(str(bad_json), np.zeros((0, 2)), text, {})
+    payload = json.loads(bad_json.read_text())
+    payload["spans"] = [[1, "4"]]
+    bad_json.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=r"span 0 \[1, '4'\] is not a pair of integers"):
+        load_key_token(str(bad_json))
+
+
+def test_spans_out_of_order_count_what_the_official_code_counts(models, text, tmp_path):
+    """The official cal_overlap walks tokens and spans together; with reversed spans it reaches the
+    tokens of the first span listed (the last in the text) and passes every other span."""
+    from reference import full_log_probs, official_overlap
+
+    spans = find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"], K, D, None, ALPHA,
+                           BETA).tolist()
+    assert len(spans) >= 3
+    reversed_spans = spans[::-1]
+    path = tmp_path / "slice_0.txt"
+    path.write_text(";".join(f"[{a}, {b}]" for a, b in reversed_spans), encoding="utf-8")
+    with pytest.warns(UserWarning, match="not in text order.*counted as the official code counts them"):
+        out = call(text, dict(models, evaluator_model=None), save_path=str(path))
+    enc = models["tokenizer"](text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], [list(o) for o in enc["offset_mapping"]]
+    key = [i for i in official_overlap(offsets, reversed_spans) if i >= 1]
+    full = full_log_probs(models["model"], ids)
+    key_nll = [-float(full[i - 1, ids[i]]) for i in key]
+    assert out["n_key_token"] == len(key) > 0
+    assert out["longppl"] == pytest.approx(float(np.exp(np.mean(key_nll))), rel=1e-5)
+
+
+def test_model_path_that_does_not_exist(models, text, tmp_path):
+    missing = str(tmp_path / "nonexistent")
+    with pytest.raises(ValueError, match=r"evaluator_model='.*nonexistent' is not an existing directory \(no such"):
+        call(text, dict(models, evaluator_model=missing, evaluator_tokenizer=None))

@@ -141,3 +141,12 @@ def test_packing_respects_budget_and_counts_forward_calls(tokenizers):
     handle.remove()
     # 8 windows of 60 tokens per document (starts 0..140), 4 per forward under a 240-token budget.
     assert shapes == [(4, 60)] * 4
+
+
+def test_bad_window_settings_are_named_not_raw_errors():
+    ids = torch.arange(60)
+    model = tiny_model("llama", 100)
+    with pytest.raises(ValueError, match="trunc_len must be an integer >= 1, got -5"):
+        short_context_log_probs(model, [ids], -5, 8, 1000)
+    with pytest.raises(ValueError, match="sliding_window must be an integer >= 1, got 0"):
+        window_bounds(60, 16, 0)

@@ -130,16 +130,47 @@ def tokens_within_spans(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
 
     Args:
         offsets: ``[n, 2]`` token spans in text order.
-        spans: ``[m, 2]`` merged key spans in text order (starts and ends non-decreasing), so the
-            candidate span is the last one starting at or before the token.
+        spans: ``[m, 2]`` merged key spans, normally in text order (starts and ends non-decreasing),
+            so the candidate span is the last one starting at or before the token. Spans out of
+            text order (a file edited or written by other code) are matched as the official code
+            matches them (:func:`official_span_overlap`).
     """
     offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
     if spans.shape[0] == 0 or offsets.shape[0] == 0:
         return np.zeros(offsets.shape[0], dtype=bool)
+    if np.any(spans[1:, 0] < spans[:-1, 0]):
+        return official_span_overlap(offsets, spans)
     candidate = np.searchsorted(spans[:, 0], offsets[:, 0], side="right") - 1
     safe = np.clip(candidate, 0, None)
     return (candidate >= 0) & (offsets[:, 1] <= spans[safe, 1])
+
+
+def official_span_overlap(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """``[n]`` bool: the tokens the official ``cal_overlap`` marks, for spans in any order.
+
+    The official code walks tokens (``i``) and spans (``j``) together: token ``i`` inside span ``j``
+    is marked and ``i`` advances; a token starting before span ``j`` is skipped; otherwise span
+    ``j`` is passed. For spans in text order this is :func:`tokens_within_spans`; for spans out
+    of order it marks only what this walk reaches (e.g. reversed spans: the first span's tokens).
+
+    Args:
+        offsets: ``[n, 2]`` token spans in text order. spans: ``[m, 2]`` character spans.
+    """
+    token_spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2).tolist()
+    key_spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2).tolist()
+    marked = np.zeros(len(token_spans), dtype=bool)
+    i = j = 0
+    while i < len(token_spans) and j < len(key_spans):
+        (a0, a1), (b0, b1) = token_spans[i], key_spans[j]
+        if a0 >= b0 and a1 <= b1:
+            marked[i] = True
+            i += 1
+        elif a0 < b0:
+            i += 1
+        else:
+            j += 1
+    return marked
 
 
 def transfer_token_weights(

@@ -54,7 +54,7 @@ import pyarrow as pa
 
 from .atomic_files import recover_directory, replace_directory_atomically
 from .fingerprints import ModelIdentity, text_fingerprint
-from .defaults import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
+from .settings import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, WindowSettings
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
     from .scoring import EvaluatorScores
@@ -99,6 +99,9 @@ class KeyTokenSettings:
     sliding_window: int = DEFAULT_SLIDING_WINDOW
     add_special_tokens: bool = True
     window_bos: bool = False
+
+    def __post_init__(self):
+        WindowSettings(self.trunc_len, self.sliding_window)  # the shared validation of K and d
 
     def describe(self) -> str:
         return ", ".join(f"{name}={value}" for name, value in asdict(self).items())

@@ -14,14 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .defaults import (  # noqa: F401  (re-exported: the rule's defaults live beside it for readers)
-    DEFAULT_ALPHA,
-    DEFAULT_BETA,
-    DEFAULT_GAMMA,
-    DEFAULT_MAX_TOKENS_PER_BATCH,
-    DEFAULT_SLIDING_WINDOW,
-    DEFAULT_TRUNC_LEN,
-)
+# The DEFAULT_* names live in settings and stay importable from here.
+from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:
@@ -37,6 +31,7 @@ def key_token_mask(
     use_lcl: bool = True,
 ) -> np.ndarray:
     """``[n]`` bool: ``LSD > alpha`` and (if ``use_lcl``) ``LCL > beta``."""
+    KeyTokenRule(alpha, beta, use_lcl)  # a NaN threshold would silently make no token key
     lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(invalid="ignore"):
         mask = lsd > alpha
@@ -47,6 +42,7 @@ def key_token_mask(
 
 def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
     """``[n]`` float32 ``min(exp(LSD), gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
+    KeyTokenRule(soft=True, gamma=gamma)
     lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(over="ignore", invalid="ignore"):
         weights = np.minimum(np.exp(lsd), np.float32(gamma))

@@ -1,13 +1,155 @@
-"""Loading causal LMs and tokenizers from Hub ids or local paths, with device and dtype defaults."""
+"""Loading causal LMs and tokenizers from Hub ids or local paths, with device and dtype defaults.
+
+The arguments are checked before anything is loaded (:func:`check_device`,
+:func:`check_model_source`, :func:`merge_dtype_arguments`), so a typo fails at once with a message
+that says what to pass, instead of a raw error from transformers, a CUDA assertion, or a minute
+of Hub retries while offline.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+VALID_DEVICES = (
+    "'cuda' (or 'cuda:<index>') for a GPU, 'cpu', 'mps' (Apple GPU), 'auto' (shard a large model over all "
+    "GPUs) or None (a GPU when one is available, else the CPU)"
+)
+_TRUE = ("1", "on", "yes", "true")
 
 
 def default_device() -> str:
     """``"cuda"`` when a GPU is visible, else ``"cpu"``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device) -> str | None:
+    """``device`` as a string (``None`` stays ``None``), after checking that it names a device that
+    exists here; ``ValueError`` saying what to pass otherwise.
+
+    Accepts ``None``, ``"auto"``, a ``torch.device`` or a string ``torch.device`` parses (``"cpu"``,
+    ``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"xpu"``).
+    """
+    if device is None or device == "auto":
+        return device
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device={device!r} is not a device name: pass {VALID_DEVICES}.")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device: pass {VALID_DEVICES}.") from None
+    if parsed.type == "cpu":
+        return str(parsed)
+    backend = torch.backends.mps if parsed.type == "mps" else getattr(torch, parsed.type, None)
+    if not callable(getattr(backend, "is_available", None)):
+        raise ValueError(f"device={device!r} cannot run a model: pass {VALID_DEVICES}.")
+    if not backend.is_available():
+        raise ValueError(
+            f"device={device!r}, but PyTorch sees no {parsed.type} device here "
+            f"(torch.{parsed.type}.is_available() is False): pass device='cpu', or leave device unset "
+            "to use a GPU only when one is available."
+        )
+    count = getattr(backend, "device_count", lambda: 1)()
+    if parsed.index is not None and parsed.index >= count:
+        raise ValueError(
+            f"device={device!r}, but there are only {count} {parsed.type} device(s) (indices 0..{count - 1})."
+        )
+    return str(parsed)
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    # Read the environment now too: huggingface_hub reads it once, at import.
+    env = any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return env or bool(constants.HF_HUB_OFFLINE)
+
+
+def _hub_cache_dirs() -> list[str]:
+    from huggingface_hub import constants
+
+    dirs = []
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            dirs.append(os.path.expanduser(os.environ[name]))
+    if os.environ.get("HF_HOME"):
+        dirs.append(os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub"))
+    dirs.append(constants.HF_HUB_CACHE)
+    return list(dict.fromkeys(dirs))
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=repo_id, repo_type="model")
+    for cache in _hub_cache_dirs():
+        snapshots = os.path.join(cache, folder, "snapshots")
+        if os.path.isdir(snapshots) and os.listdir(snapshots):
+            return True
+    return False
+
+
+def check_model_source(name_or_path, argument: str = "model_id") -> str:
+    """``name_or_path`` as a string, after checking, without any network access, that it can be
+    loaded: an existing local directory, or a Hub id (``"name"`` or ``"org/name"``) that, while
+    offline (``HF_HUB_OFFLINE=1``), is in the local Hugging Face cache. ``ValueError`` otherwise.
+
+    Args:
+        argument: the argument's name, for the message (e.g. ``"evaluator_model_id"``).
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
+        raise ValueError(
+            f"{argument} must be a Hub id such as 'org/name' or the path of a local model directory, "
+            f"got {name_or_path!r}."
+        )
+    name = os.fspath(name_or_path)
+    local = os.path.expanduser(name)
+    if os.path.isdir(local):
+        return name
+    if os.path.exists(local):
+        raise ValueError(
+            f"{argument}={name!r} is a file; pass the directory a model was saved to with save_pretrained."
+        )
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ValueError(
+            f"{argument}={name!r} is not an existing directory (no such path here), nor a Hub id "
+            "('name' or 'org/name'): pass the directory a model was saved to with save_pretrained, "
+            "or a Hub model id."
+        ) from None
+    if _hub_offline() and not _in_hub_cache(name):
+        raise ValueError(
+            f"{argument}={name!r} is not a local directory, and as a Hub id it is not in the local Hugging "
+            f"Face cache ({_hub_cache_dirs()[0]}), which is all that can be used while offline "
+            "(HF_HUB_OFFLINE=1). Download it once with network access (e.g. `hf download "
+            f"{name}`), or pass the path of a local copy."
+        )
+    return name
+
+
+def merge_dtype_arguments(torch_dtype=None, dtype=None):
+    """The one dtype setting given as ``torch_dtype`` (the older name) or ``dtype`` (transformers 5's).
+
+    Raises ``ValueError`` when both are given and name different dtypes.
+    """
+    if dtype is None:
+        return torch_dtype
+    if torch_dtype is None:
+        return dtype
+
+    def canonical(value):
+        return value if value == "auto" else resolve_dtype(value, "cpu")
+
+    if canonical(torch_dtype) != canonical(dtype):
+        raise ValueError(
+            f"torch_dtype={torch_dtype!r} and dtype={dtype!r} disagree: they are one setting (dtype is its "
+            "transformers 5 name); pass only one of them."
+        )
+    return dtype
 
 
 def resolve_dtype(torch_dtype, device: str) -> torch.dtype:
@@ -43,7 +185,8 @@ def load_model(name_or_path: str, device: str | None = None, torch_dtype=None):
     """The model alone, as :func:`load_causal_lm` loads it (for callers that hold its tokenizer already)."""
     from transformers import AutoModelForCausalLM
 
-    device = device or default_device()
+    name_or_path = check_model_source(name_or_path)
+    device = check_device(device) or default_device()
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(torch_dtype, device),
                                                  device_map=device)
     model.eval()
@@ -54,4 +197,4 @@ def load_tokenizer(name_or_path: str):
     """The tokenizer saved with a model (fast when available, for its offset mapping)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name_or_path)
+    return AutoTokenizer.from_pretrained(check_model_source(name_or_path))

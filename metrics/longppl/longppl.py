@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import collections.abc
 import gc
-import math
-import numbers
 import warnings
 
 import datasets
@@ -19,22 +18,43 @@ from .alignment import encode_with_offsets
 from .atomic_files import write_file_atomically
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
-from .defaults import DEFAULT_MAX_TOKENS_PER_BATCH, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
 from .fingerprints import ModelIdentity
 from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
-from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, key_char_spans
-from .loading import default_device, load_causal_lm, load_model, load_tokenizer, resolve_dtype
+from .key_tokens import key_char_spans
+from .loading import (
+    check_device,
+    check_model_source,
+    default_device,
+    load_causal_lm,
+    load_model,
+    load_tokenizer,
+    merge_dtype_arguments,
+    resolve_dtype,
+)
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
 from .progress import Progress
 from .scoring import (
     ModelScores,
     document_results,
+    encode_texts,
     score_with_evaluator,
     score_with_model,
     summarize_results,
     text_key_weights,
     truncate_texts,
+)
+from .settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_GAMMA,
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+    KeyTokenRule,
+    WindowSettings,
+    require_bool,
+    require_int,
 )
 from .windows import window_bounds
 
@@ -71,9 +91,11 @@ Computes LongPPL and PPL of a causal LM on long texts.
 
 Args:
     predictions (`list` of `str`): the texts to score (long documents; each needs more than
-        `trunc_len` evaluator tokens to have key tokens).
+        `trunc_len` evaluator tokens to have key tokens). A bare string is refused (it would be
+        scored character by character): pass one text as `[text]`.
     model_id (`str`): Hub id or local path of the evaluated causal LM. Or pass `model` and
-        `tokenizer` objects (a PEFT-wrapped model works too).
+        `tokenizer` objects (a PEFT-wrapped model works too). Checked before anything is loaded: a
+        path must exist, and while offline (`HF_HUB_OFFLINE=1`) a Hub id must be in the local cache.
     evaluator_model_id (`str`): Hub id or local path of the evaluator. Or pass `evaluator_model`
         and `evaluator_tokenizer`. Required unless `self_evaluation=True` or `key_tokens` holds
         every text.
@@ -95,19 +117,39 @@ Args:
     gamma (`float`, default 5.0): cap of the soft weights.
     trunc_len (`int`, default 4096): K, the short-context length.
     sliding_window (`int`, default 1024): d, how many tokens share one short context.
-    max_length (`int`, optional): keep only the first `max_length` tokens of each text (evaluated
-        model's tokenizer, no special tokens). The official script uses its `--max-length` minus one.
+    max_length (`int`, optional): keep only the first `max_length` *evaluator* tokens of each text
+        (special tokens not counted), as `scripts/compute_key_tokens.py --max-length` does. Counted
+        in evaluator tokens because K, d and the key tokens are, and because the cut text is then
+        the same whatever model is evaluated: models with different tokenizers are compared on the
+        same text, and a key-token cache built with `--max-length N` serves `max_length=N`. It
+        needs the evaluator's tokenizer: with `key_tokens` and no evaluator, pass
+        `evaluator_model_id` too (the evaluator itself is loaded only for texts the cache lacks).
+        The official script cuts by the evaluated model's tokens instead; to reproduce it exactly,
+        cut the texts yourself.
     max_tokens_per_batch (`int`, default 32768): token budget of one forward pass; short windows
         and short documents are packed up to it. Results do not depend on it.
-    device (`str`, optional): where models given by id are loaded: "cuda", "cpu", "auto"
-        (shard over GPUs). Default: a GPU if available. Model objects stay where they are.
+    batch_size (`int`, optional): the name `evaluate`'s `perplexity` metric uses (texts per forward
+        pass). Forward passes are packed by tokens here, so it sets the token budget to
+        `max_tokens_per_batch = batch_size * (trunc_len + sliding_window)`: `batch_size` full short
+        windows per pass. Pass it or `max_tokens_per_batch`, not both.
+    device (`str`, optional): where models given by id are loaded: "cuda", "cuda:1", "cpu", "mps",
+        "auto" (shard over GPUs). Default: a GPU if available. A device that is not one, or that is
+        not available here, is refused. Model objects stay where they are.
     torch_dtype (`str` or `torch.dtype`, optional): dtype of models given by id; default bfloat16
         on GPU, float32 on CPU.
+    dtype (`str` or `torch.dtype`, optional): transformers 5's name of `torch_dtype`; pass either
+        (both, with different values, is an error).
     aggregation (`str`, default "official"): "official" = key-token-weighted mean of per-text
         LongPPLs (token-weighted for PPL), as the official evaluation script; "pooled" =
         exp(total NLL / total count) over all texts.
     add_special_tokens (`bool`, default False): tokenize for the evaluated model with its special
         tokens (the official code does not).
+    add_start_token (`bool`, optional): `evaluate`'s `perplexity` name: True puts the tokenizer's
+        start (BOS) token before each text, so that the first token of the text is scored too. Here
+        that is `add_special_tokens=True` (the evaluated model's tokenizer must add a BOS token with
+        its special tokens); False is `add_special_tokens=False`. Note the defaults differ: the
+        `perplexity` metric adds it, LongPPL (like the official code) does not. Pass it or
+        `add_special_tokens`, not both with different values.
     evaluator_add_special_tokens (`bool`, default True): tokenize for the evaluator with its special
         tokens (official behaviour).
     window_bos (`bool`, default False): opt-in: put the evaluator's BOS at the head of every short
@@ -125,7 +167,9 @@ Args:
 
 Returns:
     longppl (`float`): corpus LongPPL (NaN if no text has key tokens).
-    ppl (`float`): corpus perplexity.
+    ppl (`float`): corpus perplexity (per-text perplexities weighted by their token counts).
+    mean_perplexity (`float`): the plain mean of `perplexities` over texts, as `evaluate`'s
+        `perplexity` metric reports it.
     longppls (`list` of `float`): LongPPL per text (NaN when it has no key tokens).
     perplexities (`list` of `float`): perplexity per text.
     n_key_tokens (`list`): key tokens per text, under the evaluated model's tokenizer.
@@ -143,31 +187,69 @@ Examples:
     ...     evaluator_model_id="meta-llama/Llama-3.1-8B",
     ... )  # doctest: +SKIP
     >>> sorted(results)  # doctest: +SKIP
-    ['longppl', 'longppls', 'n_key_tokens', 'n_tokens', 'perplexities', 'ppl']
+    ['longppl', 'longppls', 'mean_perplexity', 'n_key_tokens', 'n_tokens', 'perplexities', 'ppl']
 """
 
 
-def _require_finite(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}.")
-    return float(value)
-
-
-def _require_positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
-
-
 def check_predictions(predictions, allow_empty: bool = False) -> None:
-    """Raise a ValueError naming the first prediction that is not a non-empty string."""
-    if predictions is None or (len(predictions) == 0 and not allow_empty):
+    """Raise a ValueError unless ``predictions`` is a list (any sequence) of non-empty strings.
+
+    A bare string is refused: evaluate would take it as a list of one-character texts.
+    """
+    if isinstance(predictions, (str, bytes)):
+        raise ValueError(
+            "predictions is a single string; pass a list of texts, e.g. predictions=[text] "
+            "(a bare string would be scored character by character)."
+        )
+    if predictions is None or not isinstance(predictions, (collections.abc.Sequence, np.ndarray)):
+        raise ValueError(
+            f"predictions must be a list of strings, got a {type(predictions).__name__}; "
+            "pass e.g. predictions=list(texts)."
+        )
+    if len(predictions) == 0 and not allow_empty:
         raise ValueError("predictions is empty: pass a list with at least one text to score.")
     for index, text in enumerate(predictions):
         if not isinstance(text, str):
             raise ValueError(f"predictions[{index}] is a {type(text).__name__}, not a string; pass texts.")
         if not text.strip():
             raise ValueError(f"predictions[{index}] is an empty string; every text must have content.")
+
+
+def _resolve_perplexity_names(max_tokens_per_batch, batch_size, window: WindowSettings, add_special_tokens,
+                              add_start_token) -> tuple[int, bool]:
+    """``(max_tokens_per_batch, add_special_tokens)`` from our names or from the names of
+    ``evaluate``'s ``perplexity`` metric (``batch_size``, ``add_start_token``)."""
+    if batch_size is not None:
+        if max_tokens_per_batch is not None:
+            raise ValueError(
+                "batch_size and max_tokens_per_batch both set the size of a forward pass "
+                "(batch_size=B means B * (trunc_len + sliding_window) tokens); pass only one of them."
+            )
+        max_tokens_per_batch = require_int("batch_size", batch_size) * (window.trunc_len + window.sliding_window)
+    elif max_tokens_per_batch is None:
+        max_tokens_per_batch = DEFAULT_MAX_TOKENS_PER_BATCH
+    max_tokens_per_batch = require_int("max_tokens_per_batch", max_tokens_per_batch)
+    if add_start_token is not None:
+        add_start_token = require_bool("add_start_token", add_start_token)
+        if add_special_tokens is not None and require_bool("add_special_tokens", add_special_tokens) != add_start_token:
+            raise ValueError(
+                f"add_start_token={add_start_token} and add_special_tokens={add_special_tokens} disagree: "
+                "add_start_token (the name of evaluate's perplexity metric) sets add_special_tokens; pass only one."
+            )
+        add_special_tokens = add_start_token
+    add_special_tokens = False if add_special_tokens is None else require_bool("add_special_tokens", add_special_tokens)
+    return max_tokens_per_batch, add_special_tokens
+
+
+def _check_start_token(tokenizer) -> None:
+    """``add_start_token=True`` needs a tokenizer that puts its BOS token first with its special tokens."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    if bos is None or not ids or ids[0] != bos:
+        raise ValueError(
+            f"add_start_token=True asks for a start (BOS) token before each text, but {type(tokenizer).__name__} "
+            "adds none with its special tokens; pass add_start_token=False (the official LongPPL setting)."
+        )
 
 
 def _model_and_tokenizer(model, tokenizer, model_id, role: str):
@@ -289,37 +371,42 @@ class LongPPL(evaluate.Metric):
         trunc_len=DEFAULT_TRUNC_LEN,
         sliding_window=DEFAULT_SLIDING_WINDOW,
         max_length=None,
-        max_tokens_per_batch=DEFAULT_MAX_TOKENS_PER_BATCH,
+        max_tokens_per_batch=None,
         device=None,
         torch_dtype=None,
         aggregation="official",
-        add_special_tokens=False,
+        add_special_tokens=None,
         evaluator_add_special_tokens=True,
         window_bos=False,
         progress=True,
         torch_compile=False,
         return_key_spans=False,
         key_tokens=None,
+        batch_size=None,
+        add_start_token=None,
+        dtype=None,
         progress_callback=None,
     ):
+        # Every argument is checked before any model is loaded or run.
         check_predictions(predictions)
-        alpha = _require_finite("alpha", alpha)
-        beta = _require_finite("beta", beta)
-        gamma = _require_finite("gamma", gamma)
-        if gamma <= 0:
-            raise ValueError(f"gamma must be > 0 (it caps the soft weights min(exp(LSD), gamma)), got {gamma!r}.")
-        trunc_len = _require_positive_int("trunc_len", trunc_len)
-        sliding_window = _require_positive_int("sliding_window", sliding_window)
-        max_tokens_per_batch = _require_positive_int("max_tokens_per_batch", max_tokens_per_batch)
+        window = WindowSettings(trunc_len, sliding_window)
+        rule = KeyTokenRule(alpha, beta, use_lcl, soft, gamma)
+        max_tokens_per_batch, add_special_tokens = _resolve_perplexity_names(
+            max_tokens_per_batch, batch_size, window, add_special_tokens, add_start_token
+        )
+        torch_dtype = merge_dtype_arguments(torch_dtype, dtype)
+        device = check_device(device)
+        evaluator_add_special_tokens = require_bool("evaluator_add_special_tokens", evaluator_add_special_tokens)
+        window_bos = require_bool("window_bos", window_bos)
         if max_length is not None:
-            max_length = _require_positive_int("max_length", max_length, minimum=2)
+            max_length = require_int("max_length", max_length, minimum=2)
         if progress_callback is not None and not callable(progress_callback):
             raise ValueError(
                 f"progress_callback must be a function callback(desc, done, total), got {progress_callback!r}."
             )
         if aggregation not in ("official", "pooled"):
             raise ValueError(f"aggregation must be 'official' or 'pooled', got {aggregation!r}.")
-        if return_key_spans and soft:
+        if return_key_spans and rule.soft:
             raise ValueError(
                 "return_key_spans=True lists the key tokens of the hard rule, but soft=True weights every "
                 "token instead; pass soft=False to get key spans."
@@ -342,12 +429,32 @@ class LongPPL(evaluate.Metric):
         evaluator_model, evaluator_tokenizer, evaluator_model_id = _model_and_tokenizer(
             evaluator_model, evaluator_tokenizer, evaluator_model_id, "evaluator_model"
         )
+        if model_id is not None:
+            check_model_source(model_id, "model_id")
+        if evaluator_model_id is not None:
+            check_model_source(evaluator_model_id, "evaluator_model_id")
+        if max_length is not None and not self_evaluation and evaluator_tokenizer is None and evaluator_model_id is None:
+            raise ValueError(
+                "max_length counts the evaluator's tokens, but no evaluator is given (only key_tokens): pass "
+                "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
+                "cut the texts yourself and leave max_length unset."
+            )
 
         if self_evaluation and model is None:
             model, tokenizer = load_causal_lm(model_id, device, torch_dtype)
         if tokenizer is None:
             tokenizer = load_tokenizer(model_id)  # the model itself is loaded after the evaluator is freed
-        texts = truncate_texts(predictions, tokenizer, max_length)
+        if add_start_token:
+            _check_start_token(tokenizer)
+        if max_length is not None:
+            cutter = tokenizer if self_evaluation else evaluator_tokenizer or load_tokenizer(evaluator_model_id)
+            texts = truncate_texts(predictions, cutter, max_length)
+        else:
+            texts = list(predictions)
+        if model is not None:  # a tokenizer of another model fails here, before the evaluator's long run
+            encode_texts(tokenizer, texts, add_special_tokens, model, "model")
+        trunc_len, sliding_window = window.trunc_len, window.sliding_window
+        alpha, beta, use_lcl, soft, gamma = rule.alpha, rule.beta, rule.use_lcl, rule.soft, rule.gamma
 
         if self_evaluation:
             evaluator_model, evaluator_tokenizer, evaluator_model_id = model, tokenizer, None

@@ -2,7 +2,10 @@
 return keys, computed with this library's batched, chunked core.
 
 Key spans are saved as JSON (never read back with ``eval``); key-span files written by the official
-package (``[a, b];[c, d]``) are read too, parsed as integers.
+package (``[a, b];[c, d]``) are read too, parsed as integers and checked to be character spans.
+
+The arguments are checked as the metric checks them (``settings``): e.g. ``trunc_len=0`` or
+``alpha=nan`` is an error here too, not numbers or a silent "no key tokens".
 """
 
 from __future__ import annotations
@@ -18,19 +21,15 @@ import torch
 from .alignment import tokens_within_spans
 from .atomic_files import write_file_atomically
 from .fingerprints import text_fingerprint
-from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA
-from .loading import load_causal_lm
-from .scoring import (
-    DEFAULT_SLIDING_WINDOW,
-    DEFAULT_TRUNC_LEN,
-    document_result,
-    score_with_evaluator,
-    score_with_model,
-)
+from .loading import check_model_source, load_causal_lm
+from .scoring import document_result, score_with_evaluator, score_with_model
+from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, KeyTokenRule, WindowSettings
 
 KEY_SPANS_FORMAT = "longppl-key-spans"
 KEY_SPANS_VERSION = 1
 _OFFICIAL_SPAN = re.compile(r"^\[\s*(\d+)\s*,\s*(\d+)\s*\]$")
+# Character offsets are stored as int64 downstream; anything larger cannot be an offset in a text.
+_MAX_OFFSET = np.iinfo(np.int64).max
 
 
 def save_key_spans(path: str, spans: np.ndarray, text: str, settings: dict) -> None:
@@ -78,7 +77,10 @@ def load_key_token(save_path: str, text: str | None = None) -> list[list[int]]:
                 f"The key spans in {save_path!r} were computed for a different text; recompute them "
                 "with an evaluator or pass the matching save_path."
             )
-        return [[int(a), int(b)] for a, b in payload["spans"]]
+        spans = payload.get("spans")
+        if not isinstance(spans, list) or not all(isinstance(span, list) and len(span) == 2 for span in spans):
+            raise ValueError(f"{save_path!r}: 'spans' must be a list of [start, end] pairs; recompute it.")
+        return _checked_spans(spans, save_path, text)
     spans = []
     for number, part in enumerate(filter(None, stripped.split(";"))):
         match = _OFFICIAL_SPAN.match(part.strip())
@@ -88,14 +90,53 @@ def load_key_token(save_path: str, text: str | None = None) -> list[list[int]]:
                 f"(entry {number}: {part[:40]!r})."
             )
         spans.append([int(match.group(1)), int(match.group(2))])
-    return spans
+    return _checked_spans(spans, save_path, text)
+
+
+def _checked_spans(spans: list, save_path: str, text: str | None) -> list[list[int]]:
+    """``spans`` if every entry is a character span ``[start, end]`` (integers, ``0 <= start <= end``,
+    ``end <= len(text)`` when the text is known); ``ValueError`` naming the entry otherwise.
+
+    Spans out of text order are kept as they are, with a warning: the official code reads such a
+    file too, and counts the tokens its two-pointer walk reaches (``alignment.official_span_overlap``).
+    """
+    limit = _MAX_OFFSET if text is None else len(text)
+    for number, span in enumerate(spans):
+        start, end = span
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
+            raise ValueError(f"{save_path!r}: span {number} {span!r} is not a pair of integers; recompute the file.")
+        if not 0 <= start <= end:
+            raise ValueError(
+                f"{save_path!r}: span {number} [{start}, {end}] is not a character span (0 <= start <= end); "
+                "recompute the file with an evaluator."
+            )
+        if end > limit:
+            what = f"the text has {len(text)} characters" if text is not None else "no text is that long"
+            raise ValueError(
+                f"{save_path!r}: span {number} [{start}, {end}] ends past the text ({what}): the file belongs "
+                "to another text or is corrupt; recompute it with an evaluator."
+            )
+    starts = [start for start, _ in spans]
+    if any(b < a for a, b in zip(starts, starts[1:])):
+        warnings.warn(
+            f"The key spans in {save_path!r} are not in text order. They are counted as the official code "
+            "counts them (walking tokens and spans together, so a span before an earlier one is skipped); "
+            "sort the spans by start to count every one.",
+            stacklevel=3,
+        )
+    return [[int(start), int(end)] for start, end in spans]
+
+
+def _check_text(text) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty string (one document), got {type(text).__name__} {text!r:.40}.")
 
 
 def _as_model(model, tokenizer, role: str):
     if isinstance(model, str):
         if tokenizer is not None:
             warnings.warn(f"{role} is a path; its own tokenizer is loaded and the one given is ignored.", stacklevel=3)
-        return load_causal_lm(model)
+        return load_causal_lm(check_model_source(model, role))
     if tokenizer is None:
         raise ValueError(f"{role} is a model object, so its tokenizer must be given too.")
     return model, tokenizer
@@ -116,6 +157,9 @@ def find_key_token(
     Returns:
         ``[m, 2]`` int64 tensor of merged ``(start, end)`` character spans.
     """
+    _check_text(text)
+    window, rule = WindowSettings(trunc_len, sliding_window), KeyTokenRule(alpha, beta)
+    trunc_len, sliding_window, alpha, beta = window.trunc_len, window.sliding_window, rule.alpha, rule.beta
     scores = score_with_evaluator(
         evaluator_model, evaluator_tokenizer, [text], trunc_len, sliding_window, progress=False
     )[0]
@@ -156,7 +200,12 @@ def compute_longppl(
         ``n_key_token``, ``ppl`` and ``n_token`` (the evaluated model's tokens, without special tokens).
 
     As officially, the evaluator tokenizes with its special tokens and the evaluated model without.
+    Bad arguments (``trunc_len < 1``, a NaN threshold, ...) raise ``ValueError`` before any model
+    is loaded, as in the metric.
     """
+    _check_text(text)
+    window, rule = WindowSettings(trunc_len, sliding_window), KeyTokenRule(alpha, beta)
+    trunc_len, sliding_window, alpha, beta = window.trunc_len, window.sliding_window, rule.alpha, rule.beta
     model, tokenizer = _as_model(model, tokenizer, "model")
     if evaluator_model is not None:
         evaluator_model, evaluator_tokenizer = _as_model(evaluator_model, evaluator_tokenizer, "evaluator_model")

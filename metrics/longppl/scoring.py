@@ -19,10 +19,18 @@ import torch
 from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
-from .defaults import DEFAULT_MAX_TOKENS_PER_BATCH, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
 from .key_tokens import key_char_spans, key_token_mask, soft_weights
 from .logprobs import unwrap_model
 from .progress import Progress, ProgressCallback
+# The DEFAULT_* names live in settings and stay importable from here.
+from .settings import (
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+    KeyTokenRule,
+    WindowSettings,
+    check_token_ids,
+)
 from .windows import short_context_log_probs
 
 
@@ -86,16 +94,40 @@ def _scoring(model, torch_compile: bool):
         model.train(was_training)
 
 
-def _encode_all(tokenizer, texts: Sequence[str], add_special_tokens: bool):
+def vocabulary_size(model) -> int | None:
+    """Rows of ``model``'s input embedding table (the ids it accepts are ``0 .. rows-1``), or
+    ``None`` when the model does not expose one (then token ids are not checked)."""
+    inner = unwrap_model(model)
+    try:
+        embeddings = inner.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embeddings = None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is None:
+        rows = getattr(getattr(inner, "config", None), "vocab_size", None)
+    return int(rows) if isinstance(rows, int) else None
+
+
+def encode_texts(tokenizer, texts: Sequence[str], add_special_tokens: bool, model=None, role: str = "model"):
+    """``[(ids [n], offsets [n, 2]), ...]`` of every text, checked before any forward pass: no text
+    may tokenize to nothing, and with ``model`` every id must index its embedding table
+    (:func:`settings.check_token_ids`)."""
     encoded = [encode_with_offsets(tokenizer, text, add_special_tokens) for text in texts]
+    vocab_size = None if model is None else vocabulary_size(model)
     for index, (ids, _) in enumerate(encoded):
         if ids.shape[0] == 0:
             raise ValueError(f"predictions[{index}] tokenizes to no tokens; pass texts with content.")
+        check_token_ids(ids, vocab_size, role, f"predictions[{index}]")
     return encoded
 
 
 def truncate_texts(texts: Sequence[str], tokenizer, max_length: int | None) -> list[str]:
-    """Cut each text after its first ``max_length`` tokens (evaluated model's tokenizer, no special tokens)."""
+    """Cut each text after its first ``max_length`` tokens of ``tokenizer`` (no special tokens counted).
+
+    The metric and ``scripts/compute_key_tokens.py`` both pass the *evaluator's* tokenizer: the
+    cut text is then the same for every evaluated model (a fair comparison across tokenizers, and
+    one key-token cache serves them all), and ``max_length`` is counted in the unit of ``K``.
+    """
     if max_length is None:
         return list(texts)
     out = []
@@ -144,13 +176,14 @@ def score_with_evaluator(
         progress_callback: ``callback(desc, done, total)`` after every step: documents, window
             batches, decoder layers and LM-head chunks (see ``progress``); raise in it to stop.
     """
-    encoded = _encode_all(tokenizer, texts, add_special_tokens)
+    window = WindowSettings(trunc_len, sliding_window)
+    encoded = encode_texts(tokenizer, texts, add_special_tokens, evaluator, "evaluator")
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
     groups = [[doc] for doc in range(len(texts))] if per_document else [list(range(len(texts)))]
     lp_long: list[torch.Tensor] = [torch.empty(0)] * len(texts)
     lp_short: list[torch.Tensor] = [torch.empty(0)] * len(texts)
     reporter = Progress(progress, progress_callback)
-    long_desc, short_desc = "LongPPL evaluator: long context", f"LongPPL evaluator: short windows (K={trunc_len})"
+    long_desc, short_desc = "LongPPL evaluator: long context", f"LongPPL evaluator: short windows (K={window.trunc_len})"
     with (
         _scoring(evaluator, torch_compile),
         reporter.labelled(long_desc, "doc").steps(len(texts)) as long_done,
@@ -164,8 +197,8 @@ def score_with_evaluator(
             short = short_context_log_probs(
                 evaluator,
                 seqs,
-                trunc_len,
-                sliding_window,
+                window.trunc_len,
+                window.sliding_window,
                 max_tokens_per_batch,
                 long_log_probs=long,
                 prefix_token_id=_window_prefix(tokenizer, window_bos),
@@ -194,7 +227,7 @@ def score_with_model(
 
     ``progress_callback``: as in :func:`score_with_evaluator`.
     """
-    encoded = _encode_all(tokenizer, texts, add_special_tokens)
+    encoded = encode_texts(tokenizer, texts, add_special_tokens, model, "model")
     reporter = Progress(progress, progress_callback).labelled("LongPPL: evaluated model", "doc")
     with _scoring(model, torch_compile), reporter.steps(len(texts)) as done:
         lp = long_context_log_probs(
@@ -214,6 +247,7 @@ def model_key_weights(
     gamma: float = 5.0,
 ) -> np.ndarray:
     """Per model token: 1.0 / 0.0 for key / not key (hard rule), or the transferred soft weight."""
+    KeyTokenRule(alpha, beta, use_lcl, soft, gamma)  # refuse NaN thresholds: they silently give no key tokens
     if soft:
         weights = soft_weights(evaluator_scores.lp_long, evaluator_scores.lp_short, gamma)
         return transfer_token_weights(text_length, evaluator_scores.offsets, weights, model_offsets)
@@ -291,12 +325,15 @@ def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") 
 
 
 def summarize_results(results: Sequence[DocumentResult], aggregation: str = "official", soft: bool = False) -> dict:
-    """The metric's return value: corpus ``longppl`` and ``ppl`` (see :func:`aggregate`), and per text
-    ``longppls``, ``perplexities``, ``n_key_tokens`` (int, or the total weight when ``soft``) and ``n_tokens``."""
+    """The metric's return value: corpus ``longppl`` and ``ppl`` (see :func:`aggregate`),
+    ``mean_perplexity`` (the plain mean of the per-text perplexities, as ``evaluate``'s
+    ``perplexity`` metric reports it), and per text ``longppls``, ``perplexities``,
+    ``n_key_tokens`` (int, or the total weight when ``soft``) and ``n_tokens``."""
     longppl, ppl = aggregate(results, aggregation)
     return {
         "longppl": longppl,
         "ppl": ppl,
+        "mean_perplexity": float(np.mean([r.ppl for r in results])) if results else float("nan"),
         "longppls": [r.longppl for r in results],
         "perplexities": [r.ppl for r in results],
         "n_key_tokens": [r.n_key_tokens if soft else int(r.n_key_tokens) for r in results],

@@ -19,10 +19,15 @@ from torch import nn
 
 from .batching import Segment, segment_log_probs
 from .progress import Progress
+from .settings import WindowSettings
 
 
 def window_bounds(n: int, trunc_len: int, sliding_window: int) -> list[tuple[int, int]]:
-    """``(start, end)`` of every short window of an ``n``-token document; scored: ``[start+K, end)``."""
+    """``(start, end)`` of every short window of an ``n``-token document; scored: ``[start+K, end)``.
+
+    Raises ``ValueError`` unless ``K, d >= 1`` (:class:`settings.WindowSettings`).
+    """
+    WindowSettings(trunc_len, sliding_window)
     return [(s, min(s + trunc_len + sliding_window, n)) for s in range(0, max(n - trunc_len, 0), sliding_window)]
 
 

@@ -1,0 +1,128 @@
+"""The settings of LongPPL, their defaults and their validation, in one place.
+
+Every entry point (the ``evaluate`` metric, the drop-in ``compute_longppl``, the key-token cache,
+the scripts and the scoring core below them) builds these small frozen dataclasses from its
+arguments, so a bad value gets the same clear message wherever it is given, before any model runs.
+
+- :class:`WindowSettings`: ``K`` (``trunc_len``) and ``d`` (``sliding_window``) of the short
+  windows, both counted in evaluator tokens (see ``windows``).
+- :class:`KeyTokenRule`: which evaluator tokens are key, from their long-short difference LSD and
+  long-context likelihood LCL (see ``key_tokens``).
+
+This module imports nothing else from the package, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def require_int(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an ``int`` if it is an integer ``>= minimum`` (``bool`` is not), else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def require_finite(name: str, value) -> float:
+    """``value`` as a ``float`` if it is a finite real number (``bool`` is not), else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def require_bool(name: str, value) -> bool:
+    """``value`` as a ``bool`` if it is ``True``/``False`` (NumPy's too), else ``ValueError``.
+
+    A string such as ``"false"`` is truthy: taking it as ``True`` would silently flip the setting.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r}.")
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """The short-context windows: for ``s = 0, d, 2d, …`` the evaluator reads ``x[s : s+K+d]`` alone
+    and scores tokens ``[s+K, s+K+d)`` (``windows``). Both counted in evaluator tokens.
+
+    Attributes:
+        trunc_len: ``K >= 1``, the short-context length; tokens ``i < K`` get no short score.
+        sliding_window: ``d >= 1``, how many consecutive tokens share one short context.
+    """
+
+    trunc_len: int = 4096
+    sliding_window: int = 1024
+
+    def __post_init__(self):
+        object.__setattr__(self, "trunc_len", require_int("trunc_len", self.trunc_len))
+        object.__setattr__(self, "sliding_window", require_int("sliding_window", self.sliding_window))
+
+
+@dataclass(frozen=True)
+class KeyTokenRule:
+    """Which evaluator tokens are key (paper Sec. 2.2, 3.1, Table 2).
+
+    Attributes:
+        alpha: hard rule: key iff ``LSD > alpha`` (finite).
+        beta: and, if ``use_lcl``, ``LCL > beta`` (finite).
+        use_lcl: keep the LCL condition (``False``: the paper's ablation).
+        soft: weight every token by ``min(exp(LSD), gamma)`` instead of the hard rule.
+        gamma: cap of the soft weights, finite and ``> 0``.
+
+    A NaN threshold would compare false for every token and so silently give "no key tokens":
+    it is refused here instead.
+    """
+
+    alpha: float = 2.0
+    beta: float = -2.0
+    use_lcl: bool = True
+    soft: bool = False
+    gamma: float = 5.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "alpha", require_finite("alpha", self.alpha))
+        object.__setattr__(self, "beta", require_finite("beta", self.beta))
+        object.__setattr__(self, "use_lcl", require_bool("use_lcl", self.use_lcl))
+        object.__setattr__(self, "soft", require_bool("soft", self.soft))
+        gamma = require_finite("gamma", self.gamma)
+        if gamma <= 0:
+            raise ValueError(f"gamma must be > 0 (it caps the soft weights min(exp(LSD), gamma)), got {gamma!r}.")
+        object.__setattr__(self, "gamma", gamma)
+
+
+DEFAULT_TRUNC_LEN = WindowSettings.trunc_len
+DEFAULT_SLIDING_WINDOW = WindowSettings.sliding_window
+DEFAULT_ALPHA = KeyTokenRule.alpha
+DEFAULT_BETA = KeyTokenRule.beta
+DEFAULT_GAMMA = KeyTokenRule.gamma
+#: Token budget of one forward pass (``batching``): results never depend on it, only speed and memory.
+DEFAULT_MAX_TOKENS_PER_BATCH = 32768
+
+
+def check_token_ids(ids, vocab_size: int | None, role: str, where: str) -> None:
+    """Raise ``ValueError`` if a token id of ``ids`` is outside ``[0, vocab_size)``.
+
+    Run on the encoded texts before any forward pass: an id past the model's embedding table is a
+    tokenizer that belongs to another model, and would otherwise surface as a bare ``IndexError``
+    (or, on a GPU, a device-side assert) deep inside the model.
+
+    Args:
+        ids: ``[n]`` int token ids of one text.
+        vocab_size: rows of the model's input embedding; ``None`` skips the check.
+        role: ``"model"`` or ``"evaluator"``, for the message. where: e.g. ``"predictions[2]"``.
+    """
+    if vocab_size is None or len(ids) == 0:
+        return
+    largest, smallest = int(max(ids)), int(min(ids))
+    if largest >= vocab_size or smallest < 0:
+        bad = largest if largest >= vocab_size else smallest
+        raise ValueError(
+            f"The {role}'s tokenizer gives token id {bad} for {where}, but the {role} has only {vocab_size} "
+            f"token embeddings (ids 0..{vocab_size - 1}): the tokenizer does not belong to this model. "
+            f"Pass the tokenizer saved with the {role} (or resize the {role}'s embeddings to the tokenizer)."
+        )
