@@ -118,6 +118,9 @@ def directory_lock(path: str, shared: bool = False, optional: bool = False) -> I
         yield False
         return
     lock = _lock_path(path)
+    if shared and not os.path.isdir(os.path.dirname(lock)):  # nothing there to read: create no folders
+        yield False
+        return
     while True:
         try:
             os.makedirs(os.path.dirname(lock), exist_ok=True)
