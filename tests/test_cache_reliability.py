@@ -1,9 +1,10 @@
 """The key-token cache under faults: concurrent writers, another tokenizer, damaged files, leftovers of
 killed writers, one evaluator under two spellings of its path."""
 
+import hashlib
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 
@@ -51,8 +52,8 @@ def test_concurrent_writers_keep_every_row(tmp_path):
         reference = synthetic_rows(texts, seed=1000 * w + 1)
         for text, row in zip(texts, cache.find(texts, SETTINGS, IDENTITY.fingerprint)):
             position = reference["text"].index(text)
-            assert np.array_equal(cache.scores(row).lp_short, np.array(reference[position]["lp_short"], dtype=np.float32),
-                                  equal_nan=True)
+            stored = np.array(reference[position]["lp_short"], dtype=np.float32)
+            assert np.array_equal(cache.scores(row).lp_short, stored, equal_nan=True)
     assert sorted(os.listdir(tmp_path)) == ["barrier", "cache"]  # no lock file or temporary left
 
 
@@ -129,7 +130,7 @@ def _flip_scores(path):
 )
 def test_damaged_files_give_a_clear_error(saved_cache, damage, detail):
     damage(saved_cache)
-    with pytest.raises(CacheDamagedError, match=rf"key-token cache at '{saved_cache}' is damaged: {detail}.*delete the "
+    with pytest.raises(CacheDamagedError, match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged: {detail}.*delete the "
                        r"directory and rebuild it .*or restore it from a copy"):
         KeyTokenCache.load(saved_cache)
 
@@ -141,7 +142,8 @@ def test_damaged_files_without_checksums_give_a_clear_error_too(saved_cache, dam
     os.remove(os.path.join(saved_cache, CHECKSUM_FILE))  # as written by a plain Dataset.save_to_disk
     assert len(KeyTokenCache.load(saved_cache)) == 3
     damage(saved_cache)
-    with pytest.raises(CacheDamagedError, match=rf"at '{saved_cache}' is damaged: datasets could not read it \({detail}"):
+    with pytest.raises(CacheDamagedError,
+                       match=rf"at '{re.escape(saved_cache)}' is damaged: datasets could not read it \({detail}"):
         KeyTokenCache.load(saved_cache)
 
 
@@ -149,7 +151,7 @@ def test_damage_surfaces_in_the_metric_and_the_script(saved_cache, tmp_path):
     _flip_scores(saved_cache)
     metric = evaluate.load(longppl.METRIC_PATH)
     tok = metaspace_bpe()
-    with pytest.raises(ValueError, match=rf"key-token cache at '{saved_cache}' is damaged"):
+    with pytest.raises(ValueError, match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged"):
         metric.compute(predictions=["some text"], model=tiny_model("mistral", len(tok)), tokenizer=tok,
                        key_tokens=saved_cache, progress=False)
     from accelerate import PartialState
@@ -162,7 +164,7 @@ def test_damage_surfaces_in_the_metric_and_the_script(saved_cache, tmp_path):
     tiny_model("llama", len(ev_tok)).save_pretrained(evaluator)
     ev_tok.save_pretrained(evaluator)
     try:
-        with pytest.raises(ValueError, match=rf"key-token cache at '{saved_cache}' is damaged"):
+        with pytest.raises(ValueError, match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged"):
             load_script("compute_key_tokens").main(["--corpus", str(corpus), "--evaluator", str(evaluator),
                                                     "--output", saved_cache])
     finally:
@@ -174,8 +176,6 @@ def test_checksums_cover_every_file_the_save_wrote(saved_cache):
         record = json.load(handle)
     written = sorted(name for name in os.listdir(saved_cache) if name != CHECKSUM_FILE)
     assert sorted(record["files"]) == written == ["data-00000-of-00001.arrow", "dataset_info.json", "state.json"]
-    import hashlib
-
     for name, entry in record["files"].items():
         with open(os.path.join(saved_cache, name), "rb") as handle:
             content = handle.read()

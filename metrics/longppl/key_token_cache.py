@@ -57,11 +57,15 @@ Guarantees of a cache directory (written by :meth:`KeyTokenCache.save`):
   replaces that directory's content with this cache's rows (a copy), under the same lock.
 - **Checksums**: a save stores the size and SHA-256 of every file it wrote in
   ``longppl_checksums.json`` inside the directory; every load verifies them before reading (a
-  streaming SHA-256 per file, files in parallel: about 1-2 ms per MB of cache on one core). A truncated or emptied data file, a damaged
-  ``state.json`` / ``dataset_info.json`` or changed bytes anywhere raise :class:`CacheDamagedError`
-  (a ValueError) naming the cache and the file, with what to do (delete and rebuild, or restore a
-  copy). A directory without the checksum file (written by plain ``Dataset.save_to_disk``) is
-  read unverified; errors reading it are reported the same way.
+  streaming SHA-256 per file, files in parallel: about 1 ms per MB of cache on one core). A
+  truncated or emptied data file, a damaged ``state.json`` / ``dataset_info.json`` or changed
+  bytes anywhere raise :class:`CacheDamagedError` (a ValueError) naming the cache and the file,
+  with what to do (delete and rebuild, or restore a copy). A directory without the checksum file
+  (written by plain ``Dataset.save_to_disk``) is read unverified; errors reading it are reported
+  the same way. A ``Dataset`` given in memory (e.g. from the Hub) is not checked: the Hub checks
+  its own files.
+- **Locking scope**: ``fcntl.flock``, so POSIX only (on Windows saves are not serialised) and on a
+  network file system as reliable as its ``flock``; all writers must use this version or later.
 - **Leftovers**: temporary directories (``.<name>.new-…`` of a save, ``.<name>.shards-…`` of
   ``compute_key_tokens.py``) carry their owner's host and process id; the next save removes those
   whose owner ran on this host and is gone, and leaves a live writer's alone.
@@ -182,14 +186,16 @@ def verify_checksums(path: str) -> bool:
             raise _damaged(path, f"its file {name} is missing")
         actual = os.path.getsize(file)
         if actual != size:
-            raise _damaged(path, f"its file {name} is {actual} bytes, but {size} were written (truncated or overwritten)")
+            raise _damaged(path, f"its file {name} is {actual} bytes, but {size} were written "
+                                 "(truncated or overwritten)")
     names = sorted(expected)
     # hashlib releases the GIL on large buffers: the shards of a large cache are hashed in parallel.
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
         digests = list(pool.map(lambda name: _file_sha256(os.path.join(path, name)), names))
     for name, digest in zip(names, digests):
         if digest != expected[name][1]:
-            raise _damaged(path, f"the content of its file {name} does not match its SHA-256 checksum (changed on disk)")
+            raise _damaged(path, f"the content of its file {name} does not match its SHA-256 checksum "
+                                 "(changed on disk)")
     return True
 
 
