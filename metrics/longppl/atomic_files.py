@@ -124,7 +124,8 @@ def directory_lock(path: str, shared: bool = False, optional: bool = False) -> I
     while True:
         try:
             os.makedirs(os.path.dirname(lock), exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            # read-only suffices for flock: another user's lock file (mode 0o644) can be locked too
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o666)
         except OSError as err:
             if optional and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 yield False
@@ -152,7 +153,8 @@ def directory_lock(path: str, shared: bool = False, optional: bool = False) -> I
             if not shared or _try_exclusive(fd):
                 named = _stat_or_none(lock)
                 if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
-                    os.unlink(lock)
+                    with contextlib.suppress(OSError):  # e.g. another user's file in a sticky folder: harmless
+                        os.unlink(lock)
         finally:
             os.close(fd)  # releases the lock
 

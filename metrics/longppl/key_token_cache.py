@@ -571,7 +571,7 @@ class KeyTokenCache:
         if path is None:
             raise ValueError("This cache was not loaded from a directory; pass the path to save it to.")
         path = os.fspath(path)
-        merge = self.path is not None and os.path.abspath(self.path) == os.path.abspath(path)
+        merge = self.path is not None and os.path.realpath(self.path) == os.path.realpath(path)
         with _datasets_progress(progress), directory_lock(path):
             recover_directory(path)
             dataset = self._dataset
