@@ -26,7 +26,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 
 import numpy as np
 
@@ -126,6 +125,7 @@ def _run(args, state, start: float) -> dict:
     import datasets
     from accelerate.utils import broadcast_object_list
 
+    from longppl.atomic_files import owned_temp_name
     from longppl.corpus import read_documents
     from longppl.fingerprints import ModelIdentity
     from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
@@ -150,7 +150,7 @@ def _run(args, state, start: float) -> dict:
     evaluator = None
     if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
         evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
-        identity = ModelIdentity.of_model(evaluator)
+        identity = ModelIdentity.of_model(evaluator, tokenizer)
 
     # Every process reads the same cache before any writes it, so all agree on what is missing.
     cache = KeyTokenCache.load(args.output, create=True)
@@ -159,8 +159,8 @@ def _run(args, state, start: float) -> dict:
     shares = assign_to_processes([len(t) for t in missing], state.num_processes)
     mine = [missing[i] for i in shares[state.process_index]]
 
-    output = os.path.abspath(args.output)
-    shards = [f"{os.path.dirname(output)}/.{os.path.basename(output)}.shards-{uuid.uuid4().hex}"]
+    # Named after the main process, so that a later save removes them if it dies (atomic_files).
+    shards = [owned_temp_name(args.output, "shards")]
     broadcast_object_list(shards)  # the main process's name for all
     shards = shards[0]
     if mine:

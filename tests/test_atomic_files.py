@@ -49,3 +49,47 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         write_file_atomically(str(target), fail)
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_directory_lock_excludes_writers_admits_readers_together_and_leaves_no_file(tmp_path):
+    import threading
+    import time
+
+    from longppl.atomic_files import directory_lock
+
+    path = str(tmp_path / "cache")
+    events, held = [], threading.Event()
+
+    def writer():
+        with directory_lock(path):
+            held.set()
+            time.sleep(0.3)
+            events.append("first writer out")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    held.wait()
+    with directory_lock(path):  # waits for the first writer
+        events.append("second writer in")
+    thread.join()
+    assert events == ["first writer out", "second writer in"]
+    assert os.listdir(tmp_path) == []
+
+    reading, done = threading.Event(), threading.Event()
+
+    def reader():
+        with directory_lock(path, shared=True):
+            reading.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    reading.wait()
+    with directory_lock(path, shared=True) as locked:  # a second reader does not wait for the first
+        assert locked and os.listdir(tmp_path) == [".cache.lock"]
+    done.set()
+    thread.join()
+    assert os.listdir(tmp_path) == []  # the last reader removed the file
+    with directory_lock(str(tmp_path / "missing" / "cache"), shared=True) as locked:
+        assert not locked
+    assert os.listdir(tmp_path) == []  # a reader creates no folders

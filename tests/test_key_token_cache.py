@@ -81,7 +81,8 @@ def test_rows_hold_the_evaluator_scores_in_a_plain_arrow_schema(setup, built):
     assert dataset["text_fingerprint"] == [hashlib.sha256(t.encode()).hexdigest() for t in setup["texts"]]
     assert set(dataset["trunc_len"]) == {K} and set(dataset["sliding_window"]) == {D}
     assert set(dataset["add_special_tokens"]) == {True} and set(dataset["window_bos"]) == {False}
-    assert dataset["evaluator_fingerprint"][0] == ModelIdentity.of_model(setup["evaluator_model"]).fingerprint
+    identity = ModelIdentity.of_model(setup["evaluator_model"], setup["evaluator_tokenizer"])
+    assert dataset["evaluator_fingerprint"][0] == identity.fingerprint
     args = (setup["evaluator_model"], setup["evaluator_tokenizer"])
     live = longppl.score_with_evaluator(*args, setup["texts"], K, D, progress=False, per_document=True)
     for text, row, scores in zip(setup["texts"], dataset, live):
@@ -219,7 +220,8 @@ def test_not_a_cache_or_an_incompatible_one(metric, setup, built, tmp_path):
     old = str(tmp_path / "old")
     dataset = datasets.load_from_disk(built["path"])
     dataset.map(lambda row: {"format_version": 0}).save_to_disk(old)
-    with pytest.raises(ValueError, match=r"written in key-token cache format \[0\], but this version of longppl reads format 1"):
+    with pytest.raises(ValueError, match=r"written in key-token cache format \[0\], but this version of longppl "
+                       r"reads format 2"):
         run(metric, setup, key_tokens=old)
     extra = str(tmp_path / "extra")
     dataset.add_column("note", ["x"] * 3).save_to_disk(extra)

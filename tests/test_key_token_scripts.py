@@ -293,3 +293,23 @@ def test_correlations_against_plain_formulas():
     assert average_ranks(y).tolist() == plain_ranks(y)
     assert spearman(x, y) == pytest.approx(np.corrcoef(plain_ranks(x), plain_ranks(y))[0, 1], rel=1e-12)
     assert math.isnan(pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])) and math.isnan(spearman([1.0], [2.0]))
+
+
+def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(scripts, files, cache, tmp_path,
+                                                                          monkeypatch):
+    output = str(tmp_path / "cache")
+    half = tmp_path / "half.jsonl"
+    half.write_text("".join(open(files["corpus"], encoding="utf-8").readlines()[:2]), encoding="utf-8")
+    monkeypatch.chdir(files["root"])
+    first = scripts["compute_key_tokens"].main(["--corpus", str(half), "--evaluator", "evaluator", "--output", output,
+                                                *SETTINGS])
+    second = scripts["compute_key_tokens"].main(["--corpus", files["corpus"], "--evaluator", files["evaluator"],
+                                                 "--output", output, *SETTINGS])
+    assert (first["scored"], second["scored"]) == (2, 2)  # the same evaluator: its rows are reused
+    args = ["--key-tokens", output, "--models", files["models"][0], "--alpha", str(ALPHA), "--beta", str(BETA),
+            "--no-progress", "--device", "cpu"]
+    one_spelling = scripts["evaluate_longppl"].main([*args, "--key-tokens", cache, "--output-dir", str(tmp_path / "a")])
+    for pick in ([], ["--evaluator", "evaluator"], ["--evaluator", files["evaluator"]]):
+        run = scripts["evaluate_longppl"].main([*args, *pick, "--output-dir", str(tmp_path / "b")])
+        assert run["results"][0][1]["longppls"] == one_spelling["results"][0][1]["longppls"]
+        assert run["results"][0][1]["n_key_tokens"] == one_spelling["results"][0][1]["n_key_tokens"]

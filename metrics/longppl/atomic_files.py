@@ -10,15 +10,33 @@ two renames in which the target is missing; :func:`recover_directory` (run befor
 write) puts the previous copy back if a run died inside that window. An interrupted write
 therefore always leaves the previous directory in place or recoverable, and temporary names start
 with a dot so that they are not mistaken for results.
+
+Concurrent writers of one directory are serialised by :func:`directory_lock` (``fcntl.flock`` on
+``.<name>.lock`` beside it; readers may take it shared so that they never see a swap half done).
+The lock is advisory and POSIX only (where ``fcntl`` is missing, e.g. on Windows, it is a no-op);
+on a network file system it is as good as the file system's ``flock`` (Linux NFS maps it to
+byte-range locks). Temporary directories are named ``.<name>.<kind>-<host>-<pid>-<random>``
+(:func:`owned_temp_dir`), so that a later write can tell a dead writer's leftovers (same host,
+process gone) from a live writer's and remove only the former (:func:`remove_stale_temp_dirs`);
+leftovers of another host, or without an owner in their name, are left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
 import shutil
+import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; writers are then not serialised
+    fcntl = None
 
 
 def _umask() -> int:
@@ -59,6 +77,11 @@ def _previous(path: str) -> str:
     return os.path.join(folder, f".{name}.previous")
 
 
+def swap_interrupted(path: str) -> bool:
+    """Whether a swap of ``path`` is under way or was interrupted (its previous copy is still there)."""
+    return os.path.isdir(_previous(path))
+
+
 def recover_directory(path: str) -> None:
     """Finish or undo a swap that was interrupted (see the module docstring); no-op otherwise."""
     previous = _previous(path)
@@ -70,16 +93,154 @@ def recover_directory(path: str) -> None:
         os.rename(previous, path)
 
 
+def _lock_path(path: str) -> str:
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.lock")
+
+
+@contextlib.contextmanager
+def directory_lock(path: str, shared: bool = False, optional: bool = False) -> Iterator[bool]:
+    """Hold the advisory lock of the directory ``path`` (which need not exist) for the ``with`` body.
+
+    Args:
+        shared: a reader's lock (any number at once); otherwise exclusive (one writer, no readers).
+        optional: where the lock file cannot be created (a read-only folder), go on without the
+            lock instead of raising (for readers of a cache they cannot write anyway).
+    Yields:
+        whether the lock is held.
+
+    The lock file ``.<name>.lock`` is removed by the last holder, so a folder is left as it was.
+    Removing it is safe because every taker checks, once locked, that the name still refers to
+    the file it locked (else someone removed it meanwhile and it tries again).
+    Not re-entrant: a process that holds the lock must not take it again (it would wait forever).
+    """
+    if fcntl is None:
+        yield False
+        return
+    lock = _lock_path(path)
+    if shared and not os.path.isdir(os.path.dirname(lock)):  # nothing there to read: create no folders
+        yield False
+        return
+    while True:
+        try:
+            os.makedirs(os.path.dirname(lock), exist_ok=True)
+            # read-only suffices for flock: another user's lock file (mode 0o644) can be locked too
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o666)
+        except OSError as err:
+            if optional and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                yield False
+                return
+            raise
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                named = os.stat(lock)
+            except FileNotFoundError:
+                named = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # the holder before us removed that file: lock the one at the name now
+    try:
+        yield True
+    finally:
+        try:
+            # The last holder removes the file; a reader holds it shared, so it tries to become the
+            # only holder first (without waiting) and leaves the file if someone else holds it.
+            if not shared or _try_exclusive(fd):
+                named = _stat_or_none(lock)
+                if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                    with contextlib.suppress(OSError):  # e.g. another user's file in a sticky folder: harmless
+                        os.unlink(lock)
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def _try_exclusive(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _stat_or_none(path: str):
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def owned_temp_name(path: str, kind: str) -> str:
+    """A fresh name ``.<name>.<kind>-<host>-<pid>-<random>`` beside ``path`` (not created), owned by
+    this process: :func:`remove_stale_temp_dirs` removes it only once this process is gone."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.{kind}-{_host()}-{os.getpid()}-{os.urandom(6).hex()}")
+
+
+def owned_temp_dir(path: str, kind: str) -> str:
+    """Create and return an empty directory :func:`owned_temp_name` beside ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    while True:
+        tmp = owned_temp_name(path, kind)
+        try:
+            os.mkdir(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(path: str) -> list[str]:
+    """Remove the temporary directories beside ``path`` whose owner (see :func:`owned_temp_name`)
+    ran on this host and is gone; return them. Others' (live, other hosts, unnamed) stay."""
+    folder, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z]+-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[0-9a-f]+")
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return removed
+    host = _host()
+    for entry in entries:
+        match = pattern.fullmatch(entry)
+        if match is None or match["host"] != host or _process_alive(int(match["pid"])):
+            continue
+        shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+        removed.append(os.path.join(folder, entry))
+    return removed
+
+
 def replace_directory_atomically(path: str, write: Callable[[str], None]) -> None:
     """Create or replace the directory ``path`` with what ``write(tmp_dir)`` puts in ``tmp_dir``.
 
-    ``write`` receives an empty directory on the same file system as ``path``.
+    ``write`` receives an empty directory on the same file system as ``path``. Stale temporary
+    directories of dead writers are removed first. Concurrent writers must hold
+    :func:`directory_lock` around this (and around whatever they read to compute the new content).
     """
     path = os.path.abspath(path)
     folder, name = os.path.split(path)
     os.makedirs(folder, exist_ok=True)
     recover_directory(path)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.new-", dir=folder)
+    remove_stale_temp_dirs(path)
+    tmp = owned_temp_dir(path, "new")
     previous = _previous(path)
     try:
         apply_umask(tmp, directory=True)

@@ -5,12 +5,21 @@
   There are two kinds of fingerprint, depending on how the evaluator is given:
 
   * a **checkpoint** (a Hub id or a local directory, as ``evaluator_model_id`` or in the scripts):
-    a Hub id is identified by the commit its revision resolves to; a local directory by the bytes
-    of its files: ``config.json`` whole, and of every weight file its name, size and
-    ``CHECKPOINT_SAMPLES`` evenly spaced blocks of ``CHECKPOINT_BLOCK`` bytes. Nothing is loaded,
-    so a cached corpus can be checked against an evaluator id without loading the evaluator.
+    a Hub id is identified by the commit its revision resolves to (which covers its tokenizer
+    files); a local directory by the bytes of its files: ``config.json`` and the tokenizer's files
+    (``TOKENIZER_FILES``, ``*.model``, ``*.tiktoken``) whole, and of every weight file its name,
+    size and ``CHECKPOINT_SAMPLES`` evenly spaced blocks of ``CHECKPOINT_BLOCK`` bytes. Nothing is
+    loaded, so a cached corpus can be checked against an evaluator id without loading the
+    evaluator. A folder is identified by its content, never by how its path is spelled.
   * a **model object**: its class, configuration (without name and version fields) and, for every
-    parameter, its name, shape, dtype and ``WEIGHT_SAMPLES`` evenly strided values (as float32).
+    parameter, its name, shape, dtype and ``WEIGHT_SAMPLES`` evenly strided values (as float32);
+    and, when given, its tokenizer (:func:`tokenizer_fingerprint`: the fast tokenizer's whole
+    pipeline, i.e. vocabulary, merges, normaliser, pre-tokenizer, post-processor such as an
+    added BOS, and added tokens; or a slow tokenizer's class and vocabulary; plus the special
+    tokens and the settings that change the ids, e.g. ``add_bos_token``).
+
+  The tokenizer counts because the stored token ids and offsets are the tokenizer's: the same
+  weights with another tokenizer score other tokens.
 
   Both kinds include the dtype the evaluator computes in. Sampling keeps fingerprinting an 8B model
   at a fraction of a second instead of hashing 16 GB; it detects any change of configuration,
@@ -38,6 +47,13 @@ WEIGHT_SAMPLES = 4096  # values per parameter tensor
 CHECKPOINT_SAMPLES = 64  # blocks per weight file
 CHECKPOINT_BLOCK = 1 << 16  # bytes per block
 _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# The files AutoTokenizer reads from a saved folder (besides config.json, hashed anyway).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt")
+_TOKENIZER_FILE_SUFFIXES = (".model", ".tiktoken")
+# Tokenizer settings that change the token ids of a text (not decoding or padding).
+_TOKENIZER_SETTINGS = ("add_bos_token", "add_eos_token", "add_prefix_space", "do_lower_case", "legacy",
+                       "split_special_tokens")
 # Config fields that name where a model came from or what wrote it, not what it computes.
 _VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "dtype", "torch_dtype")
 
@@ -52,6 +68,28 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 hex digest of what makes a tokenizer turn a text into ids (see the module docstring).
+
+    Truncation and padding state of a fast tokenizer's backend are left out: they are per-call
+    settings that the scorers set themselves.
+    """
+    digest = hashlib.sha256(b"longppl-tokenizer-v1\0")
+    digest.update(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        pipeline = json.loads(backend.to_str())
+        pipeline.pop("truncation", None)
+        pipeline.pop("padding", None)
+        digest.update(json.dumps(pipeline, sort_keys=True).encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    digest.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    settings = {name: getattr(tokenizer, name, None) for name in _TOKENIZER_SETTINGS}
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class ModelIdentity:
     """Who computed scores: ``name`` (Hub id or path, "" if unknown), ``revision`` (Hub commit, "" if
@@ -63,8 +101,9 @@ class ModelIdentity:
     fingerprint: str
 
     @classmethod
-    def of_model(cls, model: nn.Module) -> "ModelIdentity":
-        """Identity of a model object, from its configuration and sampled weights (no forward pass).
+    def of_model(cls, model: nn.Module, tokenizer=None) -> "ModelIdentity":
+        """Identity of a model object, from its configuration and sampled weights (no forward pass)
+        and the tokenizer it scores with (pass it: without one, only the weights are identified).
 
         DDP / PEFT wrappers are looked through (LoRA weights injected into the model count), so a
         wrapped model has the fingerprint of the model it computes with.
@@ -91,6 +130,8 @@ class ModelIdentity:
         name = str(getattr(config, "_name_or_path", "") or "")
         dtype = "+".join(sorted(dtypes)) or "none"
         digest.update(dtype.encode())
+        if tokenizer is not None:
+            digest.update(f"\0tokenizer:{tokenizer_fingerprint(tokenizer)}".encode())
         return cls(name, "", dtype, "weights:" + digest.hexdigest())
 
     @classmethod
@@ -128,13 +169,20 @@ def _hub_commit(repo_id: str) -> str | None:
 
 
 def _directory_digest(folder: str) -> bytes:
-    """Digest of a saved model folder: its config and sampled blocks of its weight files."""
+    """Digest of a saved model folder: its config and tokenizer files, and sampled blocks of its
+    weight files."""
     digest = hashlib.sha256()
     config = os.path.join(folder, "config.json")
     if os.path.isfile(config):
         with open(config, "rb") as handle:
             digest.update(handle.read())
-    for name in sorted(os.listdir(folder)):
+    names = sorted(os.listdir(folder))
+    for name in names:
+        path = os.path.join(folder, name)
+        if (name in TOKENIZER_FILES or name.endswith(_TOKENIZER_FILE_SUFFIXES)) and os.path.isfile(path):
+            with open(path, "rb") as handle:
+                digest.update(f"\0tokenizer:{name}:".encode() + handle.read())
+    for name in names:
         path = os.path.join(folder, name)
         if not (name.endswith(_WEIGHT_FILE_SUFFIXES) and os.path.isfile(path)):
             continue

@@ -5,7 +5,7 @@ one perplexity pass each. The raw log-probs are stored, so alpha, beta, the LCL 
 soft variant and gamma can all change without a forward pass. The cache is a plain Arrow table
 (no pickled objects): ``save_to_disk`` / ``load_from_disk``, ``push_to_hub`` / ``load_dataset``.
 
-Schema (``FORMAT_VERSION = 1``), one row per (document, evaluator, settings):
+Schema (``FORMAT_VERSION = 2``), one row per (document, evaluator, settings):
 
 ====================  ==============================  ===========================================
 column                Arrow type                      meaning
@@ -16,7 +16,7 @@ text_fingerprint      string                          SHA-256 of ``text`` (``fin
 evaluator_name        string                          Hub id or path of the evaluator ("" unknown)
 evaluator_revision    string                          Hub commit of the evaluator ("" if none)
 evaluator_dtype       string                          dtype it computed in, e.g. ``bfloat16``
-evaluator_fingerprint string                          ``checkpoint:…`` or ``weights:…`` digest
+evaluator_fingerprint string                          ``checkpoint:…`` or ``weights:…`` digest (with tokenizer)
 trunc_len             int32                           K, the short-context length
 sliding_window        int32                           d, the short-window stride
 add_special_tokens    bool                            evaluator tokenized with its special tokens
@@ -37,14 +37,48 @@ were scored with it, and a corpus scored on N processes gives the same cache as 
 
 What makes a directory a cache of ours: exactly these columns and types, and ``format_version``
 equal to ``FORMAT_VERSION`` in every row (it survives ``push_to_hub``, unlike a sidecar file).
-Saving is atomic (``atomic_files``): an interrupted save leaves the previous cache readable.
+Format 2 differs from format 1 only in what the evaluator fingerprint covers: since format 2 it
+includes the evaluator's tokenizer (``fingerprints``), so that the same weights with another
+tokenizer (other vocabulary, merges, normaliser, BOS setting) never reuse rows. A format-1 row
+cannot tell which tokenizer produced it, so format-1 caches are refused with an error that says to
+rebuild them, rather than matched (stale rows) or kept beside new rows (ambiguous lookups).
+
+Guarantees of a cache directory (written by :meth:`KeyTokenCache.save`):
+
+- **Atomic swap**: a save writes a new copy beside the cache and swaps it in (``atomic_files``);
+  a save killed at any point leaves the previous cache in place or recoverable on the next open.
+- **Concurrent writers lose nothing**: a save holds an exclusive lock (``.<name>.lock`` beside the
+  cache, ``atomic_files.directory_lock``) while it re-reads the cache on disk, merges its own new
+  rows into it (a row with the same key replaces the old one) and swaps the result in. Any number
+  of processes (metric calls, ``compute_key_tokens.py`` runs, or their ``accelerate`` main
+  processes) may score into one cache at once: every writer's rows end up in it. The lock is held
+  only for the merge and swap, never while scoring. Readers take the lock shared, so a load never
+  sees a swap half done. Saving to another directory than the one a cache was loaded from
+  replaces that directory's content with this cache's rows (a copy), under the same lock.
+- **Checksums**: a save stores the size and SHA-256 of every file it wrote in
+  ``longppl_checksums.json`` inside the directory; every load verifies them before reading (a
+  streaming SHA-256 per file, files in parallel: about 1 ms per MB of cache on one core). A
+  truncated or emptied data file, a damaged ``state.json`` / ``dataset_info.json`` or changed
+  bytes anywhere raise :class:`CacheDamagedError` (a ValueError) naming the cache and the file,
+  with what to do (delete and rebuild, or restore a copy). A directory without the checksum file
+  (written by plain ``Dataset.save_to_disk``) is read unverified; errors reading it are reported
+  the same way. A ``Dataset`` given in memory (e.g. from the Hub) is not checked: the Hub checks
+  its own files.
+- **Locking scope**: ``fcntl.flock``, so POSIX only (on Windows saves are not serialised) and on a
+  network file system as reliable as its ``flock``; all writers must use this version or later.
+- **Leftovers**: temporary directories (``.<name>.new-…`` of a save, ``.<name>.shards-…`` of
+  ``compute_key_tokens.py``) carry their owner's host and process id; the next save removes those
+  whose owner ran on this host and is gone, and leaves a live writer's alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -52,14 +86,22 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from .atomic_files import recover_directory, replace_directory_atomically
+from .atomic_files import (
+    directory_lock,
+    recover_directory,
+    replace_directory_atomically,
+    swap_interrupted,
+    write_file_atomically,
+)
 from .fingerprints import ModelIdentity, text_fingerprint
 from .settings import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, WindowSettings
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
     from .scoring import EvaluatorScores
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CHECKSUM_FILE = "longppl_checksums.json"
+_HASH_BLOCK = 1 << 20
 
 CACHE_FEATURES = datasets.Features(
     {
@@ -89,6 +131,96 @@ _HOW_TO_BUILD = (
     "Build one with scripts/compute_key_tokens.py, or with the metric: "
     "compute(..., key_tokens=<new directory>, evaluator_model_id=...)."
 )
+
+
+class CacheDamagedError(ValueError):
+    """A key-token cache directory whose files are damaged (truncated, emptied, changed on disk)."""
+
+
+def _damaged(path: str, detail: str) -> CacheDamagedError:
+    return CacheDamagedError(
+        f"The key-token cache at {path!r} is damaged: {detail}. Its rows cannot be trusted: delete the "
+        f"directory and rebuild it ({_HOW_TO_BUILD[:-1]}), or restore it from a copy."
+    )
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_checksums(folder: str) -> None:
+    """Record the size and SHA-256 of every file in ``folder`` (a cache just written there)."""
+    files = {
+        name: {"bytes": os.path.getsize(os.path.join(folder, name)), "sha256": _file_sha256(os.path.join(folder, name))}
+        for name in sorted(os.listdir(folder))
+        if name != CHECKSUM_FILE and os.path.isfile(os.path.join(folder, name))
+    }
+    write_file_atomically(
+        os.path.join(folder, CHECKSUM_FILE),
+        lambda handle: json.dump({"algorithm": "sha256", "files": files}, handle, indent=1, sort_keys=True),
+    )
+
+
+def verify_checksums(path: str) -> bool:
+    """Check the files of the cache directory ``path`` against its ``longppl_checksums.json``.
+
+    Returns:
+        ``False`` when the directory has no checksum file (nothing to verify), ``True`` when every
+        file listed there has its recorded size and SHA-256.
+    Raises:
+        CacheDamagedError: the checksum file is unreadable, or a listed file is missing, of another
+            size or of other content (message names the file).
+    """
+    record = os.path.join(path, CHECKSUM_FILE)
+    if not os.path.isfile(record):
+        return False
+    try:
+        with open(record, encoding="utf-8") as handle:
+            files = json.load(handle)["files"]
+        expected = {str(name): (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise _damaged(path, f"its checksum file {CHECKSUM_FILE} is unreadable ({type(err).__name__}: {err})") from err
+    for name, (size, _) in sorted(expected.items()):
+        file = os.path.join(path, name)
+        if os.path.basename(name) != name or not os.path.isfile(file):
+            raise _damaged(path, f"its file {name} is missing")
+        actual = os.path.getsize(file)
+        if actual != size:
+            raise _damaged(path, f"its file {name} is {actual} bytes, but {size} were written "
+                                 "(truncated or overwritten)")
+    names = sorted(expected)
+    # hashlib releases the GIL on large buffers: the shards of a large cache are hashed in parallel.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
+        digests = list(pool.map(lambda name: _file_sha256(os.path.join(path, name)), names))
+    for name, digest in zip(names, digests):
+        if digest != expected[name][1]:
+            raise _damaged(path, f"the content of its file {name} does not match its SHA-256 checksum "
+                                 "(changed on disk)")
+    return True
+
+
+def _read_directory(path: str) -> datasets.Dataset:
+    """The cache's dataset at ``path`` after verifying its checksums; errors name ``path``."""
+    verify_checksums(path)
+    try:
+        return datasets.load_from_disk(path)
+    except FileNotFoundError as err:
+        raise ValueError(
+            f"{path!r} is not a key-token cache: it is not a directory written by datasets' save_to_disk "
+            f"({err}). {_HOW_TO_BUILD}"
+        ) from err
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as err:
+        # state.json / dataset_info.json that is not JSON, a truncated or empty Arrow file, ...
+        raise _damaged(path, f"datasets could not read it ({type(err).__name__}: {err})") from err
+
+
+def _write_directory(dataset: datasets.Dataset, folder: str) -> None:
+    dataset.save_to_disk(folder)
+    _write_checksums(folder)
 
 
 @dataclass(frozen=True)
@@ -221,6 +353,11 @@ def check_cache_dataset(dataset, where: str) -> datasets.Dataset:
     return dataset
 
 
+def _same_name(name: str, names: Sequence[str]) -> bool:
+    """``name`` is one of ``names``, or the same path spelled otherwise (relative or absolute)."""
+    return name in names or os.path.abspath(name) in {os.path.abspath(n) for n in names if n}
+
+
 class KeyTokenCache:
     """A key-token cache: a ``datasets.Dataset`` of rows (schema above), optionally tied to a directory.
 
@@ -236,6 +373,7 @@ class KeyTokenCache:
         self.path = path
         self._index: dict[tuple, int] | None = None
         self._arrays = None
+        self._pending: list[datasets.Dataset] = []  # rows added since loaded from / saved to ``path``
 
     @classmethod
     def load(cls, source, create: bool = False) -> "KeyTokenCache":
@@ -254,22 +392,18 @@ class KeyTokenCache:
                 f"key_tokens is a {type(source).__name__}; pass the directory of a key-token cache or a datasets.Dataset."
             )
         path = os.fspath(source)
-        recover_directory(path)
-        if not os.path.exists(path):
-            if create:
-                return cls(None, path)
-            raise FileNotFoundError(
-                f"No key-token cache at {path!r} (for one on the Hub, pass "
-                f"datasets.load_dataset({path!r}, split='train')). {_HOW_TO_BUILD}"
-            )
-        try:
-            dataset = datasets.load_from_disk(path)
-        except FileNotFoundError as err:
-            raise ValueError(
-                f"{path!r} is not a key-token cache: it is not a directory written by datasets' save_to_disk "
-                f"({err}). {_HOW_TO_BUILD}"
-            ) from err
-        return cls(dataset, path)
+        if swap_interrupted(path):  # a writer is swapping (wait for it) or died swapping (undo it)
+            with directory_lock(path, optional=True):
+                recover_directory(path)
+        with directory_lock(path, shared=True, optional=True):
+            if not os.path.exists(path):
+                if create:
+                    return cls(None, path)
+                raise FileNotFoundError(
+                    f"No key-token cache at {path!r} (for one on the Hub, pass "
+                    f"datasets.load_dataset({path!r}, split='train')). {_HOW_TO_BUILD}"
+                )
+            return cls(_read_directory(path), path)
 
     @property
     def dataset(self) -> datasets.Dataset:
@@ -283,20 +417,33 @@ class KeyTokenCache:
         return self._dataset.select_columns(list(dict.fromkeys(_KEY_COLUMNS + _EVALUATOR_COLUMNS))).to_dict()
 
     def configurations(self) -> list[dict]:
-        """Distinct (evaluator, settings) combinations with their row counts, most rows first."""
+        """Distinct (evaluator, settings) combinations with their row counts, most rows first.
+
+        An evaluator is its fingerprint (its content), not its name: rows of one evaluator given
+        under several names (``models/ev1`` and its absolute path) form one combination, whose
+        ``evaluator_name`` is its most frequent name and ``evaluator_names`` all of them (most
+        rows first). ``evaluator_revision`` and ``evaluator_dtype`` are part of the fingerprint.
+        """
         keys = self._key_table()
-        counts: dict[tuple, int] = {}
-        names = _EVALUATOR_COLUMNS + _SETTING_COLUMNS
-        for values in zip(*(keys[name] for name in names)):
-            counts[values] = counts.get(values, 0) + 1
-        return [dict(zip(names, values), rows=count) for values, count in sorted(counts.items(), key=lambda kv: -kv[1])]
+        identity = ("evaluator_fingerprint",) + _SETTING_COLUMNS
+        groups: dict[tuple, dict] = {}
+        for row in zip(*(keys[name] for name in _EVALUATOR_COLUMNS + _SETTING_COLUMNS)):
+            values = dict(zip(_EVALUATOR_COLUMNS + _SETTING_COLUMNS, row))
+            group = groups.setdefault(tuple(values[name] for name in identity), dict(values, rows=0, names={}))
+            group["rows"] += 1
+            group["names"][values["evaluator_name"]] = group["names"].get(values["evaluator_name"], 0) + 1
+        configurations = []
+        for group in sorted(groups.values(), key=lambda g: -g["rows"]):
+            names = [name for name, _ in sorted(group.pop("names").items(), key=lambda kv: -kv[1])]
+            configurations.append(dict(group, evaluator_name=names[0], evaluator_names=names))
+        return configurations
 
     def describe(self) -> str:
         """One line per configuration, for error messages."""
         if len(self) == 0:
             return "it is empty"
         lines = [
-            f"{c['rows']} rows from evaluator {c['evaluator_name'] or '(unnamed)'} "
+            f"{c['rows']} rows from evaluator {' = '.join(n or '(unnamed)' for n in c['evaluator_names'])} "
             f"[{c['evaluator_fingerprint'][:22]}…, {c['evaluator_dtype']}] with "
             + KeyTokenSettings(*(c[name] for name in _SETTING_COLUMNS)).describe()
             for c in self.configurations()
@@ -321,7 +468,8 @@ class KeyTokenCache:
         matching = [
             c
             for c in self.configurations()
-            if (evaluator is None or evaluator == c["evaluator_name"] or c["evaluator_fingerprint"].startswith(evaluator))
+            if (evaluator is None or _same_name(evaluator, c["evaluator_names"])
+                or c["evaluator_fingerprint"].startswith(evaluator))
             and all(value is None or c[name] == value for name, value in settings.items())
         ]
         if len(matching) != 1:
@@ -417,18 +565,36 @@ class KeyTokenCache:
             kept = kept.select([row for row in range(len(kept)) if row not in replaced])
         self._dataset = datasets.concatenate_datasets([kept, rows]) if len(kept) else rows
         self._index = self._arrays = None
+        self._pending.append(rows)
 
     def save(self, path: str | None = None, progress: bool = False) -> str:
-        """Write the cache to ``path`` (default: where it was loaded from) atomically; return the path."""
+        """Write the cache to ``path`` (default: where it was loaded from) atomically; return the path.
+
+        Saving to the directory the cache was loaded from (or last saved to) merges: under the
+        cache's lock, the rows on disk now (other writers' included) are re-read and the rows
+        :meth:`add`-ed here since are added to them, so that concurrent writers lose nothing.
+        Saving to another directory replaces its content with this cache's rows. Afterwards the
+        cache holds what is on disk (memory-mapped from there).
+        """
         path = path if path is not None else self.path
         if path is None:
             raise ValueError("This cache was not loaded from a directory; pass the path to save it to.")
         path = os.fspath(path)
-        with _datasets_progress(progress):
-            replace_directory_atomically(path, self._dataset.save_to_disk)
+        merge = self.path is not None and os.path.realpath(self.path) == os.path.realpath(path)
+        with _datasets_progress(progress), directory_lock(path):
+            recover_directory(path)
+            dataset = self._dataset
+            if merge and os.path.exists(path):
+                current = KeyTokenCache(_read_directory(path), path)
+                for rows in self._pending:
+                    current.add(rows)
+                dataset = current._dataset
+            replace_directory_atomically(path, lambda folder: _write_directory(dataset, folder))
+            # memory-mapped from its new home (its checksums were just taken from these files)
+            self._dataset = check_cache_dataset(datasets.load_from_disk(path), repr(path))
         self.path = path
-        self._dataset = datasets.load_from_disk(path)  # memory-mapped from its new home
         self._index = self._arrays = None
+        self._pending = []
         return path
 
 

@@ -305,7 +305,7 @@ def _score_from_cache(key_tokens, texts, settings, evaluator, tokenizer, evaluat
         if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the weights
             evaluator, tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
     if evaluator is not None and identity is None:
-        identity = ModelIdentity.of_model(evaluator)
+        identity = ModelIdentity.of_model(evaluator, tokenizer)
 
     def score_missing(missing):
         model, model_tokenizer = evaluator, tokenizer
