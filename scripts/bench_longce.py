@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 import bench_longppl  # scripts/ is on sys.path when a script of it runs; light until load_dependencies()
-from longppl.key_tokens import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
+from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
 
 
 def load_dependencies() -> None:

@@ -36,7 +36,7 @@ except ImportError:  # running from a checkout without `pip install`
     import longppl
 
 # torch, datasets and transformers load after the arguments are parsed (in _run): `--help` is immediate.
-from longppl.key_tokens import (
+from longppl.settings import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
@@ -97,11 +97,18 @@ def parse_args(argv=None):
     parser.add_argument("--beta", type=float, default=DEFAULT_BETA,
                         help="LCL threshold, only for the summary's key-token share (default %(default)s)")
     args = parser.parse_args(argv)
-    for name in ("trunc_len", "sliding_window", "max_tokens_per_batch"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.max_length is not None and args.max_length < 2:
-        parser.error("--max-length must be >= 2")
+    # The library's own checks (longppl.settings), so the script refuses what the metric refuses, with
+    # the same words, before anything is loaded or scored.
+    from longppl.settings import KeyTokenRule, WindowSettings, require_int
+
+    try:
+        WindowSettings(args.trunc_len, args.sliding_window)
+        KeyTokenRule(args.alpha, args.beta)
+        require_int("max_tokens_per_batch", args.max_tokens_per_batch)
+        if args.max_length is not None:
+            require_int("max_length", args.max_length, minimum=2)
+    except ValueError as err:
+        parser.error(str(err))
     return args
 
 

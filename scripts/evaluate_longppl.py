@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     from longppl.cache_cli import add_cache_arguments
     from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH
-    from longppl.key_tokens import DEFAULT_GAMMA
+    from longppl.settings import DEFAULT_GAMMA
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cache_arguments(parser)

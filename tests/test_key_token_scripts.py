@@ -313,3 +313,17 @@ def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(script
         run = scripts["evaluate_longppl"].main([*args, *pick, "--output-dir", str(tmp_path / "b")])
         assert run["results"][0][1]["longppls"] == one_spelling["results"][0][1]["longppls"]
         assert run["results"][0][1]["n_key_tokens"] == one_spelling["results"][0][1]["n_key_tokens"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--alpha", "nan"], "alpha must be a finite number, got nan"),
+    (["--trunc-len", "0"], "trunc_len must be an integer >= 1, got 0"),
+    (["--sliding-window", "-3"], "sliding_window must be an integer >= 1, got -3"),
+    (["--max-length", "1"], "max_length must be an integer >= 2, got 1"),
+])
+def test_compute_key_tokens_refuses_what_the_metric_refuses(scripts, tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        scripts["compute_key_tokens"].parse_args(
+            ["--corpus", str(tmp_path / "c.jsonl"), "--evaluator", "ev", "--output", str(tmp_path / "o")] + flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

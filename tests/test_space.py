@@ -347,9 +347,9 @@ def test_space_requirements(repo_root):
         assert {d.lower() for d in distributions[module]} & (names | extras), f"{module} is in no requirement or extra"
 
 
-def test_gradio_is_a_test_dependency(repo_root):
-    test_extra = _setup_cfg(repo_root)["options.extras_require"]["test"].split()
-    assert f"gradio=={gr.__version__}" in test_extra  # the version the card's sdk_version names
+def test_gradio_is_the_space_extra(repo_root):
+    space_extra = _setup_cfg(repo_root)["options.extras_require"]["space"].split()
+    assert f"gradio=={gr.__version__}" in space_extra  # the version the card's sdk_version names
 
 
 def test_dry_run_lists_the_folder_as_tracked(push_script, repo_root, capsys):

@@ -12,6 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from longppl.settings import (
+    DEFAULT_GAMMA,
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+    require_int,
+)
 from transformers import TrainingArguments
 
 from .weighted_loss import DEFAULT_LOSS_CHUNK_BYTES
@@ -26,21 +33,21 @@ class LongCEConfig(TrainingArguments):
     """
 
     longce_trunc_len: int = field(
-        default=4096,
+        default=DEFAULT_TRUNC_LEN,
         metadata={"help": "K: tokens of context of the short-context pass (the truncated context). Tokens with fewer "
                   "than K tokens before them in their own document get weight 1."},
     )
     longce_sliding_window: int = field(
-        default=1024,
+        default=DEFAULT_SLIDING_WINDOW,
         metadata={"help": "d: stride of the short-context windows; each window scores d tokens, which then have "
                   "between K and K+d-1 tokens of short context (paper App. A.1)."},
     )
     longce_gamma: float = field(
-        default=5.0,
+        default=DEFAULT_GAMMA,
         metadata={"help": "gamma: cap of the token weight min(exp(LSD), gamma); must be > 0."},
     )
     longce_max_tokens_per_batch: int = field(
-        default=32768,
+        default=DEFAULT_MAX_TOKENS_PER_BATCH,
         metadata={"help": "Token budget of one short-context forward pass (windows of all documents of a batch are "
                   "packed under it). Results do not depend on it; memory and speed do."},
     )
@@ -145,11 +152,9 @@ def validate_longce_settings(
         if not liger_available():
             raise ValueError("longce_loss_kernel='liger' needs Liger-Kernel (pip install 'liger-kernel>=0.8.2') "
                              "and a CUDA build of PyTorch with Triton; or use 'auto' / 'ours'.")
-    if not isinstance(trunc_len, int) or trunc_len < 1:
-        raise ValueError(f"longce_trunc_len (K) must be an integer >= 1, got {trunc_len!r}.")
-    if not isinstance(sliding_window, int) or sliding_window < 1:
-        raise ValueError(f"longce_sliding_window (d) must be an integer >= 1, got {sliding_window!r}.")
+    # The integer checks are the metric's own (longppl.settings), under the trainer's field names.
+    require_int("longce_trunc_len (K)", trunc_len)
+    require_int("longce_sliding_window (d)", sliding_window)
+    require_int("longce_max_tokens_per_batch", max_tokens_per_batch)
     if not gamma > 0:  # also catches NaN
         raise ValueError(f"longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got {gamma!r}.")
-    if not isinstance(max_tokens_per_batch, int) or max_tokens_per_batch < 1:
-        raise ValueError(f"longce_max_tokens_per_batch must be an integer >= 1, got {max_tokens_per_batch!r}.")

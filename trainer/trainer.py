@@ -91,10 +91,11 @@ class LongCETrainer(Trainer):
         self.longce_loss_chunk_bytes = _setting(self.args, "longce_loss_chunk_bytes")
         self.longce_compile_windows = _setting(self.args, "longce_compile_windows")
         self.longce_loss_kernel = _setting(self.args, "longce_loss_kernel")
-        validate_longce_settings(
-            self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch,
-            self.longce_loss_kernel,
-        )
+        if not isinstance(self.args, LongCEConfig):  # LongCEConfig checked them in __post_init__ already
+            validate_longce_settings(
+                self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch,
+                self.longce_loss_kernel,
+            )
         self._use_liger = self.longce_loss_kernel == "liger" or (
             self.longce_loss_kernel == "auto" and torch.cuda.is_available() and liger_available()
         )

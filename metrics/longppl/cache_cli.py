@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 # Light at import (no torch, no datasets): the scripts build their parsers, and answer `--help`,
 # before loading the cache machinery.
-from .key_tokens import DEFAULT_ALPHA, DEFAULT_BETA
+from .settings import DEFAULT_ALPHA, DEFAULT_BETA
 
 if TYPE_CHECKING:
     from .key_token_cache import KeyTokenCache, KeyTokenSettings
