@@ -53,7 +53,14 @@ def toy_demo(args) -> None:
     import evaluate
     import torch
 
-    from longppl.synthetic import DISTANCE, cut_context, sample_documents, train_copy_model, word_tokenizer
+    from longppl.synthetic import (
+        DISTANCE,
+        cut_context,
+        default_cache_dir,
+        sample_documents,
+        train_copy_model,
+        word_tokenizer,
+    )
     from longppl.threads import choose_torch_threads
 
     try:
@@ -63,9 +70,19 @@ def toy_demo(args) -> None:
     start = time.perf_counter()
     print(f"Training a tiny model to copy words seen {DISTANCE} tokens back ({args.steps} steps on CPU, "
           f"{threads} torch thread{'s' if threads > 1 else ''})...")
-    model = train_copy_model(steps=args.steps, seed=args.seed, log=lambda step, loss: print(
-        f"  step {step:4d}  loss {loss:.3f}") if step % 100 == 0 else None)
-    print(f"trained in {time.perf_counter() - start:.0f}s")
+    trained = []
+
+    def log(step, loss):
+        trained.append(step)
+        if step % 100 == 0:
+            print(f"  step {step:4d}  loss {loss:.3f}")
+
+    model = train_copy_model(steps=args.steps, seed=args.seed, log=log,
+                             cache_dir=None if args.retrain else default_cache_dir())
+    if trained:
+        print(f"trained in {time.perf_counter() - start:.0f}s")
+    else:
+        print(f"loaded the model this quickstart trained before, from {default_cache_dir()} (--retrain trains it again)")
     tokenizer = word_tokenizer()
     # One 8-word copy per 160-word document: ~4% of the tokens need long context.
     docs = sample_documents(args.documents, num_segments=1, segment_length=8,
@@ -102,13 +119,16 @@ def main(argv=None) -> None:
     parser.add_argument("--evaluator", help="Hub id or path of the evaluator, e.g. meta-llama/Llama-3.1-8B (default: the toy demo)")
     parser.add_argument("--texts", help="with --model: a .jsonl file (one JSON object per line) or a .txt file (no default)")
     parser.add_argument("--column", default="text", help="JSONL field holding the text (default: text)")
-    parser.add_argument("--max-length", type=int, default=None, help="truncate texts to this many tokens (default: no truncation)")
+    parser.add_argument("--max-length", type=int, default=None, help="keep the first N evaluator tokens of each text (default: no truncation)")
     parser.add_argument("--device", default=None, help="cuda, cpu or auto (default: GPU if available)")
     parser.add_argument("--trunc-len", type=int, default=None, help="K (default 4096; 32 for the toy demo)")
     parser.add_argument("--sliding-window", type=int, default=None, help="d (default 1024; 16 for the toy demo)")
     parser.add_argument("--steps", type=int, default=600, help="toy demo: training steps (default 600)")
     parser.add_argument("--documents", type=int, default=8, help="toy demo: number of documents scored (default 8)")
     parser.add_argument("--window", type=int, default=48, help="toy demo: tokens of context left to the cut model (default 48)")
+    parser.add_argument("--retrain", action="store_true",
+                        help="toy demo: train the model again instead of loading the one a previous run kept in "
+                        "$LONGPPL_CACHE_DIR or ~/.cache/longppl (default: load it when there)")
     parser.add_argument("--seed", type=int, default=0, help="toy demo: seed of the training and the documents (default 0)")
     args = parser.parse_args(argv)
     if (args.model is None) != (args.evaluator is None):

@@ -36,6 +36,7 @@ def run_writers(path, barrier, writers, rows, rounds, *extra):
     return [(p, *p.communicate(timeout=300)) for p in procs]
 
 
+@pytest.mark.slow
 def test_concurrent_writers_keep_every_row(tmp_path):
     path = str(tmp_path / "cache")
     writers, rows, rounds = 3, 4, 2

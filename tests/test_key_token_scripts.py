@@ -89,6 +89,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
     output = str(tmp_path / "cache")
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py")

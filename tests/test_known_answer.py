@@ -11,18 +11,20 @@ import pytest
 import torch
 
 from longppl import METRIC_PATH, score_with_evaluator
-from longppl.synthetic import cut_context, sample_documents, train_copy_model, word_tokenizer
+from longppl.synthetic import _cache_path, cut_context, default_cache_dir, sample_documents, train_copy_model, word_tokenizer
 
 K, D = 32, 16
 
 
 @pytest.fixture(scope="module")
 def trained():
-    model = train_copy_model(steps=600, seed=0)
+    # The quickstart trains this very model (600 steps, seed 0) and keeps it: trained once between them.
+    model = train_copy_model(steps=600, seed=0, cache_dir=default_cache_dir())
     docs = sample_documents(12, num_segments=3, generator=torch.Generator().manual_seed(1234))
     return model, docs, word_tokenizer()
 
 
+@pytest.mark.slow
 def test_copied_tokens_are_found_as_key_tokens(trained):
     model, docs, tok = trained
     scores = score_with_evaluator(model, tok, docs.texts(), K, D, progress=False)
@@ -37,6 +39,7 @@ def test_copied_tokens_are_found_as_key_tokens(trained):
     assert (found & (rank < 0)).sum() <= 0.01 * (rank < 0).sum()  # hardly any other token
 
 
+@pytest.mark.slow
 def test_longppl_separates_full_and_cut_context_while_ppl_barely_moves(trained):
     model, _, tok = trained
     docs = sample_documents(8, num_segments=1, segment_length=8, generator=torch.Generator().manual_seed(99))
@@ -48,3 +51,25 @@ def test_longppl_separates_full_and_cut_context_while_ppl_barely_moves(trained):
     assert full["n_key_tokens"] == cut["n_key_tokens"] and min(full["n_key_tokens"]) >= 5
     assert full["longppl"] < 2.0 < 50.0 < cut["longppl"]
     assert cut["ppl"] / full["ppl"] < 1.25
+
+
+def test_a_cached_copy_model_is_the_trained_one(tmp_path):
+    """The cache returns the weights training gives, keyed by the settings; a damaged file is retrained."""
+    steps = []
+    fresh = train_copy_model(steps=3, seed=5, cache_dir=str(tmp_path), log=lambda step, loss: steps.append(step))
+    assert steps and len(list(tmp_path.glob("copy-model-*.safetensors"))) == 1
+    again = train_copy_model(steps=3, seed=5, cache_dir=str(tmp_path), log=lambda step, loss: steps.append(-1))
+    assert -1 not in steps  # loaded, not trained
+    for (name, a), (_, b) in zip(fresh.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    plain = train_copy_model(steps=3, seed=5)  # no cache: the same weights
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), again.state_dict().values()))
+    other = train_copy_model(steps=3, seed=6, cache_dir=str(tmp_path))
+    assert len(list(tmp_path.glob("copy-model-*.safetensors"))) == 2
+    assert not torch.equal(other.lm_head.weight, again.lm_head.weight)
+    path = _cache_path(str(tmp_path), dict(steps=3, seed=5, batch_size=32, learning_rate=3e-3))
+    with open(path, "wb") as handle:
+        handle.write(b"not safetensors")
+    with pytest.warns(UserWarning, match="Could not read the cached copy model"):
+        redone = train_copy_model(steps=3, seed=5, cache_dir=str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), redone.state_dict().values()))

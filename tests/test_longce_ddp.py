@@ -67,6 +67,7 @@ def read_report(path: str) -> dict:
         return json.load(handle)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process(tmp_path):
     data = tmp_path / "docs.jsonl"
     data.write_text("".join(json.dumps({"text": text}) + "\n" for text in documents()))

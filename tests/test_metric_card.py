@@ -129,6 +129,7 @@ def _save_to_hub_cache(hub_cache, repo_id, model, tokenizer):
     (folder / "refs" / "main").write_text(commit)
 
 
+@pytest.mark.slow
 def test_card_examples_run(tmp_path):
     """Every example of the card, verbatim, as a doctest in a fresh process: the Hub ids it names are
     tiny random models in an offline Hub cache, the metric is loaded by its bare name."""

@@ -90,6 +90,7 @@ def test_corpus_cut_gives_documents_of_the_asked_byte_length():
         bench_multi_gpu.crs_documents(DATA, 1000, 5000)
 
 
+@pytest.mark.slow
 def test_scoring_check_runs_on_two_cpu_processes(tmp_path):
     result_path = tmp_path / "score.json"
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_multi_gpu.py"), "score", "--cpu",

@@ -77,6 +77,7 @@ def test_tiny_recipe_trains_and_loss_decreases(tmp_path):
     assert trainer.model.config.rope_parameters["rope_theta"] == 500000.0
 
 
+@pytest.mark.slow
 def test_script_runs_as_a_command(tmp_path):
     """End to end in a fresh interpreter, from the repository root, as the README would run it."""
     argv = [sys.executable, "scripts/train_longce.py", "--config", "configs/tiny_cpu.yaml", "--output_dir",

@@ -13,6 +13,10 @@ CPU cores.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -99,19 +103,59 @@ def copy_model_config(vocab_size: int = VOCAB_SIZE, max_positions: int = 1024):
     )
 
 
-def train_copy_model(steps: int = 500, seed: int = 0, batch_size: int = 32, learning_rate: float = 3e-3, log=None):
+def default_cache_dir() -> str:
+    """Where trained toy models are kept: ``$LONGPPL_CACHE_DIR``, else ``~/.cache/longppl``."""
+    return os.environ.get("LONGPPL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "longppl")
+
+
+def _cache_path(cache_dir: str, settings: dict) -> str:
+    """The file of a trained copy model: named by a digest of everything that decides its weights
+    (the training settings, this module's code and the torch version)."""
+    with open(__file__, "rb") as handle:
+        code = hashlib.sha256(handle.read()).hexdigest()
+    key = json.dumps({**settings, "code": code, "torch": torch.__version__}, sort_keys=True)
+    return os.path.join(cache_dir, f"copy-model-{hashlib.sha256(key.encode()).hexdigest()[:20]}.safetensors")
+
+
+def train_copy_model(
+    steps: int = 500,
+    seed: int = 0,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    log=None,
+    cache_dir: str | None = None,
+):
     """Train a tiny causal LM on :func:`sample_documents` (three 16-token copies per 160 tokens).
 
     Args:
-        log: optional callable receiving ``(step, loss)`` every 50 steps.
+        log: optional callable receiving ``(step, loss)`` every 50 steps (not called when the model
+            comes from the cache).
+        cache_dir: if given, the trained weights are kept there (safetensors) and a later call with
+            the same settings, code and torch version loads them instead of training again: the
+            quickstart and the known-answer test then train the model once between them. A file that
+            cannot be read is trained again and replaced.
     Returns:
         the trained ``MistralForCausalLM`` in eval mode (float32, CPU).
     """
+    from safetensors.torch import load, save
     from transformers import MistralForCausalLM
 
+    from .atomic_files import write_file_atomically
+
+    settings = dict(steps=steps, seed=seed, batch_size=batch_size, learning_rate=learning_rate)
+    path = _cache_path(cache_dir, settings) if cache_dir is not None else None
     torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
     model = MistralForCausalLM(copy_model_config())
+    if path is not None and os.path.isfile(path):
+        try:
+            with open(path, "rb") as handle:
+                model.load_state_dict(load(handle.read()), strict=True)
+            return model.eval()
+        except Exception as err:  # a damaged file: train again and replace it
+            warnings.warn(f"Could not read the cached copy model {path} ({err}); training it again.", stacklevel=2)
+            torch.manual_seed(seed)
+            model = MistralForCausalLM(copy_model_config())
+    generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     model.train()
     for step in range(steps):
@@ -122,6 +166,9 @@ def train_copy_model(steps: int = 500, seed: int = 0, batch_size: int = 32, lear
         optimizer.zero_grad(set_to_none=True)
         if log is not None and (step % 50 == 0 or step == steps - 1):
             log(step, loss.item())
+    if path is not None:
+        state = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+        write_file_atomically(path, lambda handle: handle.write(save(state)), binary=True)
     return model.eval()
 
 
