@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -24,11 +23,7 @@ import time
 
 import torch
 
-try:
-    import longppl
-except ImportError:  # running from a checkout without `pip install`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
-    import longppl
+import longppl
 
 SHAPES = {
     # the tests' tiny Llama (tests/helpers.py)

@@ -31,6 +31,7 @@ import sys
 import tempfile
 
 import bench_longppl  # scripts/ is on sys.path when a script of it runs; light until load_dependencies()
+
 from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
 
 

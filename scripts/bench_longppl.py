@@ -40,16 +40,8 @@ import argparse
 import gc
 import json
 import math
-import os
 import shutil
-import sys
 import time
-
-try:
-    import longppl
-except ImportError:  # running from a checkout without `pip install`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
-    import longppl
 
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH
 
@@ -226,7 +218,7 @@ def cache_benchmark(args, device):
         seconds, peak, _ = measure(lambda: build(text, f"{folder}/{n}"), device)
         rows.append({"tokens": n, "method": "cache-build", "seconds": seconds, "peak_gib": peak})
         print(f"{n:>7} cache-build      {seconds:8.2f}s {peak:7.1f} GiB", flush=True)
-    del evaluator
+    evaluator = None  # free its memory before the next phase
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()

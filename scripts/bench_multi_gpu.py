@@ -80,9 +80,8 @@ def save_random_model(folder: str, fields: dict, dtype: str, device: str, seed: 
     ``train_longce.py`` does for ``model_config``.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from train_longce import byte_level_tokenizer  # scripts/ is on sys.path when a script of it runs
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = byte_level_tokenizer()
     fields = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
@@ -201,7 +200,6 @@ def shared_initial_model(config_path: str, folder: str, device: str) -> str:
     weights than on one GPU. Every setup therefore starts from this one saved checkpoint.
     """
     import yaml
-
     from train_longce import BYTE_LEVEL
 
     with open(config_path) as handle:

@@ -29,12 +29,6 @@ import time
 
 import numpy as np
 
-try:
-    import longppl
-except ImportError:  # running from a checkout without `pip install`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
-    import longppl
-
 # torch, datasets and transformers load after the arguments are parsed (in _run): `--help` is immediate.
 from longppl.settings import (
     DEFAULT_ALPHA,

@@ -22,22 +22,18 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
-import importlib.util
 import math
 import os
 import sys
 
 # Only the standard library at import time: ``--help`` must not wait for torch, transformers or
 # matplotlib, which are imported inside the functions that need them.
-if importlib.util.find_spec("longppl") is None:  # running from a checkout without `pip install`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     from longppl.cache_cli import add_cache_arguments
-    from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH
-    from longppl.settings import DEFAULT_GAMMA
+    from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cache_arguments(parser)

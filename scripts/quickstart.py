@@ -16,18 +16,12 @@ With real models (downloads from the Hub; a GPU helps):
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 # Only light modules before the arguments are parsed (`--help` must not wait for torch): the
 # `longppl` package loads its torch-based parts on first use.
-try:
-    import longppl
-except ImportError:  # running from a checkout without `pip install`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
-    import longppl
+import longppl
 
 
 def read_texts(path: str, column: str) -> list[str]:

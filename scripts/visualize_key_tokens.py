@@ -14,14 +14,10 @@ several). The histogram needs matplotlib.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import sys
 
 # Only the standard library at import time: ``--help`` must not wait for torch or matplotlib, which
 # are imported inside the functions that need them.
-if importlib.util.find_spec("longppl") is None:  # running from a checkout without `pip install`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))
 
 import train_longce  # noqa: E402
+
 from longce import LongCETrainer  # noqa: E402
 from longce.documents import batch_documents, count_window_passes  # noqa: E402
 

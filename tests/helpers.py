@@ -23,7 +23,7 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "govrepo
 SPECIALS = ["<s>", "</s>", "<pad>"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def govreport_texts() -> tuple[str, ...]:
     """The 13 public-domain CRS reports of tests/data (see its README)."""
     with open(DATA, encoding="utf-8") as handle:
@@ -41,7 +41,7 @@ def _wrap(tok: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_level_bpe(vocab_size: int = 600, add_bos: bool = True) -> PreTrainedTokenizerFast:
     """GPT-2 / Llama-3 style byte-level BPE trained on the reports (offsets include leading spaces)."""
     tok = Tokenizer(models.BPE())
@@ -54,7 +54,7 @@ def byte_level_bpe(vocab_size: int = 600, add_bos: bool = True) -> PreTrainedTok
     return _wrap(tok, add_bos)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def metaspace_bpe(vocab_size: int = 900, add_bos: bool = True) -> PreTrainedTokenizerFast:
     """SentencePiece-like BPE (Metaspace pre-tokenizer, byte fallback off) trained on the reports."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

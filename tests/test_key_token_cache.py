@@ -272,7 +272,7 @@ def test_fingerprints_follow_weights_dtype_and_files(setup, tmp_path):
     a, b, c = (ModelIdentity.of_checkpoint(str(tmp_path / n), torch.float32) for n in "abc")
     assert a.fingerprint == b.fingerprint != c.fingerprint and a.fingerprint.startswith("checkpoint:")
     assert ModelIdentity.of_checkpoint(str(tmp_path / "a"), torch.bfloat16).fingerprint != a.fingerprint
-    assert text_fingerprint("é") == hashlib.sha256("é".encode("utf-8")).hexdigest()
+    assert text_fingerprint("é") == hashlib.sha256("é".encode()).hexdigest()
 
 
 def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(built, monkeypatch):

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from longppl import METRIC_PATH, score_with_evaluator
-from longppl.synthetic import _cache_path, cut_context, default_cache_dir, sample_documents, train_copy_model, word_tokenizer
+from longppl.synthetic import (
+    _cache_path,
+    cut_context,
+    default_cache_dir,
+    sample_documents,
+    train_copy_model,
+    word_tokenizer,
+)
 
 K, D = 32, 16
 

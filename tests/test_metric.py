@@ -310,7 +310,7 @@ def test_add_batch_then_compute(metric, setup):
 def test_key_spans_are_the_model_key_tokens(metric, setup):
     result = run(metric, setup, return_key_spans=True)
     assert result["n_key_tokens"] == run(metric, setup)["n_key_tokens"]
-    for index, (text, spans) in enumerate(zip(setup["texts"], result["key_spans"])):
+    for text, spans in zip(setup["texts"], result["key_spans"]):
         ref = longppl_document(text, setup["model"], setup["tokenizer"], setup["evaluator_model"],
                                setup["evaluator_tokenizer"], K, D, ALPHA, BETA)
         assert spans == ref["key_spans"] and len(spans) > 0

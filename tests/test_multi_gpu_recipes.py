@@ -17,7 +17,6 @@ import datasets
 import numpy as np
 import pytest
 import yaml
-
 from helpers import DATA
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 HEAVY = ("torch", "transformers", "datasets", "evaluate", "accelerate", "gradio")

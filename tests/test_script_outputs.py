@@ -197,7 +197,7 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
     # shading: MAX_OPACITY * clip(LSD / cap, 0, 1), so monotone in LSD; key tokens outlined (class key)
     shown = [(float(lsd_values[i]), opacity(e[1].get("style")), e[1]["class"]) for i, e in enumerate(tokens, 1)
              if i >= k]
-    for lsd, value, css in shown:
+    for lsd, value, _ in shown:
         assert value == pytest.approx(MAX_OPACITY * min(max(lsd / cap, 0.0), 1.0), abs=1e-3)
     ordered = [value for _, value, _ in sorted(shown)]
     assert ordered == sorted(ordered) and ordered[0] == 0 and ordered[-1] == pytest.approx(MAX_OPACITY)

@@ -13,14 +13,14 @@ import warnings
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
 from helpers import DATA
+from safetensors.torch import load_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import train_longce  # noqa: E402  (scripts/ is not a package)
+
 from longce import LongCEConfig, LongCETrainer  # noqa: E402
 from longce.documents import batch_documents  # noqa: E402
 

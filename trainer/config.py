@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from transformers import TrainingArguments
+
 from longppl.settings import (
     DEFAULT_GAMMA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
@@ -19,7 +21,6 @@ from longppl.settings import (
     DEFAULT_TRUNC_LEN,
     require_int,
 )
-from transformers import TrainingArguments
 
 from .weighted_loss import DEFAULT_LOSS_CHUNK_BYTES
 

@@ -314,7 +314,7 @@ def _score_from_cache(key_tokens, texts, settings, evaluator, tokenizer, evaluat
         return identity, _evaluator_scores(model, model_tokenizer, missing, settings, scoring, per_document=True)
 
     scores = cached_evaluator_scores(cache, texts, settings, identity, score_missing if identity else None)
-    del evaluator
+    evaluator = None  # release the model before freeing memory (score_missing has run)
     _release_memory()
     return scores
 

@@ -23,7 +23,14 @@ from .atomic_files import write_file_atomically
 from .fingerprints import text_fingerprint
 from .loading import check_model_source, load_causal_lm
 from .scoring import document_result, score_with_evaluator, score_with_model
-from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, KeyTokenRule, WindowSettings
+from .settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+    KeyTokenRule,
+    WindowSettings,
+)
 
 KEY_SPANS_FORMAT = "longppl-key-spans"
 KEY_SPANS_VERSION = 1

@@ -22,6 +22,7 @@ from .compilation import compiled_blocks
 from .key_tokens import key_char_spans, key_token_mask, soft_weights
 from .logprobs import unwrap_model
 from .progress import Progress, ProgressCallback
+
 # The DEFAULT_* names live in settings and stay importable from here.
 from .settings import (
     DEFAULT_MAX_TOKENS_PER_BATCH,
