@@ -27,11 +27,23 @@ import longppl
 
 SHAPES = {
     # the tests' tiny Llama (tests/helpers.py)
-    "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=600),
+    "tiny": dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=600,
+    ),
     # HuggingFaceTB/SmolLM2-135M's shape (the Space's default evaluated model)
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152),
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+    ),
 }
 
 
@@ -54,10 +66,15 @@ def measure(shape: str, n_tokens: int) -> dict:
         start = time.perf_counter()
         longppl.long_context_log_probs(model, [ids], 32768, progress=reporter)
         seconds = time.perf_counter() - start
-    return dict(shape=shape, tokens=n_tokens, seconds=round(seconds, 2),
-                peak_rss_growth_mib=round(_peak_rss_mib() - before, 1), model_rss_mib=round(before, 1),
-                layer_steps=sum(1 for desc, _, _ in steps if "pass of" in desc),
-                threads=torch.get_num_threads())
+    return dict(
+        shape=shape,
+        tokens=n_tokens,
+        seconds=round(seconds, 2),
+        peak_rss_growth_mib=round(_peak_rss_mib() - before, 1),
+        model_rss_mib=round(before, 1),
+        layer_steps=sum(1 for desc, _, _ in steps if "pass of" in desc),
+        threads=torch.get_num_threads(),
+    )
 
 
 def main(argv=None) -> None:
@@ -70,8 +87,12 @@ def main(argv=None) -> None:
         print(json.dumps(measure(args.shape, args.one)))
         return
     for n_tokens in args.lengths:
-        out = subprocess.run([sys.executable, __file__, "--shape", args.shape, "--one", str(n_tokens)],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--shape", args.shape, "--one", str(n_tokens)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         print(out.strip().splitlines()[-1], flush=True)
 
 

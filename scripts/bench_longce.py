@@ -63,14 +63,30 @@ def build_model(tiny: bool, device: str):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     if tiny:
-        config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 17,
-                             tie_word_embeddings=True)
+        config = LlamaConfig(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1 << 17,
+            tie_word_embeddings=True,
+        )
         dtype = torch.float32
     else:  # Llama-3.2-1B's shape
-        config = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                             num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                             max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True)
+        config = LlamaConfig(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            tie_word_embeddings=True,
+        )
         dtype = torch.bfloat16
     torch.manual_seed(0)
     with torch.device(device):
@@ -106,10 +122,18 @@ def reference_step(model, ids, K, d, gamma):
 
 
 def make_trainer(model, K, d, gamma, budget, output_dir, compile_windows=False, loss_kernel="auto"):
-    args = LongCEConfig(output_dir=output_dir, report_to=[], bf16=model.dtype == torch.bfloat16,
-                        use_cpu=model.device.type == "cpu", longce_trunc_len=K, longce_sliding_window=d,
-                        longce_gamma=gamma, longce_max_tokens_per_batch=budget,
-                        longce_compile_windows=compile_windows, longce_loss_kernel=loss_kernel)
+    args = LongCEConfig(
+        output_dir=output_dir,
+        report_to=[],
+        bf16=model.dtype == torch.bfloat16,
+        use_cpu=model.device.type == "cpu",
+        longce_trunc_len=K,
+        longce_sliding_window=d,
+        longce_gamma=gamma,
+        longce_max_tokens_per_batch=budget,
+        longce_compile_windows=compile_windows,
+        longce_loss_kernel=loss_kernel,
+    )
     return LongCETrainer(model=model, args=args)
 
 
@@ -140,10 +164,16 @@ def loss_kernels(device, tokens, hidden_size, vocab, dtype, gamma=5.0):
         chunked_weighted_cross_entropy(hidden, lambda h: h @ weight.t(), vocab, targets, lp_short, gamma)[0].backward()
 
     def fused_small_chunks():
-        fused_weighted_linear_cross_entropy(hidden, weight, None, targets, lp_short, gamma, chunk_bytes=1 << 28)[0].backward()
+        fused_weighted_linear_cross_entropy(hidden, weight, None, targets, lp_short, gamma, chunk_bytes=1 << 28)[
+            0
+        ].backward()
 
-    candidates = [("full logits (torch)", full_logits), ("ours: fused chunked function (1 GiB chunks)", fused),
-                  ("ours: fused, 256 MiB chunks", fused_small_chunks), ("ours: chunked + checkpoint", chunked)]
+    candidates = [
+        ("full logits (torch)", full_logits),
+        ("ours: fused chunked function (1 GiB chunks)", fused),
+        ("ours: fused, 256 MiB chunks", fused_small_chunks),
+        ("ours: chunked + checkpoint", chunked),
+    ]
     if liger_available():
 
         def liger():
@@ -183,33 +213,73 @@ def profile_step(fn, device):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536],
-                        help="sequence lengths in tokens, one timed step each (default: 32768 65536)")
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[32768, 65536],
+        help="sequence lengths in tokens, one timed step each (default: 32768 65536)",
+    )
     parser.add_argument("--trunc-len", type=int, default=4096, help="K (default %(default)s; 64 with --tiny)")
-    parser.add_argument("--windows", type=int, nargs="+", default=[1024, 4096],
-                        help="values of d to run (default: 1024 4096; 32 with --tiny)")
-    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA,
-                        help="LongCE's weight cap: min(exp(LSD), gamma) (default %(default)s)")
-    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH,
-                        help="longce_max_tokens_per_batch: tokens of short windows per batch (default %(default)s)")
-    parser.add_argument("--repeat", type=int, default=2,
-                        help="timed steps per method (after one warm-up; best is kept; default %(default)s)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="CPU smoke run with a tiny model (K=64, d=32; one torch thread unless OMP_NUM_THREADS is set)")
-    parser.add_argument("--skip-reference", action="store_true",
-                        help="do not run the (slow) reference LongCE (default: run it)")
-    parser.add_argument("--loss-kernels", action="store_true",
-                        help="also compare LM-head loss implementations (default: off)")
-    parser.add_argument("--phases", action="store_true",
-                        help="also time our two phases alone: the short-context pass and the gradient pass (default: off)")
-    parser.add_argument("--profile", action="store_true",
-                        help="torch.profiler table of one of our steps per length (default: off)")
-    parser.add_argument("--compile", action="store_true",
-                        help="also run ours with longce_compile_windows=True (default: off)")
-    parser.add_argument("--kernels-in-step", action="store_true",
-                        help="also run ours (first d) with longce_loss_kernel='ours' and 'liger' explicitly (default: off)")
-    parser.add_argument("--budgets", type=int, nargs="*", default=[],
-                        help="also run ours (first d) with these longce_max_tokens_per_batch values (default: none)")
+    parser.add_argument(
+        "--windows",
+        type=int,
+        nargs="+",
+        default=[1024, 4096],
+        help="values of d to run (default: 1024 4096; 32 with --tiny)",
+    )
+    parser.add_argument(
+        "--gamma",
+        type=float,
+        default=DEFAULT_GAMMA,
+        help="LongCE's weight cap: min(exp(LSD), gamma) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        default=DEFAULT_MAX_TOKENS_PER_BATCH,
+        help="longce_max_tokens_per_batch: tokens of short windows per batch (default %(default)s)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="timed steps per method (after one warm-up; best is kept; default %(default)s)",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="CPU smoke run with a tiny model (K=64, d=32; one torch thread unless OMP_NUM_THREADS is set)",
+    )
+    parser.add_argument(
+        "--skip-reference", action="store_true", help="do not run the (slow) reference LongCE (default: run it)"
+    )
+    parser.add_argument(
+        "--loss-kernels", action="store_true", help="also compare LM-head loss implementations (default: off)"
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time our two phases alone: the short-context pass and the gradient pass (default: off)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="torch.profiler table of one of our steps per length (default: off)"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="also run ours with longce_compile_windows=True (default: off)"
+    )
+    parser.add_argument(
+        "--kernels-in-step",
+        action="store_true",
+        help="also run ours (first d) with longce_loss_kernel='ours' and 'liger' explicitly (default: off)",
+    )
+    parser.add_argument(
+        "--budgets",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also run ours (first d) with these longce_max_tokens_per_batch values (default: none)",
+    )
     args = parser.parse_args(argv)
     load_dependencies()
 
@@ -221,8 +291,11 @@ def main(argv=None):
     K = 64 if args.tiny else args.trunc_len
     windows = [32] if args.tiny else args.windows
     model = build_model(args.tiny, device)
-    print(f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
-          f"K={K}, gamma={args.gamma}, budget={args.max_tokens_per_batch}", flush=True)
+    print(
+        f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
+        f"K={K}, gamma={args.gamma}, budget={args.max_tokens_per_batch}",
+        flush=True,
+    )
     output_dir = tempfile.mkdtemp(prefix="bench_longce_")
     trainers = {d: make_trainer(model, K, d, args.gamma, args.max_tokens_per_batch, output_dir) for d in windows}
 
@@ -252,8 +325,9 @@ def main(argv=None):
                 rows.append((f"ours d={d} compiled windows", *timed(lambda: our_step(compiled, model, ids))))
         if args.kernels_in_step:
             for kernel in ("ours", "liger") if liger_available() else ("ours",):
-                other = make_trainer(model, K, windows[0], args.gamma, args.max_tokens_per_batch, output_dir,
-                                     args.compile, kernel)
+                other = make_trainer(
+                    model, K, windows[0], args.gamma, args.max_tokens_per_batch, output_dir, args.compile, kernel
+                )
                 label = " compiled windows" if args.compile else ""
                 rows.append((f"ours d={windows[0]}{label}, loss {kernel}", *timed(lambda: our_step(other, model, ids))))
         for budget in args.budgets:
@@ -264,8 +338,12 @@ def main(argv=None):
                 trainer = trainers[d]
                 head = resolve_lm_head(model)
                 inputs = {"input_ids": ids, "labels": ids}
-                rows.append((f"  phase: short pass d={d}", *timed(
-                    lambda: trainer._short_context_pass(model, head, inputs).nansum().item())))
+                rows.append(
+                    (
+                        f"  phase: short pass d={d}",
+                        *timed(lambda: trainer._short_context_pass(model, head, inputs).nansum().item()),
+                    )
+                )
             plain = make_trainer(model, K, windows[0], args.gamma, args.max_tokens_per_batch, output_dir)
             plain.longce_plain_ce = True
             rows.append(("  phase: gradient pass", *timed(lambda: our_step(plain, model, ids))))
@@ -277,13 +355,18 @@ def main(argv=None):
             ref = next((r for r in rows if r[0] == f"reference LongCE {d_of}"), None)
             vs_ref = f"{seconds / ref[1]:.2f}x" if ref and name.startswith("ours") else ""
             table.append((n, name, seconds, peak, loss, vs_ref, seconds / ce_time, peak / ce_peak))
-            print(f"{n:>7} | {name:<24} | {seconds:7.3f} s | {peak:6.1f} GiB | loss {loss:.4f} | time/ref {vs_ref:>6} "
-                  f"| time/ce {seconds / ce_time:.2f}x | peak/ce {peak / ce_peak:.2f}x", flush=True)
+            print(
+                f"{n:>7} | {name:<24} | {seconds:7.3f} s | {peak:6.1f} GiB | loss {loss:.4f} | time/ref {vs_ref:>6} "
+                f"| time/ce {seconds / ce_time:.2f}x | peak/ce {peak / ce_peak:.2f}x",
+                flush=True,
+            )
 
     print("\n| tokens | method | seconds | peak GiB | loss | time / reference | time / CE | peak / CE |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for n, name, seconds, peak, loss, vs_ref, vs_ce, peak_ce in table:
-        print(f"| {n // 1024}k | {name} | {seconds:.2f} | {peak:.1f} | {loss:.4f} | {vs_ref} | {vs_ce:.2f}x | {peak_ce:.2f}x |")
+        print(
+            f"| {n // 1024}k | {name} | {seconds:.2f} | {peak:.1f} | {loss:.4f} | {vs_ref} | {vs_ce:.2f}x | {peak_ce:.2f}x |"
+        )
 
     if args.loss_kernels:
         del trainers, model

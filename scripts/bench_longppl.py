@@ -62,13 +62,28 @@ def build_model(tiny: bool, device: str, seed: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     if tiny:
-        config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 17)
+        config = LlamaConfig(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1 << 17,
+        )
         dtype = torch.float32
     else:  # Llama-3.1-8B's shape
-        config = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-                             rope_theta=500000.0, tie_word_embeddings=False)
+        config = LlamaConfig(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            tie_word_embeddings=False,
+        )
         dtype = torch.bfloat16
     torch.manual_seed(seed)
     with torch.device(device):
@@ -94,7 +109,9 @@ def reference_longppl(evaluator, model, ids, K, d, alpha, beta, vectorized=False
             if start + K + window > n:
                 window = n - start - K
             output_short = evaluator(input_ids[:, start : start + K + window])
-            loss_full = loss_f(output_full.logits[0, start + K - 1 : start + K + window - 1], ids[start + K : start + K + window])
+            loss_full = loss_f(
+                output_full.logits[0, start + K - 1 : start + K + window - 1], ids[start + K : start + K + window]
+            )
             loss_short = loss_f(output_short.logits[0, K - 1 : K + window - 1], ids[start + K : start + K + window])
             is_key = torch.logical_and((loss_short - loss_full) > alpha, loss_full < -beta)
             if vectorized:
@@ -170,8 +187,11 @@ def key_token_agreement(device: str) -> None:
             ours = set(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), 2.0, -2.0).nonzero()[0].tolist())
             ref = set(reference_longppl(m, m, ids, 32, 16, 2.0, -2.0, vectorized=True, return_keys=True))
             ours_total, ref_total, common = ours_total + len(ours), ref_total + len(ref), common + len(ours & ref)
-        print(f"key-token agreement, copy model, {dtype}: ours {ours_total}, reference {ref_total}, "
-              f"common {common} (copied tokens after the first: {copied})", flush=True)
+        print(
+            f"key-token agreement, copy model, {dtype}: ours {ours_total}, reference {ref_total}, "
+            f"common {common} (copied tokens after the first: {copied})",
+            flush=True,
+        )
 
 
 def cache_benchmark(args, device):
@@ -200,7 +220,9 @@ def cache_benchmark(args, device):
     tokenizer = word_tokenizer(vocab - 2)  # ids 0 .. vocab-1 with <unk> and <pad>
 
     def words(n, seed):
-        return " ".join(f"w{i}" for i in torch.randint(vocab - 2, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
+        return " ".join(
+            f"w{i}" for i in torch.randint(vocab - 2, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+        )
 
     texts = {n: words(n, n) for n in args.lengths}
     warm = words(K + 2 * d + 7, 0)
@@ -209,8 +231,9 @@ def cache_benchmark(args, device):
     rows = []
 
     def build(text, path):
-        scores = score_with_evaluator(evaluator, tokenizer, [text], K, d, budget, add_special_tokens=False,
-                                      progress=False, per_document=True)
+        scores = score_with_evaluator(
+            evaluator, tokenizer, [text], K, d, budget, add_special_tokens=False, progress=False, per_document=True
+        )
         KeyTokenCache(key_token_rows([text], scores, settings, identity)).save(path)
 
     build(warm, f"{folder}/warm")
@@ -254,8 +277,11 @@ def cache_benchmark(args, device):
     ppl_full(warm), ppl_chunked(warm), cached(warm, f"{folder}/warm", {})
     for n, text in texts.items():
         phases = {}
-        methods = [("ppl", lambda: ppl_full(text)), ("ppl-chunked", lambda: ppl_chunked(text)),
-                   ("cached", lambda: cached(text, f"{folder}/{n}", phases))]
+        methods = [
+            ("ppl", lambda: ppl_full(text)),
+            ("ppl-chunked", lambda: ppl_chunked(text)),
+            ("cached", lambda: cached(text, f"{folder}/{n}", phases)),
+        ]
         for name, fn in methods:
             best = None
             for _ in range(args.repeat):
@@ -271,16 +297,20 @@ def cache_benchmark(args, device):
             if name == "cached":
                 row["phases"] = {k: round(v, 4) for k, v in phases.items()}
             rows.append(row)
-            print(f"{n:>7} {name:<16} {best[0]:8.2f}s {best[1]:7.1f} GiB  {best[2]}  {row.get('phases', '')}", flush=True)
+            print(
+                f"{n:>7} {name:<16} {best[0]:8.2f}s {best[1]:7.1f} GiB  {best[2]}  {row.get('phases', '')}", flush=True
+            )
     shutil.rmtree(folder, ignore_errors=True)
 
     print("\n| tokens | method | seconds | peak GiB | time / PPL | time / PPL (chunked head) |")
     print("|---:|---|---:|---:|---:|---:|")
     for row in rows:
         same = {r["method"]: r for r in rows if r["tokens"] == row["tokens"]}
-        ratio = lambda base: f"{row['seconds'] / base['seconds']:.3f}x" if base['seconds'] == base['seconds'] else "-"
-        print(f"| {row['tokens']} | {row['method']} | {row['seconds']:.3f} | {row['peak_gib']:.1f} | "
-              f"{ratio(same['ppl'])} | {ratio(same['ppl-chunked'])} |")
+        ratio = lambda base: f"{row['seconds'] / base['seconds']:.3f}x" if base["seconds"] == base["seconds"] else "-"
+        print(
+            f"| {row['tokens']} | {row['method']} | {row['seconds']:.3f} | {row['peak_gib']:.1f} | "
+            f"{ratio(same['ppl'])} | {ratio(same['ppl-chunked'])} |"
+        )
     return rows
 
 
@@ -301,29 +331,52 @@ def measure(fn, device):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072],
-                        help="document lengths in tokens, one timed document each (default: 32768 65536 131072)")
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[32768, 65536, 131072],
+        help="document lengths in tokens, one timed document each (default: 32768 65536 131072)",
+    )
     parser.add_argument("--trunc-len", type=int, default=4096, help="K (default %(default)s)")
     parser.add_argument("--sliding-window", type=int, default=1024, help="d (default %(default)s)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help="key iff LSD > alpha (default %(default)s)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="key iff LSD > alpha (default %(default)s)")
     parser.add_argument("--beta", type=float, default=DEFAULT_BETA, help="and LCL > beta (default %(default)s)")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[DEFAULT_MAX_TOKENS_PER_BATCH],
-                        help=f"max_tokens_per_batch values for ours (default: {DEFAULT_MAX_TOKENS_PER_BATCH})")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="timed runs per method and length (best is kept; default %(default)s)")
-    parser.add_argument("--skip-reference-above", type=int, default=1 << 30,
-                        help="skip the (slow) reference for documents longer than this many tokens "
-                        "(default: never skip)")
+    parser.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_MAX_TOKENS_PER_BATCH],
+        help=f"max_tokens_per_batch values for ours (default: {DEFAULT_MAX_TOKENS_PER_BATCH})",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="timed runs per method and length (best is kept; default %(default)s)"
+    )
+    parser.add_argument(
+        "--skip-reference-above",
+        type=int,
+        default=1 << 30,
+        help="skip the (slow) reference for documents longer than this many tokens (default: never skip)",
+    )
     parser.add_argument("--vectorized-reference", action="store_true", help="also run reference-vec (default: off)")
-    parser.add_argument("--compile", action="store_true",
-                        help="also run ours with torch_compile (compiled in warm-up; default: off)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="tiny random models (CPU smoke run, one torch thread unless OMP_NUM_THREADS is set)")
-    parser.add_argument("--agreement", action="store_true",
-                        help="only compare our key tokens with the reference's on the trained copy model")
-    parser.add_argument("--cache", action="store_true",
-                        help="only time evaluating a second model against a warm key-token cache vs plain PPL")
+    parser.add_argument(
+        "--compile", action="store_true", help="also run ours with torch_compile (compiled in warm-up; default: off)"
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny random models (CPU smoke run, one torch thread unless OMP_NUM_THREADS is set)",
+    )
+    parser.add_argument(
+        "--agreement",
+        action="store_true",
+        help="only compare our key tokens with the reference's on the trained copy model",
+    )
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="only time evaluating a second model against a warm key-token cache vs plain PPL",
+    )
     parser.add_argument("--out", help="write the results as JSON here (default: print only)")
     args = parser.parse_args(argv)
     load_dependencies()
@@ -339,15 +392,26 @@ def main(argv=None):
         rows = cache_benchmark(args, device)
         if args.out:
             with open(args.out, "w") as handle:
-                json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                           "torch": torch.__version__, "trunc_len": args.trunc_len,
-                           "sliding_window": args.sliding_window, "rows": rows}, handle, indent=1)
+                json.dump(
+                    {
+                        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                        "torch": torch.__version__,
+                        "trunc_len": args.trunc_len,
+                        "sliding_window": args.sliding_window,
+                        "rows": rows,
+                    },
+                    handle,
+                    indent=1,
+                )
         return rows
     t0 = time.perf_counter()
     evaluator = build_model(args.tiny, device, seed=1)
     model = build_model(args.tiny, device, seed=2)
-    print(f"built two models in {time.perf_counter() - t0:.1f}s on {device}"
-          + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""), flush=True)
+    print(
+        f"built two models in {time.perf_counter() - t0:.1f}s on {device}"
+        + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""),
+        flush=True,
+    )
     vocab = model.config.vocab_size
     K, d = args.trunc_len, args.sliding_window
 
@@ -368,28 +432,60 @@ def main(argv=None):
         if n <= args.skip_reference_above:
             methods.append(("reference", lambda: reference_longppl(evaluator, model, ids, K, d, args.alpha, args.beta)))
             if args.vectorized_reference:
-                methods.append(("reference-vec", lambda: reference_longppl(
-                    evaluator, model, ids, K, d, args.alpha, args.beta, vectorized=True)))
+                methods.append(
+                    (
+                        "reference-vec",
+                        lambda: reference_longppl(evaluator, model, ids, K, d, args.alpha, args.beta, vectorized=True),
+                    )
+                )
         phases = {}
         for budget in args.budgets:
-            methods.append((f"ours(b={budget})", lambda b=budget: our_longppl(
-                evaluator, model, ids, K, d, args.alpha, args.beta, b, phases.setdefault(f"ours(b={b})", {}))))
+            methods.append(
+                (
+                    f"ours(b={budget})",
+                    lambda b=budget: our_longppl(
+                        evaluator, model, ids, K, d, args.alpha, args.beta, b, phases.setdefault(f"ours(b={b})", {})
+                    ),
+                )
+            )
         if args.compile:
             b = args.budgets[0]
-            methods.append(("ours+compile", lambda: our_longppl(
-                evaluator, model, ids, K, d, args.alpha, args.beta, b, phases.setdefault("ours+compile", {}), True)))
+            methods.append(
+                (
+                    "ours+compile",
+                    lambda: our_longppl(
+                        evaluator,
+                        model,
+                        ids,
+                        K,
+                        d,
+                        args.alpha,
+                        args.beta,
+                        b,
+                        phases.setdefault("ours+compile", {}),
+                        True,
+                    ),
+                )
+            )
         for name, fn in methods:
             best = None
             for _ in range(args.repeat):
                 seconds, peak, value = measure(fn, device)
                 if best is None or seconds < best[0]:
                     best = (seconds, peak, value)
-            row = {"tokens": n, "method": name, "seconds": best[0], "peak_gib": best[1],
-                   "value": best[2] if isinstance(best[2], float) else list(best[2])}
+            row = {
+                "tokens": n,
+                "method": name,
+                "seconds": best[0],
+                "peak_gib": best[1],
+                "value": best[2] if isinstance(best[2], float) else list(best[2]),
+            }
             if name.startswith("ours"):
                 row["phases"] = {k: round(v, 3) for k, v in phases[name].items()}
             rows.append(row)
-            print(f"{n:>7} {name:<16} {best[0]:8.2f}s {best[1]:7.1f} GiB  {best[2]}  {row.get('phases', '')}", flush=True)
+            print(
+                f"{n:>7} {name:<16} {best[0]:8.2f}s {best[1]:7.1f} GiB  {best[2]}  {row.get('phases', '')}", flush=True
+            )
 
     print("\n| tokens | method | seconds | peak GiB | time / reference | peak / reference | time / PPL |")
     print("|---:|---|---:|---:|---:|---:|---:|")
@@ -397,12 +493,23 @@ def main(argv=None):
         same = {r["method"]: r for r in rows if r["tokens"] == row["tokens"]}
         ref, ppl = same.get("reference"), same["ppl"]
         ratio = lambda key, base: f"{row[key] / base[key]:.2f}x" if base and base[key] == base[key] else "-"
-        print(f"| {row['tokens']} | {row['method']} | {row['seconds']:.2f} | {row['peak_gib']:.1f} | "
-              f"{ratio('seconds', ref)} | {ratio('peak_gib', ref)} | {ratio('seconds', ppl)} |")
+        print(
+            f"| {row['tokens']} | {row['method']} | {row['seconds']:.2f} | {row['peak_gib']:.1f} | "
+            f"{ratio('seconds', ref)} | {ratio('peak_gib', ref)} | {ratio('seconds', ppl)} |"
+        )
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                       "torch": torch.__version__, "trunc_len": K, "sliding_window": d, "rows": rows}, handle, indent=1)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                    "torch": torch.__version__,
+                    "trunc_len": K,
+                    "sliding_window": d,
+                    "rows": rows,
+                },
+                handle,
+                indent=1,
+            )
     return rows
 
 

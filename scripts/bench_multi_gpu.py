@@ -46,12 +46,34 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 SHAPES = {  # LlamaConfig fields; the byte-level tokenizer uses 259 rows of the vocabulary
-    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
-    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
-    "tiny": dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+    "llama-3.1-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
 }
 STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
 
@@ -67,8 +89,10 @@ def crs_documents(path: str, documents: int, tokens: int) -> list[str]:
 
     corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
     if len(corpus) < documents * tokens:
-        raise ValueError(f"{path} holds {len(corpus):,} bytes, fewer than {documents} x {tokens:,}; ask for fewer "
-                         "or shorter documents.")
+        raise ValueError(
+            f"{path} holds {len(corpus):,} bytes, fewer than {documents} x {tokens:,}; ask for fewer "
+            "or shorter documents."
+        )
     # A cut inside a multi-byte character drops its pieces ("ignore"): a text can lose a few bytes.
     return [corpus[i * tokens : (i + 1) * tokens].decode("utf-8", errors="ignore") for i in range(documents)]
 
@@ -84,8 +108,13 @@ def save_random_model(folder: str, fields: dict, dtype: str, device: str, seed: 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = byte_level_tokenizer()
-    fields = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
-              "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, **fields}
+    fields = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        **fields,
+    }
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(seed)
     with torch.device(device):  # initialising an 8B model on the CPU takes minutes
@@ -161,17 +190,33 @@ def score(args) -> dict:
     log = os.path.join(work, "log.txt")
     evaluator, corpus = os.path.join(work, "evaluator"), os.path.join(work, "corpus.jsonl")
     start = time.perf_counter()
-    save_random_model(evaluator, dict(SHAPES[args.shape], model_type="llama", max_position_embeddings=131072),
-                      "bfloat16" if device == "cuda" else "float32", device)
+    save_random_model(
+        evaluator,
+        dict(SHAPES[args.shape], model_type="llama", max_position_embeddings=131072),
+        "bfloat16" if device == "cuda" else "float32",
+        device,
+    )
     print(f"random {args.shape} evaluator saved in {time.perf_counter() - start:.1f} s", flush=True)
     with open(corpus, "w", encoding="utf-8") as handle:
         for text in crs_documents(args.data, args.documents, args.tokens):
             handle.write(json.dumps({"text": text}) + "\n")
 
     def script(output: str) -> list[str]:
-        return ["scripts/compute_key_tokens.py", "--corpus", corpus, "--evaluator", evaluator, "--output", output,
-                "--max-length", str(args.tokens), "--trunc-len", str(args.trunc_len),
-                "--sliding-window", str(args.sliding_window)]
+        return [
+            "scripts/compute_key_tokens.py",
+            "--corpus",
+            corpus,
+            "--evaluator",
+            evaluator,
+            "--output",
+            output,
+            "--max-length",
+            str(args.tokens),
+            "--trunc-len",
+            str(args.trunc_len),
+            "--sliding-window",
+            str(args.sliding_window),
+        ]
 
     one, many = os.path.join(work, "cache-1"), os.path.join(work, f"cache-{args.gpus}")
     seconds_one = run([sys.executable] + script(one), child_env(args.cpu, 1), log, args.timeout)
@@ -180,14 +225,28 @@ def score(args) -> dict:
     print(f"{args.gpus} {device} processes: {seconds_many:.1f} s", flush=True)
     identical, detail = caches_identical(one, many)
     scored = [float(m) for m in re.findall(r"evaluator tokens, .*?, ([0-9.]+) s ->", open(log).read())]
-    result = dict(shape=args.shape, documents=args.documents, tokens=args.tokens, processes=args.gpus,
-                  wall_seconds_1=seconds_one, wall_seconds_n=seconds_many, ratio=seconds_many / seconds_one,
-                  script_seconds=scored, identical=identical, detail=detail, log=log)
-    print(f"\n{args.documents} documents x {args.tokens:,} tokens, {args.shape} evaluator, K={args.trunc_len}, "
-          f"d={args.sliding_window}")
-    print(f"  wall time: 1 process {seconds_one:.1f} s, {args.gpus} processes {seconds_many:.1f} s "
-          f"(ratio {result['ratio']:.2f}); the scripts' own timings (after imports): "
-          f"{', '.join(f'{s:.1f} s' for s in scored)}")
+    result = dict(
+        shape=args.shape,
+        documents=args.documents,
+        tokens=args.tokens,
+        processes=args.gpus,
+        wall_seconds_1=seconds_one,
+        wall_seconds_n=seconds_many,
+        ratio=seconds_many / seconds_one,
+        script_seconds=scored,
+        identical=identical,
+        detail=detail,
+        log=log,
+    )
+    print(
+        f"\n{args.documents} documents x {args.tokens:,} tokens, {args.shape} evaluator, K={args.trunc_len}, "
+        f"d={args.sliding_window}"
+    )
+    print(
+        f"  wall time: 1 process {seconds_one:.1f} s, {args.gpus} processes {seconds_many:.1f} s "
+        f"(ratio {result['ratio']:.2f}); the scripts' own timings (after imports): "
+        f"{', '.join(f'{s:.1f} s' for s in scored)}"
+    )
     print(f"  caches identical: {identical} ({detail})")
     return result
 
@@ -233,15 +292,21 @@ def train(args) -> dict:
             command = [sys.executable] + common + ["--per_device_train_batch_size", str(args.gpus)]
             env = child_env(args.cpu, 1)
         elif setup == "ga":  # the same global batch as micro-batches of 1: the noise floor of summation order
-            command = [sys.executable] + common + ["--per_device_train_batch_size", "1",
-                                                   "--gradient_accumulation_steps", str(args.gpus)]
+            command = (
+                [sys.executable]
+                + common
+                + ["--per_device_train_batch_size", "1", "--gradient_accumulation_steps", str(args.gpus)]
+            )
             env = child_env(args.cpu, 1)
         else:  # "zero3": on --gpus processes; "zero3:1": the same engine on one process, per-device batch --gpus
             engine, _, one = setup.partition(":")
             config_file = os.path.join("configs", "accelerate", f"{engine}.yaml")
             processes = 1 if one else args.gpus
-            command = launcher(processes, config_file) + common + [
-                "--per_device_train_batch_size", str(args.gpus // processes)]
+            command = (
+                launcher(processes, config_file)
+                + common
+                + ["--per_device_train_batch_size", str(args.gpus // processes)]
+            )
             env = child_env(args.cpu, processes)
         try:
             wall = run(command + ["--output_dir", output_dir], env, log, args.timeout)
@@ -259,8 +324,11 @@ def train(args) -> dict:
             steps=[entry["step"] for entry in steps],
             **{key: [entry.get(key) for entry in steps] for key in STAT_KEYS},
         )
-        print(f"{name}: {len(steps)} logged steps, loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}, "
-              f"{runs[name]['train_runtime']:.1f} s training ({wall:.1f} s wall)", flush=True)
+        print(
+            f"{name}: {len(steps)} logged steps, loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}, "
+            f"{runs[name]['train_runtime']:.1f} s training ({wall:.1f} s wall)",
+            flush=True,
+        )
         if args.json:  # kept up to date, so that a run cut short by a time limit still leaves its figures
             write_json(args.json, dict(config=args.config, gpus=args.gpus, runs=runs, log=log))
 
@@ -271,6 +339,7 @@ def train(args) -> dict:
     for index in range(max(len(runs[name]["loss"]) for name in names) if names else 0):
         cells = [runs[name]["loss"][index] if index < len(runs[name]["loss"]) else float("nan") for name in names]
         print(f"{index + 1:>4} " + "".join(f"{cell:>10.4f}" for cell in cells))
+
     def largest_difference(loss: list[float], reference: list[float] | None) -> float:
         if reference is None or len(loss) != len(reference):
             return float("nan")
@@ -285,9 +354,11 @@ def train(args) -> dict:
             entry[f"max_abs_diff_vs_{name}:1"] = largest_difference(entry["loss"], twin)
             versus_twin = f", |loss - {name}:1| {entry[f'max_abs_diff_vs_{name}:1']:.4f}"
         once = entry["stats_steps"] == entry["steps"] == sorted(set(entry["steps"]))
-        print(f"{name:>8}: max |loss - 1 GPU| {entry['max_abs_diff_vs_1gpu']:.4f}{versus_twin}; LongCE statistics "
-              f"on {len(entry['stats_steps'])} of {len(entry['steps'])} logged steps, once per step: {once}; mean "
-              f"weight {np.mean(entry['longce_mean_weight']):.4f}, share > 1 {np.mean(entry['longce_weight_gt1_share']):.4f}")
+        print(
+            f"{name:>8}: max |loss - 1 GPU| {entry['max_abs_diff_vs_1gpu']:.4f}{versus_twin}; LongCE statistics "
+            f"on {len(entry['stats_steps'])} of {len(entry['steps'])} logged steps, once per step: {once}; mean "
+            f"weight {np.mean(entry['longce_mean_weight']):.4f}, share > 1 {np.mean(entry['longce_weight_gt1_share']):.4f}"
+        )
     failed = [name for name, _ in setups if "error" in runs[name]]
     if failed:
         print(f"FAILED: {', '.join(failed)} (see {log})")
@@ -300,33 +371,52 @@ def main(argv=None) -> dict:
     if "--" in argv:
         extra, argv = argv[argv.index("--") + 1 :], argv[: argv.index("--")]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="check", required=True, metavar="{score,train}",
-                                help="the check to run (`score --help`, `train --help` for its options)")
-    for name, what in (("score", "compute_key_tokens.py on one GPU vs on --gpus GPUs"),
-                       ("train", "train_longce.py on one GPU vs under DDP, FSDP2, ZeRO-3 on --gpus GPUs")):
+    sub = parser.add_subparsers(
+        dest="check",
+        required=True,
+        metavar="{score,train}",
+        help="the check to run (`score --help`, `train --help` for its options)",
+    )
+    for name, what in (
+        ("score", "compute_key_tokens.py on one GPU vs on --gpus GPUs"),
+        ("train", "train_longce.py on one GPU vs under DDP, FSDP2, ZeRO-3 on --gpus GPUs"),
+    ):
         p = sub.add_parser(name, help=what, description=what)
         p.add_argument("--gpus", type=int, default=2, help="processes of the multi-process runs (default 2)")
         p.add_argument("--data", default=CRS, help="the CRS reports' JSONL (default: tests/data/govreport_crs.jsonl)")
         p.add_argument("--workdir", default=None, help="where the temporary folders go (default: the system's)")
         p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each run (default 900)")
         p.add_argument("--json", default=None, help="also write the results to this JSON file (default: print only)")
-        p.add_argument("--cpu", action="store_true",
-                       help="CPU processes over gloo (a smoke run; one torch thread each unless OMP_NUM_THREADS is set)")
+        p.add_argument(
+            "--cpu",
+            action="store_true",
+            help="CPU processes over gloo (a smoke run; one torch thread each unless OMP_NUM_THREADS is set)",
+        )
     score_parser, train_parser = sub.choices["score"], sub.choices["train"]
-    score_parser.add_argument("--documents", type=int, default=8,
-                              help="documents cut from the CRS reports (default %(default)s)")
+    score_parser.add_argument(
+        "--documents", type=int, default=8, help="documents cut from the CRS reports (default %(default)s)"
+    )
     score_parser.add_argument("--tokens", type=int, default=32768, help="tokens per document (default %(default)s)")
-    score_parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b",
-                              help="shape of the random-weight evaluator (default %(default)s)")
+    score_parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="llama-3.1-8b",
+        help="shape of the random-weight evaluator (default %(default)s)",
+    )
     score_parser.add_argument("--trunc-len", type=int, default=4096, help="K (default %(default)s)")
     score_parser.add_argument("--sliding-window", type=int, default=1024, help="d (default %(default)s)")
-    train_parser.add_argument("--config", default="configs/llama1b_shape_16k.yaml",
-                              help="the train_longce.py recipe (default: %(default)s)")
-    train_parser.add_argument("--setups", nargs="+", choices=("ga", "ddp", "fsdp2", "zero3", "fsdp2:1", "zero3:1"),
-                              default=["ga", "ddp", "fsdp2", "zero3"],
-                              help="ga: one GPU, per-device batch 1 with gradient accumulation (the noise reference); "
-                                   "fsdp2:1, zero3:1: that engine on one GPU (its own precision, one process) "
-                                   "(default: ga ddp fsdp2 zero3)")
+    train_parser.add_argument(
+        "--config", default="configs/llama1b_shape_16k.yaml", help="the train_longce.py recipe (default: %(default)s)"
+    )
+    train_parser.add_argument(
+        "--setups",
+        nargs="+",
+        choices=("ga", "ddp", "fsdp2", "zero3", "fsdp2:1", "zero3:1"),
+        default=["ga", "ddp", "fsdp2", "zero3"],
+        help="ga: one GPU, per-device batch 1 with gradient accumulation (the noise reference); "
+        "fsdp2:1, zero3:1: that engine on one GPU (its own precision, one process) "
+        "(default: ga ddp fsdp2 zero3)",
+    )
     args = parser.parse_args(argv)
     args.train_args = extra
     if args.gpus < 2:

@@ -56,40 +56,79 @@ def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", required=True,
-                        help="a .jsonl file, a datasets directory or a Hub dataset name (required)")
+    parser.add_argument(
+        "--corpus", required=True, help="a .jsonl file, a datasets directory or a Hub dataset name (required)"
+    )
     parser.add_argument("--split", default="train", help="split of a Hub dataset or DatasetDict (default: train)")
     parser.add_argument("--text-column", default="text", help="field / column holding the texts (default: text)")
     parser.add_argument("--evaluator", required=True, help="Hub id or local path of the evaluator model (required)")
-    parser.add_argument("--output", required=True,
-                        help="the cache directory (required; created, or updated atomically)")
-    parser.add_argument("--trunc-len", type=int, default=DEFAULT_TRUNC_LEN,
-                        help="K: context length of the short-context scores (default %(default)s)")
-    parser.add_argument("--sliding-window", type=int, default=DEFAULT_SLIDING_WINDOW,
-                        help="d: stride of the short-context windows (default %(default)s)")
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="keep the first N evaluator tokens of each text (special tokens not counted; the "
-                             "cache stores the cut text). The same meaning as the metric's max_length: evaluator "
-                             "tokens, the unit of K and d, so the cut text is the same for every evaluated model "
-                             "and compute(..., key_tokens=<output>, max_length=N) finds it")
-    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH,
-                        help="tokens of short windows the evaluator scores in one batch; lower it when the "
-                        "evaluator runs out of memory (default %(default)s)")
-    parser.add_argument("--torch-dtype", default=None,
-                        help="the evaluator's dtype, e.g. bfloat16 (default: bfloat16 on GPU, float32 on CPU)")
-    parser.add_argument("--device", default=None,
-                        help="single process only: cuda, cpu or auto (shard a large evaluator over the GPUs) "
-                        "(default: the process's device, a GPU if there is one)")
-    parser.add_argument("--window-bos", action="store_true",
-                        help="opt-in: BOS at the head of each short window (default: off, as the official code)")
-    parser.add_argument("--no-special-tokens", action="store_true",
-                        help="tokenize without the evaluator's special tokens (default: with them, as the official code)")
-    parser.add_argument("--torch-compile", action="store_true",
-                        help="compile the evaluator's blocks with torch.compile (default: off)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help="LSD threshold, only for the summary's key-token share (default %(default)s)")
-    parser.add_argument("--beta", type=float, default=DEFAULT_BETA,
-                        help="LCL threshold, only for the summary's key-token share (default %(default)s)")
+    parser.add_argument(
+        "--output", required=True, help="the cache directory (required; created, or updated atomically)"
+    )
+    parser.add_argument(
+        "--trunc-len",
+        type=int,
+        default=DEFAULT_TRUNC_LEN,
+        help="K: context length of the short-context scores (default %(default)s)",
+    )
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        default=DEFAULT_SLIDING_WINDOW,
+        help="d: stride of the short-context windows (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="keep the first N evaluator tokens of each text (special tokens not counted; the "
+        "cache stores the cut text). The same meaning as the metric's max_length: evaluator "
+        "tokens, the unit of K and d, so the cut text is the same for every evaluated model "
+        "and compute(..., key_tokens=<output>, max_length=N) finds it",
+    )
+    parser.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        default=DEFAULT_MAX_TOKENS_PER_BATCH,
+        help="tokens of short windows the evaluator scores in one batch; lower it when the "
+        "evaluator runs out of memory (default %(default)s)",
+    )
+    parser.add_argument(
+        "--torch-dtype",
+        default=None,
+        help="the evaluator's dtype, e.g. bfloat16 (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="single process only: cuda, cpu or auto (shard a large evaluator over the GPUs) "
+        "(default: the process's device, a GPU if there is one)",
+    )
+    parser.add_argument(
+        "--window-bos",
+        action="store_true",
+        help="opt-in: BOS at the head of each short window (default: off, as the official code)",
+    )
+    parser.add_argument(
+        "--no-special-tokens",
+        action="store_true",
+        help="tokenize without the evaluator's special tokens (default: with them, as the official code)",
+    )
+    parser.add_argument(
+        "--torch-compile", action="store_true", help="compile the evaluator's blocks with torch.compile (default: off)"
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help="LSD threshold, only for the summary's key-token share (default %(default)s)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=DEFAULT_BETA,
+        help="LCL threshold, only for the summary's key-token share (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     # The library's own checks (longppl.settings), so the script refuses what the metric refuses, with
     # the same words, before anything is loaded or scored.
@@ -168,9 +207,17 @@ def _run(args, state, start: float) -> dict:
         if evaluator is None:
             evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
         scores = score_with_evaluator(
-            evaluator, tokenizer, mine, args.trunc_len, args.sliding_window, args.max_tokens_per_batch,
-            add_special_tokens=settings.add_special_tokens, window_bos=args.window_bos,
-            progress=state.is_main_process, torch_compile=args.torch_compile, per_document=True,
+            evaluator,
+            tokenizer,
+            mine,
+            args.trunc_len,
+            args.sliding_window,
+            args.max_tokens_per_batch,
+            add_special_tokens=settings.add_special_tokens,
+            window_bos=args.window_bos,
+            progress=state.is_main_process,
+            torch_compile=args.torch_compile,
+            per_document=True,
         )
         key_token_rows(mine, scores, settings, identity).save_to_disk(f"{shards}/{state.process_index}")
     state.wait_for_everyone()
@@ -198,12 +245,20 @@ def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:
         scores = cache.scores(row)
         n_tokens += scores.input_ids.shape[0]
         n_key += int(scores.key_mask(args.alpha, args.beta).sum())
-    summary = dict(documents=len(texts), scored=scored, tokens=n_tokens,
-                   key_share=n_key / n_tokens if n_tokens else float("nan"), seconds=seconds,
-                   output=os.path.abspath(args.output))
-    print(f"{summary['documents']} documents ({scored} scored now, {len(set(texts)) - scored} already cached), "
-          f"{n_tokens:,} evaluator tokens, key tokens (alpha={args.alpha:g}, beta={args.beta:g}): "
-          f"{summary['key_share']:.2%}, {seconds:.1f} s -> {summary['output']}", flush=True)
+    summary = dict(
+        documents=len(texts),
+        scored=scored,
+        tokens=n_tokens,
+        key_share=n_key / n_tokens if n_tokens else float("nan"),
+        seconds=seconds,
+        output=os.path.abspath(args.output),
+    )
+    print(
+        f"{summary['documents']} documents ({scored} scored now, {len(set(texts)) - scored} already cached), "
+        f"{n_tokens:,} evaluator tokens, key tokens (alpha={args.alpha:g}, beta={args.beta:g}): "
+        f"{summary['key_share']:.2%}, {seconds:.1f} s -> {summary['output']}",
+        flush=True,
+    )
     return summary
 
 

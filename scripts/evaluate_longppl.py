@@ -37,38 +37,65 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cache_arguments(parser)
-    parser.add_argument("--models", nargs="+", required=True,
-                        help="Hub ids or local paths of the models to evaluate (required)")
-    parser.add_argument("--output-dir", default="longppl_results",
-                        help="where results.json, results.csv and correlation.png go (default: %(default)s)")
-    parser.add_argument("--benchmark-scores",
-                        help="CSV with columns model,score: correlate LongPPL and PPL with the scores and plot "
-                             "them (default: none, no correlation)")
-    parser.add_argument("--benchmark-name", default="benchmark score",
-                        help="y-axis label of the correlation plot (default: %(default)s)")
-    parser.add_argument("--soft", action="store_true",
-                        help="soft weights min(exp(LSD), gamma) instead of hard key tokens (paper Table 2; "
-                             "default: hard)")
-    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA,
-                        help="cap of the soft weights, used with --soft (default: %(default)g)")
-    parser.add_argument("--aggregation", choices=("official", "pooled"), default="official",
-                        help="corpus value; official: the official script's mean of per-text LongPPLs "
-                             "weighted by their key-token counts; pooled: exp of the key-token NLL pooled "
-                             "over all texts (default: %(default)s)")
-    parser.add_argument("--add-special-tokens", action="store_true",
-                        help="tokenize for the evaluated models with their special tokens (default: without, "
-                             "as the official code)")
-    parser.add_argument("--max-tokens-per-batch", type=int, default=DEFAULT_MAX_TOKENS_PER_BATCH,
-                        help="token budget of one forward batch of an evaluated model; lower it if the GPU "
-                             "runs out of memory (default: %(default)s)")
+    parser.add_argument(
+        "--models", nargs="+", required=True, help="Hub ids or local paths of the models to evaluate (required)"
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="longppl_results",
+        help="where results.json, results.csv and correlation.png go (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--benchmark-scores",
+        help="CSV with columns model,score: correlate LongPPL and PPL with the scores and plot "
+        "them (default: none, no correlation)",
+    )
+    parser.add_argument(
+        "--benchmark-name",
+        default="benchmark score",
+        help="y-axis label of the correlation plot (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--soft",
+        action="store_true",
+        help="soft weights min(exp(LSD), gamma) instead of hard key tokens (paper Table 2; default: hard)",
+    )
+    parser.add_argument(
+        "--gamma",
+        type=float,
+        default=DEFAULT_GAMMA,
+        help="cap of the soft weights, used with --soft (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--aggregation",
+        choices=("official", "pooled"),
+        default="official",
+        help="corpus value; official: the official script's mean of per-text LongPPLs "
+        "weighted by their key-token counts; pooled: exp of the key-token NLL pooled "
+        "over all texts (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--add-special-tokens",
+        action="store_true",
+        help="tokenize for the evaluated models with their special tokens (default: without, as the official code)",
+    )
+    parser.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        default=DEFAULT_MAX_TOKENS_PER_BATCH,
+        help="token budget of one forward batch of an evaluated model; lower it if the GPU "
+        "runs out of memory (default: %(default)s)",
+    )
     parser.add_argument("--device", default=None, help="cuda, cpu or auto (default: GPU if available)")
-    parser.add_argument("--torch-dtype", default=None,
-                        help="dtype of the models: float32, bfloat16 or float16 (default: bfloat16 on GPU, "
-                             "float32 on CPU)")
-    parser.add_argument("--torch-compile", action="store_true",
-                        help="compile the models' transformer blocks (default: off)")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="hide the progress bars (default: shown)")
+    parser.add_argument(
+        "--torch-dtype",
+        default=None,
+        help="dtype of the models: float32, bfloat16 or float16 (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--torch-compile", action="store_true", help="compile the models' transformer blocks (default: off)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars (default: shown)")
     return parser
 
 
@@ -93,7 +120,9 @@ def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
             try:
                 score = float(record["score"])
             except (TypeError, ValueError):
-                raise ValueError(f"{path}, line {line}: score {record['score']!r} of {name!r} is not a number.") from None
+                raise ValueError(
+                    f"{path}, line {line}: score {record['score']!r} of {name!r} is not a number."
+                ) from None
             if name in scores:
                 raise ValueError(f"{path}, line {line}: model {name!r} is listed twice.")
             scores[name] = score
@@ -111,8 +140,7 @@ def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict
     have a score and a finite LongPPL and PPL."""
     from longppl.correlation import pearson, spearman
 
-    used = [(name, r) for name, r in rows
-            if name in scores and math.isfinite(r["longppl"]) and math.isfinite(r["ppl"])]
+    used = [(name, r) for name, r in rows if name in scores and math.isfinite(r["longppl"]) and math.isfinite(r["ppl"])]
     x_long = [r["longppl"] for _, r in used]
     x_ppl = [r["ppl"] for _, r in used]
     y = [scores[name] for name, _ in used]
@@ -146,32 +174,52 @@ def main(argv=None) -> dict:
     results = []
     for name in args.models:
         model, tokenizer = load_causal_lm(name, args.device, args.torch_dtype)
-        model_scores = score_with_model(model, tokenizer, texts, args.max_tokens_per_batch,
-                                        add_special_tokens=args.add_special_tokens,
-                                        progress=not args.no_progress, torch_compile=args.torch_compile)
+        model_scores = score_with_model(
+            model,
+            tokenizer,
+            texts,
+            args.max_tokens_per_batch,
+            add_special_tokens=args.add_special_tokens,
+            progress=not args.no_progress,
+            torch_compile=args.torch_compile,
+        )
         del model
         gc.collect()
-        weights = text_key_weights(texts, evaluator_scores, model_scores, args.alpha, args.beta,
-                                   not args.no_lcl, args.soft, args.gamma)
+        weights = text_key_weights(
+            texts, evaluator_scores, model_scores, args.alpha, args.beta, not args.no_lcl, args.soft, args.gamma
+        )
         per_text = document_results(model_scores, weights)
         results.append((name, summarize_results(per_text, args.aggregation, args.soft)))
     print("\n" + format_table(results))
     keyless = [name for name, r in results if not math.isfinite(r["longppl"])]
     if keyless:
-        reason = explain_missing_key_tokens(evaluator_scores, args.alpha, args.beta, not args.no_lcl,
-                                            settings.trunc_len)
+        reason = explain_missing_key_tokens(
+            evaluator_scores, args.alpha, args.beta, not args.no_lcl, settings.trunc_len
+        )
         warn(f"no key tokens for {', '.join(keyless)}, so LongPPL is NaN: {reason}")
 
-    meta = dict(key_tokens=args.key_tokens, evaluator=evaluator, evaluator_fingerprint=fingerprint,
-                **vars(settings), alpha=args.alpha, beta=args.beta, use_lcl=not args.no_lcl, soft=args.soft,
-                gamma=args.gamma, aggregation=args.aggregation, texts=len(texts))
+    meta = dict(
+        key_tokens=args.key_tokens,
+        evaluator=evaluator,
+        evaluator_fingerprint=fingerprint,
+        **vars(settings),
+        alpha=args.alpha,
+        beta=args.beta,
+        use_lcl=not args.no_lcl,
+        soft=args.soft,
+        gamma=args.gamma,
+        aggregation=args.aggregation,
+        texts=len(texts),
+    )
     found = None
     if scores is not None:
         found = correlations(results, scores)
         if len(found["models"]) < 2:
-            warn(f"correlation with {args.benchmark_name} skipped, and no correlation.png drawn: only "
-                 f"{len(found['models'])} of the {len(scores)} models with a score have a finite LongPPL and "
-                 "PPL, and a correlation needs at least 2.")
+            warn(
+                f"correlation with {args.benchmark_name} skipped, and no correlation.png drawn: only "
+                f"{len(found['models'])} of the {len(scores)} models with a score have a finite LongPPL and "
+                "PPL, and a correlation needs at least 2."
+            )
             found = None
         else:
             print(f"\nCorrelation with {args.benchmark_name} over {len(found['models'])} models:")
@@ -183,14 +231,20 @@ def main(argv=None) -> dict:
             from longppl.figures import correlation_scatter
 
             chosen = [(name, r) for name, r in results if name in found["models"]]
-            correlation_scatter(os.path.join(args.output_dir, "correlation.png"), [n for n, _ in chosen],
-                                [r["longppl"] for _, r in chosen], [r["ppl"] for _, r in chosen],
-                                [scores[n] for n, _ in chosen], args.benchmark_name)
+            correlation_scatter(
+                os.path.join(args.output_dir, "correlation.png"),
+                [n for n, _ in chosen],
+                [r["longppl"] for _, r in chosen],
+                [r["ppl"] for _, r in chosen],
+                [scores[n] for n, _ in chosen],
+                args.benchmark_name,
+            )
         meta["correlations"] = found
     write_results_json(os.path.join(args.output_dir, "results.json"), results, meta)
     write_results_csv(os.path.join(args.output_dir, "results.csv"), results)
-    print(f"\nwrote {os.path.join(args.output_dir, 'results.json')}, results.csv"
-          + (", correlation.png" if found else ""))
+    print(
+        f"\nwrote {os.path.join(args.output_dir, 'results.json')}, results.csv" + (", correlation.png" if found else "")
+    )
     return {"results": results, "correlations": found}
 
 

@@ -84,9 +84,15 @@ def main(argv: list[str] | None = None) -> None:
     """Command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo-id", required=True, help="the Space, owner/name (e.g. my-org/longppl; required)")
-    parser.add_argument("--token", help="Hugging Face token with write access (default: HF_TOKEN, then the saved login)")
+    parser.add_argument(
+        "--token", help="Hugging Face token with write access (default: HF_TOKEN, then the saved login)"
+    )
     parser.add_argument("--private", action="store_true", help="create the Space private (default: public)")
-    parser.add_argument("--dry-run", action="store_true", help="print the files that would be uploaded; upload nothing (default: upload)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the files that would be uploaded; upload nothing (default: upload)",
+    )
     parser.add_argument("--folder", default=METRIC_FOLDER, help=argparse.SUPPRESS)  # for the tests
     args = parser.parse_args(argv)
     try:

@@ -63,8 +63,14 @@ except ImportError:  # a checkout without `pip install`
     sys.exit("install the project first: pip install -e .")
 
 BYTE_LEVEL = "byte-level"
-DATA_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".text": "text", ".parquet": "parquet",
-                      ".csv": "csv"}
+DATA_FILE_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".txt": "text",
+    ".text": "text",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
 DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Two names of one field (the first is the current transformers name): either works, in the recipe or
 # on the command line; the dataclasses refuse both names with different values.
@@ -80,56 +86,71 @@ LONGCE_PREFIX = "longce_"
 @dataclass
 class ModelArguments:
     """Which model and tokenizer to train, its context extension and its LoRA adapter."""
+
     model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Hub id or local folder of a pretrained causal LM. Exactly one of this and model_config."},
     )
     model_config: dict | str | None = field(
         default=None,
-        metadata={"help": "Build a randomly initialised model from this config instead: a mapping with 'model_type' "
-                  "(e.g. 'llama') and config keyword arguments (a JSON string on the command line). vocab_size and "
-                  "bos/eos/pad token ids default to the tokenizer's."},
+        metadata={
+            "help": "Build a randomly initialised model from this config instead: a mapping with 'model_type' "
+            "(e.g. 'llama') and config keyword arguments (a JSON string on the command line). vocab_size and "
+            "bos/eos/pad token ids default to the tokenizer's."
+        },
     )
     tokenizer_name_or_path: str | None = field(
         default=None,
-        metadata={"help": f"Hub id or local folder of the tokenizer (default: model_name_or_path), or "
-                  f"'{BYTE_LEVEL}': a tokenizer built in code with one token per byte (ids 0-255) plus <s>=256, "
-                  "</s>=257, <pad>=258; it prepends <s>."},
+        metadata={
+            "help": f"Hub id or local folder of the tokenizer (default: model_name_or_path), or "
+            f"'{BYTE_LEVEL}': a tokenizer built in code with one token per byte (ids 0-255) plus <s>=256, "
+            "</s>=257, <pad>=258; it prepends <s>."
+        },
     )
     dtype: str | None = field(
         default=None,
-        metadata={"help": "dtype of the model weights: auto (the checkpoint's; float32 for model_config), float32, "
-                  "bfloat16 or float16; unset means auto. Mixed precision is set apart with bf16 / fp16.",
-                  "choices": list(DTYPES)},
+        metadata={
+            "help": "dtype of the model weights: auto (the checkpoint's; float32 for model_config), float32, "
+            "bfloat16 or float16; unset means auto. Mixed precision is set apart with bf16 / fp16.",
+            "choices": list(DTYPES),
+        },
     )
     torch_dtype: str | None = field(
         default=None,
-        metadata={"help": "Same as dtype (its name before transformers 5); give one of them.",
-                  "choices": list(DTYPES)},
+        metadata={"help": "Same as dtype (its name before transformers 5); give one of them.", "choices": list(DTYPES)},
     )
     attn_implementation: str | None = field(
         default=None,
-        metadata={"help": "Attention implementation (sdpa, eager, flash_attention_2, ...); default: transformers'. "
-                  "context_extension 'eabf' brings its own and cannot be combined with another."},
+        metadata={
+            "help": "Attention implementation (sdpa, eager, flash_attention_2, ...); default: transformers'. "
+            "context_extension 'eabf' brings its own and cannot be combined with another."
+        },
     )
     cache_dir: str | None = field(
-        default=None, metadata={"help": "Cache folder for downloaded models, tokenizers and datasets."},
+        default=None,
+        metadata={"help": "Cache folder for downloaded models, tokenizers and datasets."},
     )
     context_extension: str = field(
         default="none",
-        metadata={"help": "RoPE context extension applied to the config before the model is built: none, pi "
-                  "(positions divided by rope_factor), abf (rope_theta), yarn (rope_factor, "
-                  "original_max_position_embeddings) or eabf (rope_theta plus attention scaling with "
-                  "eabf_base_length).", "choices": list(METHODS)},
+        metadata={
+            "help": "RoPE context extension applied to the config before the model is built: none, pi "
+            "(positions divided by rope_factor), abf (rope_theta), yarn (rope_factor, "
+            "original_max_position_embeddings) or eabf (rope_theta plus attention scaling with "
+            "eabf_base_length).",
+            "choices": list(METHODS),
+        },
     )
     rope_factor: float | None = field(
-        default=None, metadata={"help": "PI / YaRN scaling factor: new context length / pre-training context length."},
+        default=None,
+        metadata={"help": "PI / YaRN scaling factor: new context length / pre-training context length."},
     )
     rope_theta: float | None = field(
-        default=None, metadata={"help": "ABF / EABF RoPE base (default 500000)."},
+        default=None,
+        metadata={"help": "ABF / EABF RoPE base (default 500000)."},
     )
     original_max_position_embeddings: int | None = field(
-        default=None, metadata={"help": "YaRN: the pre-training context length (default: the config's)."},
+        default=None,
+        metadata={"help": "YaRN: the pre-training context length (default: the config's)."},
     )
     eabf_base_length: int = field(
         default=4096,
@@ -164,8 +185,10 @@ class ModelArguments:
             if self.tokenizer_name_or_path is None:
                 raise ValueError(f"model_config needs tokenizer_name_or_path (a Hub id, a folder or '{BYTE_LEVEL}').")
         if self.dtype is not None and self.torch_dtype is not None and self.dtype != self.torch_dtype:
-            raise ValueError(f"dtype={self.dtype!r} and torch_dtype={self.torch_dtype!r} are two names of one setting "
-                             "(torch_dtype is its name before transformers 5); give only one of them.")
+            raise ValueError(
+                f"dtype={self.dtype!r} and torch_dtype={self.torch_dtype!r} are two names of one setting "
+                "(torch_dtype is its name before transformers 5); give only one of them."
+            )
         self.dtype = self.torch_dtype = self.dtype or self.torch_dtype or "auto"
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype (torch_dtype) must be one of {list(DTYPES)}, got {self.dtype!r}.")
@@ -180,56 +203,75 @@ class ModelArguments:
 @dataclass
 class DataArguments:
     """Where the training (and evaluation) text comes from and how it becomes sequences."""
+
     dataset_name: str | None = field(
-        default=None, metadata={"help": "Hub dataset id (e.g. emozilla/pg19). Exactly one of this and data_files."},
+        default=None,
+        metadata={"help": "Hub dataset id (e.g. emozilla/pg19). Exactly one of this and data_files."},
     )
     dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration (subset) of dataset_name."})
     dataset_split: str = field(
-        default="train", metadata={"help": "Split to train on (datasets slicing works, e.g. 'train[:1000]')."},
+        default="train",
+        metadata={"help": "Split to train on (datasets slicing works, e.g. 'train[:1000]')."},
     )
     data_files: list[str] | None = field(
         default=None,
-        metadata={"help": "Local files, all of one format: .jsonl/.json, .txt (one example per line), .parquet or "
-                  ".csv. Relative paths are relative to the current directory."},
+        metadata={
+            "help": "Local files, all of one format: .jsonl/.json, .txt (one example per line), .parquet or "
+            ".csv. Relative paths are relative to the current directory."
+        },
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the documents' text."})
     max_seq_length: int | None = field(
-        default=None, metadata={"help": "Tokens per training sequence (packing: the most tokens per document piece)."},
+        default=None,
+        metadata={"help": "Tokens per training sequence (packing: the most tokens per document piece)."},
     )
     max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N training sequences (after tokenization)."},
+        default=None,
+        metadata={"help": "Keep only the first N training sequences (after tokenization)."},
     )
     eval_data_files: list[str] | None = field(
         default=None,
-        metadata={"help": "Evaluation data: local files, in the formats of data_files (run_clm's validation_file). "
-                  "At most one of eval_data_files / eval_split (alone) / validation_split_percentage."},
+        metadata={
+            "help": "Evaluation data: local files, in the formats of data_files (run_clm's validation_file). "
+            "At most one of eval_data_files / eval_split (alone) / validation_split_percentage."
+        },
     )
     eval_split: str | None = field(
         default=None,
-        metadata={"help": "Evaluation data: this split of eval_data_files (default 'train', i.e. all of them) or, "
-                  "without eval_data_files, of the training source (dataset_name or data_files), e.g. "
-                  "'validation' or 'train[-5%%:]'."},
+        metadata={
+            "help": "Evaluation data: this split of eval_data_files (default 'train', i.e. all of them) or, "
+            "without eval_data_files, of the training source (dataset_name or data_files), e.g. "
+            "'validation' or 'train[-5%%:]'."
+        },
     )
     validation_split_percentage: float | None = field(
         default=None,
-        metadata={"help": "Evaluation data: the first P%% of the documents of the training split (0 < P < 100); "
-                  "training uses the rest (run_clm's option)."},
+        metadata={
+            "help": "Evaluation data: the first P%% of the documents of the training split (0 < P < 100); "
+            "training uses the rest (run_clm's option)."
+        },
     )
     max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N evaluation sequences (after tokenization)."},
+        default=None,
+        metadata={"help": "Keep only the first N evaluation sequences (after tokenization)."},
     )
     packing: bool = field(
         default=False,
-        metadata={"help": "Pack per document with DataCollatorWithFlattening (documents never share attention or "
-                  "short-context windows; position ids restart) instead of run_clm-style concatenation."},
+        metadata={
+            "help": "Pack per document with DataCollatorWithFlattening (documents never share attention or "
+            "short-context windows; position ids restart) instead of run_clm-style concatenation."
+        },
     )
     preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for tokenization (datasets.map num_proc)."},
+        default=None,
+        metadata={"help": "Processes for tokenization (datasets.map num_proc)."},
     )
     preprocessing_batch_size: int = field(
         default=100,
-        metadata={"help": "Documents per datasets.map batch. Each batch's tokens are held as Python lists (books: "
-                  "~100k tokens each), and run_clm-style grouping drops each batch's last partial block."},
+        metadata={
+            "help": "Documents per datasets.map batch. Each batch's tokens are held as Python lists (books: "
+            "~100k tokens each), and run_clm-style grouping drops each batch's last partial block."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -242,8 +284,9 @@ class DataArguments:
                 f"JSONL/JSON/text/parquet/CSV files); {which} set."
             )
         if self.max_seq_length is None or self.max_seq_length < 2:
-            raise ValueError(f"max_seq_length must be an integer >= 2 (tokens per training sequence), got "
-                             f"{self.max_seq_length!r}.")
+            raise ValueError(
+                f"max_seq_length must be an integer >= 2 (tokens per training sequence), got {self.max_seq_length!r}."
+            )
         if self.preprocessing_batch_size < 1:
             raise ValueError(f"preprocessing_batch_size must be >= 1, got {self.preprocessing_batch_size}.")
         if self.max_train_samples is not None and self.max_train_samples < 1:
@@ -252,11 +295,15 @@ class DataArguments:
             self.eval_data_files = [self.eval_data_files]
         if self.validation_split_percentage is not None:
             if self.eval_data_files or self.eval_split is not None:
-                raise ValueError("validation_split_percentage takes the evaluation documents from the training split; "
-                                 "it cannot be combined with eval_data_files or eval_split. Give one of them.")
+                raise ValueError(
+                    "validation_split_percentage takes the evaluation documents from the training split; "
+                    "it cannot be combined with eval_data_files or eval_split. Give one of them."
+                )
             if not 0 < self.validation_split_percentage < 100:
-                raise ValueError(f"validation_split_percentage must be between 0 and 100 (exclusive), got "
-                                 f"{self.validation_split_percentage!r}.")
+                raise ValueError(
+                    f"validation_split_percentage must be between 0 and 100 (exclusive), got "
+                    f"{self.validation_split_percentage!r}."
+                )
         if self.max_eval_samples is not None and self.max_eval_samples < 1:
             raise ValueError(f"max_eval_samples must be >= 1 or unset, got {self.max_eval_samples}.")
 
@@ -267,8 +314,15 @@ class DataArguments:
     def eval_source(self) -> DataArguments:
         """The same settings pointing at the evaluation data (not for validation_split_percentage)."""
         if self.eval_data_files:
-            return replace(self, dataset_name=None, dataset_config_name=None, data_files=self.eval_data_files,
-                           dataset_split=self.eval_split or "train", eval_data_files=None, eval_split=None)
+            return replace(
+                self,
+                dataset_name=None,
+                dataset_config_name=None,
+                data_files=self.eval_data_files,
+                dataset_split=self.eval_split or "train",
+                eval_data_files=None,
+                eval_split=None,
+            )
         return replace(self, dataset_split=self.eval_split, eval_split=None)
 
 
@@ -278,15 +332,17 @@ class DataArguments:
 def load_recipe(path: str) -> dict[str, Any]:
     """The YAML mapping of a recipe file (``yaml.safe_load``: plain data only)."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"Config file {path!r} not found (--config takes a YAML recipe, e.g. "
-                                "configs/tiny_cpu.yaml).")
+        raise FileNotFoundError(
+            f"Config file {path!r} not found (--config takes a YAML recipe, e.g. configs/tiny_cpu.yaml)."
+        )
     with open(path, encoding="utf-8") as handle:
         recipe = yaml.safe_load(handle)
     if recipe is None:
         return {}
     if not isinstance(recipe, dict):
-        raise ValueError(f"Config file {path!r} must hold a YAML mapping of field: value, got a "
-                         f"{type(recipe).__name__}.")
+        raise ValueError(
+            f"Config file {path!r} must hold a YAML mapping of field: value, got a {type(recipe).__name__}."
+        )
     return recipe
 
 
@@ -314,8 +370,10 @@ def merge_aliases(recipe: dict[str, Any], argv: list[str], recipe_path: str) -> 
     for names in ALIASES:
         given = {name: recipe[name] for name in names if name in recipe}
         if len({repr(value) for value in given.values()}) > 1:
-            raise ValueError(f"{recipe_path!r} sets {' and '.join(f'{k}: {v!r}' for k, v in given.items())}, two "
-                             "names of one field; keep one of them.")
+            raise ValueError(
+                f"{recipe_path!r} sets {' and '.join(f'{k}: {v!r}' for k, v in given.items())}, two "
+                "names of one field; keep one of them."
+            )
         if on_command_line & set(names):
             for name in names:
                 recipe.pop(name, None)
@@ -338,19 +396,31 @@ def build_parser(full: bool = True) -> HfArgumentParser:
     ``longce_*`` fields of ``LongCEConfig``, with a pointer to ``--help-all`` for every field.
     """
     parser = HfArgumentParser(
-        [], prog="train_longce.py", usage="%(prog)s --config RECIPE.yaml [--FIELD VALUE ...]",
+        [],
+        prog="train_longce.py",
+        usage="%(prog)s --config RECIPE.yaml [--FIELD VALUE ...]",
         formatter_class=_HelpFormatter,
         description="Fine-tune a causal LM with LongCE from a YAML recipe; every field below can be set in the "
-                    "recipe or overridden on the command line.",
-        epilog=None if full else (
+        "recipe or overridden on the command line.",
+        epilog=None
+        if full
+        else (
             "Every TrainingArguments field (output_dir, max_steps, learning_rate, per_device_train_batch_size, "
             "gradient_accumulation_steps, eval_strategy, eval_steps, bf16, activation_checkpointing, save_steps, "
-            "report_to, ...) can be set too, in the recipe or as --FIELD VALUE: `--help-all` lists them all."),
+            "report_to, ...) can be set too, in the recipe or as --FIELD VALUE: `--help-all` lists them all."
+        ),
     )
-    parser.add_argument("--config", help="YAML recipe (e.g. configs/tiny_cpu.yaml) whose fields become the defaults "
-                        "of the options below; the command line overrides them.")
-    parser.add_argument("--help-all", "--help_all", action="store_true",
-                        help="Show every option, TrainingArguments' included, and exit.")
+    parser.add_argument(
+        "--config",
+        help="YAML recipe (e.g. configs/tiny_cpu.yaml) whose fields become the defaults "
+        "of the options below; the command line overrides them.",
+    )
+    parser.add_argument(
+        "--help-all",
+        "--help_all",
+        action="store_true",
+        help="Show every option, TrainingArguments' included, and exit.",
+    )
     groups = [(ModelArguments, "Model (ModelArguments)"), (DataArguments, "Data (DataArguments)")]
     if full:
         groups.append((LongCEConfig, "Training (LongCEConfig: TrainingArguments plus the longce_* fields)"))
@@ -370,8 +440,11 @@ def build_parser(full: bool = True) -> HfArgumentParser:
 def _longce_fields() -> type:
     """A dataclass of the ``longce_*`` fields of ``LongCEConfig`` alone (for the short ``--help``)."""
     hints = get_type_hints(LongCEConfig)
-    spec = [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata))
-            for f in fields(LongCEConfig) if f.name.startswith(LONGCE_PREFIX)]
+    spec = [
+        (f.name, hints[f.name], field(default=f.default, metadata=f.metadata))
+        for f in fields(LongCEConfig)
+        if f.name.startswith(LONGCE_PREFIX)
+    ]
     return make_dataclass("LongCEFields", spec)
 
 
@@ -393,8 +466,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         valid = {f.name for cls in (ModelArguments, DataArguments, LongCEConfig) for f in fields(cls) if f.init}
         unknown = sorted(set(recipe) - valid)
         if unknown:
-            raise ValueError(f"Unknown field(s) {unknown} in {known.config!r}; see `python scripts/train_longce.py "
-                             "--help-all` for the valid ones (ModelArguments, DataArguments, LongCEConfig).")
+            raise ValueError(
+                f"Unknown field(s) {unknown} in {known.config!r}; see `python scripts/train_longce.py "
+                "--help-all` for the valid ones (ModelArguments, DataArguments, LongCEConfig)."
+            )
         # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
         # command line stay relative to the current directory, as usual.
         for key in ("data_files", "eval_data_files"):
@@ -421,8 +496,9 @@ def _destinations(parser: argparse.ArgumentParser) -> set[str]:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map (the alphabet of the ByteLevel pre-tokenizer)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for byte in range(256):
@@ -453,11 +529,16 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
 def load_tokenizer(model_args: ModelArguments):
     """The tokenizer named by ``tokenizer_name_or_path`` (default: the model's)."""
     name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
-    tokenizer = byte_level_tokenizer() if name == BYTE_LEVEL else AutoTokenizer.from_pretrained(
-        name, cache_dir=model_args.cache_dir)
+    tokenizer = (
+        byte_level_tokenizer()
+        if name == BYTE_LEVEL
+        else AutoTokenizer.from_pretrained(name, cache_dir=model_args.cache_dir)
+    )
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"Tokenizer {name!r} has no EOS token; documents are separated by EOS. Use a tokenizer "
-                         "with one (or add one and resize the model's embeddings).")
+        raise ValueError(
+            f"Tokenizer {name!r} has no EOS token; documents are separated by EOS. Use a tokenizer "
+            "with one (or add one and resize the model's embeddings)."
+        )
     return tokenizer
 
 
@@ -472,37 +553,53 @@ def load_model(model_args: ModelArguments, training_args: LongCEConfig, tokenize
     else:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     attn = apply_context_extension(
-        config, model_args.context_extension, factor=model_args.rope_factor, rope_theta=model_args.rope_theta,
+        config,
+        model_args.context_extension,
+        factor=model_args.rope_factor,
+        rope_theta=model_args.rope_theta,
         original_max_position_embeddings=model_args.original_max_position_embeddings,
         eabf_base_length=model_args.eabf_base_length,
     )
     if attn is not None and model_args.attn_implementation not in (None, attn):
-        raise ValueError(f"context_extension={model_args.context_extension!r} needs its own attention ({attn!r}); "
-                         f"unset attn_implementation (got {model_args.attn_implementation!r}).")
+        raise ValueError(
+            f"context_extension={model_args.context_extension!r} needs its own attention ({attn!r}); "
+            f"unset attn_implementation (got {model_args.attn_implementation!r})."
+        )
     attn = attn or model_args.attn_implementation
     dtype = DTYPES[model_args.dtype]
     set_seed(training_args.seed)  # random init (model_config) and LoRA init follow the run's seed
     if model_args.model_config is not None:
         model = AutoModelForCausalLM.from_config(
-            config, dtype=torch.float32 if dtype == "auto" else dtype, attn_implementation=attn)
+            config, dtype=torch.float32 if dtype == "auto" else dtype, attn_implementation=attn
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            model_args.model_name_or_path, config=config, dtype=dtype, attn_implementation=attn,
-            cache_dir=model_args.cache_dir)
+            model_args.model_name_or_path,
+            config=config,
+            dtype=dtype,
+            attn_implementation=attn,
+            cache_dir=model_args.cache_dir,
+        )
     embedding = model.get_input_embeddings().weight
     rows = getattr(embedding, "ds_shape", embedding.shape)[0]  # DeepSpeed ZeRO-3 keeps the full shape aside
     if len(tokenizer) > rows:
-        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model's embedding only {rows} rows; "
-                         "use the model's own tokenizer or a larger vocab_size.")
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's embedding only {rows} rows; "
+            "use the model's own tokenizer or a larger vocab_size."
+        )
     if model_args.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
         if training_args.activation_checkpointing:  # LongCEConfig mirrors gradient_checkpointing into it
             # Frozen embeddings give checkpointed blocks inputs without grad; LoRA weights inside them need it.
             model.enable_input_require_grads()
-        lora = LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
-                          lora_dropout=model_args.lora_dropout, target_modules=list(model_args.lora_target_modules),
-                          task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=model_args.lora_r,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=model_args.lora_dropout,
+            target_modules=list(model_args.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(model, lora)
     return model
 
@@ -514,38 +611,48 @@ def _data_source(data_args: DataArguments) -> str:
     return data_args.dataset_name if data_args.dataset_name is not None else ", ".join(data_args.data_files)
 
 
-def load_text_dataset(data_args: DataArguments, cache_dir: str | None = None,
-                      files_field: str = "data_files") -> datasets.Dataset:
+def load_text_dataset(
+    data_args: DataArguments, cache_dir: str | None = None, files_field: str = "data_files"
+) -> datasets.Dataset:
     """The raw ``dataset_split`` with a string ``text_column`` (Hub dataset or local files).
 
     ``files_field``: the option that named ``data_files``, for the error messages.
     """
     if data_args.dataset_name is not None:
-        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name,
-                                    split=data_args.dataset_split, cache_dir=cache_dir)
+        raw = datasets.load_dataset(
+            data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split, cache_dir=cache_dir
+        )
     else:
         suffixes = set()
         for path in data_args.data_files:
             suffix = os.path.splitext(path)[1].lower()
             if suffix not in DATA_FILE_BUILDERS:
-                raise ValueError(f"{files_field}: {path!r} has an unsupported extension; use one of "
-                                 f"{sorted(DATA_FILE_BUILDERS)}.")
+                raise ValueError(
+                    f"{files_field}: {path!r} has an unsupported extension; use one of {sorted(DATA_FILE_BUILDERS)}."
+                )
             if not any(c in path for c in "*?[") and not os.path.isfile(path):
-                raise FileNotFoundError(f"{files_field}: {path!r} not found (on the command line relative paths are "
-                                        f"relative to the current directory, {os.getcwd()}; in a recipe, to the "
-                                        "recipe's folder).")
+                raise FileNotFoundError(
+                    f"{files_field}: {path!r} not found (on the command line relative paths are "
+                    f"relative to the current directory, {os.getcwd()}; in a recipe, to the "
+                    "recipe's folder)."
+                )
             suffixes.add(DATA_FILE_BUILDERS[suffix])
         if len(suffixes) > 1:
             raise ValueError(f"{files_field} mixes formats {sorted(suffixes)}; give files of one format.")
-        raw = datasets.load_dataset(suffixes.pop(), data_files=list(data_args.data_files),
-                                    split=data_args.dataset_split, cache_dir=cache_dir)
+        raw = datasets.load_dataset(
+            suffixes.pop(), data_files=list(data_args.data_files), split=data_args.dataset_split, cache_dir=cache_dir
+        )
     if data_args.text_column not in raw.column_names:
-        raise ValueError(f"Text column {data_args.text_column!r} not found in {_data_source(data_args)}; its columns "
-                         f"are {raw.column_names}. Set text_column to one of them.")
+        raise ValueError(
+            f"Text column {data_args.text_column!r} not found in {_data_source(data_args)}; its columns "
+            f"are {raw.column_names}. Set text_column to one of them."
+        )
     feature = raw.features[data_args.text_column]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise ValueError(f"Text column {data_args.text_column!r} of {_data_source(data_args)} holds {feature}, not "
-                         "strings; point text_column at a column of text.")
+        raise ValueError(
+            f"Text column {data_args.text_column!r} of {_data_source(data_args)} holds {feature}, not "
+            "strings; point text_column at a column of text."
+        )
     return raw
 
 
@@ -556,17 +663,27 @@ def tokenize_documents(raw: datasets.Dataset, tokenizer, data_args: DataArgument
     def tokenize(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         for index, text in zip(indices, batch[column]):
             if not isinstance(text, str):  # nulls in a string column
-                raise ValueError(f"Row {index} of {_data_source(data_args)} has {text!r} in text column {column!r}; "
-                                 "every document must be a string.")
+                raise ValueError(
+                    f"Row {index} of {_data_source(data_args)} has {text!r} in text column {column!r}; "
+                    "every document must be a string."
+                )
         ids = tokenizer(batch[column], add_special_tokens=True, verbose=False)["input_ids"]
         return {"input_ids": [doc + [eos] for doc in ids]}
 
-    return raw.map(tokenize, batched=True, batch_size=data_args.preprocessing_batch_size, with_indices=True,
-                   remove_columns=raw.column_names, num_proc=data_args.preprocessing_num_workers, desc="tokenizing")
+    return raw.map(
+        tokenize,
+        batched=True,
+        batch_size=data_args.preprocessing_batch_size,
+        with_indices=True,
+        remove_columns=raw.column_names,
+        num_proc=data_args.preprocessing_num_workers,
+        desc="tokenizing",
+    )
 
 
-def build_sequences(raw: datasets.Dataset, tokenizer, data_args: DataArguments, max_samples: int | None = None,
-                    what: str = "training") -> datasets.Dataset:
+def build_sequences(
+    raw: datasets.Dataset, tokenizer, data_args: DataArguments, max_samples: int | None = None, what: str = "training"
+) -> datasets.Dataset:
     """Sequences of ``raw``: run_clm-style blocks with ``labels``, or per-document pieces (``packing``).
 
     ``max_samples`` keeps the first N sequences; ``what`` ("training", "evaluation") names them in errors.
@@ -586,13 +703,18 @@ def build_sequences(raw: datasets.Dataset, tokenizer, data_args: DataArguments, 
         return {"input_ids": [piece for piece in pieces if len(piece) >= 2]}
 
     sequences = documents.map(
-        split if data_args.packing else group, batched=True, batch_size=data_args.preprocessing_batch_size,
+        split if data_args.packing else group,
+        batched=True,
+        batch_size=data_args.preprocessing_batch_size,
         num_proc=data_args.preprocessing_num_workers,
-        desc="splitting documents" if data_args.packing else f"grouping into blocks of {length}")
+        desc="splitting documents" if data_args.packing else f"grouping into blocks of {length}",
+    )
     if len(sequences) == 0:
         total = sum(len(ids) for ids in documents["input_ids"])
-        raise ValueError(f"{_data_source(data_args)} gives no {what} sequence: {total} tokens in all, fewer than "
-                         f"max_seq_length={length}. Use more data, a smaller max_seq_length or packing: true.")
+        raise ValueError(
+            f"{_data_source(data_args)} gives no {what} sequence: {total} tokens in all, fewer than "
+            f"max_seq_length={length}. Use more data, a smaller max_seq_length or packing: true."
+        )
     if max_samples is not None:
         sequences = sequences.select(range(min(max_samples, len(sequences))))
     return sequences
@@ -603,8 +725,9 @@ def build_train_dataset(raw: datasets.Dataset, tokenizer, data_args: DataArgumen
     return build_sequences(raw, tokenizer, data_args, data_args.max_train_samples, "training")
 
 
-def load_datasets(data_args: DataArguments, tokenizer, cache_dir: str | None = None
-                  ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+def load_datasets(
+    data_args: DataArguments, tokenizer, cache_dir: str | None = None
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """Training and evaluation sequences (``None`` without evaluation data), built the same way.
 
     Evaluation text comes from ``eval_data_files`` (split ``eval_split``, default all of them), from
@@ -616,14 +739,18 @@ def load_datasets(data_args: DataArguments, tokenizer, cache_dir: str | None = N
     if data_args.validation_split_percentage is not None:
         count = round(len(raw) * data_args.validation_split_percentage / 100)
         if not 0 < count < len(raw):
-            raise ValueError(f"validation_split_percentage={data_args.validation_split_percentage} of the "
-                             f"{len(raw)} documents of {_data_source(data_args)} leaves "
-                             f"{'no evaluation' if count == 0 else 'no training'} document; use another percentage "
-                             "or eval_data_files.")
+            raise ValueError(
+                f"validation_split_percentage={data_args.validation_split_percentage} of the "
+                f"{len(raw)} documents of {_data_source(data_args)} leaves "
+                f"{'no evaluation' if count == 0 else 'no training'} document; use another percentage "
+                "or eval_data_files."
+            )
         eval_raw, raw = raw.select(range(count)), raw.select(range(count, len(raw)))
     elif data_args.has_eval_data:
         source = data_args.eval_source()
-        eval_raw = load_text_dataset(source, cache_dir, "eval_data_files" if data_args.eval_data_files else "data_files")
+        eval_raw = load_text_dataset(
+            source, cache_dir, "eval_data_files" if data_args.eval_data_files else "data_files"
+        )
     train = build_train_dataset(raw, tokenizer, data_args)
     if eval_raw is None:
         return train, None
@@ -642,9 +769,11 @@ def main(argv: list[str] | None = None) -> LongCETrainer:
     """
     model_args, data_args, training_args = parse_args(argv)
     if training_args.eval_strategy != "no" and not data_args.has_eval_data:
-        raise ValueError(f"eval_strategy={training_args.eval_strategy.value!r} needs evaluation data: set "
-                         "eval_data_files (local files), eval_split (a split of the training source, e.g. "
-                         "'validation') or validation_split_percentage (hold out a share of the training documents).")
+        raise ValueError(
+            f"eval_strategy={training_args.eval_strategy.value!r} needs evaluation data: set "
+            "eval_data_files (local files), eval_split (a split of the training source, e.g. "
+            "'validation') or validation_split_percentage (hold out a share of the training documents)."
+        )
     tokenizer = load_tokenizer(model_args)
     # Rank 0 tokenizes first and fills the datasets cache; the other ranks then read it.
     with training_args.main_process_first(desc="dataset preparation"):
@@ -652,14 +781,21 @@ def main(argv: list[str] | None = None) -> LongCETrainer:
     model = load_model(model_args, training_args, tokenizer)
     collator = DataCollatorWithFlattening() if data_args.packing else default_data_collator
 
-    trainer = LongCETrainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                            data_collator=collator, processing_class=tokenizer)
+    trainer = LongCETrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=collator,
+        processing_class=tokenizer,
+    )
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("last", "true"):
         resume = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
         if resume is None:
-            raise ValueError(f"resume_from_checkpoint='last' but {training_args.output_dir!r} holds no checkpoint-* "
-                             "folder.")
+            raise ValueError(
+                f"resume_from_checkpoint='last' but {training_args.output_dir!r} holds no checkpoint-* folder."
+            )
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
     if eval_dataset is not None and training_args.eval_strategy == "no":
@@ -667,8 +803,16 @@ def main(argv: list[str] | None = None) -> LongCETrainer:
     trainer.save_model()
     trainer.save_state()  # trainer_state.json: the logged losses and LongCE statistics of every step
     if trainer.is_world_process_zero():
-        print_summary(trainer, model_args, data_args, training_args, len(train_dataset), result.training_loss,
-                      time.perf_counter() - start, resume)
+        print_summary(
+            trainer,
+            model_args,
+            data_args,
+            training_args,
+            len(train_dataset),
+            result.training_loss,
+            time.perf_counter() - start,
+            resume,
+        )
     return trainer
 
 
@@ -677,23 +821,34 @@ def print_summary(trainer, model_args, data_args, training_args, sequences, trai
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
-    global_batch = (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
-                    * training_args.world_size)
+    global_batch = (
+        training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * training_args.world_size
+    )
     model = model_args.model_name_or_path or f"random {model_args.model_config['model_type']}"
-    print(f"LongCE training done: {model}, context extension {model_args.context_extension}, "
-          f"{trainable:,} of {total:,} parameters trained")
-    print(f"  data: {_data_source(data_args)}, {sequences} sequences of <= {data_args.max_seq_length} tokens"
-          f"{' (packed per document)' if data_args.packing else ''}, global batch {global_batch}")
-    print(f"  steps: {trainer.state.global_step}{f' (resumed from {resume})' if resume else ''} in {seconds:.1f} s; "
-          f"mean training loss {training_loss:.4f}")
+    print(
+        f"LongCE training done: {model}, context extension {model_args.context_extension}, "
+        f"{trainable:,} of {total:,} parameters trained"
+    )
+    print(
+        f"  data: {_data_source(data_args)}, {sequences} sequences of <= {data_args.max_seq_length} tokens"
+        f"{' (packed per document)' if data_args.packing else ''}, global batch {global_batch}"
+    )
+    print(
+        f"  steps: {trainer.state.global_step}{f' (resumed from {resume})' if resume else ''} in {seconds:.1f} s; "
+        f"mean training loss {training_loss:.4f}"
+    )
     if losses:
-        print(f"  logged loss: first {losses[0]:.4f}, last {losses[-1]:.4f}"
-              f"{'' if math.isfinite(losses[-1]) else ' (not finite!)'}")
+        print(
+            f"  logged loss: first {losses[0]:.4f}, last {losses[-1]:.4f}"
+            f"{'' if math.isfinite(losses[-1]) else ' (not finite!)'}"
+        )
     evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
     if evaluations:
         last = evaluations[-1]
-        print(f"  evaluation: {len(evaluations)} run(s); at step {last['step']} eval_loss {last['eval_loss']:.4f}"
-              + (f", eval_ce_loss {last['eval_ce_loss']:.4f}" if "eval_ce_loss" in last else ""))
+        print(
+            f"  evaluation: {len(evaluations)} run(s); at step {last['step']} eval_loss {last['eval_loss']:.4f}"
+            + (f", eval_ce_loss {last['eval_ce_loss']:.4f}" if "eval_ce_loss" in last else "")
+        )
     print(f"  saved to {training_args.output_dir}")
 
 

@@ -26,15 +26,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cache_arguments(parser)
-    parser.add_argument("--document", type=int, default=0,
-                        help="which text (0-based position among the chosen rows) to show as HTML "
-                             "(default: %(default)s)")
+    parser.add_argument(
+        "--document",
+        type=int,
+        default=0,
+        help="which text (0-based position among the chosen rows) to show as HTML (default: %(default)s)",
+    )
     parser.add_argument("--html", help="write the document's HTML view here (default: no HTML)")
-    parser.add_argument("--lsd-cap", type=float, default=None,
-                        help="LSD shown at full shade in the HTML; shading is proportional to LSD clipped to "
-                             "[0, cap] (default: 2 * alpha, at least 1)")
-    parser.add_argument("--histogram",
-                        help="write the PNG histogram of the corpus's LSD values here (default: no histogram)")
+    parser.add_argument(
+        "--lsd-cap",
+        type=float,
+        default=None,
+        help="LSD shown at full shade in the HTML; shading is proportional to LSD clipped to "
+        "[0, cap] (default: 2 * alpha, at least 1)",
+    )
+    parser.add_argument(
+        "--histogram", help="write the PNG histogram of the corpus's LSD values here (default: no histogram)"
+    )
     return parser
 
 
@@ -62,11 +70,21 @@ def main(argv=None) -> None:
                 f"evaluator and settings (0 to {len(rows) - 1})."
             )
         row = cache.row(rows[args.document])
-        details = (f"Evaluator {row['evaluator_name'] or '(unnamed)'} ({row['evaluator_dtype']}), "
-                   f"{settings.describe()}; text {args.document} of {len(rows)}, SHA-256 {row['text_fingerprint'][:16]}…")
-        page = key_token_html(row["text"], cache.scores(rows[args.document]), args.alpha, args.beta,
-                              not args.no_lcl, settings.trunc_len, f"Key tokens of text {args.document}", details,
-                              args.lsd_cap)
+        details = (
+            f"Evaluator {row['evaluator_name'] or '(unnamed)'} ({row['evaluator_dtype']}), "
+            f"{settings.describe()}; text {args.document} of {len(rows)}, SHA-256 {row['text_fingerprint'][:16]}…"
+        )
+        page = key_token_html(
+            row["text"],
+            cache.scores(rows[args.document]),
+            args.alpha,
+            args.beta,
+            not args.no_lcl,
+            settings.trunc_len,
+            f"Key tokens of text {args.document}",
+            details,
+            args.lsd_cap,
+        )
         write_file_atomically(args.html, lambda handle: handle.write(page))
         print(f"wrote {args.html}")
     if args.histogram:
@@ -75,9 +93,9 @@ def main(argv=None) -> None:
         from longppl.figures import lsd_histogram
         from longppl.key_tokens import long_short_difference
 
-        lsd = np.concatenate([
-            long_short_difference(s.lp_long, s.lp_short) for s in (cache.scores(row) for row in rows)
-        ])
+        lsd = np.concatenate(
+            [long_short_difference(s.lp_long, s.lp_short) for s in (cache.scores(row) for row in rows)]
+        )
         lsd_histogram(args.histogram, lsd, args.alpha, f"LSD of {len(rows)} texts (K={settings.trunc_len})")
         print(f"wrote {args.histogram}")
 

@@ -26,8 +26,9 @@ IDENTITY = ModelIdentity("writer-test", "", "float32", "weights:" + "0" * 64)
 SETTINGS = KeyTokenSettings(4, 2)
 
 
-def synthetic_rows(texts: list[str], seed: int, identity: ModelIdentity = IDENTITY,
-                   settings: KeyTokenSettings = SETTINGS):
+def synthetic_rows(
+    texts: list[str], seed: int, identity: ModelIdentity = IDENTITY, settings: KeyTokenSettings = SETTINGS
+):
     """Cache rows for ``texts`` with random (but valid-shaped) scores."""
     rng = np.random.default_rng(seed)
     scores = []

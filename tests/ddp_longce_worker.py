@@ -32,16 +32,21 @@ def run(report: str, argv: list[str]) -> LongCETrainer:
     def counting_short_pass(self, model, head, inputs):
         documents = batch_documents(inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"))
         counts["own_window_passes"] += count_window_passes(
-            inputs["input_ids"].cpu(), documents, self.longce_trunc_len, self.longce_sliding_window,
-            self.longce_max_tokens_per_batch)
+            inputs["input_ids"].cpu(),
+            documents,
+            self.longce_trunc_len,
+            self.longce_sliding_window,
+            self.longce_max_tokens_per_batch,
+        )
         counts["steps"] += 1
         return short_pass(self, model, head, inputs)
 
     def counting_load_model(*args, **kwargs):
         model = load_model(*args, **kwargs)
         # The decoder stack runs once per forward of the LM, whatever wraps it (DDP, PEFT).
-        model.get_decoder().register_forward_pre_hook(lambda module, inputs: counts.__setitem__(
-            "forwards", counts["forwards"] + 1))
+        model.get_decoder().register_forward_pre_hook(
+            lambda module, inputs: counts.__setitem__("forwards", counts["forwards"] + 1)
+        )
         return model
 
     LongCETrainer._short_context_pass = counting_short_pass
@@ -52,8 +57,10 @@ def run(report: str, argv: list[str]) -> LongCETrainer:
         LongCETrainer._short_context_pass, train_longce.load_model = short_pass, load_model
     rank = trainer.args.process_index
     with open(f"{report}.rank{rank}", "w", encoding="utf-8") as handle:
-        json.dump({"rank": rank, "world_size": trainer.args.world_size, **counts,
-                   "log_history": trainer.state.log_history}, handle)
+        json.dump(
+            {"rank": rank, "world_size": trainer.args.world_size, **counts, "log_history": trainer.state.log_history},
+            handle,
+        )
     return trainer
 
 

@@ -36,9 +36,7 @@ def _wrap(tok: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
         tok.post_processor = processors.TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
         )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
 @functools.cache
@@ -120,22 +118,53 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0, max_positions: int = 8
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=2)
     if arch == "llama":
-        config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=max_positions, **common)
+        config = LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            **common,
+        )
     elif arch == "mistral":
-        config = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, max_position_embeddings=max_positions, sliding_window=None,
-                               **common)
+        config = MistralConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            sliding_window=None,
+            **common,
+        )
     elif arch == "qwen2":
-        config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=max_positions, **common)
+        config = Qwen2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            **common,
+        )
     elif arch == "gpt2":
         config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=max_positions, **common)
     elif arch == "gemma2":
-        config = Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, head_dim=8, max_position_embeddings=max_positions,
-                              final_logit_softcapping=2.0, attn_logit_softcapping=50.0,
-                              sliding_window=max_positions, query_pre_attn_scalar=8, **common)
+        config = Gemma2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=max_positions,
+            final_logit_softcapping=2.0,
+            attn_logit_softcapping=50.0,
+            sliding_window=max_positions,
+            query_pre_attn_scalar=8,
+            **common,
+        )
     else:
         raise ValueError(arch)
     for key, value in overrides.items():

@@ -62,9 +62,7 @@ def longppl_document(text, model, tokenizer, evaluator, evaluator_tokenizer, K, 
     key = [
         i
         for i in range(len(ids))
-        if not math.isnan(lp_short[i])
-        and (lp_long[i] - lp_short[i]) > alpha
-        and (not use_lcl or lp_long[i] > beta)
+        if not math.isnan(lp_short[i]) and (lp_long[i] - lp_short[i]) > alpha and (not use_lcl or lp_long[i] > beta)
     ]
     slices = merge([list(offsets[i]) for i in key])
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

@@ -77,7 +77,7 @@ def test_cross_tokenizer_key_tokens_cover_the_same_text():
     mask[100:140] = True  # one contiguous run of key tokens -> one merged span
     spans = key_char_spans(ev_offsets, mask)
     assert len(spans) == 1
-    (start, end), = spans.tolist()
+    ((start, end),) = spans.tolist()
     selected = tokens_within_spans(model_offsets, spans)
     for (a, b), key in zip(model_offsets.tolist(), selected):
         assert key == (start <= a and b <= end)

@@ -19,8 +19,9 @@ def umask():
     os.umask(old)
 
 
-@pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775),
-                                                      (0o077, 0o600, 0o700)])
+@pytest.mark.parametrize(
+    "mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775), (0o077, 0o600, 0o700)]
+)
 def test_files_and_directories_follow_the_umask(tmp_path, umask, mask, file_mode, dir_mode):
     umask(mask)
     target = tmp_path / "results.json"

@@ -30,9 +30,16 @@ def run_writers(path, barrier, writers, rows, rounds, *extra):
     """Start ``writers`` worker processes at once; return their completed processes."""
     os.makedirs(barrier, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
-    procs = [subprocess.Popen([sys.executable, WORKER, path, str(w), str(rows), str(rounds), barrier, str(writers),
-                               *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for w in range(writers)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, path, str(w), str(rows), str(rounds), barrier, str(writers), *extra],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(writers)
+    ]
     return [(p, *p.communicate(timeout=300)) for p in procs]
 
 
@@ -43,8 +50,12 @@ def test_concurrent_writers_keep_every_row(tmp_path):
     for proc, _, err in run_writers(path, str(tmp_path / "barrier"), writers, rows, rounds):
         assert proc.returncode == 0, err[-3000:]
     cache = KeyTokenCache.load(path)
-    expected = {f"writer {w} round {r} row {i}: " + "x" * (20 + i)
-                for w in range(writers) for r in range(rounds) for i in range(rows)}
+    expected = {
+        f"writer {w} round {r} row {i}: " + "x" * (20 + i)
+        for w in range(writers)
+        for r in range(rounds)
+        for i in range(rows)
+    }
     found = cache.texts(range(len(cache)))
     assert len(found) == len(expected) == 24 and set(found) == expected
     # every row holds its own writer's scores
@@ -77,7 +88,8 @@ def test_a_writer_killed_in_its_save_leaves_the_cache_and_its_leftovers_go_at_th
     cache.add(synthetic_rows(["second text " * 3], seed=2))
     cache.save()
     assert sorted(os.listdir(tmp_path)) == sorted(
-        ["barrier", "cache"] + [os.path.basename(f) for f in (live_new, live_shards, other_host)])
+        ["barrier", "cache"] + [os.path.basename(f) for f in (live_new, live_shards, other_host)]
+    )
     assert KeyTokenCache.load(path).texts([0, 1]) == ["first text " * 3, "second text " * 3]
 
 
@@ -103,6 +115,7 @@ def _bad_json(name):
     def damage(path):
         with open(os.path.join(path, name), "w") as handle:
             handle.write('{"_data_files": [')
+
     return damage
 
 
@@ -131,20 +144,30 @@ def _flip_scores(path):
 )
 def test_damaged_files_give_a_clear_error(saved_cache, damage, detail):
     damage(saved_cache)
-    with pytest.raises(CacheDamagedError, match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged: {detail}.*delete the "
-                       r"directory and rebuild it .*or restore it from a copy"):
+    with pytest.raises(
+        CacheDamagedError,
+        match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged: {detail}.*delete the "
+        r"directory and rebuild it .*or restore it from a copy",
+    ):
         KeyTokenCache.load(saved_cache)
 
 
-@pytest.mark.parametrize("damage, detail", [(_truncate, r"OSError: Expected to be able to read"),
-                                            (_empty, r"ArrowInvalid"), (_bad_json("state.json"), r"JSONDecodeError")],
-                         ids=["truncated", "empty", "state-json"])
+@pytest.mark.parametrize(
+    "damage, detail",
+    [
+        (_truncate, r"OSError: Expected to be able to read"),
+        (_empty, r"ArrowInvalid"),
+        (_bad_json("state.json"), r"JSONDecodeError"),
+    ],
+    ids=["truncated", "empty", "state-json"],
+)
 def test_damaged_files_without_checksums_give_a_clear_error_too(saved_cache, damage, detail):
     os.remove(os.path.join(saved_cache, CHECKSUM_FILE))  # as written by a plain Dataset.save_to_disk
     assert len(KeyTokenCache.load(saved_cache)) == 3
     damage(saved_cache)
-    with pytest.raises(CacheDamagedError,
-                       match=rf"at '{re.escape(saved_cache)}' is damaged: datasets could not read it \({detail}"):
+    with pytest.raises(
+        CacheDamagedError, match=rf"at '{re.escape(saved_cache)}' is damaged: datasets could not read it \({detail}"
+    ):
         KeyTokenCache.load(saved_cache)
 
 
@@ -153,8 +176,13 @@ def test_damage_surfaces_in_the_metric_and_the_script(saved_cache, tmp_path):
     metric = evaluate.load(longppl.METRIC_PATH)
     tok = metaspace_bpe()
     with pytest.raises(ValueError, match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged"):
-        metric.compute(predictions=["some text"], model=tiny_model("mistral", len(tok)), tokenizer=tok,
-                       key_tokens=saved_cache, progress=False)
+        metric.compute(
+            predictions=["some text"],
+            model=tiny_model("mistral", len(tok)),
+            tokenizer=tok,
+            key_tokens=saved_cache,
+            progress=False,
+        )
     from accelerate import PartialState
     from test_key_token_scripts import load_script
 
@@ -166,8 +194,9 @@ def test_damage_surfaces_in_the_metric_and_the_script(saved_cache, tmp_path):
     ev_tok.save_pretrained(evaluator)
     try:
         with pytest.raises(ValueError, match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged"):
-            load_script("compute_key_tokens").main(["--corpus", str(corpus), "--evaluator", str(evaluator),
-                                                    "--output", saved_cache])
+            load_script("compute_key_tokens").main(
+                ["--corpus", str(corpus), "--evaluator", str(evaluator), "--output", saved_cache]
+            )
     finally:
         PartialState._reset_state()
 
@@ -211,15 +240,30 @@ def two_tokenizers(tmp_path_factory):
     for name, tok in (("bos", with_bos), ("nobos", without_bos)):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
-    texts = [t[1000:1000 + size] for t, size in zip(govreport_texts()[:2], (700, 500))]
+    texts = [t[1000 : 1000 + size] for t, size in zip(govreport_texts()[:2], (700, 500))]
     tok = metaspace_bpe()
-    return dict(root=root, model=model, tokenizers=(with_bos, without_bos), texts=texts,
-                evaluated=tiny_model("qwen2", len(tok), seed=2), tokenizer=tok)
+    return dict(
+        root=root,
+        model=model,
+        tokenizers=(with_bos, without_bos),
+        texts=texts,
+        evaluated=tiny_model("qwen2", len(tok), seed=2),
+        tokenizer=tok,
+    )
 
 
 def _compute(metric, setup, **kwargs):
-    return metric.compute(predictions=setup["texts"], model=setup["evaluated"], tokenizer=setup["tokenizer"],
-                          trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA, progress=False, **kwargs)
+    return metric.compute(
+        predictions=setup["texts"],
+        model=setup["evaluated"],
+        tokenizer=setup["tokenizer"],
+        trunc_len=K,
+        sliding_window=D,
+        alpha=ALPHA,
+        beta=BETA,
+        progress=False,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("given", ["object", "folder"])
@@ -229,8 +273,10 @@ def test_another_tokenizer_does_not_reuse_rows(two_tokenizers, tmp_path, given):
     if given == "object":
         evaluators = [dict(evaluator_model=setup["model"], evaluator_tokenizer=tok) for tok in setup["tokenizers"]]
     else:
-        evaluators = [dict(evaluator_model_id=str(setup["root"] / name), device="cpu", torch_dtype="float32")
-                      for name in ("bos", "nobos")]
+        evaluators = [
+            dict(evaluator_model_id=str(setup["root"] / name), device="cpu", torch_dtype="float32")
+            for name in ("bos", "nobos")
+        ]
     first = _compute(metric, setup, key_tokens=path, **evaluators[0])
     second = _compute(metric, setup, key_tokens=path, **evaluators[1])
     live = _compute(metric, setup, **evaluators[1])
@@ -251,8 +297,10 @@ def test_one_evaluator_under_two_spellings_is_one_combination(two_tokenizers, tm
     setup = two_tokenizers
     monkeypatch.chdir(setup["root"])
     relative, absolute = "bos", str(setup["root"] / "bos")
-    rows = [synthetic_rows([text], 4, ModelIdentity.of_checkpoint(name, torch.float32), KeyTokenSettings(K, D))
-            for name, text in ((relative, setup["texts"][0]), (absolute, setup["texts"][1]))]
+    rows = [
+        synthetic_rows([text], 4, ModelIdentity.of_checkpoint(name, torch.float32), KeyTokenSettings(K, D))
+        for name, text in ((relative, setup["texts"][0]), (absolute, setup["texts"][1]))
+    ]
     cache = KeyTokenCache(datasets.concatenate_datasets(rows))
     [combination] = cache.configurations()
     assert combination["rows"] == 2 and sorted(combination["evaluator_names"]) == sorted([relative, absolute])

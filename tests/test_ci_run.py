@@ -30,11 +30,12 @@ def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_ro
     pip.chmod(0o755)
     log = tmp_path / "log"
     env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
-    done = subprocess.run(["bash", str(repo / ".ci" / "run")], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        ["bash", str(repo / ".ci" / "run")], cwd=repo, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     lines = log.read_text().splitlines()
     assert lines[0] == "first-command"
-    assert lines[1].startswith('pip install -e .[space] (in tmp.')  # in the isolated copy, not the checkout
+    assert lines[1].startswith("pip install -e .[space] (in tmp.")  # in the isolated copy, not the checkout
     assert lines[2] == "python -m pytest -q tests"
     assert len(lines) == 3

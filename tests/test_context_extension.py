@@ -16,8 +16,15 @@ HEAD_DIM = 16
 
 
 def config(**overrides):
-    settings = dict(vocab_size=50, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, max_position_embeddings=4096)
+    settings = dict(
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     settings.update(overrides)
     return LlamaConfig(**settings)
 
@@ -103,12 +110,15 @@ def test_eabf_model_equals_abf_within_base_length_and_differs_beyond():
     assert (long_eabf[:, 8:] - long_abf[:, 8:]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("method, kwargs, message", [
-    ("ntk", {}, "Unknown context-extension method"),
-    ("yarn", {}, "YaRN needs a scaling factor"),
-    ("pi", {"factor": 0.5}, "factor must be >= 1"),
-    ("eabf", {"eabf_base_length": 1}, "base_length must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "method, kwargs, message",
+    [
+        ("ntk", {}, "Unknown context-extension method"),
+        ("yarn", {}, "YaRN needs a scaling factor"),
+        ("pi", {"factor": 0.5}, "factor must be >= 1"),
+        ("eabf", {"eabf_base_length": 1}, "base_length must be >= 2"),
+    ],
+)
 def test_bad_recipes(method, kwargs, message):
     with pytest.raises(ValueError, match=message):
         apply_context_extension(config(), method, **kwargs)

@@ -119,8 +119,9 @@ def test_cached_compute_equals_live_compute_without_evaluator_passes(metric, set
     assert_same_results(built["cached"], built["live"])
     calls = count_forward_calls(setup["evaluator_model"])
     with_evaluator = run(metric, setup, key_tokens=built["path"], **options)
-    without_evaluator = run(metric, setup, key_tokens=built["path"], evaluator_model=None,
-                            evaluator_tokenizer=None, **options)
+    without_evaluator = run(
+        metric, setup, key_tokens=built["path"], evaluator_model=None, evaluator_tokenizer=None, **options
+    )
     assert calls == []
     assert_same_results(with_evaluator, live)
     assert_same_results(without_evaluator, live)
@@ -154,7 +155,11 @@ def test_adding_documents_scores_only_the_new_ones(metric, setup, tmp_path, monk
     scored = []
     module = metric_module(metric)
     real = module.score_with_evaluator
-    monkeypatch.setattr(module, "score_with_evaluator", lambda ev, tok, texts, *a, **k: scored.extend(texts) or real(ev, tok, texts, *a, **k))
+    monkeypatch.setattr(
+        module,
+        "score_with_evaluator",
+        lambda ev, tok, texts, *a, **k: scored.extend(texts) or real(ev, tok, texts, *a, **k),
+    )
     result = run(metric, setup, key_tokens=path)
     assert scored == [setup["texts"][2]]
     after = KeyTokenCache.load(path)
@@ -182,8 +187,11 @@ def test_other_evaluator_is_recomputed_and_other_settings_are_an_error(metric, s
     with pytest.raises(ValueError, match="rows of 2 evaluators for these texts"):
         run(metric, setup, key_tokens=path, evaluator_model=None, evaluator_tokenizer=None)
     no_evaluator = dict(evaluator_model=None, evaluator_tokenizer=None)
-    for changed, shown in [(dict(trunc_len=41), "trunc_len=41"), (dict(window_bos=True), "window_bos=True"),
-                           (dict(evaluator_add_special_tokens=False), "add_special_tokens=False")]:
+    for changed, shown in [
+        (dict(trunc_len=41), "trunc_len=41"),
+        (dict(window_bos=True), "window_bos=True"),
+        (dict(evaluator_add_special_tokens=False), "add_special_tokens=False"),
+    ]:
         with pytest.raises(ValueError, match=rf"no rows for 3 of 3 texts \(predictions \[0, 1, 2\]\) with .*{shown}"):
             run(metric, setup, key_tokens=built["path"], **no_evaluator, **changed)
 
@@ -220,8 +228,11 @@ def test_not_a_cache_or_an_incompatible_one(metric, setup, built, tmp_path):
     old = str(tmp_path / "old")
     dataset = datasets.load_from_disk(built["path"])
     dataset.map(lambda row: {"format_version": 0}).save_to_disk(old)
-    with pytest.raises(ValueError, match=r"written in key-token cache format \[0\], but this version of longppl "
-                       r"reads format 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"written in key-token cache format \[0\], but this version of longppl "
+        r"reads format 2",
+    ):
         run(metric, setup, key_tokens=old)
     extra = str(tmp_path / "extra")
     dataset.add_column("note", ["x"] * 3).save_to_disk(extra)

@@ -57,16 +57,32 @@ def files(tmp_path_factory):
     for seed in (2, 3):
         tiny_model("mistral", len(tok), seed=seed).save_pretrained(root / f"model{seed}")
         tok.save_pretrained(root / f"model{seed}")
-    return dict(root=root, texts=texts, corpus=str(corpus), evaluator=str(root / "evaluator"),
-                models=[str(root / "model2"), str(root / "model3")])
+    return dict(
+        root=root,
+        texts=texts,
+        corpus=str(corpus),
+        evaluator=str(root / "evaluator"),
+        models=[str(root / "model2"), str(root / "model3")],
+    )
 
 
 @pytest.fixture(scope="module")
 def cache(scripts, files):
     output = str(files["root"] / "cache")
     summary = scripts["compute_key_tokens"].main(
-        ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS,
-         "--alpha", str(ALPHA), "--beta", str(BETA)]
+        [
+            "--corpus",
+            files["corpus"],
+            "--evaluator",
+            files["evaluator"],
+            "--output",
+            output,
+            *SETTINGS,
+            "--alpha",
+            str(ALPHA),
+            "--beta",
+            str(BETA),
+        ]
     )
     assert summary["documents"] == 4 and summary["scored"] == 4 and 0 < summary["key_share"] < 1
     return output
@@ -92,12 +108,34 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
     output = str(tmp_path / "cache")
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py")
+    script = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py"
+    )
     # --multi_gpu is accelerate's torchrun launcher; without GPUs the script joins the processes over gloo.
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()),
-               script, "--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        script,
+        "--corpus",
+        files["corpus"],
+        "--evaluator",
+        files["evaluator"],
+        "--output",
+        output,
+        *SETTINGS,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -111,15 +149,28 @@ def test_new_documents_only_are_scored(scripts, files, cache, tmp_path):
     KeyTokenCache.load(cache).save(output)
     more = tmp_path / "more.jsonl"
     extra = govreport_texts()[9][100:700]
-    more.write_text(open(files["corpus"], encoding="utf-8").read() + json.dumps({"text": extra}) + "\n", encoding="utf-8")
+    more.write_text(
+        open(files["corpus"], encoding="utf-8").read() + json.dumps({"text": extra}) + "\n", encoding="utf-8"
+    )
     summary = scripts["compute_key_tokens"].main(
-        ["--corpus", str(more), "--evaluator", files["evaluator"], "--output", output, *SETTINGS])
+        ["--corpus", str(more), "--evaluator", files["evaluator"], "--output", output, *SETTINGS]
+    )
     assert summary["documents"] == 5 and summary["scored"] == 1
     assert KeyTokenCache.load(output).texts(range(5)) == files["texts"] + [extra]
     # max_length cuts each text to its first N evaluator tokens (the cache keeps the cut text)
     summary = scripts["compute_key_tokens"].main(
-        ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS,
-         "--max-length", "120"])
+        [
+            "--corpus",
+            files["corpus"],
+            "--evaluator",
+            files["evaluator"],
+            "--output",
+            output,
+            *SETTINGS,
+            "--max-length",
+            "120",
+        ]
+    )
     assert summary["scored"] == 4
     cut = KeyTokenCache.load(output)
     assert [len(cut.scores(row).input_ids) for row in range(5, 9)] == [121] * 4  # + BOS
@@ -139,8 +190,9 @@ def test_bad_jsonl_lines_are_named(scripts, files, tmp_path, content, message):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text(content, encoding="utf-8")
     with pytest.raises(ValueError, match=message):
-        scripts["compute_key_tokens"].main(["--corpus", str(corpus), "--evaluator", files["evaluator"],
-                                           "--output", str(tmp_path / "out")])
+        scripts["compute_key_tokens"].main(
+            ["--corpus", str(corpus), "--evaluator", files["evaluator"], "--output", str(tmp_path / "out")]
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -164,13 +216,38 @@ def test_evaluate_models_against_the_cache(scripts, files, cache, tmp_path):
     scores_file.write_text("model,score\n" + "".join(f"{m},{s}\n" for m, s in scores.items()), encoding="utf-8")
     out = tmp_path / "results"
     run = scripts["evaluate_longppl"].main(
-        ["--key-tokens", cache, "--models", *files["models"], "--output-dir", str(out), "--alpha", str(ALPHA),
-         "--beta", str(BETA), "--benchmark-scores", str(scores_file), "--no-progress", "--device", "cpu"])
+        [
+            "--key-tokens",
+            cache,
+            "--models",
+            *files["models"],
+            "--output-dir",
+            str(out),
+            "--alpha",
+            str(ALPHA),
+            "--beta",
+            str(BETA),
+            "--benchmark-scores",
+            str(scores_file),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     metric = evaluate.load(longppl.METRIC_PATH)
     rows = []
     for name, result in run["results"]:
-        expected = metric.compute(predictions=files["texts"], model_id=name, key_tokens=cache, trunc_len=K,
-                                  sliding_window=D, alpha=ALPHA, beta=BETA, device="cpu", progress=False)
+        expected = metric.compute(
+            predictions=files["texts"],
+            model_id=name,
+            key_tokens=cache,
+            trunc_len=K,
+            sliding_window=D,
+            alpha=ALPHA,
+            beta=BETA,
+            device="cpu",
+            progress=False,
+        )
         assert result["n_key_tokens"] == expected["n_key_tokens"] and sum(expected["n_key_tokens"]) > 0
         assert result["longppl"] == pytest.approx(expected["longppl"], rel=1e-9)
         assert result["ppl"] == pytest.approx(expected["ppl"], rel=1e-9)
@@ -185,7 +262,8 @@ def test_evaluate_models_against_the_cache(scripts, files, cache, tmp_path):
     x = [r[1] for r in rows]
     assert run["correlations"]["longppl"]["pearson"] == pytest.approx(np.corrcoef(x, y)[0, 1])
     assert payload["meta"]["correlations"]["ppl"]["spearman"] == pytest.approx(
-        np.corrcoef(np.argsort(np.argsort([r[2] for r in rows])), np.argsort(np.argsort(y)))[0, 1])
+        np.corrcoef(np.argsort(np.argsort([r[2] for r in rows])), np.argsort(np.argsort(y)))[0, 1]
+    )
     with open(out / "correlation.png", "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(out)) == ["correlation.png", "results.csv", "results.json"]
@@ -195,28 +273,66 @@ def test_benchmark_scores_for_a_model_not_evaluated(scripts, files, cache, tmp_p
     scores_file = tmp_path / "scores.csv"
     scores_file.write_text(f"model,score\n{files['models'][0]},40\nllama-70b,55\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"names models that were not evaluated: \['llama-70b'\]"):
-        scripts["evaluate_longppl"].main(["--key-tokens", cache, "--models", files["models"][0], "--output-dir",
-                                          str(tmp_path / "out"), "--benchmark-scores", str(scores_file)])
+        scripts["evaluate_longppl"].main(
+            [
+                "--key-tokens",
+                cache,
+                "--models",
+                files["models"][0],
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--benchmark-scores",
+                str(scores_file),
+            ]
+        )
     scores_file.write_text(f"model,score\n{files['models'][0]},high\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2: score 'high' .* is not a number"):
-        scripts["evaluate_longppl"].main(["--key-tokens", cache, "--models", files["models"][0], "--output-dir",
-                                          str(tmp_path / "out"), "--benchmark-scores", str(scores_file)])
+        scripts["evaluate_longppl"].main(
+            [
+                "--key-tokens",
+                cache,
+                "--models",
+                files["models"][0],
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--benchmark-scores",
+                str(scores_file),
+            ]
+        )
     assert not (tmp_path / "out").exists()  # checked before any model runs
 
 
 def test_no_key_tokens_warns_why_and_skips_the_correlation(scripts, files, cache, tmp_path, capsys):
     scores_file = tmp_path / "scores.csv"
-    scores_file.write_text("model,score\n" + "".join(f"{m},{s}\n" for m, s in zip(files["models"], (41.5, 37.0))),
-                           encoding="utf-8")
+    scores_file.write_text(
+        "model,score\n" + "".join(f"{m},{s}\n" for m, s in zip(files["models"], (41.5, 37.0))), encoding="utf-8"
+    )
     out = tmp_path / "results"
     run = scripts["evaluate_longppl"].main(
-        ["--key-tokens", cache, "--models", *files["models"], "--output-dir", str(out), "--alpha", "1000",
-         "--beta", str(BETA), "--benchmark-scores", str(scores_file), "--no-progress", "--device", "cpu"])
+        [
+            "--key-tokens",
+            cache,
+            "--models",
+            *files["models"],
+            "--output-dir",
+            str(out),
+            "--alpha",
+            "1000",
+            "--beta",
+            str(BETA),
+            "--benchmark-scores",
+            str(scores_file),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     captured = capsys.readouterr()
     assert all(math.isnan(result["longppl"]) and math.isfinite(result["ppl"]) for _, result in run["results"])
     stored = KeyTokenCache.load(cache)
-    lsd = np.concatenate([stored.scores(row).lp_long - stored.scores(row).lp_short
-                          for row in range(len(files["texts"]))])
+    lsd = np.concatenate(
+        [stored.scores(row).lp_long - stored.scores(row).lp_short for row in range(len(files["texts"]))]
+    )
     scored = int((~np.isnan(lsd)).sum())
     assert (
         f"evaluate_longppl.py: warning: no key tokens for {', '.join(files['models'])}, so LongPPL is NaN: none of "
@@ -224,9 +340,10 @@ def test_no_key_tokens_warns_why_and_skips_the_correlation(scripts, files, cache
         f"(largest LSD {np.nanmax(lsd):.2f}; 0 tokens have LSD > 1000): alpha/beta are too strict for this corpus "
         "and evaluator. Try a lower --alpha or --beta, or --no-lcl"
     ) in captured.err
-    assert ("evaluate_longppl.py: warning: correlation with benchmark score skipped, and no correlation.png drawn: "
-            "only 0 of the 2 models with a score have a finite LongPPL and PPL, and a correlation needs at least 2."
-            ) in captured.err
+    assert (
+        "evaluate_longppl.py: warning: correlation with benchmark score skipped, and no correlation.png drawn: "
+        "only 0 of the 2 models with a score have a finite LongPPL and PPL, and a correlation needs at least 2."
+    ) in captured.err
     assert "Correlation" not in captured.out and "correlation.png" not in captured.out
     assert run["correlations"] is None
     assert sorted(os.listdir(out)) == ["results.csv", "results.json"]
@@ -234,7 +351,7 @@ def test_no_key_tokens_warns_why_and_skips_the_correlation(scripts, files, cache
 
 
 def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
-    tricky = "<b>Tom & Jerry</b> say \"hi\" " + files["texts"][2]
+    tricky = '<b>Tom & Jerry</b> say "hi" ' + files["texts"][2]
     # a one-row cache of a text with markup in it, from the same evaluator
     from longppl.key_token_cache import KeyTokenSettings, key_token_rows
     from longppl.loading import load_causal_lm
@@ -245,8 +362,20 @@ def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
     one = KeyTokenCache(key_token_rows([tricky], scores, KeyTokenSettings(K, D), identity))
     one.save(str(tmp_path / "one"))
     page, png = tmp_path / "doc.html", tmp_path / "lsd.png"
-    scripts["visualize_key_tokens"].main(["--key-tokens", str(tmp_path / "one"), "--html", str(page),
-                                          "--histogram", str(png), "--alpha", str(ALPHA), "--beta", str(BETA)])
+    scripts["visualize_key_tokens"].main(
+        [
+            "--key-tokens",
+            str(tmp_path / "one"),
+            "--html",
+            str(page),
+            "--histogram",
+            str(png),
+            "--alpha",
+            str(ALPHA),
+            "--beta",
+            str(BETA),
+        ]
+    )
     page_text = page.read_text(encoding="utf-8")
     document = re.search(r'<div class="doc">(.*)</div>', page_text, re.S).group(1)
     assert "<b>" not in page_text and "Tom & Jerry" not in page_text
@@ -255,7 +384,10 @@ def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
     assert page_text.count('class="t key"') == int(key.sum()) > 0  # no two tokens of this text share a character
     first_key = int(np.flatnonzero(key)[0])
     lsd = scores[0].lp_long[first_key] - scores[0].lp_short[first_key]
-    assert f'class="t key" title="token {first_key}: LSD {lsd:.2f}, LCL {scores[0].lp_long[first_key]:.2f}" style=' in page_text
+    assert (
+        f'class="t key" title="token {first_key}: LSD {lsd:.2f}, LCL {scores[0].lp_long[first_key]:.2f}" style='
+        in page_text
+    )
     assert f'title="token {K - 1}: LCL' in page_text and "no short-context score (i &lt; K=47)" in page_text
     with open(png, "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -269,16 +401,25 @@ def test_html_shows_tokens_sharing_a_character_as_one_piece():
     text = "Café au lait"  # "é" split into two byte-level tokens, both spanning character 3
     offsets = np.array([[0, 0], [0, 3], [3, 4], [3, 4], [4, 7], [7, 12]])
     nan = float("nan")
-    scores = longppl.EvaluatorScores(np.arange(6), offsets, np.array([nan, -1.0, -0.5, -0.2, -3.0, -0.1]),
-                                     np.array([nan, nan, -4.0, -0.3, -3.1, -2.5]))
+    scores = longppl.EvaluatorScores(
+        np.arange(6),
+        offsets,
+        np.array([nan, -1.0, -0.5, -0.2, -3.0, -0.1]),
+        np.array([nan, nan, -4.0, -0.3, -3.1, -2.5]),
+    )
     page = key_token_html(text, scores, alpha=2.0, beta=-2.0, trunc_len=2)
     document = re.search(r'<div class="doc">(.*)</div>', page, re.S).group(1)
     assert document.count("<span") == 5 and document.count('class="t key"') == 2
     # shade of a shared piece: its largest LSD (3.5 of cap 4); the marker stands before the first token with an LSD
-    assert ('<span class="k-end" data-label="K=2" title="the first K=2 evaluator tokens end here: before this point, '
-            'no short-context score"></span><span class="t key" title="token 2: LSD 3.50, LCL -0.50 | token 3: LSD 0.10, '
-            'LCL -0.20" style="background: rgba(255, 127, 31, 0.744)">é</span>') in document
-    assert '<span class="t key" title="token 5: LSD 2.40, LCL -0.10" style="background: rgba(255, 127, 31, 0.510)"> lait</span>' in document
+    assert (
+        '<span class="k-end" data-label="K=2" title="the first K=2 evaluator tokens end here: before this point, '
+        'no short-context score"></span><span class="t key" title="token 2: LSD 3.50, LCL -0.50 | token 3: LSD 0.10, '
+        'LCL -0.20" style="background: rgba(255, 127, 31, 0.744)">é</span>'
+    ) in document
+    assert (
+        '<span class="t key" title="token 5: LSD 2.40, LCL -0.10" style="background: rgba(255, 127, 31, 0.510)"> lait</span>'
+        in document
+    )
     assert "token 1: LCL -1.00; no short-context score (i &lt; K=2)" in document
 
 
@@ -296,19 +437,31 @@ def test_correlations_against_plain_formulas():
     assert math.isnan(pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])) and math.isnan(spearman([1.0], [2.0]))
 
 
-def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(scripts, files, cache, tmp_path,
-                                                                          monkeypatch):
+def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(scripts, files, cache, tmp_path, monkeypatch):
     output = str(tmp_path / "cache")
     half = tmp_path / "half.jsonl"
     half.write_text("".join(open(files["corpus"], encoding="utf-8").readlines()[:2]), encoding="utf-8")
     monkeypatch.chdir(files["root"])
-    first = scripts["compute_key_tokens"].main(["--corpus", str(half), "--evaluator", "evaluator", "--output", output,
-                                                *SETTINGS])
-    second = scripts["compute_key_tokens"].main(["--corpus", files["corpus"], "--evaluator", files["evaluator"],
-                                                 "--output", output, *SETTINGS])
+    first = scripts["compute_key_tokens"].main(
+        ["--corpus", str(half), "--evaluator", "evaluator", "--output", output, *SETTINGS]
+    )
+    second = scripts["compute_key_tokens"].main(
+        ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS]
+    )
     assert (first["scored"], second["scored"]) == (2, 2)  # the same evaluator: its rows are reused
-    args = ["--key-tokens", output, "--models", files["models"][0], "--alpha", str(ALPHA), "--beta", str(BETA),
-            "--no-progress", "--device", "cpu"]
+    args = [
+        "--key-tokens",
+        output,
+        "--models",
+        files["models"][0],
+        "--alpha",
+        str(ALPHA),
+        "--beta",
+        str(BETA),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     one_spelling = scripts["evaluate_longppl"].main([*args, "--key-tokens", cache, "--output-dir", str(tmp_path / "a")])
     for pick in ([], ["--evaluator", "evaluator"], ["--evaluator", files["evaluator"]]):
         run = scripts["evaluate_longppl"].main([*args, *pick, "--output-dir", str(tmp_path / "b")])
@@ -316,15 +469,19 @@ def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(script
         assert run["results"][0][1]["n_key_tokens"] == one_spelling["results"][0][1]["n_key_tokens"]
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--alpha", "nan"], "alpha must be a finite number, got nan"),
-    (["--trunc-len", "0"], "trunc_len must be an integer >= 1, got 0"),
-    (["--sliding-window", "-3"], "sliding_window must be an integer >= 1, got -3"),
-    (["--max-length", "1"], "max_length must be an integer >= 2, got 1"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--alpha", "nan"], "alpha must be a finite number, got nan"),
+        (["--trunc-len", "0"], "trunc_len must be an integer >= 1, got 0"),
+        (["--sliding-window", "-3"], "sliding_window must be an integer >= 1, got -3"),
+        (["--max-length", "1"], "max_length must be an integer >= 2, got 1"),
+    ],
+)
 def test_compute_key_tokens_refuses_what_the_metric_refuses(scripts, tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
         scripts["compute_key_tokens"].parse_args(
-            ["--corpus", str(tmp_path / "c.jsonl"), "--evaluator", "ev", "--output", str(tmp_path / "o")] + flags)
+            ["--corpus", str(tmp_path / "c.jsonl"), "--evaluator", "ev", "--output", str(tmp_path / "o")] + flags
+        )
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err

@@ -51,8 +51,15 @@ def test_longppl_separates_full_and_cut_context_while_ppl_barely_moves(trained):
     model, _, tok = trained
     docs = sample_documents(8, num_segments=1, segment_length=8, generator=torch.Generator().manual_seed(99))
     metric = evaluate.load(METRIC_PATH)
-    common = dict(predictions=docs.texts(), tokenizer=tok, evaluator_model=model, evaluator_tokenizer=tok,
-                  trunc_len=K, sliding_window=D, progress=False)
+    common = dict(
+        predictions=docs.texts(),
+        tokenizer=tok,
+        evaluator_model=model,
+        evaluator_tokenizer=tok,
+        trunc_len=K,
+        sliding_window=D,
+        progress=False,
+    )
     full = metric.compute(model=model, **common)
     cut = metric.compute(model=cut_context(model, 48), **common)
     assert full["n_key_tokens"] == cut["n_key_tokens"] and min(full["n_key_tokens"]) >= 5

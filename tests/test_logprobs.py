@@ -140,11 +140,27 @@ def test_peft_lora_model_including_lm_head(tokenizer, sequences):
 @pytest.mark.parametrize(
     "build",
     [
-        lambda v: LlamaModel(LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2)),
-        lambda v: LlamaForSequenceClassification(LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64,
-                                                             num_hidden_layers=1, num_attention_heads=4,
-                                                             num_key_value_heads=2, pad_token_id=0)),
+        lambda v: LlamaModel(
+            LlamaConfig(
+                vocab_size=v,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            )
+        ),
+        lambda v: LlamaForSequenceClassification(
+            LlamaConfig(
+                vocab_size=v,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                pad_token_id=0,
+            )
+        ),
     ],
     ids=["bare-backbone", "classifier"],
 )

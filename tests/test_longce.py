@@ -21,9 +21,19 @@ K, D, GAMMA = 8, 5, 5.0  # neither divides the lengths below
 
 
 def make_args(cls=LongCEConfig, **overrides):
-    settings = dict(output_dir="/tmp/longce-test", report_to=[], use_cpu=True, save_strategy="no",
-                    per_device_train_batch_size=2, max_steps=1, learning_rate=1.0, optim="sgd",
-                    lr_scheduler_type="constant", logging_steps=1, disable_tqdm=True)
+    settings = dict(
+        output_dir="/tmp/longce-test",
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        per_device_train_batch_size=2,
+        max_steps=1,
+        learning_rate=1.0,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
     if cls is LongCEConfig:
         settings.update(longce_trunc_len=K, longce_sliding_window=D, longce_gamma=GAMMA)
     settings.update(overrides)
@@ -149,7 +159,10 @@ def test_packed_batch_equals_the_same_documents_unpacked():
     packed = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": d.tolist()} for d in docs])
     assert set(packed) >= {"input_ids", "position_ids", "labels"} and packed["input_ids"].shape[0] == 1
     assert [(s.start, s.end) for s in batch_documents(packed["input_ids"], None, packed["position_ids"])] == [
-        (0, 30), (30, 47), (47, 73)]
+        (0, 30),
+        (30, 47),
+        (47, 73),
+    ]
     loss_packed, grads_packed, _ = our_loss_and_grads(model, packed)
     loss_padded, grads_padded, _ = our_loss_and_grads(model, padded_batch(docs))
     torch.testing.assert_close(loss_packed, loss_padded, atol=1e-5, rtol=1e-5)
@@ -260,8 +273,11 @@ def test_either_checkpointing_name_works_on_this_transformers_without_warning(na
 
 
 def test_both_checkpointing_names_with_different_values():
-    with pytest.raises(ValueError, match=r"gradient_checkpointing=True and activation_checkpointing=False are two "
-                                         r"names of one setting .* give only one of them"):
+    with pytest.raises(
+        ValueError,
+        match=r"gradient_checkpointing=True and activation_checkpointing=False are two "
+        r"names of one setting .* give only one of them",
+    ):
         make_args(gradient_checkpointing=True, activation_checkpointing=False)
     assert make_args(gradient_checkpointing=True, activation_checkpointing=True).activation_checkpointing is True
 
@@ -278,8 +294,9 @@ def test_lora_trains_adapters_only_and_lora_on_lm_head_is_exact():
     from peft import LoraConfig, get_peft_model
 
     base = tiny_model("llama", VOCAB).train()
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"],
-                                            init_lora_weights=False))
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], init_lora_weights=False)
+    )
     docs = documents([37, 23])
     ours, grads, _ = our_loss_and_grads(model, padded_batch(docs))
     assert grads and all("lora_" in name for name in grads)
@@ -311,12 +328,15 @@ def test_all_labels_ignored():
 
 @pytest.mark.parametrize(
     "setting, value, message",
-    [("longce_gamma", 0.0, "longce_gamma must be > 0"), ("longce_gamma", -1.0, "longce_gamma must be > 0"),
-     ("longce_gamma", float("nan"), "longce_gamma must be > 0"),
-     ("longce_trunc_len", 0, r"longce_trunc_len \(K\) must be an integer >= 1"),
-     ("longce_sliding_window", 0, r"longce_sliding_window \(d\) must be an integer >= 1"),
-     ("longce_max_tokens_per_batch", 0, "longce_max_tokens_per_batch must be"),
-     ("longce_loss_kernel", "fast", "longce_loss_kernel must be one of")],
+    [
+        ("longce_gamma", 0.0, "longce_gamma must be > 0"),
+        ("longce_gamma", -1.0, "longce_gamma must be > 0"),
+        ("longce_gamma", float("nan"), "longce_gamma must be > 0"),
+        ("longce_trunc_len", 0, r"longce_trunc_len \(K\) must be an integer >= 1"),
+        ("longce_sliding_window", 0, r"longce_sliding_window \(d\) must be an integer >= 1"),
+        ("longce_max_tokens_per_batch", 0, "longce_max_tokens_per_batch must be"),
+        ("longce_loss_kernel", "fast", "longce_loss_kernel must be one of"),
+    ],
 )
 def test_bad_settings(setting, value, message):
     with pytest.raises(ValueError, match=message):
@@ -360,8 +380,9 @@ def test_evaluation_logs_eval_statistics():
         reference_loss(base.train(), rows, per_token=per_token)
     weights, nll = per_token
     dataset = Dataset.from_dict({"input_ids": [r.tolist() for r in rows]})
-    trainer = LongCETrainer(model=base, args=make_args(per_device_eval_batch_size=2), eval_dataset=dataset,
-                            data_collator=collate("right"))
+    trainer = LongCETrainer(
+        model=base, args=make_args(per_device_eval_batch_size=2), eval_dataset=dataset, data_collator=collate("right")
+    )
     metrics = trainer.evaluate()
     assert math.isclose(metrics["eval_ce_loss"], nll.mean().item(), rel_tol=1e-5)
     assert math.isclose(metrics["eval_longce_mean_weight"], weights.mean().item(), rel_tol=1e-5)
@@ -398,8 +419,13 @@ def test_compute_metrics_gets_real_logits_and_argmax_accuracy_matches_plain_mode
         scored = targets != -100
         return {"accuracy": float((predicted[scored] == targets[scored]).mean())}
 
-    trainer = LongCETrainer(model=model, args=make_args(per_device_eval_batch_size=2), eval_dataset=_eval_dataset(rows),
-                            data_collator=collate("right"), compute_metrics=accuracy)
+    trainer = LongCETrainer(
+        model=model,
+        args=make_args(per_device_eval_batch_size=2),
+        eval_dataset=_eval_dataset(rows),
+        data_collator=collate("right"),
+        compute_metrics=accuracy,
+    )
     metrics = trainer.evaluate()
     assert seen["shape"] == (4, 40, VOCAB)
     with torch.no_grad():  # plain reference: the model's own logits, one document at a time
@@ -407,8 +433,12 @@ def test_compute_metrics_gets_real_logits_and_argmax_accuracy_matches_plain_mode
     expected = torch.cat(hits).float().mean().item()
     assert 0.5 < expected < 1 and math.isclose(metrics["eval_accuracy"], expected, rel_tol=1e-6)
     # The loss and the LongCE statistics are those of a loss-only evaluation.
-    loss_only = LongCETrainer(model=model, args=make_args(per_device_eval_batch_size=2),
-                              eval_dataset=_eval_dataset(rows), data_collator=collate("right")).evaluate()
+    loss_only = LongCETrainer(
+        model=model,
+        args=make_args(per_device_eval_batch_size=2),
+        eval_dataset=_eval_dataset(rows),
+        data_collator=collate("right"),
+    ).evaluate()
     for key in ("eval_loss", *(f"eval_{k}" for k in _STAT_KEYS)):
         assert math.isclose(metrics[key], loss_only[key], rel_tol=1e-6), key
 
@@ -440,7 +470,9 @@ def test_training_and_loss_only_evaluation_keep_the_stand_in_logits():
     trainer = LongCETrainer(model=model, args=make_args())
     _, outputs = trainer.compute_loss(model, padded_batch(documents([20, 15])), return_outputs=True)
     assert outputs.logits.shape == (2, 20, 0)
-    loss, logits, _ = trainer.prediction_step(model.eval(), padded_batch(documents([20, 15])), prediction_loss_only=True)
+    loss, logits, _ = trainer.prediction_step(
+        model.eval(), padded_batch(documents([20, 15])), prediction_loss_only=True
+    )
     assert logits is None and torch.isfinite(loss)
 
 

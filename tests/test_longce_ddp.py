@@ -38,21 +38,53 @@ def documents(seed: int = 0) -> list[str]:
 
 def recipe_argv(tmp_path, data: str, name: str, per_device_batch: int) -> list[str]:
     return [
-        "--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), "--data_files", data,
-        "--output_dir", str(tmp_path / name), "--cache_dir", str(tmp_path / "cache"),
+        "--config",
+        os.path.join(REPO, "configs", "tiny_cpu.yaml"),
+        "--data_files",
+        data,
+        "--output_dir",
+        str(tmp_path / name),
+        "--cache_dir",
+        str(tmp_path / "cache"),
         # Every document is one piece (<= max_seq_length) and keeps its own position ids and windows.
-        "--packing", "true", "--max_seq_length", "256",
+        "--packing",
+        "true",
+        "--max_seq_length",
+        "256",
         # Same examples in the same order: process r takes the r-th per-device batch of each global batch.
-        "--train_sampling_strategy", "sequential", "--dataloader_drop_last", "true",
-        "--per_device_train_batch_size", str(per_device_batch), "--gradient_accumulation_steps", "1",
+        "--train_sampling_strategy",
+        "sequential",
+        "--dataloader_drop_last",
+        "true",
+        "--per_device_train_batch_size",
+        str(per_device_batch),
+        "--gradient_accumulation_steps",
+        "1",
         # Normalise by the tokens of the whole global batch, as one process does.
-        "--average_tokens_across_devices", "true",
+        "--average_tokens_across_devices",
+        "true",
         # What Trainer picks without checkpointing and for PEFT models: DDP then walks back from the
         # forward's outputs for used parameters, which LongCE's intercepted LM head must keep reachable.
-        "--ddp_find_unused_parameters", "true",
-        "--max_steps", str(STEPS), "--logging_steps", "1", "--save_strategy", "no",
-        "--lr_scheduler_type", "constant", "--warmup_steps", "0", "--learning_rate", "1e-3",
-        "--longce_trunc_len", str(K), "--longce_sliding_window", str(D), "--longce_max_tokens_per_batch", str(BUDGET),
+        "--ddp_find_unused_parameters",
+        "true",
+        "--max_steps",
+        str(STEPS),
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--lr_scheduler_type",
+        "constant",
+        "--warmup_steps",
+        "0",
+        "--learning_rate",
+        "1e-3",
+        "--longce_trunc_len",
+        str(K),
+        "--longce_sliding_window",
+        str(D),
+        "--longce_max_tokens_per_batch",
+        str(BUDGET),
     ]
 
 
@@ -74,12 +106,34 @@ def test_ddp_two_processes_match_one_process(tmp_path):
 
     # accelerate 1.15's --cpu starts one process (multi-CPU goes through MPI); its torchrun launcher
     # (--multi_gpu) starts two, and use_cpu=True in the recipe makes them use gloo on the CPU.
-    launch = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
-              "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port()), WORKER, str(tmp_path / "ddp.json")]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        WORKER,
+        str(tmp_path / "ddp.json"),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(launch + recipe_argv(tmp_path, str(data), "ddp", GLOBAL_BATCH // 2), cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=420)
+    done = subprocess.run(
+        launch + recipe_argv(tmp_path, str(data), "ddp", GLOBAL_BATCH // 2),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     ranks = [read_report(str(tmp_path / f"ddp.json.rank{r}")) for r in range(2)]
     assert [r["world_size"] for r in ranks] == [2, 2] and [r["steps"] for r in ranks] == [STEPS, STEPS]

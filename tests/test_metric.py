@@ -57,12 +57,27 @@ def test_load_from_checkout_and_from_installed_path(metric, tmp_path, monkeypatc
 def test_values_equal_the_official_algorithm(metric, setup):
     result = run(metric, setup)
     refs = [
-        longppl_document(text, setup["model"], setup["tokenizer"], setup["evaluator_model"],
-                         setup["evaluator_tokenizer"], K, D, ALPHA, BETA)
+        longppl_document(
+            text,
+            setup["model"],
+            setup["tokenizer"],
+            setup["evaluator_model"],
+            setup["evaluator_tokenizer"],
+            K,
+            D,
+            ALPHA,
+            BETA,
+        )
         for text in setup["texts"]
     ]
     assert sorted(result) == [
-        "longppl", "longppls", "mean_perplexity", "n_key_tokens", "n_tokens", "perplexities", "ppl"
+        "longppl",
+        "longppls",
+        "mean_perplexity",
+        "n_key_tokens",
+        "n_tokens",
+        "perplexities",
+        "ppl",
     ]
     assert result["n_key_tokens"] == [r["n_key"] for r in refs]
     assert result["n_tokens"] == [r["n_tokens"] for r in refs]
@@ -83,13 +98,25 @@ def test_values_equal_the_official_algorithm(metric, setup):
     assert pooled["longppl"] == pytest.approx(
         math.exp(sum(r["key_nll"] for r in refs) / sum(r["n_key"] for r in refs)), rel=1e-5
     )
-    assert pooled["ppl"] == pytest.approx(math.exp(sum(r["nll"] for r in refs) / sum(r["n_pred"] for r in refs)), rel=1e-5)
+    assert pooled["ppl"] == pytest.approx(
+        math.exp(sum(r["nll"] for r in refs) / sum(r["n_pred"] for r in refs)), rel=1e-5
+    )
 
 
 def test_no_lcl_condition_matches_reference(metric, setup):
     result = run(metric, setup, beta=-1.0, use_lcl=False)
-    ref = longppl_document(setup["texts"][1], setup["model"], setup["tokenizer"], setup["evaluator_model"],
-                           setup["evaluator_tokenizer"], K, D, ALPHA, -1.0, use_lcl=False)
+    ref = longppl_document(
+        setup["texts"][1],
+        setup["model"],
+        setup["tokenizer"],
+        setup["evaluator_model"],
+        setup["evaluator_tokenizer"],
+        K,
+        D,
+        ALPHA,
+        -1.0,
+        use_lcl=False,
+    )
     assert result["n_key_tokens"][1] == ref["n_key"] > 0
     with pytest.warns(UserWarning, match="no key tokens"):
         with_lcl = run(metric, setup, beta=-1.0)
@@ -114,8 +141,16 @@ def test_model_ids_and_paths(metric, setup, tmp_path):
     setup["evaluator_tokenizer"].save_pretrained(tmp_path / "evaluator_model")
     by_object = run(metric, setup)
     by_path = metric.compute(
-        predictions=setup["texts"], model_id=str(tmp_path / "model"), evaluator_model_id=str(tmp_path / "evaluator_model"),
-        trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA, device="cpu", torch_dtype="float32", progress=False,
+        predictions=setup["texts"],
+        model_id=str(tmp_path / "model"),
+        evaluator_model_id=str(tmp_path / "evaluator_model"),
+        trunc_len=K,
+        sliding_window=D,
+        alpha=ALPHA,
+        beta=BETA,
+        device="cpu",
+        torch_dtype="float32",
+        progress=False,
     )
     assert by_path["n_key_tokens"] == by_object["n_key_tokens"]
     assert by_path["longppl"] == pytest.approx(by_object["longppl"], rel=1e-5)
@@ -127,7 +162,9 @@ def test_soft_weights_match_character_average_reference(metric, setup):
     gamma = 1.05
     result = run(metric, setup, soft=True, gamma=gamma)
     text = setup["texts"][0]
-    ids, offsets, lp_long, lp_short = evaluator_scores(setup["evaluator_model"], setup["evaluator_tokenizer"], text, K, D)
+    ids, offsets, lp_long, lp_short = evaluator_scores(
+        setup["evaluator_model"], setup["evaluator_tokenizer"], text, K, D
+    )
     per_char = [1.0] * len(text)
     for (a, b), lo, sh in zip(offsets, lp_long, lp_short):
         weight = 1.0 if math.isnan(sh) else min(math.exp(lo - sh), gamma)
@@ -203,8 +240,16 @@ def test_bad_input_messages(metric, setup, kwargs, message):
 
 
 def test_model_without_causal_lm_head(metric, setup):
-    bare = LlamaModel(LlamaConfig(vocab_size=len(setup["tokenizer"]), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    bare = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(setup["tokenizer"]),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     for role in ("model", "evaluator_model"):
         with pytest.raises(ValueError, match="LlamaModel is not a causal language model with an LM head"):
             run(metric, setup, **{role: bare})
@@ -263,14 +308,30 @@ def test_max_length_means_the_same_in_the_metric_and_compute_key_tokens(metric, 
     setup["evaluator_tokenizer"].save_pretrained(folder)
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in setup["texts"]), encoding="utf-8")
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py")
+    script = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py"
+    )
     spec = importlib.util.spec_from_file_location("compute_key_tokens", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cache = str(tmp_path / "cache")
     try:
-        module.main(["--corpus", str(corpus), "--evaluator", folder, "--output", cache, "--trunc-len", str(K),
-                     "--sliding-window", str(D), "--max-length", "120"])
+        module.main(
+            [
+                "--corpus",
+                str(corpus),
+                "--evaluator",
+                folder,
+                "--output",
+                cache,
+                "--trunc-len",
+                str(K),
+                "--sliding-window",
+                str(D),
+                "--max-length",
+                "120",
+            ]
+        )
     finally:
         PartialState._reset_state()
     rows = len(datasets.load_from_disk(cache))
@@ -278,8 +339,15 @@ def test_max_length_means_the_same_in_the_metric_and_compute_key_tokens(metric, 
     metric_module = sys.modules[type(metric).__module__]
     monkeypatch.setattr(metric_module, "load_causal_lm", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
     monkeypatch.setattr(metric_module, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
-    result = run(metric, dict(setup, evaluator_model=None, evaluator_tokenizer=None), key_tokens=cache,
-                 evaluator_model_id=folder, device="cpu", torch_dtype="float32", max_length=120)
+    result = run(
+        metric,
+        dict(setup, evaluator_model=None, evaluator_tokenizer=None),
+        key_tokens=cache,
+        evaluator_model_id=folder,
+        device="cpu",
+        torch_dtype="float32",
+        max_length=120,
+    )
     assert loaded == [] and len(datasets.load_from_disk(cache)) == rows == 3  # every cut text was found
     assert result["n_key_tokens"] == run(metric, setup, max_length=120)["n_key_tokens"]
 
@@ -311,8 +379,17 @@ def test_key_spans_are_the_model_key_tokens(metric, setup):
     result = run(metric, setup, return_key_spans=True)
     assert result["n_key_tokens"] == run(metric, setup)["n_key_tokens"]
     for text, spans in zip(setup["texts"], result["key_spans"]):
-        ref = longppl_document(text, setup["model"], setup["tokenizer"], setup["evaluator_model"],
-                               setup["evaluator_tokenizer"], K, D, ALPHA, BETA)
+        ref = longppl_document(
+            text,
+            setup["model"],
+            setup["tokenizer"],
+            setup["evaluator_model"],
+            setup["evaluator_tokenizer"],
+            K,
+            D,
+            ALPHA,
+            BETA,
+        )
         assert spans == ref["key_spans"] and len(spans) > 0
         assert all(0 <= start < end <= len(text) for start, end in spans)
     with pytest.raises(ValueError, match="return_key_spans=True lists the key tokens of the hard rule.*soft=False"):
@@ -364,7 +441,9 @@ def test_dtype_is_transformers_5_name_of_torch_dtype(metric, setup, tmp_path, mo
     module = sys.modules[type(metric).__module__]
     seen = []
     real = module.load_model
-    monkeypatch.setattr(module, "load_model", lambda name, device, dtype: seen.append(dtype) or real(name, device, dtype))
+    monkeypatch.setattr(
+        module, "load_model", lambda name, device, dtype: seen.append(dtype) or real(name, device, dtype)
+    )
     setup = dict(setup, model=tiny_model("mistral", len(setup["tokenizer"]), seed=2))
     setup["model"].save_pretrained(tmp_path / "model")
     setup["tokenizer"].save_pretrained(tmp_path / "model")
@@ -402,7 +481,9 @@ def test_a_tuple_or_a_dataset_column_of_texts_is_accepted(metric, setup):
 def test_devices_are_checked_before_anything_loads(metric, setup, monkeypatch):
     import torch
 
-    with pytest.raises(ValueError, match="device='gpu' is not a device: pass 'cuda' .or 'cuda:<index>'. for a GPU, 'cpu'"):
+    with pytest.raises(
+        ValueError, match="device='gpu' is not a device: pass 'cuda' .or 'cuda:<index>'. for a GPU, 'cpu'"
+    ):
         run(metric, setup, device="gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"device='cuda', but PyTorch sees no cuda device here.*pass device='cpu'"):
@@ -437,8 +518,11 @@ def test_offline_hub_id_not_in_the_cache_fails_fast_without_network(metric, setu
 
     monkeypatch.setattr(socket.socket, "connect", no_network)
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=r"model_id='nobody/no-such-model' is not a local directory, and as a Hub "
-                                         r"id it is not in the local Hugging Face cache .*HF_HUB_OFFLINE=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"model_id='nobody/no-such-model' is not a local directory, and as a Hub "
+        r"id it is not in the local Hugging Face cache .*HF_HUB_OFFLINE=1",
+    ):
         run(metric, dict(setup, model=None, tokenizer=None, model_id="nobody/no-such-model"))
     assert time.perf_counter() - start < 5
 
@@ -447,8 +531,11 @@ def test_tokenizer_of_another_model_is_named_before_any_forward_pass(metric, set
     small = tiny_model("qwen2", 100, seed=2)
     calls, handle = count_forward_calls(setup["evaluator_model"])
     try:
-        with pytest.raises(ValueError, match=r"The model's tokenizer gives token id \d+ for predictions\[0\], but "
-                                             r"the model has only 100 token embeddings.*tokenizer saved with the model"):
+        with pytest.raises(
+            ValueError,
+            match=r"The model's tokenizer gives token id \d+ for predictions\[0\], but "
+            r"the model has only 100 token embeddings.*tokenizer saved with the model",
+        ):
             run(metric, setup, model=small)
     finally:
         handle.remove()

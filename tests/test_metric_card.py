@@ -57,8 +57,10 @@ def test_space_header_names_the_installed_gradio():
 def _extras(repo_root):
     config = configparser.ConfigParser()
     config.read(os.path.join(repo_root, "setup.cfg"))
-    return {name: [line.strip() for line in value.splitlines() if line.strip() and not line.strip().startswith("#")]
-            for name, value in config["options.extras_require"].items()}
+    return {
+        name: [line.strip() for line in value.splitlines() if line.strip() and not line.strip().startswith("#")]
+        for name, value in config["options.extras_require"].items()
+    }
 
 
 def test_space_extra_pins_the_cards_gradio_and_test_extra_stays_lean(repo_root):
@@ -80,8 +82,8 @@ def _numbers(cells):
 
 def _tex_rows(tex, label):
     """Rows between \\midrule and \\bottomrule of the table labelled ``label``, as lists of cells."""
-    table = tex[tex.index(f"\\label{{{label}}}"):]
-    body = table[table.index("\\midrule") + len("\\midrule"):table.index("\\bottomrule")]
+    table = tex[tex.index(f"\\label{{{label}}}") :]
+    body = table[table.index("\\midrule") + len("\\midrule") : table.index("\\bottomrule")]
     return [_numbers(row.split("&")) for row in body.split("\\\\") if row.strip()]
 
 
@@ -144,12 +146,24 @@ def test_card_examples_run(tmp_path):
     with open(work / "long_documents.jsonl", "w", encoding="utf-8") as handle:
         for text in (texts[6][:10500], texts[4][:6000]):  # about 4.4k and 2.6k evaluator tokens; K = 4096
             handle.write(json.dumps({"text": text}) + "\n")
-    env = dict(os.environ, HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_MODULES_CACHE=str(home / "modules"),
-               HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1")
+    env = dict(
+        os.environ,
+        HF_HOME=str(home),
+        HF_HUB_CACHE=str(home / "hub"),
+        HF_MODULES_CACHE=str(home / "modules"),
+        HF_HUB_OFFLINE="1",
+        HF_EVALUATE_OFFLINE="1",
+    )
     examples = work / "card_examples.txt"
     examples.write_text("\n".join(card_code_blocks()), encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "doctest", "-o", "ELLIPSIS", str(examples)], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "doctest", "-o", "ELLIPSIS", str(examples)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 

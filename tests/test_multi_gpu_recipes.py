@@ -29,8 +29,7 @@ RECIPE = os.path.join(REPO, "configs", "llama1b_shape_16k.yaml")
 
 
 def test_recipe_is_the_llama_3_2_1b_shape_on_16k_blocks_that_fill_every_batch():
-    model_args, data_args, args = train_longce.parse_args(
-        ["--config", RECIPE, "--bf16", "false", "--data_files", DATA])
+    model_args, data_args, args = train_longce.parse_args(["--config", RECIPE, "--bf16", "false", "--data_files", DATA])
     shape = model_args.model_config
     assert (shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]) == (2048, 8192, 16)
     assert (shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]) == (32, 8, 64)
@@ -48,14 +47,21 @@ def test_recipe_is_the_llama_3_2_1b_shape_on_16k_blocks_that_fill_every_batch():
 
 def test_every_file_the_documented_launch_commands_name_exists():
     docs = open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8").read()
-    section = docs[docs.index("## Several GPUs"):]
+    section = docs[docs.index("## Several GPUs") :]
     named = re.findall(r"--config(?:_file)? (\S+)", section) + re.findall(r"(scripts/\S+\.py)", section)
-    assert {"configs/accelerate/ddp.yaml", "configs/accelerate/fsdp2.yaml", "configs/accelerate/zero3.yaml",
-            "configs/llama1b_shape_16k.yaml", "scripts/bench_multi_gpu.py"} <= set(named)
+    assert {
+        "configs/accelerate/ddp.yaml",
+        "configs/accelerate/fsdp2.yaml",
+        "configs/accelerate/zero3.yaml",
+        "configs/llama1b_shape_16k.yaml",
+        "scripts/bench_multi_gpu.py",
+    } <= set(named)
     for path in named:
         assert os.path.isfile(os.path.join(REPO, path)), path
-    kinds = {name: yaml.safe_load(open(os.path.join(REPO, "configs", "accelerate", f"{name}.yaml")))
-             for name in ("ddp", "fsdp2", "zero3")}
+    kinds = {
+        name: yaml.safe_load(open(os.path.join(REPO, "configs", "accelerate", f"{name}.yaml")))
+        for name in ("ddp", "fsdp2", "zero3")
+    }
     assert kinds["ddp"]["distributed_type"] == "MULTI_GPU"
     assert kinds["fsdp2"]["distributed_type"] == "FSDP" and kinds["fsdp2"]["fsdp_config"]["fsdp_version"] == 2
     assert kinds["zero3"]["distributed_type"] == "DEEPSPEED" and kinds["zero3"]["deepspeed_config"]["zero_stage"] == 3
@@ -92,12 +98,31 @@ def test_corpus_cut_gives_documents_of_the_asked_byte_length():
 @pytest.mark.slow
 def test_scoring_check_runs_on_two_cpu_processes(tmp_path):
     result_path = tmp_path / "score.json"
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_multi_gpu.py"), "score", "--cpu",
-               "--shape", "tiny", "--documents", "3", "--tokens", "300", "--trunc-len", "64",
-               "--sliding-window", "32", "--data", DATA,
-               "--workdir", str(tmp_path), "--json", str(result_path)]
-    done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          timeout=600)
+    command = [
+        sys.executable,
+        os.path.join(REPO, "scripts", "bench_multi_gpu.py"),
+        "score",
+        "--cpu",
+        "--shape",
+        "tiny",
+        "--documents",
+        "3",
+        "--tokens",
+        "300",
+        "--trunc-len",
+        "64",
+        "--sliding-window",
+        "32",
+        "--data",
+        DATA,
+        "--workdir",
+        str(tmp_path),
+        "--json",
+        str(result_path),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     assert result["identical"] is True and result["documents"] == 3

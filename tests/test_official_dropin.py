@@ -38,8 +38,17 @@ def call(text, models, **kwargs):
 
 def test_same_numbers_and_keys_as_the_official_algorithm(models, text, tmp_path):
     out = call(text, models, save_path=str(tmp_path / "spans.json"))
-    ref = longppl_document(text, models["model"], models["tokenizer"], models["evaluator_model"],
-                           models["evaluator_tokenizer"], K, D, ALPHA, BETA)
+    ref = longppl_document(
+        text,
+        models["model"],
+        models["tokenizer"],
+        models["evaluator_model"],
+        models["evaluator_tokenizer"],
+        K,
+        D,
+        ALPHA,
+        BETA,
+    )
     assert set(out) == {"longppl", "n_key_token", "ppl", "n_token"}
     assert out["n_key_token"] == ref["n_key"] > 0
     assert out["n_token"] == ref["n_tokens"]
@@ -50,8 +59,18 @@ def test_same_numbers_and_keys_as_the_official_algorithm(models, text, tmp_path)
 def test_official_positional_call_and_module_path(models, text):
     from longppl.longppl import compute_longppl as from_submodule  # the official scripts' import
 
-    positional = from_submodule(text, models["model"], models["evaluator_model"], models["tokenizer"],
-                                models["evaluator_tokenizer"], None, K, D, ALPHA, BETA)
+    positional = from_submodule(
+        text,
+        models["model"],
+        models["evaluator_model"],
+        models["tokenizer"],
+        models["evaluator_tokenizer"],
+        None,
+        K,
+        D,
+        ALPHA,
+        BETA,
+    )
     assert positional == call(text, models)
 
 
@@ -143,8 +162,12 @@ def test_arguments_are_checked_as_in_the_metric(models, text, kwargs, message):
     with pytest.raises(ValueError, match=message):
         call(text, models, **kwargs)
     with pytest.raises(ValueError, match=message):
-        find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"],
-                       **dict(dict(trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA), **kwargs))
+        find_key_token(
+            text,
+            models["evaluator_model"],
+            models["evaluator_tokenizer"],
+            **dict(dict(trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA), **kwargs),
+        )
 
 
 def test_tokenizer_of_another_model_is_named(models, text):
@@ -181,8 +204,9 @@ def test_spans_out_of_order_count_what_the_official_code_counts(models, text, tm
     tokens of the first span listed (the last in the text) and passes every other span."""
     from reference import full_log_probs, official_overlap
 
-    spans = find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"], K, D, None, ALPHA,
-                           BETA).tolist()
+    spans = find_key_token(
+        text, models["evaluator_model"], models["evaluator_tokenizer"], K, D, None, ALPHA, BETA
+    ).tolist()
     assert len(spans) >= 3
     reversed_spans = spans[::-1]
     path = tmp_path / "slice_0.txt"

@@ -137,8 +137,18 @@ def metric():
 def test_the_metric_passes_progress_callback_through(metric, setup):
     model, tok, texts = setup
     events = []
-    args = dict(predictions=texts, model=model, tokenizer=tok, evaluator_model=model, evaluator_tokenizer=tok,
-                trunc_len=K, sliding_window=D, alpha=0.005, beta=-50.0, progress=False)
+    args = dict(
+        predictions=texts,
+        model=model,
+        tokenizer=tok,
+        evaluator_model=model,
+        evaluator_tokenizer=tok,
+        trunc_len=K,
+        sliding_window=D,
+        alpha=0.005,
+        beta=-50.0,
+        progress=False,
+    )
     plain = metric.compute(**args)
     reported = metric.compute(**args, progress_callback=lambda *e: events.append(e))
     assert reported == plain
@@ -148,7 +158,16 @@ def test_the_metric_passes_progress_callback_through(metric, setup):
 
 def test_the_metric_refuses_a_progress_callback_that_is_not_callable(metric, setup):
     model, tok, texts = setup
-    with pytest.raises(ValueError, match=r"progress_callback must be a function callback\(desc, done, total\), "
-                                         r"got 'tqdm'"):
-        metric.compute(predictions=texts, model=model, tokenizer=tok, evaluator_model=model,
-                       evaluator_tokenizer=tok, progress_callback="tqdm")
+    with pytest.raises(
+        ValueError,
+        match=r"progress_callback must be a function callback\(desc, done, total\), "
+        r"got 'tqdm'",
+    ):
+        metric.compute(
+            predictions=texts,
+            model=model,
+            tokenizer=tok,
+            evaluator_model=model,
+            evaluator_tokenizer=tok,
+            progress_callback="tqdm",
+        )

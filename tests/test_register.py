@@ -19,8 +19,13 @@ ENTRY = os.path.join("evaluate_modules", "metrics", "evaluate-metric--longppl")
 
 def offline_env(tmp_path, modules_cache):
     """A fresh environment: evaluate offline, its caches under tmp_path."""
-    env = dict(os.environ, HF_EVALUATE_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "home"),
-               HF_MODULES_CACHE=str(modules_cache))
+    env = dict(
+        os.environ,
+        HF_EVALUATE_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "home"),
+        HF_MODULES_CACHE=str(modules_cache),
+    )
     env.pop("HF_EVALUATE_CACHE", None)
     return env
 
@@ -31,8 +36,9 @@ def registered(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("registered")
     modules_cache = tmp_path / "modules"
     env = offline_env(tmp_path, modules_cache)
-    done = subprocess.run([sys.executable, "-m", "longppl.register"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "longppl.register"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "Registered the LongPPL metric at" in done.stdout
     return tmp_path, modules_cache, env
@@ -42,8 +48,7 @@ def test_bare_name_loads_our_metric_offline_from_a_fresh_directory(registered):
     tmp_path, modules_cache, env = registered
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    code = ("import evaluate, inspect; m = evaluate.load('longppl'); "
-            "print(type(m).__name__, inspect.getfile(type(m)))")
+    code = "import evaluate, inspect; m = evaluate.load('longppl'); print(type(m).__name__, inspect.getfile(type(m)))"
     done = subprocess.run([sys.executable, "-c", code], cwd=fresh, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     name, path = done.stdout.split()
@@ -124,7 +129,9 @@ def test_failed_copy_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 # `import longppl` keeps the registration current, and explains evaluate's cache notice.
 
-LOAD = "import longppl, evaluate, inspect; m = evaluate.load('longppl'); print(type(m).__name__, inspect.getfile(type(m)))"
+LOAD = (
+    "import longppl, evaluate, inspect; m = evaluate.load('longppl'); print(type(m).__name__, inspect.getfile(type(m)))"
+)
 NOTICE = "couldn't be found locally at evaluate-metric--longppl, or remotely on the Hugging Face Hub"
 
 
@@ -193,8 +200,10 @@ def test_an_older_copy_is_named_as_such_instead_of_couldnt_be_found(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[1] == os.path.join(stale, "longppl.py")
     assert NOTICE not in done.stderr
-    assert (f"evaluate.load is loading the LongPPL metric registered at {stale}, which is not the code of the "
-            "installed longppl package") in done.stderr
+    assert (
+        f"evaluate.load is loading the LongPPL metric registered at {stale}, which is not the code of the "
+        "installed longppl package"
+    ) in done.stderr
     assert "run `python -m longppl.register` to refresh it, or load longppl.METRIC_PATH." in done.stderr
 
 
@@ -204,12 +213,15 @@ def test_other_log_records_pass_the_filter():
     assert notice.filter(record) and record.getMessage() == "Using accuracy"
 
 
-@pytest.mark.parametrize("variables", [
-    {},
-    {"HF_HOME": "/somewhere/hf"},
-    {"XDG_CACHE_HOME": "/xdg"},
-    {"HF_HOME": "/somewhere/hf", "HF_MODULES_CACHE": "/modules/here"},
-])
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {},
+        {"HF_HOME": "/somewhere/hf"},
+        {"XDG_CACHE_HOME": "/xdg"},
+        {"HF_HOME": "/somewhere/hf", "HF_MODULES_CACHE": "/modules/here"},
+    ],
+)
 def test_cache_location_without_evaluate_is_evaluates(variables, monkeypatch):
     for name in ("HF_HOME", "HF_MODULES_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)

@@ -62,8 +62,14 @@ def modules_cache(tmp_path_factory):
 
 def _run(code: str, *args: str, modules_cache: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", HF_MODULES_CACHE=modules_cache)
-    done = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{code}", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{code}", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -107,8 +113,16 @@ def test_shared_cache_options_are_light_and_complete(modules_cache):
     result = _run(CACHE_CLI, modules_cache=modules_cache)
     assert result["heavy"] == []
     helps = option_helps(result["help"])
-    assert {"--key-tokens", "--split", "--evaluator", "--trunc-len", "--sliding-window", "--alpha", "--beta",
-            "--no-lcl"} <= set(helps)
+    assert {
+        "--key-tokens",
+        "--split",
+        "--evaluator",
+        "--trunc-len",
+        "--sliding-window",
+        "--alpha",
+        "--beta",
+        "--no-lcl",
+    } <= set(helps)
     for option, text in helps.items():
         assert text, f"{option} has no help text"
         if option not in ("--help", "--no-lcl"):

@@ -48,8 +48,13 @@ print("@@PROBE@@" + json.dumps({"code": code, "heavy": heavy, "options": options
 @pytest.mark.parametrize("script", ["evaluate_longppl", "visualize_key_tokens"])
 def test_help_is_quick_and_explains_every_option(script):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", HELP_PROBE, os.path.join(SCRIPTS, f"{script}.py")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE, os.path.join(SCRIPTS, f"{script}.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     help_text, probe = done.stdout.split("@@PROBE@@")
     probe = json.loads(probe)
@@ -73,10 +78,24 @@ def test_help_is_quick_and_explains_every_option(script):
 
 
 def test_short_model_names():
-    models = ["Qwen/Qwen2-7B", "/ckpt/a/model/", "/ckpt/b/model", "mistralai/Mistral-7B-v0.1", "local",
-              "x/run/final", "y/run/final"]
-    assert short_model_names(models) == ["Qwen2-7B", "a/model", "b/model", "Mistral-7B-v0.1", "local",
-                                         "x/run/final", "y/run/final"]
+    models = [
+        "Qwen/Qwen2-7B",
+        "/ckpt/a/model/",
+        "/ckpt/b/model",
+        "mistralai/Mistral-7B-v0.1",
+        "local",
+        "x/run/final",
+        "y/run/final",
+    ]
+    assert short_model_names(models) == [
+        "Qwen2-7B",
+        "a/model",
+        "b/model",
+        "Mistral-7B-v0.1",
+        "local",
+        "x/run/final",
+        "y/run/final",
+    ]
     assert short_model_names(["C:\\models\\llama"]) == ["llama"]
 
 
@@ -182,9 +201,12 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
     assert "key token (LSD > 2 and LCL > -2.5)" in legend[2]
     assert "the first K=4 evaluator tokens, which have no short-context score" in legend[2]
     # token spans in order, and the marker between token K-1 and token K
-    inside = [e for e in parsed.elements if e[0] == "span" and ("t" in e[1].get("class", "").split()
-                                                                 or e[1].get("class") == "k-end")]
-    inside = inside[next(i for i, e in enumerate(inside) if e[1].get("title", "").startswith("token 1:")):]
+    inside = [
+        e
+        for e in parsed.elements
+        if e[0] == "span" and ("t" in e[1].get("class", "").split() or e[1].get("class") == "k-end")
+    ]
+    inside = inside[next(i for i, e in enumerate(inside) if e[1].get("title", "").startswith("token 1:")) :]
     classes = [e[1]["class"] for e in inside]
     assert classes.count("k-end") == 1
     marker = classes.index("k-end")
@@ -195,8 +217,9 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
     tokens = [e for e in inside if e[1]["class"] != "k-end"]
     assert all(e[1]["class"] == "t noscore" and "style" not in e[1] for e in tokens[: k - 1])
     # shading: MAX_OPACITY * clip(LSD / cap, 0, 1), so monotone in LSD; key tokens outlined (class key)
-    shown = [(float(lsd_values[i]), opacity(e[1].get("style")), e[1]["class"]) for i, e in enumerate(tokens, 1)
-             if i >= k]
+    shown = [
+        (float(lsd_values[i]), opacity(e[1].get("style")), e[1]["class"]) for i, e in enumerate(tokens, 1) if i >= k
+    ]
     for lsd, value, _ in shown:
         assert value == pytest.approx(MAX_OPACITY * min(max(lsd / cap, 0.0), 1.0), abs=1e-3)
     ordered = [value for _, value, _ in sorted(shown)]
@@ -210,8 +233,9 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
 
 def test_html_of_a_text_within_the_first_k_tokens_has_no_marker():
     text = "short text"
-    scores = longppl.EvaluatorScores(np.arange(3), np.array([[0, 0], [0, 5], [5, 10]]),
-                                     np.array([NAN, -1.0, -2.0]), np.array([NAN, NAN, NAN]))
+    scores = longppl.EvaluatorScores(
+        np.arange(3), np.array([[0, 0], [0, 5], [5, 10]]), np.array([NAN, -1.0, -2.0]), np.array([NAN, NAN, NAN])
+    )
     page = key_token_html(text, scores, 2.0, -2.0, trunc_len=8)
     assert 'class="k-end" data-label="K=8"' not in page.split('<div class="doc">')[1]
     assert "No token has a short-context score: the text is at most K=8 evaluator tokens long." in page
@@ -223,30 +247,37 @@ def test_html_of_a_text_within_the_first_k_tokens_has_no_marker():
 
 
 def test_explain_missing_key_tokens_names_the_cause():
-    short = longppl.EvaluatorScores(np.arange(3), np.zeros((3, 2)), np.array([NAN, -1.0, -2.0]),
-                                    np.array([NAN, NAN, NAN]))
+    short = longppl.EvaluatorScores(
+        np.arange(3), np.zeros((3, 2)), np.array([NAN, -1.0, -2.0]), np.array([NAN, NAN, NAN])
+    )
     assert explain_missing_key_tokens([short, short], 2.0, -2.0, True, 4096) == (
         "none of the 2 texts is longer than K=4096 evaluator tokens, so no token has a short-context score "
         "(LSD) to be a key token. Use longer texts, or score the cache with a smaller --trunc-len "
         "(compute_key_tokens.py)."
     )
-    scored = longppl.EvaluatorScores(np.arange(4), np.zeros((4, 2)), np.array([NAN, -1.0, -3.0, -0.5]),
-                                     np.array([NAN, NAN, -6.5, -1.25]))
+    scored = longppl.EvaluatorScores(
+        np.arange(4), np.zeros((4, 2)), np.array([NAN, -1.0, -3.0, -0.5]), np.array([NAN, NAN, -6.5, -1.25])
+    )
     message = explain_missing_key_tokens([short, scored], 2.0, -2.0, True, 2)
     assert message.startswith(
         "none of the 2 evaluator tokens with a short-context score meets the key-token rule LSD > 2 and "
-        "LCL > -2 (largest LSD 3.50; 1 tokens have LSD > 2): alpha/beta are too strict")
-    assert message.endswith("Try a lower --alpha or --beta, or --no-lcl; visualize_key_tokens.py --histogram "
-                            "shows the LSD distribution.")
+        "LCL > -2 (largest LSD 3.50; 1 tokens have LSD > 2): alpha/beta are too strict"
+    )
+    assert message.endswith(
+        "Try a lower --alpha or --beta, or --no-lcl; visualize_key_tokens.py --histogram shows the LSD distribution."
+    )
     assert "Try a lower --alpha;" in explain_missing_key_tokens([scored], 4.0, -2.0, False, 2)
     assert explain_missing_key_tokens([scored], 2.0, -4.0, True, 2).startswith(
-        "the evaluator has 1 key tokens, but no token of the evaluated model lies within their character spans")
+        "the evaluator has 1 key tokens, but no token of the evaluated model lies within their character spans"
+    )
 
 
 def test_lsd_cap_must_be_positive(capsys):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("visualize_key_tokens", os.path.join(SCRIPTS, "visualize_key_tokens.py"))
+    spec = importlib.util.spec_from_file_location(
+        "visualize_key_tokens", os.path.join(SCRIPTS, "visualize_key_tokens.py")
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     with pytest.raises(SystemExit):

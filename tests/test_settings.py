@@ -16,7 +16,10 @@ def test_defaults_live_in_settings_and_old_names_still_import():
     rule = KeyTokenRule()
     assert (rule.alpha, rule.beta, rule.use_lcl, rule.soft, rule.gamma) == (2.0, -2.0, True, False, 5.0)
     assert (scoring.DEFAULT_TRUNC_LEN, scoring.DEFAULT_SLIDING_WINDOW, scoring.DEFAULT_MAX_TOKENS_PER_BATCH) == (
-        4096, 1024, 32768)
+        4096,
+        1024,
+        32768,
+    )
     assert (key_tokens.DEFAULT_ALPHA, key_tokens.DEFAULT_BETA, key_tokens.DEFAULT_GAMMA) == (2.0, -2.0, 5.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rule.alpha = 3.0
@@ -52,6 +55,9 @@ def test_bad_settings_messages(build, message):
 def test_token_ids_outside_the_vocabulary():
     check_token_ids([0, 5, 99], 100, "model", "predictions[0]")
     check_token_ids([0, 500], None, "model", "predictions[0]")  # no embedding size known: not checked
-    with pytest.raises(ValueError, match=r"The evaluator's tokenizer gives token id 100 for predictions\[3\], but "
-                                         r"the evaluator has only 100 token embeddings \(ids 0\.\.99\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"The evaluator's tokenizer gives token id 100 for predictions\[3\], but "
+        r"the evaluator has only 100 token embeddings \(ids 0\.\.99\)",
+    ):
         check_token_ids([3, 100], 100, "evaluator", "predictions[3]")

@@ -34,7 +34,9 @@ def app():
 
 @pytest.fixture(scope="module")
 def push_script(repo_root):
-    spec = importlib.util.spec_from_file_location("push_metric_to_hub", os.path.join(repo_root, "scripts", "push_metric_to_hub.py"))
+    spec = importlib.util.spec_from_file_location(
+        "push_metric_to_hub", os.path.join(repo_root, "scripts", "push_metric_to_hub.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -47,8 +49,10 @@ MODEL, EVALUATOR = "tiny-org/model", "tiny-org/evaluator"  # the allow-list the 
 def tiny_models():
     """A tiny evaluated model and evaluator with their tokenizers, by the ids the Space allows."""
     ev_tok, tok = byte_level_bpe(), metaspace_bpe()
-    return {MODEL: (tiny_model("mistral", len(tok), seed=2), tok),
-            EVALUATOR: (tiny_model("llama", len(ev_tok), seed=1), ev_tok)}
+    return {
+        MODEL: (tiny_model("mistral", len(tok), seed=2), tok),
+        EVALUATOR: (tiny_model("llama", len(ev_tok), seed=1), ev_tok),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +96,14 @@ def test_blocks_build_without_loading_models(app, monkeypatch):
     assert isinstance(demo, gr.Blocks) and getattr(app._metrics, "metric", None) is None
     (handler,) = [fn for fn in demo.fns.values() if fn.fn is app.score]
     labels = [block.label for block in handler.inputs]
-    assert labels[1:] == ["Evaluated model (Hub id)", "Evaluator model (Hub id)", "K (short-context length)",
-                          "d (sliding window)", "alpha (LSD threshold)", "beta (LCL threshold)"]
+    assert labels[1:] == [
+        "Evaluated model (Hub id)",
+        "Evaluator model (Hub id)",
+        "K (short-context length)",
+        "d (sliding window)",
+        "alpha (LSD threshold)",
+        "beta (LCL threshold)",
+    ]
     assert [block.label for block in handler.outputs[:3]] == ["LongPPL", "PPL", "Key tokens"]
     defaults = {block.label: block.value for block in handler.inputs}
     assert (defaults["K (short-context length)"], defaults["d (sliding window)"]) == (4096, 1024)
@@ -119,29 +129,41 @@ def test_queue_bounds_concurrency_and_waiting_requests(app):
 
 
 def test_settings_from_the_environment(app):
-    settings = app.SpaceSettings.from_env({
-        "LONGPPL_SPACE_MODELS": " a-org/one, b.org/two_2 ,", "LONGPPL_SPACE_MAX_CHARS": "1000",
-        "LONGPPL_SPACE_MAX_TOKENS": "300", "LONGPPL_SPACE_MAX_K": "64", "LONGPPL_SPACE_MAX_WINDOW_TOKENS": "900",
-        "LONGPPL_SPACE_TIME_LIMIT_S": "2.5", "LONGPPL_SPACE_CONCURRENCY": "3", "LONGPPL_SPACE_QUEUE_SIZE": "7",
-    })
+    settings = app.SpaceSettings.from_env(
+        {
+            "LONGPPL_SPACE_MODELS": " a-org/one, b.org/two_2 ,",
+            "LONGPPL_SPACE_MAX_CHARS": "1000",
+            "LONGPPL_SPACE_MAX_TOKENS": "300",
+            "LONGPPL_SPACE_MAX_K": "64",
+            "LONGPPL_SPACE_MAX_WINDOW_TOKENS": "900",
+            "LONGPPL_SPACE_TIME_LIMIT_S": "2.5",
+            "LONGPPL_SPACE_CONCURRENCY": "3",
+            "LONGPPL_SPACE_QUEUE_SIZE": "7",
+        }
+    )
     assert settings == app.SpaceSettings(("a-org/one", "b.org/two_2"), 1000, 300, 64, 900, 2.5, 3, 7)
     assert app.SpaceSettings.from_env({}) == app.SpaceSettings()
     assert app.SpaceSettings().models == app.DEFAULT_MODELS
 
 
-@pytest.mark.parametrize("entry", ["/tmp/model", "./model", "../org/model", "org/../../etc", "model",
-                                   "org/name/extra", "C:/model", "org/na me"])
+@pytest.mark.parametrize(
+    "entry",
+    ["/tmp/model", "./model", "../org/model", "org/../../etc", "model", "org/name/extra", "C:/model", "org/na me"],
+)
 def test_settings_refuse_model_entries_that_are_not_hub_ids(app, entry):
     with pytest.raises(ValueError, match="LONGPPL_SPACE_MODELS lists .* which is not a Hub model id"):
         app.SpaceSettings.from_env({"LONGPPL_SPACE_MODELS": f"a-org/one,{entry}"})
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("LONGPPL_SPACE_MAX_TOKENS", "lots", "must be an integer >= 2"),
-    ("LONGPPL_SPACE_QUEUE_SIZE", "0", "must be an integer >= 1"),
-    ("LONGPPL_SPACE_TIME_LIMIT_S", "-1", "must be a number of seconds > 0"),
-    ("LONGPPL_SPACE_TIME_LIMIT_S", "nan", "must be a number of seconds > 0"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("LONGPPL_SPACE_MAX_TOKENS", "lots", "must be an integer >= 2"),
+        ("LONGPPL_SPACE_QUEUE_SIZE", "0", "must be an integer >= 1"),
+        ("LONGPPL_SPACE_TIME_LIMIT_S", "-1", "must be a number of seconds > 0"),
+        ("LONGPPL_SPACE_TIME_LIMIT_S", "nan", "must be a number of seconds > 0"),
+    ],
+)
 def test_settings_refuse_bad_limits(app, name, value, message):
     with pytest.raises(ValueError, match=f"The Space setting {name}='{value}' {message}; fix or remove it"):
         app.SpaceSettings.from_env({name: value})
@@ -154,8 +176,17 @@ def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_model
     )
     (model, tok), (evaluator, ev_tok) = tiny_models[MODEL], tiny_models[EVALUATOR]
     expected = space.load_metric().compute(
-        predictions=texts, model=model, tokenizer=tok, evaluator_model=evaluator, evaluator_tokenizer=ev_tok,
-        trunc_len=K, sliding_window=D, alpha=ALPHA, beta=BETA, return_key_spans=True, progress=False,
+        predictions=texts,
+        model=model,
+        tokenizer=tok,
+        evaluator_model=evaluator,
+        evaluator_tokenizer=ev_tok,
+        trunc_len=K,
+        sliding_window=D,
+        alpha=ALPHA,
+        beta=BETA,
+        return_key_spans=True,
+        progress=False,
     )
     assert longppl_value == pytest.approx(expected["longppl"], abs=1e-4)
     assert ppl == pytest.approx(expected["ppl"], abs=1e-4)
@@ -212,8 +243,11 @@ def test_too_many_characters_are_refused_before_loading(space, monkeypatch):
     limit(space, monkeypatch, max_chars=100)
     with pytest.raises(gr.Error, match=REFUSED_MODEL):  # 100 characters pass on to the next check
         space.score("x" * 100, "nowhere/else", EVALUATOR, K, D, ALPHA, BETA)
-    with pytest.raises(gr.Error, match=r"The texts have 101 characters, more than this Space scores per request "
-                                       r"\(100\); score shorter texts\."):
+    with pytest.raises(
+        gr.Error,
+        match=r"The texts have 101 characters, more than this Space scores per request "
+        r"\(100\); score shorter texts\.",
+    ):
         space.score("x" * 101, MODEL, EVALUATOR, K, D, ALPHA, BETA)
     assert space.loaded == []
 
@@ -222,16 +256,22 @@ def test_too_many_tokens_are_refused(space, monkeypatch, tiny_models):
     text = govreport_texts()[0][1000:1900]
     n_evaluator = len(tiny_models[EVALUATOR][1](text)["input_ids"])  # with its BOS
     limit(space, monkeypatch, max_tokens=n_evaluator - 1)
-    with pytest.raises(gr.Error, match=rf"The texts have {n_evaluator} tokens for the evaluator model, more than "
-                                       rf"this Space scores per request \({n_evaluator - 1}\)"):
+    with pytest.raises(
+        gr.Error,
+        match=rf"The texts have {n_evaluator} tokens for the evaluator model, more than "
+        rf"this Space scores per request \({n_evaluator - 1}\)",
+    ):
         space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)
     # Roles swapped, so that the evaluated model's tokenizer (byte-level) cuts the text finer.
     n_evaluated = len(tiny_models[EVALUATOR][1](text, add_special_tokens=False)["input_ids"])
     n_evaluator = len(tiny_models[MODEL][1](text)["input_ids"])
     assert n_evaluator < n_evaluated
     limit(space, monkeypatch, max_tokens=n_evaluated - 1)
-    with pytest.raises(gr.Error, match=rf"The texts have {n_evaluated} tokens for the evaluated model, more than "
-                                       rf"this Space scores per request \({n_evaluated - 1}\)"):
+    with pytest.raises(
+        gr.Error,
+        match=rf"The texts have {n_evaluated} tokens for the evaluated model, more than "
+        rf"this Space scores per request \({n_evaluated - 1}\)",
+    ):
         space.score(text, EVALUATOR, MODEL, K, D, ALPHA, BETA)
 
 
@@ -247,8 +287,11 @@ def test_too_much_short_window_work_is_refused(space, monkeypatch, tiny_models):
     windows = [(s, min(s + K + 1, n)) for s in range(0, n - K, 1)][1:]  # d = 1; the first comes from the long pass
     work = sum(end - start for start, end in windows)
     limit(space, monkeypatch, max_window_tokens=work - 1)
-    with pytest.raises(gr.Error, match=rf"With K = {K} and d = 1 the evaluator would read {work} tokens in short "
-                                       rf"windows, more than this Space allows \({work - 1}\); use a larger d"):
+    with pytest.raises(
+        gr.Error,
+        match=rf"With K = {K} and d = 1 the evaluator would read {work} tokens in short "
+        rf"windows, more than this Space allows \({work - 1}\); use a larger d",
+    ):
         space.score(text, MODEL, EVALUATOR, K, 1, ALPHA, BETA)
     limit(space, monkeypatch, max_window_tokens=work)
     assert space.score(text, MODEL, EVALUATOR, K, 1, ALPHA, BETA)[1] > 0  # at the limit: scored
@@ -262,8 +305,11 @@ def test_time_limit_stops_scoring_inside_a_forward_pass(space, monkeypatch, tiny
     limit(space, monkeypatch, time_limit_s=1e-9)
     start = time.monotonic()
     try:
-        with pytest.raises(gr.Error, match=r"This request took longer than this Space allows \(1e-09 s\) and was "
-                                           r"stopped during: LongPPL evaluator: long context: pass of \d+ tokens\."):
+        with pytest.raises(
+            gr.Error,
+            match=r"This request took longer than this Space allows \(1e-09 s\) and was "
+            r"stopped during: LongPPL evaluator: long context: pass of \d+ tokens\.",
+        ):
             space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)
     finally:
         for hook in hooks:
@@ -283,14 +329,17 @@ def test_models_are_loaded_from_the_hub_without_remote_code(app, monkeypatch, ti
         def from_pretrained(model_id, **kwargs):
             calls.append((kind, model_id, kwargs.get("trust_remote_code")))
             return result
+
         return from_pretrained
 
     model, tok = tiny_models[MODEL]
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", record("model", model))
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record("tokenizer", tok))
     assert app.load_model.__wrapped__("HuggingFaceTB/SmolLM2-135M") == (model, tok)
-    assert sorted(calls) == [("model", "HuggingFaceTB/SmolLM2-135M", False),
-                             ("tokenizer", "HuggingFaceTB/SmolLM2-135M", False)]
+    assert sorted(calls) == [
+        ("model", "HuggingFaceTB/SmolLM2-135M", False),
+        ("tokenizer", "HuggingFaceTB/SmolLM2-135M", False),
+    ]
 
 
 def test_an_allowed_id_that_is_also_a_local_folder_is_not_loaded(app, monkeypatch, tmp_path):
@@ -329,9 +378,13 @@ def test_space_requirements(repo_root):
     install_requires = config["options"]["install_requires"].split()
     assert set(required) <= set(install_requires)
     names = {re.split(r"[<>=!~ ]", line)[0].lower() for line in required}
-    extras = {re.split(r"[<>=!~ \[]", line.strip())[0].lower()
-              for name, value in config["options.extras_require"].items() if name != "test"
-              for line in value.splitlines() if line.strip() and not line.strip().startswith("#")}
+    extras = {
+        re.split(r"[<>=!~ \[]", line.strip())[0].lower()
+        for name, value in config["options.extras_require"].items()
+        if name != "test"
+        for line in value.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    }
     distributions = importlib.metadata.packages_distributions()
     top_level, in_functions = set(), set()
     for name in os.listdir(longppl.METRIC_PATH):
@@ -357,7 +410,10 @@ def test_dry_run_lists_the_folder_as_tracked(push_script, repo_root, capsys):
     listed = capsys.readouterr().out.split()
     tracked = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "metrics/longppl"],
-        cwd=repo_root, capture_output=True, text=True, check=True,
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert listed == sorted(os.path.relpath(p, "metrics/longppl") for p in tracked)
     essential = {"README.md", "app.py", "requirements.txt"} | {os.path.basename(p) for p in register.module_files()}
@@ -401,8 +457,11 @@ def recording_api(monkeypatch):
 def test_push_creates_a_gradio_space_and_uploads_exactly_the_listed_files(push_script, recording_api, capsys):
     push_script.main(["--repo-id", "my-org/longppl", "--token", "hf_test"])
     assert recording_api[0] == ("init", "hf_test")
-    assert recording_api[1] == ("create_repo", "my-org/longppl",
-                                dict(repo_type="space", space_sdk="gradio", exist_ok=True, private=False))
+    assert recording_api[1] == (
+        "create_repo",
+        "my-org/longppl",
+        dict(repo_type="space", space_sdk="gradio", exist_ok=True, private=False),
+    )
     upload = recording_api[2][1]
     assert upload["repo_id"] == "my-org/longppl" and upload["repo_type"] == "space"
     assert upload["folder_path"] == push_script.METRIC_FOLDER
@@ -421,8 +480,19 @@ def test_push_without_a_token_fails_before_any_upload(push_script, recording_api
     assert recording_api == []
 
 
-@pytest.mark.parametrize("repo_id", ["longppl", "my-org/longppl/extra", "my-org/", "/longppl", "-org/longppl",
-                                     "my-org/long ppl", "my-org/long--ppl", "my-org/longppl.."])
+@pytest.mark.parametrize(
+    "repo_id",
+    [
+        "longppl",
+        "my-org/longppl/extra",
+        "my-org/",
+        "/longppl",
+        "-org/longppl",
+        "my-org/long ppl",
+        "my-org/long--ppl",
+        "my-org/longppl..",
+    ],
+)
 def test_push_refuses_a_repo_id_that_is_not_owner_name(push_script, recording_api, repo_id):
     with pytest.raises(SystemExit) as exit_info:
         push_script.main([f"--repo-id={repo_id}", "--token", "hf_test"])

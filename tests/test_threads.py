@@ -56,8 +56,13 @@ def test_child_processes_get_the_count_unless_the_user_chose():
 
 def test_quickstart_says_what_to_set_instead_of_a_traceback(repo_root, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="abc", HF_MODULES_CACHE=str(tmp_path / "modules"), LONGPPL_AUTO_REGISTER="0")
-    done = subprocess.run([sys.executable, os.path.join(repo_root, "scripts", "quickstart.py"), "--steps", "1"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, os.path.join(repo_root, "scripts", "quickstart.py"), "--steps", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1
     assert "quickstart.py: error: OMP_NUM_THREADS='abc' is not a positive integer" in done.stderr
     assert "Traceback" not in done.stderr

@@ -44,8 +44,17 @@ def read_recipe(path: str = TINY) -> dict:
 
 def tiny_argv(tmp_path, *extra: str, subdir: str = "run") -> list[str]:
     """The tiny recipe with the test's data path, output folder and datasets cache."""
-    return ["--config", TINY, "--data_files", DATA, "--output_dir", str(tmp_path / subdir),
-            "--cache_dir", str(tmp_path / "cache"), *extra]
+    return [
+        "--config",
+        TINY,
+        "--data_files",
+        DATA,
+        "--output_dir",
+        str(tmp_path / subdir),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        *extra,
+    ]
 
 
 def logged(trainer, key: str) -> list[float]:
@@ -80,8 +89,20 @@ def test_tiny_recipe_trains_and_loss_decreases(tmp_path):
 @pytest.mark.slow
 def test_script_runs_as_a_command(tmp_path):
     """End to end in a fresh interpreter, from the repository root, as the README would run it."""
-    argv = [sys.executable, "scripts/train_longce.py", "--config", "configs/tiny_cpu.yaml", "--output_dir",
-            str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--max_steps", "4", "--logging_steps", "2"]
+    argv = [
+        sys.executable,
+        "scripts/train_longce.py",
+        "--config",
+        "configs/tiny_cpu.yaml",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--max_steps",
+        "4",
+        "--logging_steps",
+        "2",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -93,11 +114,33 @@ def test_script_runs_as_a_command(tmp_path):
 
 
 def test_command_line_overrides_yaml_fields(tmp_path):
-    model_config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256}
-    model_args, data_args, args = train_longce.parse_args(tiny_argv(
-        tmp_path, "--learning_rate", "1e-4", "--longce_trunc_len", "8", "--max_seq_length", "64",
-        "--model_config", json.dumps(model_config), "--packing", "true", "--lora_target_modules", "q_proj", "o_proj"))
+    model_config = {
+        "model_type": "llama",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 256,
+    }
+    model_args, data_args, args = train_longce.parse_args(
+        tiny_argv(
+            tmp_path,
+            "--learning_rate",
+            "1e-4",
+            "--longce_trunc_len",
+            "8",
+            "--max_seq_length",
+            "64",
+            "--model_config",
+            json.dumps(model_config),
+            "--packing",
+            "true",
+            "--lora_target_modules",
+            "q_proj",
+            "o_proj",
+        )
+    )
     assert args.learning_rate == 1e-4 and args.longce_trunc_len == 8 and data_args.max_seq_length == 64
     assert model_args.model_config == model_config and data_args.packing is True
     assert model_args.lora_target_modules == ["q_proj", "o_proj"]
@@ -106,9 +149,23 @@ def test_command_line_overrides_yaml_fields(tmp_path):
     assert data_args.data_files == [DATA]
 
     # ... and the overrides reach training: a constant learning rate shows in the log.
-    trainer = train_longce.main(tiny_argv(tmp_path, "--max_steps", "3", "--logging_steps", "1", "--learning_rate",
-                                          "1e-4", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
-                                          "--save_strategy", "no"))
+    trainer = train_longce.main(
+        tiny_argv(
+            tmp_path,
+            "--max_steps",
+            "3",
+            "--logging_steps",
+            "1",
+            "--learning_rate",
+            "1e-4",
+            "--lr_scheduler_type",
+            "constant",
+            "--warmup_steps",
+            "0",
+            "--save_strategy",
+            "no",
+        )
+    )
     assert trainer.state.global_step == 3
     assert logged(trainer, "learning_rate") == [pytest.approx(1e-4)] * 3
 
@@ -118,19 +175,32 @@ def test_command_line_overrides_yaml_fields(tmp_path):
 
 def test_checkpoint_then_resume_continues_where_it_stopped(tmp_path, monkeypatch):
     common = ("--lr_scheduler_type", "constant", "--warmup_steps", "0", "--logging_steps", "2")
-    straight = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "8", "--save_strategy", "no",
-                                           subdir="straight"))
-    first = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "4", "--save_steps", "4",
-                                        subdir="resumed"))
+    straight = train_longce.main(
+        tiny_argv(tmp_path, *common, "--max_steps", "8", "--save_strategy", "no", subdir="straight")
+    )
+    first = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "4", "--save_steps", "4", subdir="resumed"))
     checkpoint = tmp_path / "resumed" / "checkpoint-4"
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 4
     assert first.state.global_step == 4
 
     calls = []
     compute_loss = LongCETrainer.compute_loss
-    monkeypatch.setattr(LongCETrainer, "compute_loss", lambda self, *a, **k: calls.append(1) or compute_loss(self, *a, **k))
-    resumed = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "8", "--save_steps", "4",
-                                          "--resume_from_checkpoint", "last", subdir="resumed"))
+    monkeypatch.setattr(
+        LongCETrainer, "compute_loss", lambda self, *a, **k: calls.append(1) or compute_loss(self, *a, **k)
+    )
+    resumed = train_longce.main(
+        tiny_argv(
+            tmp_path,
+            *common,
+            "--max_steps",
+            "8",
+            "--save_steps",
+            "4",
+            "--resume_from_checkpoint",
+            "last",
+            subdir="resumed",
+        )
+    )
     assert len(calls) == 4  # steps 5..8 only
     assert resumed.state.global_step == 8
     state = json.loads((tmp_path / "resumed" / "checkpoint-8" / "trainer_state.json").read_text())
@@ -158,9 +228,26 @@ def test_lora_trains_only_the_adapter(tmp_path, monkeypatch):
         return train(self, *args, **kwargs)
 
     monkeypatch.setattr(LongCETrainer, "train", snapshot_then_train)
-    trainer = train_longce.main(tiny_argv(tmp_path, "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules",
-                                          "q_proj", "v_proj", "--max_steps", "4", "--learning_rate", "1e-2",
-                                          "--save_strategy", "no", "--gradient_checkpointing", "true"))
+    trainer = train_longce.main(
+        tiny_argv(
+            tmp_path,
+            "--lora_r",
+            "4",
+            "--lora_alpha",
+            "8",
+            "--lora_target_modules",
+            "q_proj",
+            "v_proj",
+            "--max_steps",
+            "4",
+            "--learning_rate",
+            "1e-2",
+            "--save_strategy",
+            "no",
+            "--gradient_checkpointing",
+            "true",
+        )
+    )
     params = dict(trainer.model.named_parameters())
     adapter = {k for k in params if "lora_A" in k or "lora_B" in k}
     assert len(adapter) == 2 * 2 * 2  # 2 layers x (q_proj, v_proj) x (A, B)
@@ -182,10 +269,25 @@ def test_packing_keeps_documents_apart(tmp_path):
     lengths = [300, 40, 90, 130, 10, 200]
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": chr(ord("a") + i) * n}) + "\n" for i, n in enumerate(lengths)))
-    trainer = train_longce.main(tiny_argv(tmp_path, "--data_files", str(docs), "--packing", "true",
-                                          "--per_device_train_batch_size", "3", "--max_steps", "2",
-                                          "--logging_steps", "1", "--train_sampling_strategy", "sequential",
-                                          "--save_strategy", "no"))
+    trainer = train_longce.main(
+        tiny_argv(
+            tmp_path,
+            "--data_files",
+            str(docs),
+            "--packing",
+            "true",
+            "--per_device_train_batch_size",
+            "3",
+            "--max_steps",
+            "2",
+            "--logging_steps",
+            "1",
+            "--train_sampling_strategy",
+            "sequential",
+            "--save_strategy",
+            "no",
+        )
+    )
     bos, eos, length = 256, 257, 128
     # Each document (<s> + bytes + </s>) is cut into pieces of <= max_seq_length, in order.
     expected = []
@@ -212,17 +314,21 @@ def test_packing_keeps_documents_apart(tmp_path):
 # ------------------------------------------------------------------ the paper's recipes
 
 
-@pytest.mark.parametrize("name, dataset, method, global_batch", [
-    ("setting_a_pg19_eabf", "emozilla/pg19", "eabf", 64),
-    ("setting_b_pg19_pi", "emozilla/pg19", "pi", 64),
-    ("setting_c_arxiv_eabf", "timaeus/pile-arxiv", "eabf", 8),
-])
+@pytest.mark.parametrize(
+    "name, dataset, method, global_batch",
+    [
+        ("setting_a_pg19_eabf", "emozilla/pg19", "eabf", 64),
+        ("setting_b_pg19_pi", "emozilla/pg19", "pi", 64),
+        ("setting_c_arxiv_eabf", "timaeus/pile-arxiv", "eabf", 8),
+    ],
+)
 def test_paper_recipes_hold_the_paper_settings(name, dataset, method, global_batch):
     """App. A.2 and Sec. 4.2: Llama-2-7B, 32k tokens, K=4096, d=1024, gamma=5, lr 2e-5, no weight
     decay, 20 warmup steps, AdamW (0.9, 0.95), 200 steps, global batch 64 (PG-19) / 8 (arxiv) on 8 GPUs."""
     # bf16 needs a GPU; everything else parses as on the paper's machines.
     model_args, data_args, args = train_longce.parse_args(
-        ["--config", os.path.join(REPO, "configs", f"{name}.yaml"), "--bf16", "false"])
+        ["--config", os.path.join(REPO, "configs", f"{name}.yaml"), "--bf16", "false"]
+    )
     assert model_args.model_name_or_path == "meta-llama/Llama-2-7b-hf" and model_args.lora_r == 0
     assert data_args.dataset_name == dataset and data_args.max_seq_length == 32768
     assert (args.longce_trunc_len, args.longce_sliding_window, args.longce_gamma) == (4096, 1024, 5.0)
@@ -237,8 +343,12 @@ def test_paper_recipes_hold_the_paper_settings(name, dataset, method, global_bat
 
     config = LlamaConfig(max_position_embeddings=4096, rope_theta=10000.0)
     attn = train_longce.apply_context_extension(
-        config, model_args.context_extension, factor=model_args.rope_factor, rope_theta=model_args.rope_theta,
-        eabf_base_length=model_args.eabf_base_length)
+        config,
+        model_args.context_extension,
+        factor=model_args.rope_factor,
+        rope_theta=model_args.rope_theta,
+        eabf_base_length=model_args.eabf_base_length,
+    )
     if method == "pi":
         assert config.rope_parameters["rope_type"] == "linear" and config.rope_parameters["factor"] == 8.0
         assert attn is None
@@ -366,15 +476,36 @@ def plain_mean_nll(model, sequences) -> float:
 
 
 def test_eval_strategy_steps_evaluates_a_held_out_share(tmp_path):
-    trainer = train_longce.main(tiny_argv(
-        tmp_path, "--validation_split_percentage", "20", "--eval_strategy", "steps", "--eval_steps", "2",
-        "--max_steps", "4", "--logging_steps", "2", "--save_strategy", "no", "--max_eval_samples", "6",
-        "--per_device_eval_batch_size", "3"))
+    trainer = train_longce.main(
+        tiny_argv(
+            tmp_path,
+            "--validation_split_percentage",
+            "20",
+            "--eval_strategy",
+            "steps",
+            "--eval_steps",
+            "2",
+            "--max_steps",
+            "4",
+            "--logging_steps",
+            "2",
+            "--save_strategy",
+            "no",
+            "--max_eval_samples",
+            "6",
+            "--per_device_eval_batch_size",
+            "3",
+        )
+    )
     evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
     assert [entry["step"] for entry in evaluations] == [2, 4]
     for entry in evaluations:
-        assert {"eval_ce_loss", "eval_longce_mean_weight", "eval_longce_weight_gt1_share",
-                "eval_longce_max_weight"} <= set(entry)
+        assert {
+            "eval_ce_loss",
+            "eval_longce_mean_weight",
+            "eval_longce_weight_gt1_share",
+            "eval_longce_max_weight",
+        } <= set(entry)
         assert entry["eval_loss"] > 0 and 0 < entry["eval_longce_weight_gt1_share"] < 1
     # Held out: the first 20% of the 13 documents (3, rounded), processed like the training data.
     _, data_args, _ = train_longce.parse_args(tiny_argv(tmp_path))
@@ -392,8 +523,19 @@ def test_eval_data_files_are_evaluated_after_training_without_eval_strategy(tmp_
     texts = [json.loads(line)["text"] for line in open(DATA, encoding="utf-8")][-2:]
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    trainer = train_longce.main(tiny_argv(tmp_path, "--eval_data_files", str(held_out), "--max_eval_samples", "4",
-                                          "--max_steps", "2", "--save_strategy", "no"))
+    trainer = train_longce.main(
+        tiny_argv(
+            tmp_path,
+            "--eval_data_files",
+            str(held_out),
+            "--max_eval_samples",
+            "4",
+            "--max_steps",
+            "2",
+            "--save_strategy",
+            "no",
+        )
+    )
     evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
     assert len(evaluations) == 1 and evaluations[0]["step"] == 2 and "eval_ce_loss" in evaluations[0]
     tokenizer = train_longce.byte_level_tokenizer()
@@ -404,8 +546,9 @@ def test_eval_data_files_are_evaluated_after_training_without_eval_strategy(tmp_
 
 def test_eval_split_of_the_training_files_equals_the_percentage_split(tmp_path):
     tokenizer = train_longce.byte_level_tokenizer()
-    _, by_split, _ = train_longce.parse_args(tiny_argv(tmp_path, "--dataset_split", "train[3:]",
-                                                       "--eval_split", "train[:3]"))
+    _, by_split, _ = train_longce.parse_args(
+        tiny_argv(tmp_path, "--dataset_split", "train[3:]", "--eval_split", "train[:3]")
+    )
     _, by_share, _ = train_longce.parse_args(tiny_argv(tmp_path, "--validation_split_percentage", "20"))
     train_a, eval_a = train_longce.load_datasets(by_split, tokenizer)
     train_b, eval_b = train_longce.load_datasets(by_share, tokenizer)
@@ -413,19 +556,41 @@ def test_eval_split_of_the_training_files_equals_the_percentage_split(tmp_path):
     assert train_a["input_ids"] == train_b["input_ids"]
 
 
-@pytest.mark.parametrize("extra, error, message", [
-    (("--eval_strategy", "steps"), ValueError,
-     "eval_strategy='steps' needs evaluation data: set eval_data_files .*, eval_split .* or validation_split_percentage"),
-    (("--validation_split_percentage", "10", "--eval_split", "validation"), ValueError,
-     "validation_split_percentage .* cannot be combined with eval_data_files or eval_split"),
-    (("--validation_split_percentage", "100"), ValueError,
-     r"validation_split_percentage must be between 0 and 100 \(exclusive\), got 100"),
-    (("--validation_split_percentage", "1"), ValueError,
-     "validation_split_percentage=1.0 of the 13 documents of .* leaves no evaluation document"),
-    (("--eval_data_files", "/nonexistent/held_out.jsonl"), FileNotFoundError,
-     r"eval_data_files: '/nonexistent/held_out\.jsonl' not found"),
-    (("--max_eval_samples", "0", "--eval_split", "train"), ValueError, "max_eval_samples must be >= 1 or unset, got 0"),
-])
+@pytest.mark.parametrize(
+    "extra, error, message",
+    [
+        (
+            ("--eval_strategy", "steps"),
+            ValueError,
+            "eval_strategy='steps' needs evaluation data: set eval_data_files .*, eval_split .* or validation_split_percentage",
+        ),
+        (
+            ("--validation_split_percentage", "10", "--eval_split", "validation"),
+            ValueError,
+            "validation_split_percentage .* cannot be combined with eval_data_files or eval_split",
+        ),
+        (
+            ("--validation_split_percentage", "100"),
+            ValueError,
+            r"validation_split_percentage must be between 0 and 100 \(exclusive\), got 100",
+        ),
+        (
+            ("--validation_split_percentage", "1"),
+            ValueError,
+            "validation_split_percentage=1.0 of the 13 documents of .* leaves no evaluation document",
+        ),
+        (
+            ("--eval_data_files", "/nonexistent/held_out.jsonl"),
+            FileNotFoundError,
+            r"eval_data_files: '/nonexistent/held_out\.jsonl' not found",
+        ),
+        (
+            ("--max_eval_samples", "0", "--eval_split", "train"),
+            ValueError,
+            "max_eval_samples must be >= 1 or unset, got 0",
+        ),
+    ],
+)
 def test_bad_evaluation_settings(tmp_path, extra, error, message):
     with pytest.raises(error, match=message):
         train_longce.main(tiny_argv(tmp_path, *extra))
@@ -454,8 +619,9 @@ def test_dtype_and_torch_dtype_are_one_field(tmp_path):
     recipe = write_recipe(tmp_path, {"dtype": "bfloat16"})  # the tiny recipe also has torch_dtype: float32
     with pytest.raises(ValueError, match=r"sets dtype: 'bfloat16' and torch_dtype: 'float32', two names of one field"):
         train_longce.parse_args(["--config", recipe])
-    model_args, _, _ = train_longce.parse_args(["--config", write_recipe(tmp_path, {"dtype": "bfloat16"},
-                                                                         drop=("torch_dtype",))])
+    model_args, _, _ = train_longce.parse_args(
+        ["--config", write_recipe(tmp_path, {"dtype": "bfloat16"}, drop=("torch_dtype",))]
+    )
     assert model_args.dtype == model_args.torch_dtype == "bfloat16"
 
 
@@ -464,8 +630,14 @@ def test_either_checkpointing_name_in_recipe_or_command_line(tmp_path):
         warnings.simplefilter("always")
         _, _, args = train_longce.parse_args(tiny_argv(tmp_path, "--gradient_checkpointing", "true"))
         _, _, from_recipe = train_longce.parse_args(
-            ["--config", write_recipe(tmp_path, {"activation_checkpointing": True,
-                                                  "activation_checkpointing_kwargs": {"use_reentrant": False}})])
+            [
+                "--config",
+                write_recipe(
+                    tmp_path,
+                    {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False}},
+                ),
+            ]
+        )
     assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True
     assert from_recipe.gradient_checkpointing is True
@@ -476,8 +648,9 @@ def test_either_checkpointing_name_in_recipe_or_command_line(tmp_path):
         _, _, off = train_longce.parse_args(argv if "=" in flag else argv + ["false"])
         assert off.activation_checkpointing is False and off.gradient_checkpointing is False, flag
     with pytest.raises(ValueError, match="activation_checkpointing: True and gradient_checkpointing: False, two names"):
-        train_longce.parse_args(["--config", write_recipe(tmp_path, {"activation_checkpointing": True,
-                                                                     "gradient_checkpointing": False})])
+        train_longce.parse_args(
+            ["--config", write_recipe(tmp_path, {"activation_checkpointing": True, "gradient_checkpointing": False})]
+        )
 
 
 # ------------------------------------------------------------------ (i) --help
@@ -490,8 +663,9 @@ def option_names(help_text: str) -> list[str]:
 
 def recipe_fields() -> list[str]:
     longce = [f.name for f in dataclasses.fields(LongCEConfig) if f.name.startswith("longce_")]
-    return [f.name for cls in (train_longce.ModelArguments, train_longce.DataArguments)
-            for f in dataclasses.fields(cls)] + longce
+    return [
+        f.name for cls in (train_longce.ModelArguments, train_longce.DataArguments) for f in dataclasses.fields(cls)
+    ] + longce
 
 
 def show_help(capsys, *argv) -> str:
@@ -513,8 +687,12 @@ def test_help_shows_the_recipe_fields_config_first(capsys):
 def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
     names = option_names(show_help(capsys, "--help-all"))
     assert names[:3] == ["-h", "--config", "--help-all"]
-    every = {f.name for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
-             for f in dataclasses.fields(cls) if f.init}
+    every = {
+        f.name
+        for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
+        for f in dataclasses.fields(cls)
+        if f.init
+    }
     # HfArgumentParser adds --no_X for boolean fields that default to True.
     assert {f"--{name}" for name in every} == {name.replace("--no_", "--") for name in names[3:]}
     text = show_help(capsys, "--config", TINY, "--help")
@@ -522,14 +700,23 @@ def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
 
 
 def test_every_recipe_field_has_help_text():
-    specs = {f.name: f for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
-             for f in dataclasses.fields(cls)}
+    specs = {
+        f.name: f
+        for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
+        for f in dataclasses.fields(cls)
+    }
     missing = [name for name in recipe_fields() if len(specs[name].metadata.get("help", "")) < 10]
     assert not missing, missing
 
 
 def test_help_as_a_command():
-    done = subprocess.run([sys.executable, "scripts/train_longce.py", "--help"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    done = subprocess.run(
+        [sys.executable, "scripts/train_longce.py", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert option_names(done.stdout)[:2] == ["-h", "--config"] and "--longce_gamma" in done.stdout

@@ -35,13 +35,17 @@ class LongCEConfig(TrainingArguments):
 
     longce_trunc_len: int = field(
         default=DEFAULT_TRUNC_LEN,
-        metadata={"help": "K: tokens of context of the short-context pass (the truncated context). Tokens with fewer "
-                  "than K tokens before them in their own document get weight 1."},
+        metadata={
+            "help": "K: tokens of context of the short-context pass (the truncated context). Tokens with fewer "
+            "than K tokens before them in their own document get weight 1."
+        },
     )
     longce_sliding_window: int = field(
         default=DEFAULT_SLIDING_WINDOW,
-        metadata={"help": "d: stride of the short-context windows; each window scores d tokens, which then have "
-                  "between K and K+d-1 tokens of short context (paper App. A.1)."},
+        metadata={
+            "help": "d: stride of the short-context windows; each window scores d tokens, which then have "
+            "between K and K+d-1 tokens of short context (paper App. A.1)."
+        },
     )
     longce_gamma: float = field(
         default=DEFAULT_GAMMA,
@@ -49,51 +53,71 @@ class LongCEConfig(TrainingArguments):
     )
     longce_max_tokens_per_batch: int = field(
         default=DEFAULT_MAX_TOKENS_PER_BATCH,
-        metadata={"help": "Token budget of one short-context forward pass (windows of all documents of a batch are "
-                  "packed under it). Results do not depend on it; memory and speed do."},
+        metadata={
+            "help": "Token budget of one short-context forward pass (windows of all documents of a batch are "
+            "packed under it). Results do not depend on it; memory and speed do."
+        },
     )
     longce_plain_ce: bool = field(
         default=False,
-        metadata={"help": "Train with plain cross-entropy (all weights 1, no short-context pass), through the same "
-                  "memory-lean loss: the CE baseline of the paper's tables."},
+        metadata={
+            "help": "Train with plain cross-entropy (all weights 1, no short-context pass), through the same "
+            "memory-lean loss: the CE baseline of the paper's tables."
+        },
     )
     longce_compile_windows: bool = field(
         default=False,
-        metadata={"help": "torch.compile the model's transformer blocks for the short-context pass (regional, "
-                  "dynamic shapes): fuses its element-wise kernels after a one-off compilation."},
+        metadata={
+            "help": "torch.compile the model's transformer blocks for the short-context pass (regional, "
+            "dynamic shapes): fuses its element-wise kernels after a one-off compilation."
+        },
     )
     longce_loss_kernel: str = field(
         default="auto",
-        metadata={"help": "LM-head loss implementation: 'ours' (chunked autograd function, any device), 'liger' "
-                  "(Liger-Kernel's fused linear cross-entropy, CUDA), or 'auto' (Liger when installed and "
-                  "applicable, else ours). A LoRA-wrapped LM head always goes through its own forward.",
-                  "choices": ["auto", "ours", "liger"]},
+        metadata={
+            "help": "LM-head loss implementation: 'ours' (chunked autograd function, any device), 'liger' "
+            "(Liger-Kernel's fused linear cross-entropy, CUDA), or 'auto' (Liger when installed and "
+            "applicable, else ours). A LoRA-wrapped LM head always goes through its own forward.",
+            "choices": ["auto", "ours", "liger"],
+        },
     )
     longce_loss_chunk_bytes: int = field(
         default=DEFAULT_LOSS_CHUNK_BYTES,
-        metadata={"help": "Bytes of float32 logits computed at a time by the loss (the LM head never produces a "
-                  "[tokens, vocabulary] tensor for the whole sequence)."},
+        metadata={
+            "help": "Bytes of float32 logits computed at a time by the loss (the LM head never produces a "
+            "[tokens, vocabulary] tensor for the whole sequence)."
+        },
     )
 
     # Both names on every transformers version (see the module docstring); None = not given.
     activation_checkpointing: bool | None = field(
         default=None,
-        metadata={"help": "Recompute activations in backward instead of keeping them (less memory, ~20%% slower). "
-                  "Same as gradient_checkpointing (its name before transformers 5.24); give one of them.",
-                  "nargs": "?", "const": True},
+        metadata={
+            "help": "Recompute activations in backward instead of keeping them (less memory, ~20%% slower). "
+            "Same as gradient_checkpointing (its name before transformers 5.24); give one of them.",
+            "nargs": "?",
+            "const": True,
+        },
     )
     activation_checkpointing_kwargs: dict[str, Any] | str | None = field(
         default=None,
-        metadata={"help": "Keyword arguments of the model's activation checkpointing, e.g. "
-                  "'{\"use_reentrant\": false}'. Same as gradient_checkpointing_kwargs."},
+        metadata={
+            "help": "Keyword arguments of the model's activation checkpointing, e.g. "
+            "'{\"use_reentrant\": false}'. Same as gradient_checkpointing_kwargs."
+        },
     )
     gradient_checkpointing: bool | None = field(
         default=None,
-        metadata={"help": "Same as activation_checkpointing (the name before transformers 5.24); accepted on every "
-                  "version without a deprecation warning.", "nargs": "?", "const": True},
+        metadata={
+            "help": "Same as activation_checkpointing (the name before transformers 5.24); accepted on every "
+            "version without a deprecation warning.",
+            "nargs": "?",
+            "const": True,
+        },
     )
     gradient_checkpointing_kwargs: dict[str, Any] | str | None = field(
-        default=None, metadata={"help": "Same as activation_checkpointing_kwargs."},
+        default=None,
+        metadata={"help": "Same as activation_checkpointing_kwargs."},
     )
 
     def __post_init__(self) -> None:
@@ -104,7 +128,10 @@ class LongCEConfig(TrainingArguments):
             for name in names:
                 setattr(self, name, value)
         validate_longce_settings(
-            self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch,
+            self.longce_trunc_len,
+            self.longce_sliding_window,
+            self.longce_gamma,
+            self.longce_max_tokens_per_batch,
             self.longce_loss_kernel,
         )
 
@@ -151,8 +178,10 @@ def validate_longce_settings(
         from .weighted_loss import liger_available
 
         if not liger_available():
-            raise ValueError("longce_loss_kernel='liger' needs Liger-Kernel (pip install 'liger-kernel>=0.8.2') "
-                             "and a CUDA build of PyTorch with Triton; or use 'auto' / 'ours'.")
+            raise ValueError(
+                "longce_loss_kernel='liger' needs Liger-Kernel (pip install 'liger-kernel>=0.8.2') "
+                "and a CUDA build of PyTorch with Triton; or use 'auto' / 'ours'."
+            )
     # The integer checks are the metric's own (longppl.settings), under the trainer's field names.
     require_int("longce_trunc_len (K)", trunc_len)
     require_int("longce_sliding_window (d)", sliding_window)

@@ -103,8 +103,12 @@ def apply_context_extension(
             raise ValueError("YaRN needs a scaling factor (e.g. factor=8 to go from 4k to 32k tokens).")
         _check_factor(float(factor))
         original = original_max_position_embeddings or text_config.max_position_embeddings
-        rope = {"rope_type": "yarn", "factor": float(factor), "rope_theta": theta,
-                "original_max_position_embeddings": int(original)}
+        rope = {
+            "rope_type": "yarn",
+            "factor": float(factor),
+            "rope_theta": theta,
+            "original_max_position_embeddings": int(original),
+        }
         text_config.max_position_embeddings = int(original * factor)
     text_config.rope_parameters = rope
     return register_eabf_attention(eabf_base_length) if method == "eabf" else None

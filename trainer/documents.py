@@ -41,7 +41,9 @@ def batch_documents(
             position_ids[t-1] + 1``. ``None``: documents are split by padding only.
     """
     batch, length = input_ids.shape
-    real = torch.ones(batch, length, dtype=torch.bool) if attention_mask is None else attention_mask.detach().cpu().bool()
+    real = (
+        torch.ones(batch, length, dtype=torch.bool) if attention_mask is None else attention_mask.detach().cpu().bool()
+    )
     starts = real.clone()
     starts[:, 1:] &= ~real[:, :-1]
     if position_ids is not None:

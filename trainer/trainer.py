@@ -93,7 +93,10 @@ class LongCETrainer(Trainer):
         self.longce_loss_kernel = _setting(self.args, "longce_loss_kernel")
         if not isinstance(self.args, LongCEConfig):  # LongCEConfig checked them in __post_init__ already
             validate_longce_settings(
-                self.longce_trunc_len, self.longce_sliding_window, self.longce_gamma, self.longce_max_tokens_per_batch,
+                self.longce_trunc_len,
+                self.longce_sliding_window,
+                self.longce_gamma,
+                self.longce_max_tokens_per_batch,
                 self.longce_loss_kernel,
             )
         self._use_liger = self.longce_loss_kernel == "liger" or (
@@ -161,8 +164,11 @@ class LongCETrainer(Trainer):
 
         def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
             result["loss"], result["nll"], result["weight"] = self._weighted_loss(
-                head, hidden.reshape(batch * length, -1)[flat], project,
-                targets.reshape(-1)[flat], lp_short_next.reshape(-1)[flat],
+                head,
+                hidden.reshape(batch * length, -1)[flat],
+                project,
+                targets.reshape(-1)[flat],
+                lp_short_next.reshape(-1)[flat],
             )
             if real_logits:
                 return project(hidden)  # the model post-processes it (soft-capping, scaling) as usual
@@ -256,7 +262,11 @@ class LongCETrainer(Trainer):
             "LongCE: no document of this batch is longer than K + d = %d tokens (longest: %d; longce_trunc_len "
             "K=%d, longce_sliding_window d=%d), so no token has a short-context score and every weight is 1: the "
             "batch trains with plain cross-entropy. Use sequences longer than K + d (e.g. a larger max_seq_length) "
-            "or a smaller longce_trunc_len. (Warned once per trainer.)", K + d, longest, K, d,
+            "or a smaller longce_trunc_len. (Warned once per trainer.)",
+            K + d,
+            longest,
+            K,
+            d,
         )
 
     def _weighted_loss(
@@ -271,7 +281,12 @@ class LongCETrainer(Trainer):
         module = head.head
         gamma, chunk = float(self.longce_gamma), self.longce_loss_chunk_bytes
         if _is_plain_linear(module):
-            if self._use_liger and hidden.is_cuda and transform.multiplier == 1.0 and hidden.dtype == module.weight.dtype:
+            if (
+                self._use_liger
+                and hidden.is_cuda
+                and transform.multiplier == 1.0
+                and hidden.dtype == module.weight.dtype
+            ):
                 return liger_weighted_linear_cross_entropy(
                     hidden, module.weight, module.bias, targets, lp_short, gamma, transform
                 )
@@ -287,8 +302,15 @@ class LongCETrainer(Trainer):
     def _record_stats(self, training: bool, nll: torch.Tensor, weight: torch.Tensor) -> None:
         """Accumulate on the device (no host sync per step): sums of nll, weight, count, weight > 1; max weight."""
         mode = "train" if training else "eval"
-        step = torch.stack([nll.sum(), weight.sum(), torch.tensor(float(nll.numel()), device=nll.device),
-                            (weight > 1).sum().float(), weight.max() if weight.numel() else weight.new_zeros(())])
+        step = torch.stack(
+            [
+                nll.sum(),
+                weight.sum(),
+                torch.tensor(float(nll.numel()), device=nll.device),
+                (weight > 1).sum().float(),
+                weight.max() if weight.numel() else weight.new_zeros(()),
+            ]
+        )
         previous = self._longce_stats.get(mode)
         if previous is None:
             self._longce_stats[mode] = step.detach()
@@ -332,7 +354,10 @@ class LongCETrainer(Trainer):
         """``Trainer.evaluation_loop`` whose metrics also hold the LongCE statistics (``{prefix}_ce_loss``, ...)."""
         self._longce_stats.pop("eval", None)  # left over from an interrupted loop
         output = super().evaluation_loop(
-            dataloader, description, prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys,
+            dataloader,
+            description,
+            prediction_loss_only=prediction_loss_only,
+            ignore_keys=ignore_keys,
             metric_key_prefix=metric_key_prefix,
         )
         output.metrics.update(self._reduced_stats("eval", f"{metric_key_prefix}_"))

@@ -49,7 +49,7 @@ KEY_LABEL = "key"
 #: Small public models that run on a CPU Space (evaluated model first, evaluator last).
 DEFAULT_MODELS = ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-360M", "Qwen/Qwen2.5-0.5B")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_RUN_IT_YOURSELF = "To go beyond, run the metric on your own hardware: evaluate.load(\"<this Space's id>\")."
+_RUN_IT_YOURSELF = 'To go beyond, run the metric on your own hardware: evaluate.load("<this Space\'s id>").'
 
 
 def _env_int(environ, name: str, default: int, minimum: int = 1) -> int:
@@ -212,8 +212,7 @@ def _allowed_model(value, role: str, settings: SpaceSettings) -> str:
     if isinstance(value, str) and value.strip() in settings.models:
         return value.strip()
     raise gr.Error(
-        f"The {role} must be one of the models this Space offers: {', '.join(settings.models)}. "
-        + _RUN_IT_YOURSELF
+        f"The {role} must be one of the models this Space offers: {', '.join(settings.models)}. " + _RUN_IT_YOURSELF
     )
 
 
@@ -225,8 +224,10 @@ def short_window_tokens(n_tokens: int, trunc_len: int, sliding_window: int) -> i
     """Tokens the evaluator reads in the short windows of an ``n_tokens`` document (the first window,
     taken from the long pass, not counted): windows ``[s, min(s+K+d, n))`` for ``s = d, 2d, ...``
     while ``s + K < n`` (see ``windows.py``)."""
-    return sum(min(s + trunc_len + sliding_window, n_tokens) - s
-               for s in range(sliding_window, max(n_tokens - trunc_len, 0), sliding_window))
+    return sum(
+        min(s + trunc_len + sliding_window, n_tokens) - s
+        for s in range(sliding_window, max(n_tokens - trunc_len, 0), sliding_window)
+    )
 
 
 def _check_size(texts, trunc_len, sliding_window, tokenizers, settings: SpaceSettings) -> None:
@@ -332,17 +333,32 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
             "long documents, run the metric on a GPU of your own."
         )
         texts = gr.Textbox(
-            label=f"Texts (separate documents with a line holding only {SEPARATOR})", lines=12, max_lines=30,
+            label=f"Texts (separate documents with a line holding only {SEPARATOR})",
+            lines=12,
+            max_lines=30,
             max_length=settings.max_chars,
         )
         with gr.Row():
-            model_id = gr.Dropdown(label="Evaluated model (Hub id)", choices=list(settings.models),
-                                   value=settings.models[0], allow_custom_value=False)
-            evaluator_model_id = gr.Dropdown(label="Evaluator model (Hub id)", choices=list(settings.models),
-                                             value=settings.models[-1], allow_custom_value=False)
+            model_id = gr.Dropdown(
+                label="Evaluated model (Hub id)",
+                choices=list(settings.models),
+                value=settings.models[0],
+                allow_custom_value=False,
+            )
+            evaluator_model_id = gr.Dropdown(
+                label="Evaluator model (Hub id)",
+                choices=list(settings.models),
+                value=settings.models[-1],
+                allow_custom_value=False,
+            )
         with gr.Row():
-            trunc_len = gr.Number(label="K (short-context length)", value=min(4096, settings.max_trunc_len),
-                                  precision=0, minimum=1, maximum=settings.max_trunc_len)
+            trunc_len = gr.Number(
+                label="K (short-context length)",
+                value=min(4096, settings.max_trunc_len),
+                precision=0,
+                minimum=1,
+                maximum=settings.max_trunc_len,
+            )
             sliding_window = gr.Number(label="d (sliding window)", value=1024, precision=0, minimum=1)
             alpha = gr.Number(label="alpha (LSD threshold)", value=2.0)
             beta = gr.Number(label="beta (LCL threshold)", value=-2.0)

@@ -17,20 +17,30 @@ if TYPE_CHECKING:
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     """``--key-tokens``, ``--split``, ``--evaluator``, ``--trunc-len``, ``--sliding-window``,
     ``--alpha``, ``--beta``, ``--no-lcl``."""
-    parser.add_argument("--key-tokens", required=True,
-                        help="the key-token cache: a directory or a Hub dataset (required)")
+    parser.add_argument(
+        "--key-tokens", required=True, help="the key-token cache: a directory or a Hub dataset (required)"
+    )
     parser.add_argument("--split", default="train", help="split of a Hub cache (default: train)")
-    parser.add_argument("--evaluator", help="pick the cache's rows of this evaluator (name or fingerprint start) "
-                        "(default: any; needed when the cache holds several)")
-    parser.add_argument("--trunc-len", type=int,
-                        help="pick the cache's rows with this K (default: any; needed when the cache holds several)")
-    parser.add_argument("--sliding-window", type=int,
-                        help="pick the cache's rows with this d (default: any; needed when the cache holds several)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help="key iff LSD > alpha (default %(default)s)")
+    parser.add_argument(
+        "--evaluator",
+        help="pick the cache's rows of this evaluator (name or fingerprint start) "
+        "(default: any; needed when the cache holds several)",
+    )
+    parser.add_argument(
+        "--trunc-len",
+        type=int,
+        help="pick the cache's rows with this K (default: any; needed when the cache holds several)",
+    )
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        help="pick the cache's rows with this d (default: any; needed when the cache holds several)",
+    )
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="key iff LSD > alpha (default %(default)s)")
     parser.add_argument("--beta", type=float, default=DEFAULT_BETA, help="and LCL > beta (default %(default)s)")
-    parser.add_argument("--no-lcl", action="store_true",
-                        help="drop the LCL condition (paper ablation; default: keep it)")
+    parser.add_argument(
+        "--no-lcl", action="store_true", help="drop the LCL condition (paper ablation; default: keep it)"
+    )
 
 
 def open_selected(args: argparse.Namespace) -> tuple[KeyTokenCache, KeyTokenSettings, str, list[int]]:
@@ -39,6 +49,7 @@ def open_selected(args: argparse.Namespace) -> tuple[KeyTokenCache, KeyTokenSett
     from .key_token_cache import open_cache
 
     cache = open_cache(args.key_tokens, args.split)
-    settings, fingerprint, rows = cache.select(args.evaluator, trunc_len=args.trunc_len,
-                                               sliding_window=args.sliding_window)
+    settings, fingerprint, rows = cache.select(
+        args.evaluator, trunc_len=args.trunc_len, sliding_window=args.sliding_window
+    )
     return cache, settings, fingerprint, rows

@@ -73,8 +73,15 @@ def correlation_figure(
         slope, intercept = least_squares_line(values, scores)
         if np.isfinite(slope):
             ends = np.array([min(values), max(values)], dtype=np.float64)
-            ax.plot(ends, slope * ends + intercept, color="black", linestyle="--", linewidth=1, zorder=2,
-                    label=f"least-squares fit (Pearson r = {r:.2f})")
+            ax.plot(
+                ends,
+                slope * ends + intercept,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                zorder=2,
+                label=f"least-squares fit (Pearson r = {r:.2f})",
+            )
         ax.set_title(f"{name}: Pearson {r:.2f}, Spearman {spearman(values, scores):.2f}")
         ax.set_xlabel(name)
         ax.grid(alpha=0.3, zorder=0)
@@ -125,7 +132,15 @@ def lsd_histogram(path: str, lsd: np.ndarray, alpha: float, title: str = "LSD of
         bands = [("LSD < 0.5", lsd < 0.5), (f"0.5 <= LSD <= {alpha:g}", (lsd >= 0.5) & (lsd <= alpha))]
     bands.append((f"LSD > {alpha:g}", lsd > alpha))
     shares = "\n".join(f"{name}: {np.mean(mask):.1%}" for name, mask in bands) + f"\n{lsd.size:,} tokens"
-    ax.text(0.98, 0.97, shares, transform=ax.transAxes, ha="right", va="top", fontsize=9,
-            bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
+    ax.text(
+        0.98,
+        0.97,
+        shares,
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=9,
+        bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"),
+    )
     ax.legend(loc="upper left", fontsize=8)
     _save(figure, path)

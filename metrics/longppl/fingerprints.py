@@ -48,12 +48,25 @@ CHECKPOINT_SAMPLES = 64  # blocks per weight file
 CHECKPOINT_BLOCK = 1 << 16  # bytes per block
 _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # The files AutoTokenizer reads from a saved folder (besides config.json, hashed anyway).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "vocab.txt", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+)
 _TOKENIZER_FILE_SUFFIXES = (".model", ".tiktoken")
 # Tokenizer settings that change the token ids of a text (not decoding or padding).
-_TOKENIZER_SETTINGS = ("add_bos_token", "add_eos_token", "add_prefix_space", "do_lower_case", "legacy",
-                       "split_special_tokens")
+_TOKENIZER_SETTINGS = (
+    "add_bos_token",
+    "add_eos_token",
+    "add_prefix_space",
+    "do_lower_case",
+    "legacy",
+    "split_special_tokens",
+)
 # Config fields that name where a model came from or what wrote it, not what it computes.
 _VOLATILE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "dtype", "torch_dtype")
 

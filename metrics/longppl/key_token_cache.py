@@ -190,16 +190,18 @@ def verify_checksums(path: str) -> bool:
             raise _damaged(path, f"its file {name} is missing")
         actual = os.path.getsize(file)
         if actual != size:
-            raise _damaged(path, f"its file {name} is {actual} bytes, but {size} were written "
-                                 "(truncated or overwritten)")
+            raise _damaged(
+                path, f"its file {name} is {actual} bytes, but {size} were written (truncated or overwritten)"
+            )
     names = sorted(expected)
     # hashlib releases the GIL on large buffers: the shards of a large cache are hashed in parallel.
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
         digests = list(pool.map(lambda name: _file_sha256(os.path.join(path, name)), names))
     for name, digest in zip(names, digests):
         if digest != expected[name][1]:
-            raise _damaged(path, f"the content of its file {name} does not match its SHA-256 checksum "
-                                 "(changed on disk)")
+            raise _damaged(
+                path, f"the content of its file {name} does not match its SHA-256 checksum (changed on disk)"
+            )
     return True
 
 
@@ -347,8 +349,10 @@ def check_cache_dataset(dataset, where: str) -> datasets.Dataset:
     if wrong or extra:
         raise ValueError(
             f"{where} does not have the key-token cache schema: "
-            + "; ".join((["wrong or missing columns: " + ", ".join(wrong)] if wrong else [])
-                        + ([f"unexpected columns {extra} (remove them with remove_columns)"] if extra else []))
+            + "; ".join(
+                (["wrong or missing columns: " + ", ".join(wrong)] if wrong else [])
+                + ([f"unexpected columns {extra} (remove them with remove_columns)"] if extra else [])
+            )
         )
     return dataset
 
@@ -468,8 +472,11 @@ class KeyTokenCache:
         matching = [
             c
             for c in self.configurations()
-            if (evaluator is None or _same_name(evaluator, c["evaluator_names"])
-                or c["evaluator_fingerprint"].startswith(evaluator))
+            if (
+                evaluator is None
+                or _same_name(evaluator, c["evaluator_names"])
+                or c["evaluator_fingerprint"].startswith(evaluator)
+            )
             and all(value is None or c[name] == value for name, value in settings.items())
         ]
         if len(matching) != 1:
@@ -483,7 +490,9 @@ class KeyTokenCache:
         fingerprint = chosen["evaluator_fingerprint"]
         chosen_settings = KeyTokenSettings(*(chosen[name] for name in _SETTING_COLUMNS))
         wanted = tuple(asdict(chosen_settings).values())
-        rows = sorted(row for (_, fp, *rest), row in self._rows_by_key().items() if fp == fingerprint and tuple(rest) == wanted)
+        rows = sorted(
+            row for (_, fp, *rest), row in self._rows_by_key().items() if fp == fingerprint and tuple(rest) == wanted
+        )
         return chosen_settings, fingerprint, rows
 
     def texts(self, rows: Sequence[int]) -> list[str]:

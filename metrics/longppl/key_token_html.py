@@ -124,8 +124,10 @@ def key_token_html(
         else:
             pieces.append([start, end, bool(key[index]), [line], value])
     marker_label = f"K={trunc_len}" if trunc_len else "K"
-    marker = (f'<span class="k-end" data-label="{marker_label}" title="the first {html.escape(marker_label)} '
-              'evaluator tokens end here: before this point, no short-context score"></span>')
+    marker = (
+        f'<span class="k-end" data-label="{marker_label}" title="the first {html.escape(marker_label)} '
+        'evaluator tokens end here: before this point, no short-context score"></span>'
+    )
     # The marker goes before the first piece with an LSD: where the first K tokens end.
     body, cursor, marked = [], 0, n_scored == 0
     for start, end, is_key, lines, largest in pieces:
@@ -135,20 +137,26 @@ def key_token_html(
             marked = True
         css = "t key" if is_key else ("t" if not math.isnan(largest) else "t noscore")
         style = f' style="{_background(lsd_opacity(largest, lsd_cap))}"' if not math.isnan(largest) else ""
-        body.append(f'<span class="{css}" title="{html.escape(" | ".join(lines))}"{style}>'
-                    f"{html.escape(text[start:end])}</span>")
+        body.append(
+            f'<span class="{css}" title="{html.escape(" | ".join(lines))}"{style}>{html.escape(text[start:end])}</span>'
+        )
         cursor = end
     body.append(html.escape(text[cursor:]))
     summary = (
         f"{int(key.sum())} key tokens of {offsets.shape[0]} evaluator tokens "
         f"({int(key.sum()) / max(n_scored, 1):.1%} of the {n_scored} with a short-context score); "
-        f"key iff LSD &gt; {alpha:g}" + (f" and LCL &gt; {beta:g}" if use_lcl else "") + ". Hover a token for its LSD and LCL."
-        + ("" if n_scored else
-           f" No token has a short-context score: the text is at most {'K=' + str(trunc_len) if trunc_len else 'K'} "
-           "evaluator tokens long.")
+        f"key iff LSD &gt; {alpha:g}"
+        + (f" and LCL &gt; {beta:g}" if use_lcl else "")
+        + ". Hover a token for its LSD and LCL."
+        + (
+            ""
+            if n_scored
+            else f" No token has a short-context score: the text is at most {'K=' + str(trunc_len) if trunc_len else 'K'} "
+            "evaluator tokens long."
+        )
     )
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
         f"<h1>{html.escape(title)}</h1>\n"
         + (f'<p class="meta">{html.escape(details)}</p>\n' if details else "")

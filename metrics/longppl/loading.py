@@ -187,8 +187,9 @@ def load_model(name_or_path: str, device: str | None = None, torch_dtype=None):
 
     name_or_path = check_model_source(name_or_path)
     device = check_device(device) or default_device()
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(torch_dtype, device),
-                                                 device_map=device)
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=resolve_dtype(torch_dtype, device), device_map=device
+    )
     model.eval()
     return model
 

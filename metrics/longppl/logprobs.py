@@ -70,7 +70,9 @@ class CausalLMHead:
         """The architecture's post-processing of the head's raw output."""
         return LogitTransform(self.logit_multiplier, self.final_logit_softcapping)
 
-    def logits(self, hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def logits(
+        self, hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """``[N, H]`` hidden states -> ``[N, V]`` float32 logits exactly as the model defines them.
 
         ``project`` replaces the head module's call while the head is intercepted (``intercept_head``).

@@ -215,8 +215,9 @@ def check_predictions(predictions, allow_empty: bool = False) -> None:
             raise ValueError(f"predictions[{index}] is an empty string; every text must have content.")
 
 
-def _resolve_perplexity_names(max_tokens_per_batch, batch_size, window: WindowSettings, add_special_tokens,
-                              add_start_token) -> tuple[int, bool]:
+def _resolve_perplexity_names(
+    max_tokens_per_batch, batch_size, window: WindowSettings, add_special_tokens, add_start_token
+) -> tuple[int, bool]:
     """``(max_tokens_per_batch, add_special_tokens)`` from our names or from the names of
     ``evaluate``'s ``perplexity`` metric (``batch_size``, ``add_start_token``)."""
     if batch_size is not None:
@@ -335,8 +336,7 @@ class LongPPL(evaluate.Metric):
 
     # Texts are checked before evaluate stores them: its Arrow encoding would turn 123 into "123".
     def compute(self, *, predictions=None, references=None, **kwargs):
-        """Compute LongPPL and PPL of a model on ``predictions`` (the arguments are listed below).
-        """
+        """Compute LongPPL and PPL of a model on ``predictions`` (the arguments are listed below)."""
         if predictions is not None:  # None: texts were given earlier through add() / add_batch()
             check_predictions(predictions)
         return super().compute(predictions=predictions, references=references, **kwargs)
@@ -417,7 +417,9 @@ class LongPPL(evaluate.Metric):
             raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
         evaluator_given = evaluator_model is not None or evaluator_model_id is not None
         if self_evaluation and evaluator_given:
-            raise ValueError("self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too.")
+            raise ValueError(
+                "self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too."
+            )
         if not self_evaluation and not evaluator_given and key_tokens is None:
             raise ValueError(
                 "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
@@ -433,7 +435,12 @@ class LongPPL(evaluate.Metric):
             check_model_source(model_id, "model_id")
         if evaluator_model_id is not None:
             check_model_source(evaluator_model_id, "evaluator_model_id")
-        if max_length is not None and not self_evaluation and evaluator_tokenizer is None and evaluator_model_id is None:
+        if (
+            max_length is not None
+            and not self_evaluation
+            and evaluator_tokenizer is None
+            and evaluator_model_id is None
+        ):
             raise ValueError(
                 "max_length counts the evaluator's tokens, but no evaluator is given (only key_tokens): pass "
                 "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
@@ -458,8 +465,12 @@ class LongPPL(evaluate.Metric):
 
         if self_evaluation:
             evaluator_model, evaluator_tokenizer, evaluator_model_id = model, tokenizer, None
-        scoring = dict(max_tokens_per_batch=max_tokens_per_batch, progress=progress, torch_compile=torch_compile,
-                       progress_callback=progress_callback)
+        scoring = dict(
+            max_tokens_per_batch=max_tokens_per_batch,
+            progress=progress,
+            torch_compile=torch_compile,
+            progress_callback=progress_callback,
+        )
         settings = KeyTokenSettings(trunc_len, sliding_window, evaluator_add_special_tokens, window_bos)
         if key_tokens is None:
             evaluator_scores = _score_live(
@@ -467,8 +478,15 @@ class LongPPL(evaluate.Metric):
             )
         else:
             evaluator_scores = _score_from_cache(
-                key_tokens, texts, settings, evaluator_model, evaluator_tokenizer, evaluator_model_id,
-                device, torch_dtype, scoring,
+                key_tokens,
+                texts,
+                settings,
+                evaluator_model,
+                evaluator_tokenizer,
+                evaluator_model_id,
+                device,
+                torch_dtype,
+                scoring,
             )
 
         if model is None:

@@ -98,8 +98,9 @@ class Progress:
     @contextlib.contextmanager
     def steps(self, total: int, shown: bool = True, leave: bool = True) -> Iterator[Callable[..., None]]:
         """A bar of ``total`` steps; yields ``advance(n=1)``. Hidden unless ``enabled and shown``."""
-        bar = tqdm(total=total, desc=self.desc, unit=self.unit, leave=leave,
-                   disable=not (self.enabled and shown) or total == 0)
+        bar = tqdm(
+            total=total, desc=self.desc, unit=self.unit, leave=leave, disable=not (self.enabled and shown) or total == 0
+        )
         done = 0
 
         def advance(n: int = 1) -> None:

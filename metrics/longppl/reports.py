@@ -30,7 +30,9 @@ def format_table(rows: Sequence[tuple[str, dict]]) -> str:
     ]
     for name, result in rows:
         key, tokens = _totals(result)
-        lines.append(f"| {name:<{width}} | {result['longppl']:>9.2f} | {result['ppl']:>9.2f} | {key:>10.0f} | {tokens:>7} |")
+        lines.append(
+            f"| {name:<{width}} | {result['longppl']:>9.2f} | {result['ppl']:>9.2f} | {key:>10.0f} | {tokens:>7} |"
+        )
     return "\n".join(lines)
 
 
@@ -44,8 +46,13 @@ def write_results_json(path: str, rows: Sequence[tuple[str, dict]], meta: dict) 
     payload = {
         "meta": meta,
         "results": [
-            {"model": name, **{k: [_json_number(x) for x in v] if isinstance(v, list) else _json_number(v)
-                               for k, v in result.items()}}
+            {
+                "model": name,
+                **{
+                    k: [_json_number(x) for x in v] if isinstance(v, list) else _json_number(v)
+                    for k, v in result.items()
+                },
+            }
             for name, result in rows
         ],
     }
@@ -105,7 +112,8 @@ def explain_missing_key_tokens(
         return (
             f"none of the {scored} evaluator tokens with a short-context score meets the key-token rule "
             f"{rule} (largest LSD {largest:.2f}; {above} tokens have LSD > {alpha:g}): alpha/beta are too "
-            f"strict for this corpus and evaluator. Try a lower --alpha" + (" or --beta, or --no-lcl" if use_lcl else "")
+            f"strict for this corpus and evaluator. Try a lower --alpha"
+            + (" or --beta, or --no-lcl" if use_lcl else "")
             + "; visualize_key_tokens.py --histogram shows the LSD distribution."
         )
     return (

@@ -184,7 +184,10 @@ def score_with_evaluator(
     lp_long: list[torch.Tensor] = [torch.empty(0)] * len(texts)
     lp_short: list[torch.Tensor] = [torch.empty(0)] * len(texts)
     reporter = Progress(progress, progress_callback)
-    long_desc, short_desc = "LongPPL evaluator: long context", f"LongPPL evaluator: short windows (K={window.trunc_len})"
+    long_desc, short_desc = (
+        "LongPPL evaluator: long context",
+        f"LongPPL evaluator: short windows (K={window.trunc_len})",
+    )
     with (
         _scoring(evaluator, torch_compile),
         reporter.labelled(long_desc, "doc").steps(len(texts)) as long_done,

@@ -124,8 +124,9 @@ def short_context_log_probs(
             window_done()
             doc_done(index)
 
-        scored = segment_log_probs(model, segments, max_tokens_per_batch, done, via_forward=via_forward,
-                                   progress=progress)
+        scored = segment_log_probs(
+            model, segments, max_tokens_per_batch, done, via_forward=via_forward, progress=progress
+        )
     for (doc, first, end), lp in zip(owners, scored):
         results[doc][first:end] = lp
     return results
