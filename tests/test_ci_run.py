@@ -1,4 +1,5 @@
-""".ci/run: the README's two set-up commands, with the Space's extra installed between them, in a copy."""
+""".ci/run: the README's two set-up commands, with the Space's extra installed and the lint run between them,
+in a copy."""
 
 import os
 import shutil
@@ -28,6 +29,9 @@ def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_ro
     pip = shims / "pip"  # records what CI installs, and where
     pip.write_text('#!/usr/bin/env bash\necho "pip $* (in $(basename "$PWD"))" >> "$LOG"\n')
     pip.chmod(0o755)
+    python = shims / "python"  # records the lint step
+    python.write_text('#!/usr/bin/env bash\necho "python $*" >> "$LOG"\n')
+    python.chmod(0o755)
     log = tmp_path / "log"
     env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
     done = subprocess.run(
@@ -37,5 +41,6 @@ def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_ro
     lines = log.read_text().splitlines()
     assert lines[0] == "first-command"
     assert lines[1].startswith("pip install -e .[space] (in tmp.")  # in the isolated copy, not the checkout
-    assert lines[2] == "python -m pytest -q tests"
-    assert len(lines) == 3
+    assert lines[2:4] == ["python -m ruff format --check .", "python -m ruff check ."]
+    assert lines[4] == "python -m pytest -q tests"
+    assert len(lines) == 5
