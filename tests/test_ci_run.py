@@ -10,7 +10,7 @@ import pytest
 README = """# x
 <!-- setup-commands -->
 ```bash
-echo first-command >> "$LOG"
+echo first-command >> "$LOG"; git rev-parse --is-inside-work-tree >> "$LOG"
 echo python -m pytest -q tests >> "$LOG"
 ```
 <!-- /setup-commands -->
@@ -40,6 +40,7 @@ def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_ro
     assert done.returncode == 0, done.stderr
     lines = log.read_text().splitlines()
     assert lines[0] == "first-command"
+    assert lines.pop(1) == "true"  # the copy is a git work tree: tests and the Space's upload list files with git
     assert lines[1].startswith("pip install -e .[space] (in tmp.")  # in the isolated copy, not the checkout
     assert lines[2:4] == ["python -m ruff format --check .", "python -m ruff check ."]
     assert lines[4] == "python -m pytest -q tests"
