@@ -46,7 +46,7 @@ def load_dependencies() -> None:
 
     bench_longppl.load_dependencies()
     measure = bench_longppl.measure
-    try:  # `longce` maps to the trainer/ folder only through the installed package
+    try:  # `longce` (trainer/longce/) is importable once the project is installed
         from longce import LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
         from longce.weighted_loss import (
             chunked_weighted_cross_entropy,
