@@ -458,8 +458,9 @@ class LongPPL(evaluate.Metric):
             texts = truncate_texts(predictions, cutter, max_length)
         else:
             texts = list(predictions)
+        model_encoded = None
         if model is not None:  # a tokenizer of another model fails here, before the evaluator's long run
-            encode_texts(tokenizer, texts, add_special_tokens, model, "model")
+            model_encoded = encode_texts(tokenizer, texts, add_special_tokens, model, "model")
         trunc_len, sliding_window = window.trunc_len, window.sliding_window
         alpha, beta, use_lcl, soft, gamma = rule.alpha, rule.beta, rule.use_lcl, rule.soft, rule.gamma
 
@@ -504,6 +505,7 @@ class LongPPL(evaluate.Metric):
                 progress=progress,
                 torch_compile=torch_compile,
                 progress_callback=progress_callback,
+                encoded=model_encoded,
             )
 
         weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)

@@ -226,12 +226,16 @@ def score_with_model(
     progress: bool = True,
     torch_compile: bool = False,
     progress_callback: ProgressCallback | None = None,
+    encoded: list | None = None,
 ) -> list[ModelScores]:
     """Full-context log-probs of the evaluated model's tokens (no special tokens by default, as official).
 
-    ``progress_callback``: as in :func:`score_with_evaluator`.
+    ``progress_callback``: as in :func:`score_with_evaluator`. ``encoded``: the texts as
+    :func:`encode_texts` gave them for this tokenizer and model (a caller that checked them before
+    the evaluator ran passes them on, so long texts are not tokenized twice).
     """
-    encoded = encode_texts(tokenizer, texts, add_special_tokens, model, "model")
+    if encoded is None:
+        encoded = encode_texts(tokenizer, texts, add_special_tokens, model, "model")
     reporter = Progress(progress, progress_callback).labelled("LongPPL: evaluated model", "doc")
     with _scoring(model, torch_compile), reporter.steps(len(texts)) as done:
         lp = long_context_log_probs(
