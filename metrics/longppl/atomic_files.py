@@ -46,11 +46,11 @@ def _umask() -> int:
     return mask
 
 
-def apply_umask(path: str, directory: bool = False) -> None:
-    """Give ``path`` the mode a plain ``open``/``mkdir`` would have given it (0o666 or 0o777 less the
-    umask): ``mkstemp``/``mkdtemp`` create private 0o600/0o700 entries, which would make results and
-    caches unreadable to the group that shares them."""
-    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+def apply_umask(path: str) -> None:
+    """Give the file ``path`` the mode a plain ``open`` would have given it (0o666 less the umask):
+    ``mkstemp`` creates private 0o600 files, which would make results unreadable to the group that
+    shares them. (Directories are made with ``os.mkdir``, which honours the umask itself.)"""
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def write_file_atomically(
@@ -134,10 +134,7 @@ def directory_lock(path: str, shared: bool = False, optional: bool = False) -> I
         try:
             fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             held = os.fstat(fd)
-            try:
-                named = os.stat(lock)
-            except FileNotFoundError:
-                named = None
+            named = _stat_or_none(lock)
         except BaseException:
             os.close(fd)
             raise
@@ -242,8 +239,7 @@ def replace_directory_atomically(path: str, write: Callable[[str], None]) -> Non
     remove_stale_temp_dirs(path)
     tmp = owned_temp_dir(path, "new")
     previous = _previous(path)
-    try:
-        apply_umask(tmp, directory=True)
+    try:  # owned_temp_dir's os.mkdir already honours the umask (unlike mkdtemp)
         write(tmp)
         if os.path.exists(path):
             os.rename(path, previous)
