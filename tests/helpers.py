@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
+import sys
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -175,3 +177,15 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0, max_positions: int = 8
         with torch.no_grad():
             model.get_output_embeddings().weight.mul_(40.0)
     return model.eval()
+
+
+def accelerate_launch_on_cpu(num_processes: int = 2) -> list[str]:
+    """The command prefix that starts ``num_processes`` CPU processes with ``accelerate launch``
+    (``--multi_gpu`` is accelerate's torchrun launcher; without GPUs the processes join over gloo),
+    on a free local port; append the script and its arguments."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+            str(num_processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(port)]  # fmt: skip

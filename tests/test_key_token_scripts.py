@@ -8,15 +8,13 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
-import sys
 
 import datasets
 import evaluate
 import numpy as np
 import pytest
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
 from longppl.correlation import average_ranks, pearson, spearman
@@ -99,12 +97,6 @@ def assert_same_cache(a, b):
             assert a[name] == b[name], name
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
     output = str(tmp_path / "cache")
@@ -113,20 +105,7 @@ def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
     )
     # --multi_gpu is accelerate's torchrun launcher; without GPUs the script joins the processes over gloo.
     command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
+        *accelerate_launch_on_cpu(2),
         script,
         "--corpus",
         files["corpus"],

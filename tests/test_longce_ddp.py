@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
+from helpers import accelerate_launch_on_cpu
 from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,12 +88,6 @@ def recipe_argv(tmp_path, data: str, name: str, per_device_batch: int) -> list[s
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def read_report(path: str) -> dict:
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)
@@ -107,21 +101,7 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     # accelerate 1.15's --cpu starts one process (multi-CPU goes through MPI); its torchrun launcher
     # (--multi_gpu) starts two, and use_cpu=True in the recipe makes them use gloo on the CPU.
     launch = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.accelerate_cli",
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
+        *accelerate_launch_on_cpu(2),
         WORKER,
         str(tmp_path / "ddp.json"),
     ]
