@@ -134,9 +134,13 @@ def _checked_spans(spans: list, save_path: str, text: str | None) -> list[list[i
     return [[int(start), int(end)] for start, end in spans]
 
 
-def _check_text(text) -> None:
+def _checked_arguments(text, trunc_len, sliding_window, alpha, beta) -> tuple[int, int, float, float]:
+    """``(trunc_len, sliding_window, alpha, beta)`` as the metric checks them (``settings``), for a
+    non-empty ``text``; ``ValueError`` otherwise, before any model is loaded."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text must be a non-empty string (one document), got {type(text).__name__} {text!r:.40}.")
+    window, rule = WindowSettings(trunc_len, sliding_window), KeyTokenRule(alpha, beta)
+    return window.trunc_len, window.sliding_window, rule.alpha, rule.beta
 
 
 def _as_model(model, tokenizer, role: str):
@@ -164,9 +168,7 @@ def find_key_token(
     Returns:
         ``[m, 2]`` int64 tensor of merged ``(start, end)`` character spans.
     """
-    _check_text(text)
-    window, rule = WindowSettings(trunc_len, sliding_window), KeyTokenRule(alpha, beta)
-    trunc_len, sliding_window, alpha, beta = window.trunc_len, window.sliding_window, rule.alpha, rule.beta
+    trunc_len, sliding_window, alpha, beta = _checked_arguments(text, trunc_len, sliding_window, alpha, beta)
     scores = score_with_evaluator(
         evaluator_model, evaluator_tokenizer, [text], trunc_len, sliding_window, progress=False
     )[0]
@@ -210,9 +212,7 @@ def compute_longppl(
     Bad arguments (``trunc_len < 1``, a NaN threshold, ...) raise ``ValueError`` before any model
     is loaded, as in the metric.
     """
-    _check_text(text)
-    window, rule = WindowSettings(trunc_len, sliding_window), KeyTokenRule(alpha, beta)
-    trunc_len, sliding_window, alpha, beta = window.trunc_len, window.sliding_window, rule.alpha, rule.beta
+    trunc_len, sliding_window, alpha, beta = _checked_arguments(text, trunc_len, sliding_window, alpha, beta)
     model, tokenizer = _as_model(model, tokenizer, "model")
     if evaluator_model is not None:
         evaluator_model, evaluator_tokenizer = _as_model(evaluator_model, evaluator_tokenizer, "evaluator_model")
