@@ -250,34 +250,14 @@ def test_evaluate_models_against_the_cache(scripts, files, cache, tmp_path):
 
 def test_benchmark_scores_for_a_model_not_evaluated(scripts, files, cache, tmp_path):
     scores_file = tmp_path / "scores.csv"
+    argv = ["--key-tokens", cache, "--models", files["models"][0], "--output-dir", str(tmp_path / "out"),
+            "--benchmark-scores", str(scores_file)]  # fmt: skip
     scores_file.write_text(f"model,score\n{files['models'][0]},40\nllama-70b,55\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"names models that were not evaluated: \['llama-70b'\]"):
-        scripts["evaluate_longppl"].main(
-            [
-                "--key-tokens",
-                cache,
-                "--models",
-                files["models"][0],
-                "--output-dir",
-                str(tmp_path / "out"),
-                "--benchmark-scores",
-                str(scores_file),
-            ]
-        )
+        scripts["evaluate_longppl"].main(argv)
     scores_file.write_text(f"model,score\n{files['models'][0]},high\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2: score 'high' .* is not a number"):
-        scripts["evaluate_longppl"].main(
-            [
-                "--key-tokens",
-                cache,
-                "--models",
-                files["models"][0],
-                "--output-dir",
-                str(tmp_path / "out"),
-                "--benchmark-scores",
-                str(scores_file),
-            ]
-        )
+        scripts["evaluate_longppl"].main(argv)
     assert not (tmp_path / "out").exists()  # checked before any model runs
 
 
