@@ -285,7 +285,7 @@ def main(argv=None):
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     if device == "cpu" and args.tiny:
-        from longppl.threads import choose_torch_threads
+        from longppl.tools.threads import choose_torch_threads
 
         choose_torch_threads(1)  # a tiny model: extra intra-op threads only wait
     K = 64 if args.tiny else args.trunc_len

@@ -171,7 +171,7 @@ def key_token_agreement(device: str) -> None:
     Random-weight models have no key tokens, so this trains the synthetic copy model (a few seconds
     to a minute on CPU) and compares the two key-token sets on 16 of its documents (K=32, d=16).
     """
-    from longppl.synthetic import sample_documents, train_copy_model
+    from longppl.tools.synthetic import sample_documents, train_copy_model
 
     trained = train_copy_model(steps=600, seed=0)
     docs = sample_documents(16, num_segments=3, generator=torch.Generator().manual_seed(7))
@@ -211,7 +211,7 @@ def cache_benchmark(args, device):
         summarize_results,
         text_key_weights,
     )
-    from longppl.synthetic import word_tokenizer
+    from longppl.tools.synthetic import word_tokenizer
 
     K, d, budget = args.trunc_len, args.sliding_window, args.budgets[0]
     settings = KeyTokenSettings(K, d, add_special_tokens=False)
@@ -383,7 +383,7 @@ def main(argv=None):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and (args.tiny or args.agreement):
-        from longppl.threads import choose_torch_threads
+        from longppl.tools.threads import choose_torch_threads
 
         choose_torch_threads(1)  # tiny models: extra intra-op threads only wait
     if args.agreement:

@@ -85,7 +85,7 @@ def crs_documents(path: str, documents: int, tokens: int) -> list[str]:
     tokens; ``--max-length`` then cuts them to exactly that. Raises ``ValueError`` when the reports
     hold fewer than ``documents * tokens`` bytes.
     """
-    from longppl.corpus import read_jsonl_texts
+    from longppl.tools.corpus import read_jsonl_texts
 
     corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
     if len(corpus) < documents * tokens:
@@ -151,7 +151,7 @@ def launcher(num_processes: int, config_file: str | None = None) -> list[str]:
 
 
 def child_env(cpu: bool, visible: int | None = None) -> dict[str, str]:
-    from longppl.threads import child_thread_env
+    from longppl.tools.threads import child_thread_env
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cpu:  # tiny smoke-run models: one thread per process (as many processes as cores), unless the user chose

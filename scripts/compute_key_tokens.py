@@ -166,12 +166,12 @@ def _run(args, state, start: float) -> dict:
     from accelerate.utils import broadcast_object_list
 
     from longppl.atomic_files import owned_temp_name
-    from longppl.corpus import read_documents
     from longppl.fingerprints import ModelIdentity
     from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
     from longppl.loading import load_model, load_tokenizer, resolve_dtype
     from longppl.scoring import score_with_evaluator, truncate_texts
-    from longppl.threads import choose_torch_threads
+    from longppl.tools.corpus import read_documents
+    from longppl.tools.threads import choose_torch_threads
 
     if args.device is not None and state.num_processes > 1:
         raise ValueError("--device is for a single process; under accelerate launch each process uses its own device.")

@@ -32,8 +32,8 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    from longppl.cache_cli import add_cache_arguments
     from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
+    from longppl.tools.cache_cli import add_cache_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cache_arguments(parser)
@@ -138,7 +138,7 @@ def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
 def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict:
     """Pearson and Spearman of LongPPL and of PPL with the benchmark scores, over the models that
     have a score and a finite LongPPL and PPL."""
-    from longppl.correlation import pearson, spearman
+    from longppl.tools.correlation import pearson, spearman
 
     used = [(name, r) for name, r in rows if name in scores and math.isfinite(r["longppl"]) and math.isfinite(r["ppl"])]
     x_long = [r["longppl"] for _, r in used]
@@ -159,10 +159,10 @@ def main(argv=None) -> dict:
     """Run the script; returns ``{"results": [(model, result)], "correlations": ... or None}``
     (``None`` also when fewer than 2 models have a finite LongPPL and PPL: nothing is correlated)."""
     args = parse_args(argv)
-    from longppl.cache_cli import open_selected
     from longppl.loading import load_causal_lm
-    from longppl.reports import explain_missing_key_tokens, format_table, write_results_csv, write_results_json
     from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
+    from longppl.tools.cache_cli import open_selected
+    from longppl.tools.reports import explain_missing_key_tokens, format_table, write_results_csv, write_results_json
 
     cache, settings, fingerprint, rows = open_selected(args)
     scores = read_benchmark_scores(args.benchmark_scores, args.models) if args.benchmark_scores else None
@@ -228,7 +228,7 @@ def main(argv=None) -> dict:
                 print(f"  {metric:<8} Pearson {values['pearson']:+.3f}   Spearman {values['spearman']:+.3f}")
             if len(found["models"]) < 3:
                 print("  (fewer than 3 models: a correlation is not meaningful)")
-            from longppl.figures import correlation_scatter
+            from longppl.tools.figures import correlation_scatter
 
             chosen = [(name, r) for name, r in results if name in found["models"]]
             correlation_scatter(

@@ -21,11 +21,17 @@ METRIC_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+# Subfolders the Space does not need: `tools/` serves the command-line tools only (corpus readers, reports,
+# figures, the toy task); the metric and the app import none of it.
+SPACE_EXCLUDED_FOLDERS = frozenset({"__pycache__", "tools"})
+
+
 def space_files(folder: str = METRIC_FOLDER) -> list[str]:
-    """The files of ``folder`` that the Space gets, relative and sorted: everything but caches and hidden files."""
+    """The files of ``folder`` that the Space gets, relative and sorted: all but ``tools/``, caches and hidden files."""
     files = []
     for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        excluded = SPACE_EXCLUDED_FOLDERS if root == folder else {"__pycache__"}
+        dirs[:] = sorted(d for d in dirs if d not in excluded and not d.startswith("."))
         for name in names:
             if name.startswith(".") or name.endswith((".pyc", ".pyo")):
                 continue

@@ -26,7 +26,7 @@ import longppl
 
 def read_texts(path: str, column: str) -> list[str]:
     """Texts from a JSONL file (one object per line, text in ``column``) or a plain text file."""
-    from longppl.corpus import read_jsonl_texts
+    from longppl.tools.corpus import read_jsonl_texts
 
     if not path.endswith(".jsonl"):
         with open(path, encoding="utf-8") as handle:
@@ -38,7 +38,7 @@ def read_texts(path: str, column: str) -> list[str]:
 
 
 def print_table(rows: list[tuple[str, dict]]) -> None:
-    from longppl.reports import format_table
+    from longppl.tools.reports import format_table
 
     print("\n" + format_table(rows))
 
@@ -47,7 +47,7 @@ def toy_demo(args) -> None:
     import evaluate
     import torch
 
-    from longppl.synthetic import (
+    from longppl.tools.synthetic import (
         DISTANCE,
         cut_context,
         default_cache_dir,
@@ -55,7 +55,7 @@ def toy_demo(args) -> None:
         train_copy_model,
         word_tokenizer,
     )
-    from longppl.threads import choose_torch_threads
+    from longppl.tools.threads import choose_torch_threads
 
     try:
         threads = choose_torch_threads(1)  # a tiny model: more threads only wait (unless OMP_NUM_THREADS says)

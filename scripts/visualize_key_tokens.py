@@ -22,7 +22,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    from longppl.cache_cli import add_cache_arguments
+    from longppl.tools.cache_cli import add_cache_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cache_arguments(parser)
@@ -59,8 +59,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     from longppl.atomic_files import write_file_atomically
-    from longppl.cache_cli import open_selected
-    from longppl.key_token_html import key_token_html
+    from longppl.tools.cache_cli import open_selected
+    from longppl.tools.key_token_html import key_token_html
 
     cache, settings, fingerprint, rows = open_selected(args)
     if args.html:
@@ -90,8 +90,8 @@ def main(argv=None) -> None:
     if args.histogram:
         import numpy as np
 
-        from longppl.figures import lsd_histogram
         from longppl.key_tokens import long_short_difference
+        from longppl.tools.figures import lsd_histogram
 
         lsd = np.concatenate(
             [long_short_difference(s.lp_long, s.lp_short) for s in (cache.scores(row) for row in rows)]

@@ -17,8 +17,8 @@ import pytest
 from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
-from longppl.correlation import average_ranks, pearson, spearman
 from longppl.key_token_cache import KeyTokenCache
+from longppl.tools.correlation import average_ranks, pearson, spearman
 
 K, D = 47, 13
 ALPHA, BETA = 0.005, -50.0
@@ -355,7 +355,7 @@ def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
 
 
 def test_html_shows_tokens_sharing_a_character_as_one_piece():
-    from longppl.key_token_html import key_token_html
+    from longppl.tools.key_token_html import key_token_html
 
     text = "Café au lait"  # "é" split into two byte-level tokens, both spanning character 3
     offsets = np.array([[0, 0], [0, 3], [3, 4], [3, 4], [4, 7], [7, 12]])

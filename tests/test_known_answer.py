@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from longppl import METRIC_PATH, score_with_evaluator
-from longppl.synthetic import (
+from longppl.tools.synthetic import (
     _cache_path,
     cut_context,
     default_cache_dir,

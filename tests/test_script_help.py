@@ -29,7 +29,7 @@ print(json.dumps({"code": code, "help": out.getvalue(), "heavy": [m for m in HEA
 """
 CACHE_CLI = r"""
 import argparse, json, sys
-from longppl.cache_cli import add_cache_arguments
+from longppl.tools.cache_cli import add_cache_arguments
 parser = argparse.ArgumentParser(prog="shared")
 add_cache_arguments(parser)
 print(json.dumps({"code": 0, "help": parser.format_help(), "heavy": [m for m in HEAVY if m in sys.modules]}))

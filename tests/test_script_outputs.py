@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import longppl
-from longppl.correlation import least_squares_line, pearson
-from longppl.figures import correlation_figure, correlation_scatter, short_model_names
-from longppl.key_token_html import MAX_OPACITY, key_token_html
-from longppl.reports import explain_missing_key_tokens
+from longppl.tools.correlation import least_squares_line, pearson
+from longppl.tools.figures import correlation_figure, correlation_scatter, short_model_names
+from longppl.tools.key_token_html import MAX_OPACITY, key_token_html
+from longppl.tools.reports import explain_missing_key_tokens
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 NAN = float("nan")

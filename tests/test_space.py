@@ -415,7 +415,10 @@ def test_dry_run_lists_the_folder_as_tracked(push_script, repo_root, capsys):
         text=True,
         check=True,
     ).stdout.split()
-    assert listed == sorted(os.path.relpath(p, "metrics/longppl") for p in tracked)
+    tracked = [os.path.relpath(p, "metrics/longppl") for p in tracked]
+    # everything tracked but tools/ (the command-line tools' helpers, which the Space never imports)
+    assert listed == sorted(p for p in tracked if not p.startswith("tools" + os.sep))
+    assert any(p.startswith("tools" + os.sep) for p in tracked)
     essential = {"README.md", "app.py", "requirements.txt"} | {os.path.basename(p) for p in register.module_files()}
     assert essential <= set(listed)
 
@@ -429,7 +432,7 @@ def test_dry_run_leaves_out_caches_and_hidden_files(push_script, tmp_path, capsy
     (folder / "stray.pyc").write_bytes(b"\0")
     push_script.main(["--repo-id", "my-org/longppl", "--dry-run", "--folder", str(folder)])
     listed = capsys.readouterr().out.split()
-    assert listed == sorted(name for name in os.listdir(longppl.METRIC_PATH) if name != "__pycache__")
+    assert listed == sorted(name for name in os.listdir(longppl.METRIC_PATH) if name not in ("__pycache__", "tools"))
     assert not [name for name in listed if "pycache" in name or name.startswith(".") or name.endswith(".pyc")]
 
 
@@ -505,6 +508,8 @@ def test_app_runs_from_a_copy_of_the_space_folder(push_script, tmp_path, monkeyp
     """The Space is the uploaded files alone, in a folder not named longppl, with no package installed."""
     space = tmp_path / "space"
     space.mkdir()
+    # tools/ serves the command-line tools only; the Space must run without it
+    assert push_script.space_files() and not any(name.startswith("tools/") for name in push_script.space_files())
     for name in push_script.space_files():
         shutil.copyfile(os.path.join(longppl.METRIC_PATH, name), space / name)
     spec = importlib.util.spec_from_file_location("space_app", space / "app.py")

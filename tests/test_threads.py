@@ -1,4 +1,4 @@
-"""The scripts' CPU thread policy (longppl.threads): one torch thread for tiny models, unless the user set OMP_NUM_THREADS."""
+"""The scripts' CPU thread policy (longppl.tools.threads): one torch thread for tiny models, unless the user set OMP_NUM_THREADS."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from longppl.threads import child_thread_env, choose_torch_threads, requested_threads
+from longppl.tools.threads import child_thread_env, choose_torch_threads, requested_threads
 
 
 @pytest.fixture(autouse=True)

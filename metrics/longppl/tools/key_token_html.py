@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from .key_tokens import key_token_mask, long_short_difference
-from .scoring import EvaluatorScores
+from ..key_tokens import key_token_mask, long_short_difference
+from ..scoring import EvaluatorScores
 
 #: Background opacity of a token whose LSD reaches the cap (text stays readable on it).
 MAX_OPACITY = 0.85

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .atomic_files import write_file_atomically
+from ..atomic_files import write_file_atomically
 from .correlation import least_squares_line, pearson, spearman
 
 KEY_COLOR = "#ff7f1f"  # the paper's highlight colour for key tokens (RGB 255, 127, 31)

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 # Light at import (no torch, no datasets): the scripts build their parsers, and answer `--help`,
 # before loading the cache machinery.
-from .settings import DEFAULT_ALPHA, DEFAULT_BETA
+from ..settings import DEFAULT_ALPHA, DEFAULT_BETA
 
 if TYPE_CHECKING:
-    from .key_token_cache import KeyTokenCache, KeyTokenSettings
+    from ..key_token_cache import KeyTokenCache, KeyTokenSettings
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
 def open_selected(args: argparse.Namespace) -> tuple[KeyTokenCache, KeyTokenSettings, str, list[int]]:
     """``(cache, settings, evaluator_fingerprint, rows)`` of the combination the options pick
     (see :meth:`KeyTokenCache.select`)."""
-    from .key_token_cache import open_cache
+    from ..key_token_cache import open_cache
 
     cache = open_cache(args.key_tokens, args.split)
     settings, fingerprint, rows = cache.select(

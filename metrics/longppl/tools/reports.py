@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Sequence
 
-from .atomic_files import write_file_atomically
+from ..atomic_files import write_file_atomically
 
 CSV_COLUMNS = ("model", "longppl", "ppl", "key_tokens", "tokens")
 
@@ -93,7 +93,7 @@ def explain_missing_key_tokens(
     """
     import numpy as np
 
-    from .key_tokens import key_token_mask, long_short_difference
+    from ..key_tokens import key_token_mask, long_short_difference
 
     k = f"K={trunc_len}" if trunc_len is not None else "K"
     lsd = [long_short_difference(s.lp_long, s.lp_short) for s in evaluator_scores]

@@ -140,7 +140,7 @@ def train_copy_model(
     from safetensors.torch import load, save
     from transformers import MistralForCausalLM
 
-    from .atomic_files import write_file_atomically
+    from ..atomic_files import write_file_atomically
 
     settings = dict(steps=steps, seed=seed, batch_size=batch_size, learning_rate=learning_rate)
     path = _cache_path(cache_dir, settings) if cache_dir is not None else None
