@@ -96,7 +96,12 @@ def test_longchat_file_round_trip(tmp_path):
     cases = generate_lines_cases(5, 3, seed=1)
     # LongChat writes expected_number as an int, beside fields this reader ignores.
     records = [
-        {"random_idx": [c.target_line, 0], "expected_number": int(c.expected_number), "num_lines": 5, "prompt": c.prompt}
+        {
+            "random_idx": [c.target_line, 0],
+            "expected_number": int(c.expected_number),
+            "num_lines": 5,
+            "prompt": c.prompt,
+        }
         for c in cases
     ]
     records[1]["expected_number"] = str(records[1]["expected_number"])  # a string of digits works too
@@ -217,7 +222,7 @@ class RetrieverStub(torch.nn.Module):
         assert kwargs["do_sample"] is False
         rows = []
         for row, mask in zip(input_ids, attention_mask):
-            assert mask[0] == 1 or mask[-1] == 1 and row.shape[0] == input_ids.shape[1]  # left padding
+            assert mask[-1] == 1  # left padding: every row ends at the last column
             prompt = self.tokenizer.decode(row[mask.bool()], skip_special_tokens=True)
             line = re.search(r"in line (\S+)\? I need the number\.$", prompt).group(1)
             number = int(dict(LINE.findall(prompt))[line]) + self.shift
@@ -265,7 +270,9 @@ def test_answer_token_scores_match_plain_forward_passes(K, d):
     model = tiny_model("llama", len(tok), seed=2)
     cases = generate_lines_cases(2, 2, seed=11)
     scores = answer_token_scores(model, tok, cases, window=WindowSettings(K, d), max_tokens_per_batch=256)
-    rows = [(index, *row) for index, case in enumerate(cases) for row in reference_answer_scores(model, tok, case, K, d)]
+    rows = [
+        (index, *row) for index, case in enumerate(cases) for row in reference_answer_scores(model, tok, case, K, d)
+    ]
     assert scores["case"].tolist() == [r[0] for r in rows]
     assert scores["position"].tolist() == [r[1] for r in rows]
     np.testing.assert_allclose(scores["lsd"], [r[2] for r in rows], atol=2e-5)
@@ -273,6 +280,18 @@ def test_answer_token_scores_match_plain_forward_passes(K, d):
     assert scores["is_answer"].tolist() == [r[4] for r in rows]
     for index in range(len(cases)):  # each case's number is covered by its answer tokens
         assert scores["is_answer"][scores["case"] == index].sum() >= 1
+
+
+def test_answer_tokens_are_those_overlapping_the_number():
+    """A token that holds the number with other characters ("<42130>.") is an answer token."""
+    tok = whitespace_tokenizer()
+    model = tiny_model("llama", 8)
+    cases = generate_lines_cases(3, 2, seed=4)
+    scores = answer_token_scores(model, tok, cases, window=WindowSettings(16, 4))
+    # The answer's words: "The", "<REGISTER_CONTENT>", "in", "line", "<id>", "is", "<number>."
+    assert scores["case"].tolist() == [0] * 7 + [1] * 7
+    assert scores["is_answer"].tolist() == ([False] * 6 + [True]) * 2
+    assert np.isfinite(scores["lsd"]).all() and np.isfinite(scores["lcl"]).all()
 
 
 def test_answer_token_scores_refuse_what_they_cannot_score():
