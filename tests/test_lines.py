@@ -26,6 +26,7 @@ from longppl.tools.lines import (
     lines_for_token_length,
     lines_training_document,
     read_lines_cases,
+    write_lines_cases,
 )
 
 # LongChat's wording, written out here independently of the module.
@@ -107,6 +108,12 @@ def test_longchat_file_round_trip(tmp_path):
     records[1]["expected_number"] = str(records[1]["expected_number"])  # a string of digits works too
     path = write_jsonl(tmp_path / "lines.jsonl", records[:2] + ["  "] + records[2:])
     assert read_lines_cases(path) == cases
+    written = str(tmp_path / "written.jsonl")
+    write_lines_cases(written, cases)
+    assert read_lines_cases(written) == cases
+    with open(written, encoding="utf-8") as handle:
+        first = json.loads(handle.readline())
+    assert first["prompt"] == cases[0].prompt and first["expected_number"] == int(cases[0].expected_number)
     bare = write_jsonl(tmp_path / "bare.jsonl", [{"prompt": "What is it?", "expected_number": 7}])
     assert read_lines_cases(bare) == [LinesCase("What is it?", "7")]
 

@@ -204,6 +204,8 @@ def answer_lsd_histogram(
             f"lsd and is_answer must be non-empty arrays of one shape, got {lsd.shape}, {is_answer.shape}."
         )
     known = ~np.isnan(lsd)
+    if not known.any():
+        raise ValueError("No token has an LSD value; nothing to plot.")
     low, high = float(min(lsd[known].min(), alpha)), float(max(lsd[known].max(), alpha))
     edges = np.linspace(low, high + 1e-9 * max(1.0, abs(high)), 41)
     figure = _figure(6.4, 4.2)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..atomic_files import write_file_atomically
 from ..progress import Progress, ProgressCallback
 from ..settings import require_int
 
@@ -247,6 +248,22 @@ def read_lines_cases(path: str) -> list[LinesCase]:
     if not cases:
         raise ValueError(f"{path} holds no test cases (it is empty); write one JSON object per line.")
     return cases
+
+
+def write_lines_cases(path: str, cases: Sequence[LinesCase]) -> None:
+    """Write cases as a LongChat-format JSONL file (atomically): ``prompt``, ``expected_number``
+    (an int, as LongChat writes it; a string where that would drop leading zeros), and ``num_lines`` / ``target_line`` where known. Reading it
+    back with :func:`read_lines_cases` gives the same cases."""
+    records = []
+    for case in cases:
+        number = case.expected_number
+        record = {"prompt": case.prompt, "expected_number": int(number) if str(int(number)) == number else number}
+        if case.num_lines is not None:
+            record["num_lines"] = case.num_lines
+        if case.target_line is not None:
+            record["target_line"] = case.target_line
+        records.append(json.dumps(record, ensure_ascii=False) + "\n")
+    write_file_atomically(path, lambda handle: handle.writelines(records))
 
 
 def _generation_device(model):
