@@ -218,6 +218,14 @@ def test_lines_accuracy_matches_a_plain_greedy_loop():
     assert steps[-1] == (4, 4)
 
 
+def test_lines_accuracy_needs_a_pad_or_eos_token():
+    tok = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bare = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    with pytest.raises(ValueError, match="neither a pad token nor an EOS token"):
+        lines_accuracy(tiny_model("llama", 8), bare, generate_lines_cases(2, 1, seed=0))
+
+
 class RetrieverStub(torch.nn.Module):
     """A "model" that reads the record and answers the asked line's number (plus ``shift``)."""
 
