@@ -58,13 +58,22 @@ class LongCESettings:
     loss_chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES
 
     def __post_init__(self) -> None:
-        validate_longce_settings(
-            self.trunc_len, self.sliding_window, self.gamma, self.max_tokens_per_batch, self.loss_kernel
-        )
-        object.__setattr__(self, "gamma", float(self.gamma))
-        object.__setattr__(self, "plain_ce", require_bool("longce_plain_ce", self.plain_ce))
-        object.__setattr__(self, "compile_windows", require_bool("longce_compile_windows", self.compile_windows))
-        object.__setattr__(self, "loss_chunk_bytes", require_int("longce_loss_chunk_bytes", self.loss_chunk_bytes))
+        """Raise ``ValueError`` naming the bad setting (by its ``LongCEConfig`` field) and its valid range."""
+        check_loss_kernel(self.loss_kernel)
+        # The integer and boolean checks are the metric's own (longppl.settings), under the trainer's field names.
+        checked = {
+            "trunc_len": require_int("longce_trunc_len (K)", self.trunc_len),
+            "sliding_window": require_int("longce_sliding_window (d)", self.sliding_window),
+            "max_tokens_per_batch": require_int("longce_max_tokens_per_batch", self.max_tokens_per_batch),
+            "loss_chunk_bytes": require_int("longce_loss_chunk_bytes", self.loss_chunk_bytes),
+            "plain_ce": require_bool("longce_plain_ce", self.plain_ce),
+            "compile_windows": require_bool("longce_compile_windows", self.compile_windows),
+        }
+        if not self.gamma > 0:  # also catches NaN
+            raise ValueError(f"longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got {self.gamma!r}.")
+        checked["gamma"] = float(self.gamma)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_args(cls, args: Any) -> LongCESettings:
@@ -207,16 +216,3 @@ def _resolve_checkpointing_aliases(args: LongCEConfig) -> int:
     if args.gradient_checkpointing is None and args.activation_checkpointing is None:
         setattr(args, CHECKPOINTING_ALIASES[0][native], False)  # the flag is a bool once resolved
     return native
-
-
-def validate_longce_settings(
-    trunc_len: int, sliding_window: int, gamma: float, max_tokens_per_batch: int, loss_kernel: str = "auto"
-) -> None:
-    """Raise ``ValueError`` naming the bad LongCE setting and its valid range."""
-    check_loss_kernel(loss_kernel)
-    # The integer checks are the metric's own (longppl.settings), under the trainer's field names.
-    require_int("longce_trunc_len (K)", trunc_len)
-    require_int("longce_sliding_window (d)", sliding_window)
-    require_int("longce_max_tokens_per_batch", max_tokens_per_batch)
-    if not gamma > 0:  # also catches NaN
-        raise ValueError(f"longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got {gamma!r}.")
