@@ -23,6 +23,7 @@ _EXPORTS = {
     "documents": ("DocumentSpan", "batch_documents", "batch_short_log_probs"),
     "lm_head_loss": (
         "ChunkedLMHeadLoss",
+        "FirstApplicable",
         "FusedLMHeadLoss",
         "LMHeadLoss",
         "LigerLMHeadLoss",
