@@ -34,9 +34,9 @@ def run(report: str, argv: list[str]) -> LongCETrainer:
         counts["own_window_passes"] += count_window_passes(
             inputs["input_ids"].cpu(),
             documents,
-            self.longce_trunc_len,
-            self.longce_sliding_window,
-            self.longce_max_tokens_per_batch,
+            self.longce.trunc_len,
+            self.longce.sliding_window,
+            self.longce.max_tokens_per_batch,
         )
         counts["steps"] += 1
         return short_pass(self, model, head, inputs)

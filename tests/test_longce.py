@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
+import subprocess
+import sys
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,8 +18,17 @@ from datasets import Dataset
 from helpers import tiny_model
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
-from longce import LongCEConfig, LongCETrainer, batch_documents
+from longce import LongCEConfig, LongCETrainer, batch_documents, lm_head_loss
+from longce.config import LongCESettings
+from longce.lm_head_loss import (
+    ChunkedLMHeadLoss,
+    FusedLMHeadLoss,
+    LigerLMHeadLoss,
+    LMHeadLoss,
+    select_lm_head_loss,
+)
 from longce.trainer import _STAT_KEYS
+from longppl.logprobs import resolve_lm_head
 
 VOCAB = 97
 K, D, GAMMA = 8, 5, 5.0  # neither divides the lengths below
@@ -304,6 +318,96 @@ def test_lora_trains_adapters_only_and_lora_on_lm_head_is_exact():
     assert_equals_reference(model, docs, ours, grads)
 
 
+# --------------------------------------------------------------------------- LM-head loss
+
+
+def plain_head_loss(head, hidden, targets, lp_short, gamma):
+    """``sum w * nll`` from the full ``[N, V]`` logits of ``head``, the weights detached, as in weighted_loss."""
+    logits = head.transform(head.head(hidden))
+    lp = logits.log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
+    ratio = torch.exp(lp.detach() - lp_short).clamp(max=gamma)
+    weights = torch.where(torch.isnan(lp_short), torch.ones_like(ratio), ratio)
+    return (weights * -lp).sum(), -lp.detach(), weights
+
+
+def head_loss_inputs(head, n=23, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, head.head.in_features, generator=generator)
+    targets = torch.randint(0, VOCAB, (n,), generator=generator)
+    # Around a random model's log-probs, log(1/V): weights below 1, between 1 and the cap, and capped.
+    lp_short = -math.log(VOCAB) + 3 * (torch.rand(n, generator=generator) - 0.5)
+    lp_short[::3] = float("nan")  # no short score: weight 1
+    return hidden, targets, lp_short
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # gemma2: soft-capped logits
+@pytest.mark.parametrize("implementation", [FusedLMHeadLoss, ChunkedLMHeadLoss])
+def test_lm_head_loss_implementations_equal_plain_reference(arch, implementation):
+    head = resolve_lm_head(tiny_model(arch, VOCAB))
+    hidden, targets, lp_short = head_loss_inputs(head)
+    loss_fn = implementation(chunk_bytes=4 * VOCAB * 5)  # 5 rows a chunk: several chunks, a ragged last one
+    assert loss_fn.applies(head, hidden)
+    ours_hidden = hidden.clone().requires_grad_()
+    loss, nll, weights = loss_fn(head, ours_hidden, head.head.forward, targets, lp_short, 2.0)
+    loss.backward()
+    ours_grads = (ours_hidden.grad, head.head.weight.grad.clone())
+    head.head.weight.grad = None
+    reference_hidden = hidden.clone().requires_grad_()
+    reference, reference_nll, reference_weights = plain_head_loss(head, reference_hidden, targets, lp_short, 2.0)
+    reference.backward()
+    assert reference_weights.max() == 2.0 and ((reference_weights > 1) & (reference_weights < 2)).any()
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(nll, reference_nll)
+    torch.testing.assert_close(weights, reference_weights)
+    torch.testing.assert_close(ours_grads[0], reference_hidden.grad)
+    torch.testing.assert_close(ours_grads[1], head.head.weight.grad)
+
+
+def test_select_lm_head_loss_by_kernel_device_and_head(monkeypatch):
+    from peft import LoraConfig, get_peft_model
+
+    plain = resolve_lm_head(tiny_model("llama", VOCAB))
+    lora = resolve_lm_head(get_peft_model(tiny_model("llama", VOCAB), LoraConfig(r=2, target_modules=["lm_head"])))
+    hidden = torch.zeros(3, plain.head.in_features)
+
+    def kinds(kernel, device):
+        return [type(loss) for loss in select_lm_head_loss(kernel, device).implementations]
+
+    monkeypatch.setattr(lm_head_loss, "liger_available", lambda: True)
+    assert kinds("auto", "cuda") == kinds("liger", "cpu") == [LigerLMHeadLoss, FusedLMHeadLoss, ChunkedLMHeadLoss]
+    assert kinds("auto", "cpu") == kinds("ours", "cuda") == [FusedLMHeadLoss, ChunkedLMHeadLoss]
+    # Liger needs CUDA hidden states: on the CPU "liger" falls back to ours, per head.
+    chosen = select_lm_head_loss("liger", "cpu")
+    assert type(chosen.choose(plain, hidden)) is FusedLMHeadLoss
+    assert type(chosen.choose(lora, hidden)) is ChunkedLMHeadLoss
+    assert not LigerLMHeadLoss().applies(plain, hidden)
+    monkeypatch.setattr(lm_head_loss, "liger_available", lambda: False)
+    assert kinds("auto", "cuda") == [FusedLMHeadLoss, ChunkedLMHeadLoss]
+    for build in (lambda: select_lm_head_loss("liger", "cuda"), lambda: make_args(longce_loss_kernel="liger")):
+        with pytest.raises(ValueError, match=r"longce_loss_kernel='liger' needs Liger-Kernel \(pip install"):
+            build()
+
+
+def test_trainer_computes_its_loss_through_lm_head_loss():
+    model = tiny_model("llama", VOCAB).train()
+    docs = documents([40, 29])
+    trainer = LongCETrainer(model=model, args=make_args())
+    assert trainer.lm_head_loss == select_lm_head_loss("auto", "cpu")
+    calls = []
+
+    class Recorded(LMHeadLoss):  # the chunked implementation on the plain head, calls recorded
+        def __call__(self, head, hidden, project, targets, lp_short, gamma):
+            calls.append((hidden.shape, gamma))
+            return ChunkedLMHeadLoss()(head, hidden, project, targets, lp_short, gamma)
+
+    trainer.lm_head_loss = Recorded()
+    model.zero_grad()
+    loss = trainer.compute_loss(model, padded_batch(docs))
+    loss.backward()
+    assert calls == [((39 + 28, 32), GAMMA)]  # every label token once, this trainer's gamma
+    assert_equals_reference(model, docs, loss.detach(), gradients(model))
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -336,11 +440,17 @@ def test_all_labels_ignored():
         ("longce_sliding_window", 0, r"longce_sliding_window \(d\) must be an integer >= 1"),
         ("longce_max_tokens_per_batch", 0, "longce_max_tokens_per_batch must be"),
         ("longce_loss_kernel", "fast", "longce_loss_kernel must be one of"),
+        ("longce_loss_chunk_bytes", 0, "longce_loss_chunk_bytes must be an integer >= 1"),
+        ("longce_plain_ce", "false", "longce_plain_ce must be True or False"),
+        ("longce_compile_windows", 1, "longce_compile_windows must be True or False"),
     ],
 )
 def test_bad_settings(setting, value, message):
     with pytest.raises(ValueError, match=message):
         make_args(**{setting: value})
+    # The same check where the settings come from another object (LongCETrainer with other arguments).
+    with pytest.raises(ValueError, match=message):
+        LongCESettings.from_args(SimpleNamespace(**{setting: value}))
 
 
 def test_model_without_causal_lm_head():
@@ -352,8 +462,6 @@ def test_model_without_causal_lm_head():
 
 
 def test_context_parallelism_is_refused():
-    from types import SimpleNamespace
-
     trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args())
     trainer.accelerator = SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=2, sp_size=1))
     with pytest.raises(ValueError, match="does not support context or sequence parallelism"):
@@ -369,7 +477,9 @@ def test_data_parallel_is_refused():
 
 def test_plain_training_arguments_get_longce_defaults():
     trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(TrainingArguments))
-    assert (trainer.longce_trunc_len, trainer.longce_sliding_window, trainer.longce_gamma) == (4096, 1024, 5.0)
+    assert (trainer.longce.trunc_len, trainer.longce.sliding_window, trainer.longce.gamma) == (4096, 1024, 5.0)
+    assert trainer.longce == LongCESettings()
+    assert LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_gamma=2.5)).longce.gamma == 2.5
 
 
 def test_evaluation_logs_eval_statistics():
@@ -498,3 +608,39 @@ def test_sequences_no_longer_than_k_plus_d_warn_once(caplog):
         assert not caplog.records
         LongCETrainer(model=model, args=make_args()).compute_loss(model, short)
     assert len(caplog.records) == 1
+
+
+# --------------------------------------------------------------------------- imports
+
+IMPORTS = r"""
+import json, sys
+heavy = lambda: sorted(m for m in ("torch", "transformers", "datasets", "pyarrow") if m in sys.modules)
+import longce
+report = {"import longce": heavy()}
+from longce import LongCEConfig
+report["LongCEConfig"] = heavy()
+from longce import LongCETrainer
+report["LongCETrainer"] = heavy()
+report["lazy"] = [longce.LongCETrainer is longce.trainer.LongCETrainer, longce.LogitTransform.__module__]
+report["all"] = all(getattr(longce, name) is not None for name in longce.__all__)
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_import_longce_is_light_and_longce_config_needs_no_datasets(tmp_path):
+    from longppl import register
+
+    register.register_metric(str(tmp_path))  # a current copy: `import longppl` does not load evaluate for it
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", IMPORTS], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["import longce"] == []
+    assert report["LongCEConfig"] == ["torch", "transformers"]  # TrainingArguments needs torch, not datasets
+    assert "datasets" in report["LongCETrainer"]  # transformers' Trainer imports it: the check above can fail
+    assert report["lazy"] == [True, "longppl.logprobs"] and report["all"]
+    with pytest.raises(AttributeError, match="has no attribute 'LongCETrainr'"):
+        import longce
+
+        longce.LongCETrainr  # noqa: B018

@@ -24,6 +24,15 @@ from torch import nn
 # for the LM-head matmul to run at full speed and small next to a model's weights.
 DEFAULT_LOGITS_CHUNK_BYTES = 1 << 30
 
+
+def rows_per_chunk(vocab_size: int, chunk_bytes: int) -> int:
+    """Rows projected through the LM head at a time: about ``chunk_bytes`` of float32 logits, at least 1.
+
+    Shared with LongCE's loss (``longce.weighted_loss``), which cuts its chunks the same way.
+    """
+    return max(1, chunk_bytes // (4 * vocab_size))
+
+
 _CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
@@ -156,7 +165,7 @@ def head_log_probs(
         ``[N]`` float32 log-probabilities on ``targets.device``.
     """
     vocab = getattr(head.head, "out_features", None) or head.model.config.get_text_config().vocab_size
-    step = max(1, logits_chunk_bytes // (4 * vocab))
+    step = rows_per_chunk(vocab, logits_chunk_bytes)
     out = torch.empty(targets.shape[0], dtype=torch.float32, device=targets.device)
     n_chunks = -(-targets.shape[0] // step)
     for index, start in enumerate(range(0, targets.shape[0], step)):

@@ -5,30 +5,61 @@ Replace ``transformers.Trainer`` with ``LongCETrainer`` and ``TrainingArguments`
 ``min(exp(lp_long - lp_short), gamma)``, scored by the model being trained (detached), with the
 short-context windows of the ``longppl`` scoring core. ``context_extension`` holds the RoPE
 recipes of the paper's settings (PI, ABF, YaRN, EABF).
+
+Modules: ``config`` (``LongCEConfig``, ``LongCESettings``), ``trainer`` (``LongCETrainer``),
+``documents`` (documents of a batch and their short-context scores), ``lm_head_loss`` (the LM-head
+loss: one interface, its implementations and the rule choosing one), ``weighted_loss`` (the loss
+functions themselves), ``context_extension``.
 """
 
-from longppl.logprobs import LogitTransform
+import importlib
 
-from .config import LongCEConfig
-from .context_extension import apply_context_extension, register_eabf_attention
-from .documents import DocumentSpan, batch_documents, batch_short_log_probs
-from .trainer import LongCETrainer
-from .weighted_loss import (
-    chunked_weighted_cross_entropy,
-    fused_weighted_linear_cross_entropy,
-    longce_weights,
-)
+# Public names -> the submodule defining them. They load on first use (PEP 562), so that
+# `import longce` imports neither torch nor transformers, and `from longce import LongCEConfig`
+# does not import `datasets` / `pyarrow` (transformers' Trainer does: only `LongCETrainer` needs it).
+_EXPORTS = {
+    "config": ("LongCEConfig", "LongCESettings"),
+    "context_extension": ("apply_context_extension", "register_eabf_attention"),
+    "documents": ("DocumentSpan", "batch_documents", "batch_short_log_probs"),
+    "lm_head_loss": (
+        "ChunkedLMHeadLoss",
+        "FirstApplicable",
+        "FusedLMHeadLoss",
+        "LMHeadLoss",
+        "LigerLMHeadLoss",
+        "select_lm_head_loss",
+    ),
+    "trainer": ("LongCETrainer",),
+    "weighted_loss": ("chunked_weighted_cross_entropy", "fused_weighted_linear_cross_entropy", "longce_weights"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+# `LogitTransform` is the scoring core's (the logit post-processing the loss applies); it was
+# importable from here before the exports were lazy.
+_FOREIGN = {"LogitTransform": "longppl.logprobs"}
 
+
+def __getattr__(name: str):
+    if name in _EXPORTS:  # a submodule: `longce.trainer` without an import of its own
+        return importlib.import_module(f".{name}", __name__)
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+    elif name in _FOREIGN:
+        value = getattr(importlib.import_module(_FOREIGN[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF) | set(_FOREIGN))
+
+
+# What a training script uses; the rest stays importable from here (lazily) and from its module.
 __all__ = [
-    "DocumentSpan",
-    "LogitTransform",
     "LongCEConfig",
     "LongCETrainer",
     "apply_context_extension",
-    "batch_documents",
-    "batch_short_log_probs",
-    "chunked_weighted_cross_entropy",
-    "fused_weighted_linear_cross_entropy",
     "longce_weights",
     "register_eabf_attention",
 ]

@@ -1,5 +1,9 @@
 """``LongCEConfig``: ``TrainingArguments`` plus the LongCE settings (paper Sec. 3.2, App. A.2).
 
+``LongCESettings`` holds those settings without their ``longce_`` prefix, with their defaults and
+their checks: ``LongCEConfig`` validates through it, and ``LongCETrainer`` reads it (built from
+``LongCEConfig`` or, with the defaults, from plain ``TrainingArguments``).
+
 Activation checkpointing has two names across transformers versions: ``gradient_checkpointing``
 (and ``gradient_checkpointing_kwargs``) up to 5.23, ``activation_checkpointing`` (``..._kwargs``)
 from 5.24 on, where the old names are deprecated aliases that warn. ``LongCEConfig`` accepts both
@@ -9,7 +13,7 @@ either name sees the same setting.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from transformers import TrainingArguments
@@ -19,10 +23,63 @@ from longppl.settings import (
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
+    require_bool,
     require_int,
 )
 
+from .lm_head_loss import LOSS_KERNELS, check_loss_kernel
 from .weighted_loss import DEFAULT_LOSS_CHUNK_BYTES
+
+_PREFIX = "longce_"
+
+
+@dataclass(frozen=True)
+class LongCESettings:
+    """The LongCE settings of ``LongCETrainer`` (``LongCEConfig``'s ``longce_*`` fields), checked when built.
+
+    Attributes:
+        trunc_len: ``K``, tokens of context of the short-context pass.
+        sliding_window: ``d``, stride of the short-context windows.
+        gamma: cap of the token weights ``min(exp(LSD), gamma)``, > 0.
+        max_tokens_per_batch: token budget of one short-context forward pass.
+        plain_ce: all weights 1, no short-context pass (the CE baseline).
+        compile_windows: ``torch.compile`` the transformer blocks for the short-context pass.
+        loss_kernel: one of ``LOSS_KERNELS`` (``lm_head_loss.select_lm_head_loss``).
+        loss_chunk_bytes: float32 bytes of logits computed at a time by the loss.
+    """
+
+    trunc_len: int = DEFAULT_TRUNC_LEN
+    sliding_window: int = DEFAULT_SLIDING_WINDOW
+    gamma: float = DEFAULT_GAMMA
+    max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH
+    plain_ce: bool = False
+    compile_windows: bool = False
+    loss_kernel: str = "auto"
+    loss_chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        """Raise ``ValueError`` naming the bad setting (by its ``LongCEConfig`` field) and its valid range."""
+        check_loss_kernel(self.loss_kernel)
+        # The integer and boolean checks are the metric's own (longppl.settings), under the trainer's field names.
+        checked = {
+            "trunc_len": require_int("longce_trunc_len (K)", self.trunc_len),
+            "sliding_window": require_int("longce_sliding_window (d)", self.sliding_window),
+            "max_tokens_per_batch": require_int("longce_max_tokens_per_batch", self.max_tokens_per_batch),
+            "loss_chunk_bytes": require_int("longce_loss_chunk_bytes", self.loss_chunk_bytes),
+            "plain_ce": require_bool("longce_plain_ce", self.plain_ce),
+            "compile_windows": require_bool("longce_compile_windows", self.compile_windows),
+        }
+        if not self.gamma > 0:  # also catches NaN
+            raise ValueError(f"longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got {self.gamma!r}.")
+        checked["gamma"] = float(self.gamma)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_args(cls, args: Any) -> LongCESettings:
+        """The ``longce_*`` attributes of ``args``; those it lacks (plain ``TrainingArguments``) take the defaults."""
+        given = {f.name: getattr(args, _PREFIX + f.name) for f in fields(cls) if hasattr(args, _PREFIX + f.name)}
+        return cls(**given)
 
 
 @dataclass
@@ -34,55 +91,55 @@ class LongCEConfig(TrainingArguments):
     """
 
     longce_trunc_len: int = field(
-        default=DEFAULT_TRUNC_LEN,
+        default=LongCESettings.trunc_len,
         metadata={
             "help": "K: tokens of context of the short-context pass (the truncated context). Tokens with fewer "
             "than K tokens before them in their own document get weight 1."
         },
     )
     longce_sliding_window: int = field(
-        default=DEFAULT_SLIDING_WINDOW,
+        default=LongCESettings.sliding_window,
         metadata={
             "help": "d: stride of the short-context windows; each window scores d tokens, which then have "
             "between K and K+d-1 tokens of short context (paper App. A.1)."
         },
     )
     longce_gamma: float = field(
-        default=DEFAULT_GAMMA,
+        default=LongCESettings.gamma,
         metadata={"help": "gamma: cap of the token weight min(exp(LSD), gamma); must be > 0."},
     )
     longce_max_tokens_per_batch: int = field(
-        default=DEFAULT_MAX_TOKENS_PER_BATCH,
+        default=LongCESettings.max_tokens_per_batch,
         metadata={
             "help": "Token budget of one short-context forward pass (windows of all documents of a batch are "
             "packed under it). Results do not depend on it; memory and speed do."
         },
     )
     longce_plain_ce: bool = field(
-        default=False,
+        default=LongCESettings.plain_ce,
         metadata={
             "help": "Train with plain cross-entropy (all weights 1, no short-context pass), through the same "
             "memory-lean loss: the CE baseline of the paper's tables."
         },
     )
     longce_compile_windows: bool = field(
-        default=False,
+        default=LongCESettings.compile_windows,
         metadata={
             "help": "torch.compile the model's transformer blocks for the short-context pass (regional, "
             "dynamic shapes): fuses its element-wise kernels after a one-off compilation."
         },
     )
     longce_loss_kernel: str = field(
-        default="auto",
+        default=LongCESettings.loss_kernel,
         metadata={
             "help": "LM-head loss implementation: 'ours' (chunked autograd function, any device), 'liger' "
             "(Liger-Kernel's fused linear cross-entropy, CUDA), or 'auto' (Liger when installed and "
             "applicable, else ours). A LoRA-wrapped LM head always goes through its own forward.",
-            "choices": ["auto", "ours", "liger"],
+            "choices": list(LOSS_KERNELS),
         },
     )
     longce_loss_chunk_bytes: int = field(
-        default=DEFAULT_LOSS_CHUNK_BYTES,
+        default=LongCESettings.loss_chunk_bytes,
         metadata={
             "help": "Bytes of float32 logits computed at a time by the loss (the LM head never produces a "
             "[tokens, vocabulary] tensor for the whole sequence)."
@@ -127,16 +184,9 @@ class LongCEConfig(TrainingArguments):
             value = getattr(self, names[native])
             for name in names:
                 setattr(self, name, value)
-        validate_longce_settings(
-            self.longce_trunc_len,
-            self.longce_sliding_window,
-            self.longce_gamma,
-            self.longce_max_tokens_per_batch,
-            self.longce_loss_kernel,
-        )
+        LongCESettings.from_args(self)  # raises ValueError naming a bad longce_* setting
 
 
-LOSS_KERNELS = ("auto", "ours", "liger")
 # (name up to transformers 5.23, name from 5.24 on) of each activation-checkpointing setting.
 CHECKPOINTING_ALIASES = (
     ("gradient_checkpointing", "activation_checkpointing"),
@@ -166,25 +216,3 @@ def _resolve_checkpointing_aliases(args: LongCEConfig) -> int:
     if args.gradient_checkpointing is None and args.activation_checkpointing is None:
         setattr(args, CHECKPOINTING_ALIASES[0][native], False)  # the flag is a bool once resolved
     return native
-
-
-def validate_longce_settings(
-    trunc_len: int, sliding_window: int, gamma: float, max_tokens_per_batch: int, loss_kernel: str = "auto"
-) -> None:
-    """Raise ``ValueError`` naming the bad LongCE setting and its valid range."""
-    if loss_kernel not in LOSS_KERNELS:
-        raise ValueError(f"longce_loss_kernel must be one of {LOSS_KERNELS}, got {loss_kernel!r}.")
-    if loss_kernel == "liger":
-        from .weighted_loss import liger_available
-
-        if not liger_available():
-            raise ValueError(
-                "longce_loss_kernel='liger' needs Liger-Kernel (pip install 'liger-kernel>=0.8.2') "
-                "and a CUDA build of PyTorch with Triton; or use 'auto' / 'ours'."
-            )
-    # The integer checks are the metric's own (longppl.settings), under the trainer's field names.
-    require_int("longce_trunc_len (K)", trunc_len)
-    require_int("longce_sliding_window (d)", sliding_window)
-    require_int("longce_max_tokens_per_batch", max_tokens_per_batch)
-    if not gamma > 0:  # also catches NaN
-        raise ValueError(f"longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got {gamma!r}.")

@@ -9,7 +9,7 @@ Per batch (paper Sec. 3.2, App. A.2), with the model being trained as its own sc
 2. gradient pass: the model's own forward, its LM head intercepted so that the weighted loss
    ``sum_i w_i * nll_i`` with ``w_i = min(exp(lp_long[i] - lp_short[i]), gamma)`` (``lp_long``
    from this very pass, detached) is computed from hidden states a chunk at a time, without a
-   ``[tokens, vocabulary]`` logits tensor (``weighted_loss``);
+   ``[tokens, vocabulary]`` logits tensor (``lm_head_loss``);
 3. ``loss = sum_i w_i * nll_i / N``, ``N`` = label tokens of the batch, or ``num_items_in_batch``
    when the Trainer counts them over gradient accumulation (and processes), exactly like the
    stock causal-LM loss; with all weights 1 it *is* the stock loss.
@@ -35,30 +35,14 @@ from transformers import Trainer
 from longppl.compilation import compiled_blocks
 from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
-from .config import LongCEConfig, validate_longce_settings
+from .config import LongCESettings
 from .documents import batch_documents, batch_short_log_probs, count_window_passes
-from .weighted_loss import (
-    chunked_weighted_cross_entropy,
-    fused_weighted_linear_cross_entropy,
-    liger_available,
-    liger_weighted_linear_cross_entropy,
-)
+from .lm_head_loss import select_lm_head_loss
 
 logger = logging.getLogger(__name__)
 
-_DEFAULTS = LongCEConfig.__dataclass_fields__
 # Logged besides the loss, per mode; evaluation prefixes its metric_key_prefix ("eval_", "test_").
 _STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
-
-
-def _setting(args: Any, name: str) -> Any:
-    """A ``longce_*`` setting of ``args``, or its ``LongCEConfig`` default for plain ``TrainingArguments``."""
-    return getattr(args, name, _DEFAULTS[name].default)
-
-
-def _is_plain_linear(module: nn.Module) -> bool:
-    """True for ``nn.Linear`` (and wrappers' subclasses that keep its forward), not LoRA / quantized heads."""
-    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
 
 
 def _output_logits(outputs: Any) -> torch.Tensor:
@@ -79,29 +63,18 @@ class LongCETrainer(Trainer):
     Batches need ``input_ids`` and ``labels`` (``-100`` = ignored; the model predicts ``labels[t+1]``
     from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
     ``attention_mask`` and ``position_ids``.
+
+    Attributes:
+        longce: the ``LongCESettings`` of ``args``, read once here (the defaults for plain
+            ``TrainingArguments``).
+        lm_head_loss: the ``LMHeadLoss`` that computes the weighted loss from the final hidden states,
+            chosen by ``longce_loss_kernel`` (``lm_head_loss.select_lm_head_loss``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.longce_trunc_len = _setting(self.args, "longce_trunc_len")
-        self.longce_sliding_window = _setting(self.args, "longce_sliding_window")
-        self.longce_gamma = _setting(self.args, "longce_gamma")
-        self.longce_max_tokens_per_batch = _setting(self.args, "longce_max_tokens_per_batch")
-        self.longce_plain_ce = _setting(self.args, "longce_plain_ce")
-        self.longce_loss_chunk_bytes = _setting(self.args, "longce_loss_chunk_bytes")
-        self.longce_compile_windows = _setting(self.args, "longce_compile_windows")
-        self.longce_loss_kernel = _setting(self.args, "longce_loss_kernel")
-        if not isinstance(self.args, LongCEConfig):  # LongCEConfig checked them in __post_init__ already
-            validate_longce_settings(
-                self.longce_trunc_len,
-                self.longce_sliding_window,
-                self.longce_gamma,
-                self.longce_max_tokens_per_batch,
-                self.longce_loss_kernel,
-            )
-        self._use_liger = self.longce_loss_kernel == "liger" or (
-            self.longce_loss_kernel == "auto" and torch.cuda.is_available() and liger_available()
-        )
+        self.longce = LongCESettings.from_args(self.args)
+        self.lm_head_loss = select_lm_head_loss(self.longce.loss_kernel, self.args.device, self.longce.loss_chunk_bytes)
         resolve_lm_head(self.model)  # raises a clear ValueError for models without a causal LM head
         if self.args.n_gpu > 1:
             # nn.DataParallel splits each batch inside the forward, where the intercepted LM head would
@@ -149,7 +122,7 @@ class LongCETrainer(Trainer):
         head = resolve_lm_head(self.accelerator.unwrap_model(model))
         batch, length = input_ids.shape
 
-        if self.longce_plain_ce:
+        if self.longce.plain_ce:
             lp_short = torch.full((batch, length), float("nan"), device=input_ids.device)
         else:
             lp_short = self._short_context_pass(model, head, inputs)
@@ -163,12 +136,13 @@ class LongCETrainer(Trainer):
         real_logits = return_outputs and self._longce_want_logits and not torch.is_grad_enabled()
 
         def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-            result["loss"], result["nll"], result["weight"] = self._weighted_loss(
+            result["loss"], result["nll"], result["weight"] = self.lm_head_loss(
                 head,
                 hidden.reshape(batch * length, -1)[flat],
                 project,
                 targets.reshape(-1)[flat],
                 lp_short_next.reshape(-1)[flat],
+                self.longce.gamma,
             )
             if real_logits:
                 return project(hidden)  # the model post-processes it (soft-capping, scaling) as usual
@@ -227,7 +201,7 @@ class LongCETrainer(Trainer):
         input_ids = inputs["input_ids"]
         ids = input_ids.cpu()  # windows are cut on the host: one copy, shared by counting and scoring
         documents = batch_documents(ids, inputs.get("attention_mask"), inputs.get("position_ids"))
-        K, d, budget = self.longce_trunc_len, self.longce_sliding_window, self.longce_max_tokens_per_batch
+        K, d, budget = self.longce.trunc_len, self.longce.sliding_window, self.longce.max_tokens_per_batch
         passes = count_window_passes(ids, documents, K, d, budget)
         if passes == 0:
             self._warn_no_windows(documents)
@@ -242,7 +216,7 @@ class LongCETrainer(Trainer):
         was_training = scorer.training
         scorer.eval()  # no dropout in the scores; gradient checkpointing off for no_grad passes
         try:
-            with torch.no_grad(), compiled_blocks(scorer, enabled=self.longce_compile_windows and passes > 0):
+            with torch.no_grad(), compiled_blocks(scorer, enabled=self.longce.compile_windows and passes > 0):
                 lp_short = batch_short_log_probs(scorer, ids, documents, K, d, budget).to(input_ids.device)
                 for _ in range(most - passes):  # idle passes keep the ranks' collectives in step
                     with intercept_head(head, lambda hidden, project: None):
@@ -256,7 +230,7 @@ class LongCETrainer(Trainer):
         if self._longce_warned_no_windows:
             return
         self._longce_warned_no_windows = True
-        K, d = self.longce_trunc_len, self.longce_sliding_window
+        K, d = self.longce.trunc_len, self.longce.sliding_window
         longest = max((doc.end - doc.start for doc in documents), default=0)
         logger.warning(
             "LongCE: no document of this batch is longer than K + d = %d tokens (longest: %d; longce_trunc_len "
@@ -268,34 +242,6 @@ class LongCETrainer(Trainer):
             K,
             d,
         )
-
-    def _weighted_loss(
-        self,
-        head: CausalLMHead,
-        hidden: torch.Tensor,
-        project: Callable[[torch.Tensor], torch.Tensor],
-        targets: torch.Tensor,
-        lp_short: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        transform = head.transform
-        module = head.head
-        gamma, chunk = float(self.longce_gamma), self.longce_loss_chunk_bytes
-        if _is_plain_linear(module):
-            if (
-                self._use_liger
-                and hidden.is_cuda
-                and transform.multiplier == 1.0
-                and hidden.dtype == module.weight.dtype
-            ):
-                return liger_weighted_linear_cross_entropy(
-                    hidden, module.weight, module.bias, targets, lp_short, gamma, transform
-                )
-            return fused_weighted_linear_cross_entropy(
-                hidden, module.weight, module.bias, targets, lp_short, gamma, transform, chunk
-            )
-        # LoRA (or another adapter) on the head: autograd through its own forward, chunk by chunk.
-        vocab = head.model.config.get_text_config().vocab_size
-        return chunked_weighted_cross_entropy(hidden, project, vocab, targets, lp_short, gamma, transform, chunk)
 
     # --------------------------------------------------------------- logging
 

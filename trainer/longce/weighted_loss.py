@@ -10,8 +10,9 @@ short-context log-probs ``lp_short`` (``[N]``, NaN where the token has no short 
 (the caller divides by the number of label tokens). ``logits`` is the head's projection followed by
 the architecture's post-processing (Cohere/Granite multiplier, Gemma soft-capping).
 
-Two implementations, both a chunk of rows at a time so that the largest logits tensor alive is
-``[chunk, V]``:
+Three implementations; ours cut the rows into chunks (``longppl.logprobs.rows_per_chunk``) so that
+the largest logits tensor alive is ``[chunk, V]``. ``lm_head_loss`` puts them behind one interface
+and owns the rule that picks one for a head and a device:
 
 - ``fused_weighted_linear_cross_entropy`` for a plain ``nn.Linear`` head: an autograd function that
   computes the gradients of ``hidden``, ``weight`` and ``bias`` during the forward pass (as
@@ -34,12 +35,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from longppl.logprobs import LogitTransform
+from longppl.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, rows_per_chunk
 
-# float32 bytes of one logits chunk: 1 GiB is ~2k rows of a 128k vocabulary. Measured on an H200
-# (scripts/bench_longce.py --loss-kernels, 32k tokens, Llama-3.2-1B head): 0.159 s vs 0.222 s with
-# 256 MiB chunks (fewer, larger matmuls), for ~4 GiB more peak memory.
-DEFAULT_LOSS_CHUNK_BYTES = 1 << 30
+# float32 bytes of one logits chunk, the scoring core's (chunks are cut by its ``rows_per_chunk``):
+# 1 GiB is ~2k rows of a 128k vocabulary. Measured on an H200 (scripts/bench_longce.py
+# --loss-kernels, 32k tokens, Llama-3.2-1B head): 0.159 s vs 0.222 s with 256 MiB chunks (fewer,
+# larger matmuls), for ~4 GiB more peak memory.
+DEFAULT_LOSS_CHUNK_BYTES = DEFAULT_LOGITS_CHUNK_BYTES
 
 
 def longce_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -51,16 +53,12 @@ def longce_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) 
     return torch.where(torch.isnan(lp_short), torch.ones_like(weight), weight)
 
 
-def _rows_per_chunk(vocab: int, chunk_bytes: int) -> int:
-    return max(1, chunk_bytes // (4 * vocab))
-
-
 class _FusedWeightedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, lp_short, gamma, transform, chunk_bytes, grads):
         n_rows = hidden.shape[0]
         vocab = weight.shape[0]
-        step = _rows_per_chunk(vocab, chunk_bytes)
+        step = rows_per_chunk(vocab, chunk_bytes)
         need_hidden, need_weight, need_bias = grads
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         # Gradient buffers in float32: they sum over all chunks.
@@ -201,7 +199,7 @@ def chunked_weighted_cross_entropy(
     forward and recomputed in backward, so autograd through ``project`` (LoRA adapters included)
     never holds more than one chunk of logits.
     """
-    step = _rows_per_chunk(vocab_size, chunk_bytes)
+    step = rows_per_chunk(vocab_size, chunk_bytes)
     nll = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     weights = torch.empty_like(nll)
 
