@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Score a corpus with an evaluator once, into a key-token cache (a ``datasets.Dataset`` on disk).
 
-    python scripts/compute_key_tokens.py --corpus docs.jsonl --evaluator meta-llama/Llama-3.1-8B \\
+    longppl-score --corpus docs.jsonl --evaluator meta-llama/Llama-3.1-8B \\
         --output key_tokens/govreport-llama3.1-8b
 
     # on 8 GPUs: documents are split across processes, the result is one cache
-    accelerate launch --multi_gpu --num_processes 8 scripts/compute_key_tokens.py --corpus ... --output ...
+    accelerate launch --multi_gpu --num_processes 8 -m longppl.tools.compute_key_tokens --corpus ... --output ...
 
 (On a machine without GPUs the same ``--multi_gpu`` launch runs CPU processes that talk over gloo.)
 
@@ -15,8 +14,11 @@ for the same evaluator and settings are skipped, so adding documents scores only
 Each process scores its share of the new documents and writes it to a shard beside the output
 (the output's folder must be shared by all processes, e.g. one machine or a shared file system);
 the main process merges the shards in corpus order and replaces the cache atomically. The result
-does not depend on the number of processes. Then evaluate models with
-``scripts/evaluate_longppl.py`` or ``compute(..., key_tokens=<output>)``.
+does not depend on the number of processes. Then evaluate models with ``longppl-evaluate`` or
+``compute(..., key_tokens=<output>)``.
+
+(``scripts/compute_key_tokens.py`` and ``python -m longppl.tools.compute_key_tokens`` run the same
+command.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 
 import numpy as np
@@ -37,6 +38,11 @@ from longppl.settings import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
 )
+from longppl.tools.cli import run_command
+
+# The name in usage lines and messages when main() is called from Python; commands show the name they
+# were started by (tools/cli.py).
+PROG = "compute_key_tokens.py"
 
 
 def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int]]:
@@ -54,8 +60,11 @@ def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int
     return [sorted(share) for share in shares]
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--corpus", required=True, help="a .jsonl file, a datasets directory or a Hub dataset name (required)"
     )
@@ -129,6 +138,12 @@ def parse_args(argv=None):
         default=DEFAULT_BETA,
         help="LCL threshold, only for the summary's key-token share (default %(default)s)",
     )
+    return parser
+
+
+def parse_args(argv=None, prog: str = PROG):
+    """The parsed options, checked as the metric checks them (usage errors exit through argparse)."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     # The library's own checks (longppl.settings), so the script refuses what the metric refuses, with
     # the same words, before anything is loaded or scored.
@@ -145,9 +160,14 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> dict:
-    """Run the script; returns the summary (documents, scored, tokens, key_share, seconds, output)."""
-    args = parse_args(argv)  # before the heavy imports: `--help` and usage errors answer at once
+def main(argv=None, prog: str = PROG) -> dict:
+    """Run the tool; returns the summary (documents, scored, tokens, key_share, seconds, output).
+
+    Raises:
+        ValueError: an input the tool cannot use (an empty or malformed corpus, ``--device`` with
+            several processes...), with what to do; the command prints it as ``<prog>: error: ...``.
+    """
+    args = parse_args(argv, prog)  # before the heavy imports: `--help` and usage errors answer at once
     import torch
     from accelerate import PartialState
 
@@ -262,8 +282,10 @@ def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:
     return summary
 
 
+def cli(argv=None) -> int:
+    """The ``longppl-score`` command: :func:`main`, with bad inputs reported as ``prog: error: ...``."""
+    return run_command(main, argv)
+
+
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as err:
-        sys.exit(f"compute_key_tokens.py: error: {err}")
+    raise SystemExit(cli())

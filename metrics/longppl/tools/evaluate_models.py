@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Evaluate one or more models against a key-token cache: one perplexity pass per model, no evaluator.
 
-    python scripts/evaluate_longppl.py --key-tokens key_tokens/govreport-llama3.1-8b \\
+    longppl-evaluate --key-tokens key_tokens/govreport-llama3.1-8b \\
         --models Qwen/Qwen2-7B mistralai/Mistral-7B-v0.1 --output-dir results/
 
 prints a table (model, LongPPL, PPL, key tokens, tokens) and writes ``results.json`` (per-text
@@ -12,9 +11,11 @@ correlations of LongPPL and of PPL with the scores and draws them like the paper
 tokens (LongPPL NaN) get a warning saying why; with fewer than 2 models of finite LongPPL and PPL the
 correlation and its figure are skipped.
 
-The cache (``scripts/compute_key_tokens.py``) is a directory or a Hub dataset name; the texts are
-the cache's own. A cache holding several evaluators or settings needs ``--evaluator`` (a name or
-the start of a fingerprint) and/or ``--trunc-len`` / ``--sliding-window`` to pick one.
+The cache (``longppl-score``) is a directory or a Hub dataset name; the texts are the cache's own.
+A cache holding several evaluators or settings needs ``--evaluator`` (a name or the start of a
+fingerprint) and/or ``--trunc-len`` / ``--sliding-window`` to pick one.
+
+(``scripts/evaluate_longppl.py`` and ``python -m longppl.tools.evaluate_models`` run the same command.)
 """
 
 from __future__ import annotations
@@ -28,14 +29,21 @@ import sys
 
 # Only the standard library at import time: ``--help`` must not wait for torch, transformers or
 # matplotlib, which are imported inside the functions that need them.
+from longppl.tools.cli import run_command
+
+# The name in usage lines and messages when main() is called from Python; commands show the name they
+# were started by (tools/cli.py).
+PROG = "evaluate_longppl.py"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
     from longppl.tools.cache_cli import add_cache_arguments
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_cache_arguments(parser)
     parser.add_argument(
         "--models", nargs="+", required=True, help="Hub ids or local paths of the models to evaluate (required)"
@@ -99,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv=None):
-    return build_parser().parse_args(argv)
+def parse_args(argv=None, prog: str = PROG):
+    return build_parser(prog).parse_args(argv)
 
 
 def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
@@ -151,14 +159,19 @@ def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict
     }
 
 
-def warn(message: str) -> None:
-    print(f"evaluate_longppl.py: warning: {message}", file=sys.stderr)
+def warn(prog: str, message: str) -> None:
+    print(f"{prog}: warning: {message}", file=sys.stderr)
 
 
-def main(argv=None) -> dict:
-    """Run the script; returns ``{"results": [(model, result)], "correlations": ... or None}``
-    (``None`` also when fewer than 2 models have a finite LongPPL and PPL: nothing is correlated)."""
-    args = parse_args(argv)
+def main(argv=None, prog: str = PROG) -> dict:
+    """Run the tool; returns ``{"results": [(model, result)], "correlations": ... or None}``
+    (``None`` also when fewer than 2 models have a finite LongPPL and PPL: nothing is correlated).
+
+    Raises:
+        ValueError: a cache or score file the tool cannot use, with what to do; the command prints it
+            as ``<prog>: error: ...``.
+    """
+    args = parse_args(argv, prog)
     from longppl.loading import load_causal_lm
     from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
     from longppl.tools.cache_cli import open_selected
@@ -196,7 +209,7 @@ def main(argv=None) -> dict:
         reason = explain_missing_key_tokens(
             evaluator_scores, args.alpha, args.beta, not args.no_lcl, settings.trunc_len
         )
-        warn(f"no key tokens for {', '.join(keyless)}, so LongPPL is NaN: {reason}")
+        warn(prog, f"no key tokens for {', '.join(keyless)}, so LongPPL is NaN: {reason}")
 
     meta = dict(
         key_tokens=args.key_tokens,
@@ -216,9 +229,10 @@ def main(argv=None) -> dict:
         found = correlations(results, scores)
         if len(found["models"]) < 2:
             warn(
+                prog,
                 f"correlation with {args.benchmark_name} skipped, and no correlation.png drawn: only "
                 f"{len(found['models'])} of the {len(scores)} models with a score have a finite LongPPL and "
-                "PPL, and a correlation needs at least 2."
+                "PPL, and a correlation needs at least 2.",
             )
             found = None
         else:
@@ -248,8 +262,10 @@ def main(argv=None) -> dict:
     return {"results": results, "correlations": found}
 
 
+def cli(argv=None) -> int:
+    """The ``longppl-evaluate`` command: :func:`main`, with bad inputs reported as ``prog: error: ...``."""
+    return run_command(main, argv)
+
+
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as err:
-        sys.exit(f"evaluate_longppl.py: error: {err}")
+    raise SystemExit(cli())

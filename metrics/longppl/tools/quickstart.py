@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""LongPPL in one command.
+"""LongPPL in one command: ``longppl-quickstart``.
 
 With no arguments (no network, about a minute on two CPU cores): trains a tiny model on a
 synthetic task whose only long-context tokens are copies of segments seen 64 tokens earlier, then
@@ -9,8 +8,11 @@ context is cut; PPL, averaged over all tokens, barely moves.
 
 With real models (downloads from the Hub; a GPU helps):
 
-    python scripts/quickstart.py --model Qwen/Qwen2-1.5B --evaluator meta-llama/Llama-3.1-8B \\
+    longppl-quickstart --model Qwen/Qwen2-1.5B --evaluator meta-llama/Llama-3.1-8B \\
         --texts my_long_documents.jsonl
+
+(``scripts/quickstart.py``, the README's first command, and ``python -m longppl.tools.quickstart`` run
+the same command.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ import time
 # Only light modules before the arguments are parsed (`--help` must not wait for torch): the
 # `longppl` package loads its torch-based parts on first use.
 import longppl
+from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
+from longppl.tools.cli import run_command
+
+# The name in usage lines and messages when main() is called from Python; commands show the name they
+# were started by (tools/cli.py).
+PROG = "quickstart.py"
+# K and d of the toy demo: its copies lie 64 tokens back (synthetic.DISTANCE), beyond K.
+TOY_TRUNC_LEN, TOY_SLIDING_WINDOW = 32, 16
 
 
 def read_texts(path: str, column: str) -> list[str]:
@@ -57,10 +67,9 @@ def toy_demo(args) -> None:
     )
     from longppl.tools.threads import choose_torch_threads
 
-    try:
-        threads = choose_torch_threads(1)  # a tiny model: more threads only wait (unless OMP_NUM_THREADS says)
-    except ValueError as err:
-        sys.exit(f"quickstart.py: error: {err}")
+    # A tiny model: more threads only wait (unless OMP_NUM_THREADS says). A bad OMP_NUM_THREADS is a
+    # ValueError, which the command reports as `<prog>: error: ...` (tools/cli.py).
+    threads = choose_torch_threads(1)
     start = time.perf_counter()
     print(
         f"Training a tiny model to copy words seen {DISTANCE} tokens back ({args.steps} steps on CPU, "
@@ -101,7 +110,7 @@ def toy_demo(args) -> None:
     cut = metric.compute(model=cut_context(model, args.window), **common)
     print(
         f"\n{args.documents} documents of {docs.ids.shape[1]} words; evaluator: the full-context model; "
-        f"K={args.trunc_len}, d={args.sliding_window}, alpha=2, beta=-2"
+        f"K={args.trunc_len}, d={args.sliding_window}, alpha={DEFAULT_ALPHA:g}, beta={DEFAULT_BETA:g}"
     )
     print_table([("full context", full), (f"context cut to {args.window} tokens", cut)])
     print(
@@ -130,8 +139,11 @@ def hub_demo(args) -> None:
     print_table([(args.model, result)])
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--model", help="Hub id or path of the model to evaluate (needs --evaluator and --texts; default: the toy demo)"
     )
@@ -149,8 +161,15 @@ def main(argv=None) -> None:
         help="keep the first N evaluator tokens of each text (default: no truncation)",
     )
     parser.add_argument("--device", default=None, help="cuda, cpu or auto (default: GPU if available)")
-    parser.add_argument("--trunc-len", type=int, default=None, help="K (default 4096; 32 for the toy demo)")
-    parser.add_argument("--sliding-window", type=int, default=None, help="d (default 1024; 16 for the toy demo)")
+    parser.add_argument(
+        "--trunc-len", type=int, default=None, help=f"K (default {DEFAULT_TRUNC_LEN}; {TOY_TRUNC_LEN} for the toy demo)"
+    )
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        default=None,
+        help=f"d (default {DEFAULT_SLIDING_WINDOW}; {TOY_SLIDING_WINDOW} for the toy demo)",
+    )
     parser.add_argument("--steps", type=int, default=600, help="toy demo: training steps (default 600)")
     parser.add_argument("--documents", type=int, default=8, help="toy demo: number of documents scored (default 8)")
     parser.add_argument(
@@ -165,14 +184,30 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="toy demo: seed of the training and the documents (default 0)"
     )
+    return parser
+
+
+def main(argv=None, prog: str = PROG) -> None:
+    """Run the toy demo, or with ``--model``/``--evaluator``/``--texts`` score real models.
+
+    Raises:
+        ValueError: ``OMP_NUM_THREADS`` is not a positive integer (the command prints it as
+            ``<prog>: error: ...``).
+    """
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if (args.model is None) != (args.evaluator is None):
         parser.error("--model and --evaluator go together")
     toy = args.model is None
-    args.trunc_len = args.trunc_len or (32 if toy else 4096)
-    args.sliding_window = args.sliding_window or (16 if toy else 1024)
+    args.trunc_len = args.trunc_len or (TOY_TRUNC_LEN if toy else DEFAULT_TRUNC_LEN)
+    args.sliding_window = args.sliding_window or (TOY_SLIDING_WINDOW if toy else DEFAULT_SLIDING_WINDOW)
     (toy_demo if toy else hub_demo)(args)
 
 
+def cli(argv=None) -> int:
+    """The ``longppl-quickstart`` command: :func:`main`, with bad inputs reported as ``prog: error: ...``."""
+    return run_command(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli())

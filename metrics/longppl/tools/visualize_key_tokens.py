@@ -1,30 +1,38 @@
-#!/usr/bin/env python
 """Pictures of a key-token cache, no model needed: a document as HTML with its key tokens
 highlighted and each token's LSD and LCL on hover (like the paper's Appendix F), and a PNG
 histogram of the LSD values of the whole corpus (like its Figure 4(a)).
 
-    python scripts/visualize_key_tokens.py --key-tokens key_tokens/govreport-llama3.1-8b \\
+    longppl-visualize --key-tokens key_tokens/govreport-llama3.1-8b \\
         --document 3 --html doc3.html --histogram lsd.png
 
 ``--document`` is the position of the text among the cache's rows of the chosen evaluator and
 settings (``--evaluator``, ``--trunc-len``, ``--sliding-window`` pick one when the cache holds
 several). The histogram needs matplotlib.
+
+(``scripts/visualize_key_tokens.py`` and ``python -m longppl.tools.visualize_key_tokens`` run the same
+command.)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-# Only the standard library at import time: ``--help`` must not wait for torch or matplotlib, which
-# are imported inside the functions that need them.
+# Only light modules at import time: ``--help`` must not wait for torch or matplotlib, which are
+# imported inside the functions that need them.
+from longppl.tools.cli import run_command
+
+# The name in usage lines and messages when main() is called from Python; commands show the name they
+# were started by (tools/cli.py).
+PROG = "visualize_key_tokens.py"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     from longppl.tools.cache_cli import add_cache_arguments
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_cache_arguments(parser)
     parser.add_argument(
         "--document",
@@ -46,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv=None):
-    parser = build_parser()
+def parse_args(argv=None, prog: str = PROG):
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if not (args.html or args.histogram):
         parser.error("nothing to draw: pass --html FILE and/or --histogram FILE")
@@ -56,8 +64,14 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def main(argv=None, prog: str = PROG) -> None:
+    """Run the tool: write the HTML view and/or the histogram the options ask for.
+
+    Raises:
+        ValueError: a cache the tool cannot use or a ``--document`` out of range, with what to do;
+            the command prints it as ``<prog>: error: ...``.
+    """
+    args = parse_args(argv, prog)
     from longppl.atomic_files import write_file_atomically
     from longppl.tools.cache_cli import open_selected
     from longppl.tools.key_token_html import key_token_html
@@ -100,8 +114,10 @@ def main(argv=None) -> None:
         print(f"wrote {args.histogram}")
 
 
+def cli(argv=None) -> int:
+    """The ``longppl-visualize`` command: :func:`main`, with bad inputs reported as ``prog: error: ...``."""
+    return run_command(main, argv)
+
+
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as err:
-        sys.exit(f"visualize_key_tokens.py: error: {err}")
+    raise SystemExit(cli())
