@@ -1,5 +1,5 @@
-"""What a person looks at: the scripts' --help, the correlation figure, the key-token HTML page, and
-the warning when a corpus has no key tokens. No model is needed here (the scripts' runs against a
+"""What a person looks at: the tools' --help, the correlation figure, the key-token HTML page, and
+the warning when a corpus has no key tokens. No model is needed here (the tools' runs against a
 real cache are in test_key_token_scripts.py)."""
 
 import html.parser
@@ -19,22 +19,21 @@ from longppl.tools.figures import correlation_figure, correlation_scatter, short
 from longppl.tools.key_token_html import MAX_OPACITY, key_token_html
 from longppl.tools.reports import explain_missing_key_tokens
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 NAN = float("nan")
 
-# Runs a script's --help as `python script.py --help` would (runpy, __main__), then reports which heavy
-# modules that imported, and every option of the script's parser with its expanded help.
+# Runs a tool's --help as `python -m longppl.tools.X --help` would (runpy, __main__), then reports which
+# heavy modules that imported, and every option of the tool's parser with its expanded help.
 HELP_PROBE = r"""
-import json, runpy, sys
-path = sys.argv[1]
-sys.argv = [path, "--help"]
+import importlib, json, runpy, sys
+module = sys.argv[1]
+sys.argv = [module, "--help"]
 try:
-    runpy.run_path(path, run_name="__main__")
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
     code = 0
 except SystemExit as stop:
     code = stop.code
 heavy = sorted(m for m in ("torch", "transformers", "evaluate", "matplotlib") if m in sys.modules)
-parser = runpy.run_path(path)["build_parser"]()
+parser = importlib.import_module(module).build_parser()
 formatter = parser._get_formatter()
 options = [
     {"option": a.option_strings[-1], "help": formatter._expand_help(a) if a.help else "",
@@ -45,11 +44,11 @@ print("@@PROBE@@" + json.dumps({"code": code, "heavy": heavy, "options": options
 """
 
 
-@pytest.mark.parametrize("script", ["evaluate_longppl", "visualize_key_tokens"])
-def test_help_is_quick_and_explains_every_option(script):
+@pytest.mark.parametrize("tool", ["evaluate_models", "visualize_key_tokens"])
+def test_help_is_quick_and_explains_every_option(tool):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [sys.executable, "-c", HELP_PROBE, os.path.join(SCRIPTS, f"{script}.py")],
+        [sys.executable, "-c", HELP_PROBE, f"longppl.tools.{tool}"],
         env=env,
         capture_output=True,
         text=True,
@@ -67,7 +66,7 @@ def test_help_is_quick_and_explains_every_option(script):
         if default is not None:  # a default that is a value must be stated
             shown = format(default, "g") if isinstance(default, float) else str(default)
             assert shown in option["help"], (option["option"], option["help"])
-    if script == "evaluate_longppl":
+    if tool == "evaluate_models":
         helps = {o["option"]: o["help"] for o in probe["options"]}
         assert "(default: 5)" in helps["--gamma"] and "(default: 32768)" in helps["--max-tokens-per-batch"]
         assert "pooled" in helps["--aggregation"] and "(default: official)" in helps["--aggregation"]
@@ -273,13 +272,8 @@ def test_explain_missing_key_tokens_names_the_cause():
 
 
 def test_lsd_cap_must_be_positive(capsys):
-    import importlib.util
+    from longppl.tools import visualize_key_tokens
 
-    spec = importlib.util.spec_from_file_location(
-        "visualize_key_tokens", os.path.join(SCRIPTS, "visualize_key_tokens.py")
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     with pytest.raises(SystemExit):
-        script.parse_args(["--key-tokens", "cache", "--html", "doc.html", "--lsd-cap", "0"])
+        visualize_key_tokens.parse_args(["--key-tokens", "cache", "--html", "doc.html", "--lsd-cap", "0"])
     assert "--lsd-cap 0 must be positive: it is the LSD shown at full shade" in capsys.readouterr().err
