@@ -252,7 +252,7 @@ def test_explain_missing_key_tokens_names_the_cause():
     assert explain_missing_key_tokens([short, short], 2.0, -2.0, True, 4096) == (
         "none of the 2 texts is longer than K=4096 evaluator tokens, so no token has a short-context score "
         "(LSD) to be a key token. Use longer texts, or score the cache with a smaller --trunc-len "
-        "(compute_key_tokens.py)."
+        "(longppl-score)."
     )
     scored = longppl.EvaluatorScores(
         np.arange(4), np.zeros((4, 2)), np.array([NAN, -1.0, -3.0, -0.5]), np.array([NAN, NAN, -6.5, -1.25])
@@ -263,7 +263,7 @@ def test_explain_missing_key_tokens_names_the_cause():
         "LCL > -2 (largest LSD 3.50; 1 tokens have LSD > 2): alpha/beta are too strict"
     )
     assert message.endswith(
-        "Try a lower --alpha or --beta, or --no-lcl; visualize_key_tokens.py --histogram shows the LSD distribution."
+        "Try a lower --alpha or --beta, or --no-lcl; longppl-visualize --histogram shows the LSD distribution."
     )
     assert "Try a lower --alpha;" in explain_missing_key_tokens([scored], 4.0, -2.0, False, 2)
     assert explain_missing_key_tokens([scored], 2.0, -4.0, True, 2).startswith(
