@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -277,3 +278,51 @@ def test_lsd_cap_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         visualize_key_tokens.parse_args(["--key-tokens", "cache", "--html", "doc.html", "--lsd-cap", "0"])
     assert "--lsd-cap 0 must be positive: it is the LSD shown at full shade" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- commands' errors
+
+
+def test_run_command_turns_a_bad_input_into_one_line_and_status_1(monkeypatch, capsys):
+    from longppl.tools.cli import run_command
+
+    calls = []
+
+    def fine(argv, prog):
+        calls.append((argv, prog))
+        return {"results": "for Python callers, not an exit status"}
+
+    def refuses(argv, prog):
+        raise ValueError("scores.csv, line 3: score 'x' of 'm' is not a number.")
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/longppl-evaluate", "--models", "m"])
+    assert run_command(fine, ["--models", "m"]) == 0
+    assert calls == [(["--models", "m"], "longppl-evaluate")]  # the name it was started by
+    with pytest.raises(SystemExit) as stop:
+        run_command(refuses)
+    assert stop.value.code == "longppl-evaluate: error: scores.csv, line 3: score 'x' of 'm' is not a number."
+
+    def crashes(argv, prog):
+        raise KeyError("a bug keeps its traceback")
+
+    with pytest.raises(KeyError):
+        run_command(crashes)
+
+
+def test_the_installed_command_says_what_was_wrong_without_a_traceback(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('["text"]\n', encoding="utf-8")
+    command = shutil.which("longppl-score", path=os.path.dirname(sys.executable))
+    assert command is not None, "reinstall the project (pip install -e .) to get its console scripts"
+    done = subprocess.run(
+        [command, "--corpus", str(corpus), "--evaluator", "unused", "--output", str(tmp_path / "out")],
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"longppl-score: error: {corpus}, line 1 is a JSON list, not an object with a 'text' field."
+    )
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
