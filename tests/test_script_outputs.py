@@ -45,9 +45,21 @@ print("@@PROBE@@" + json.dumps({"code": code, "heavy": heavy, "options": options
 """
 
 
+@pytest.fixture(scope="module")
+def modules_cache(tmp_path_factory):
+    """evaluate's module cache with this checkout's metric registered, as after the README's first
+    command. The shared default cache may hold another checkout's copy, and `import longppl` then
+    registers this one, a one-off that loads evaluate: not what --help costs."""
+    from longppl import register
+
+    cache = tmp_path_factory.mktemp("modules")
+    register.register_metric(str(cache))
+    return str(cache)
+
+
 @pytest.mark.parametrize("tool", ["evaluate_models", "visualize_key_tokens"])
-def test_help_is_quick_and_explains_every_option(tool):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def test_help_is_quick_and_explains_every_option(tool, modules_cache):
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache)
     done = subprocess.run(
         [sys.executable, "-c", HELP_PROBE, f"longppl.tools.{tool}"],
         env=env,
