@@ -30,22 +30,19 @@ import math
 import sys
 import tempfile
 
-import bench_longppl  # scripts/ is on sys.path when a script of it runs; light until load_dependencies()
-
 from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
+from longppl.tools.benchmarking import measure
 
 
 def load_dependencies() -> None:
     """Import torch, the trainer and the benchmark helpers as this module's globals, once the
     arguments are parsed: `--help` then answers without loading torch."""
-    global torch, F, measure, LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
+    global torch, F, LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
     global chunked_weighted_cross_entropy, liger_available, liger_weighted_linear_cross_entropy, longce_weights
     global resolve_lm_head
     import torch
     import torch.nn.functional as F
 
-    bench_longppl.load_dependencies()
-    measure = bench_longppl.measure
     try:  # `longce` (trainer/longce/) is importable once the project is installed
         from longce import LongCEConfig, LongCETrainer, fused_weighted_linear_cross_entropy
         from longce.weighted_loss import (

@@ -44,11 +44,12 @@ import shutil
 import time
 
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH
+from longppl.tools.benchmarking import measure
 
 
 def load_dependencies() -> None:
     """Import numpy, torch and the scoring core as this module's globals, once the arguments are
-    parsed: `--help` then answers without loading torch. (bench_longce.py calls it too, for ``measure``.)"""
+    parsed: `--help` then answers without loading torch."""
     global np, torch, F, key_token_mask, long_context_log_probs, short_context_log_probs, compiled_blocks
     import numpy as np
     import torch
@@ -312,21 +313,6 @@ def cache_benchmark(args, device):
             f"{ratio(same['ppl'])} | {ratio(same['ppl-chunked'])} |"
         )
     return rows
-
-
-def measure(fn, device):
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    value = fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return seconds, peak, value
 
 
 def main(argv=None):

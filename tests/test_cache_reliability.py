@@ -184,7 +184,8 @@ def test_damage_surfaces_in_the_metric_and_the_script(saved_cache, tmp_path):
             progress=False,
         )
     from accelerate import PartialState
-    from test_key_token_scripts import load_script
+
+    from longppl.tools import compute_key_tokens
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text(json.dumps({"text": "a document"}) + "\n", encoding="utf-8")
@@ -194,9 +195,7 @@ def test_damage_surfaces_in_the_metric_and_the_script(saved_cache, tmp_path):
     ev_tok.save_pretrained(evaluator)
     try:
         with pytest.raises(ValueError, match=rf"key-token cache at '{re.escape(saved_cache)}' is damaged"):
-            load_script("compute_key_tokens").main(
-                ["--corpus", str(corpus), "--evaluator", str(evaluator), "--output", saved_cache]
-            )
+            compute_key_tokens.main(["--corpus", str(corpus), "--evaluator", str(evaluator), "--output", saved_cache])
     finally:
         PartialState._reset_state()
 

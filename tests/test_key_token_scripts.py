@@ -1,9 +1,9 @@
-"""The scripts around the key-token cache: scoring a corpus (one and two processes), evaluating
-models against it, pictures; and the correlations they report."""
+"""The tools around the key-token cache (longppl.tools: the longppl-score, longppl-evaluate and
+longppl-visualize commands): scoring a corpus (one and two processes), evaluating models against it,
+pictures; and the correlations they report."""
 
 import csv
 import html
-import importlib.util
 import json
 import math
 import os
@@ -18,6 +18,7 @@ from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, m
 
 import longppl
 from longppl.key_token_cache import KeyTokenCache
+from longppl.tools import compute_key_tokens, evaluate_models, visualize_key_tokens
 from longppl.tools.correlation import average_ranks, pearson, spearman
 
 K, D = 47, 13
@@ -25,19 +26,14 @@ ALPHA, BETA = 0.005, -50.0
 SETTINGS = ["--trunc-len", str(K), "--sliding-window", str(D)]
 
 
-def load_script(name):
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def scripts():
+def tools():
     from accelerate import PartialState
 
-    yield {name: load_script(name) for name in ("compute_key_tokens", "evaluate_longppl", "visualize_key_tokens")}
+    yield {
+        module.__name__.rsplit(".", 1)[1]: module
+        for module in (compute_key_tokens, evaluate_models, visualize_key_tokens)
+    }
     PartialState._reset_state()  # compute_key_tokens set up accelerate's (process-wide) state
 
 
@@ -65,9 +61,9 @@ def files(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache(scripts, files):
+def cache(tools, files):
     output = str(files["root"] / "cache")
-    summary = scripts["compute_key_tokens"].main(
+    summary = tools["compute_key_tokens"].main(
         [
             "--corpus",
             files["corpus"],
@@ -100,13 +96,12 @@ def assert_same_cache(a, b):
 @pytest.mark.slow
 def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
     output = str(tmp_path / "cache")
-    script = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py"
-    )
-    # --multi_gpu is accelerate's torchrun launcher; without GPUs the script joins the processes over gloo.
+    # --multi_gpu is accelerate's torchrun launcher; without GPUs the tool joins the processes over gloo.
+    # -m: each process runs the module as `python -m` would, the way to launch a packaged tool.
     command = [
         *accelerate_launch_on_cpu(2),
-        script,
+        "-m",
+        "longppl.tools.compute_key_tokens",
         "--corpus",
         files["corpus"],
         "--evaluator",
@@ -123,7 +118,7 @@ def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # shards removed
 
 
-def test_new_documents_only_are_scored(scripts, files, cache, tmp_path):
+def test_new_documents_only_are_scored(tools, files, cache, tmp_path):
     output = str(tmp_path / "cache")
     KeyTokenCache.load(cache).save(output)
     more = tmp_path / "more.jsonl"
@@ -131,13 +126,13 @@ def test_new_documents_only_are_scored(scripts, files, cache, tmp_path):
     more.write_text(
         open(files["corpus"], encoding="utf-8").read() + json.dumps({"text": extra}) + "\n", encoding="utf-8"
     )
-    summary = scripts["compute_key_tokens"].main(
+    summary = tools["compute_key_tokens"].main(
         ["--corpus", str(more), "--evaluator", files["evaluator"], "--output", output, *SETTINGS]
     )
     assert summary["documents"] == 5 and summary["scored"] == 1
     assert KeyTokenCache.load(output).texts(range(5)) == files["texts"] + [extra]
     # max_length cuts each text to its first N evaluator tokens (the cache keeps the cut text)
-    summary = scripts["compute_key_tokens"].main(
+    summary = tools["compute_key_tokens"].main(
         [
             "--corpus",
             files["corpus"],
@@ -165,36 +160,36 @@ def test_new_documents_only_are_scored(scripts, files, cache, tmp_path):
         ('["text"]\n', r"docs.jsonl, line 1 is a JSON list, not an object"),
     ],
 )
-def test_bad_jsonl_lines_are_named(scripts, files, tmp_path, content, message):
+def test_bad_jsonl_lines_are_named(tools, files, tmp_path, content, message):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text(content, encoding="utf-8")
     with pytest.raises(ValueError, match=message):
-        scripts["compute_key_tokens"].main(
+        tools["compute_key_tokens"].main(
             ["--corpus", str(corpus), "--evaluator", files["evaluator"], "--output", str(tmp_path / "out")]
         )
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_datasets_directories(scripts, files, tmp_path):
+def test_bad_datasets_directories(tools, files, tmp_path):
     numbers = str(tmp_path / "numbers")
     datasets.Dataset.from_dict({"text": [1, 2]}).save_to_disk(numbers)
     args = ["--evaluator", files["evaluator"], "--output", str(tmp_path / "out")]
     with pytest.raises(ValueError, match=r"column 'text' holds Value\('int64'\), not strings"):
-        scripts["compute_key_tokens"].main(["--corpus", numbers, *args])
+        tools["compute_key_tokens"].main(["--corpus", numbers, *args])
     with pytest.raises(ValueError, match=r"has no column 'body' \(its columns: \['text'\]\)"):
-        scripts["compute_key_tokens"].main(["--corpus", numbers, "--text-column", "body", *args])
+        tools["compute_key_tokens"].main(["--corpus", numbers, "--text-column", "body", *args])
     holes = str(tmp_path / "holes")
     datasets.Dataset.from_dict({"text": ["a text", None]}).save_to_disk(holes)
     with pytest.raises(ValueError, match=r"row 1 of column 'text' is a NoneType, not a string"):
-        scripts["compute_key_tokens"].main(["--corpus", holes, *args])
+        tools["compute_key_tokens"].main(["--corpus", holes, *args])
 
 
-def test_evaluate_models_against_the_cache(scripts, files, cache, tmp_path):
+def test_evaluate_models_against_the_cache(tools, files, cache, tmp_path):
     scores_file = tmp_path / "scores.csv"
     scores = {files["models"][0]: 41.5, files["models"][1]: 37.0}
     scores_file.write_text("model,score\n" + "".join(f"{m},{s}\n" for m, s in scores.items()), encoding="utf-8")
     out = tmp_path / "results"
-    run = scripts["evaluate_longppl"].main(
+    run = tools["evaluate_models"].main(
         [
             "--key-tokens",
             cache,
@@ -248,26 +243,26 @@ def test_evaluate_models_against_the_cache(scripts, files, cache, tmp_path):
     assert sorted(os.listdir(out)) == ["correlation.png", "results.csv", "results.json"]
 
 
-def test_benchmark_scores_for_a_model_not_evaluated(scripts, files, cache, tmp_path):
+def test_benchmark_scores_for_a_model_not_evaluated(tools, files, cache, tmp_path):
     scores_file = tmp_path / "scores.csv"
     argv = ["--key-tokens", cache, "--models", files["models"][0], "--output-dir", str(tmp_path / "out"),
             "--benchmark-scores", str(scores_file)]  # fmt: skip
     scores_file.write_text(f"model,score\n{files['models'][0]},40\nllama-70b,55\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"names models that were not evaluated: \['llama-70b'\]"):
-        scripts["evaluate_longppl"].main(argv)
+        tools["evaluate_models"].main(argv)
     scores_file.write_text(f"model,score\n{files['models'][0]},high\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2: score 'high' .* is not a number"):
-        scripts["evaluate_longppl"].main(argv)
+        tools["evaluate_models"].main(argv)
     assert not (tmp_path / "out").exists()  # checked before any model runs
 
 
-def test_no_key_tokens_warns_why_and_skips_the_correlation(scripts, files, cache, tmp_path, capsys):
+def test_no_key_tokens_warns_why_and_skips_the_correlation(tools, files, cache, tmp_path, capsys):
     scores_file = tmp_path / "scores.csv"
     scores_file.write_text(
         "model,score\n" + "".join(f"{m},{s}\n" for m, s in zip(files["models"], (41.5, 37.0))), encoding="utf-8"
     )
     out = tmp_path / "results"
-    run = scripts["evaluate_longppl"].main(
+    run = tools["evaluate_models"].main(
         [
             "--key-tokens",
             cache,
@@ -309,7 +304,7 @@ def test_no_key_tokens_warns_why_and_skips_the_correlation(scripts, files, cache
     assert json.loads((out / "results.json").read_text())["meta"]["correlations"] is None
 
 
-def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
+def test_pictures_from_the_cache(tools, files, cache, tmp_path):
     tricky = '<b>Tom & Jerry</b> say "hi" ' + files["texts"][2]
     # a one-row cache of a text with markup in it, from the same evaluator
     from longppl.key_token_cache import KeyTokenSettings, key_token_rows
@@ -321,7 +316,7 @@ def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
     one = KeyTokenCache(key_token_rows([tricky], scores, KeyTokenSettings(K, D), identity))
     one.save(str(tmp_path / "one"))
     page, png = tmp_path / "doc.html", tmp_path / "lsd.png"
-    scripts["visualize_key_tokens"].main(
+    tools["visualize_key_tokens"].main(
         [
             "--key-tokens",
             str(tmp_path / "one"),
@@ -351,7 +346,7 @@ def test_pictures_from_the_cache(scripts, files, cache, tmp_path):
     with open(png, "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match=r"--document 4 is out of range: the cache holds 4 texts"):
-        scripts["visualize_key_tokens"].main(["--key-tokens", cache, "--document", "4", "--html", str(page)])
+        tools["visualize_key_tokens"].main(["--key-tokens", cache, "--document", "4", "--html", str(page)])
 
 
 def test_html_shows_tokens_sharing_a_character_as_one_piece():
@@ -396,15 +391,15 @@ def test_correlations_against_plain_formulas():
     assert math.isnan(pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])) and math.isnan(spearman([1.0], [2.0]))
 
 
-def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(scripts, files, cache, tmp_path, monkeypatch):
+def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(tools, files, cache, tmp_path, monkeypatch):
     output = str(tmp_path / "cache")
     half = tmp_path / "half.jsonl"
     half.write_text("".join(open(files["corpus"], encoding="utf-8").readlines()[:2]), encoding="utf-8")
     monkeypatch.chdir(files["root"])
-    first = scripts["compute_key_tokens"].main(
+    first = tools["compute_key_tokens"].main(
         ["--corpus", str(half), "--evaluator", "evaluator", "--output", output, *SETTINGS]
     )
-    second = scripts["compute_key_tokens"].main(
+    second = tools["compute_key_tokens"].main(
         ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output, *SETTINGS]
     )
     assert (first["scored"], second["scored"]) == (2, 2)  # the same evaluator: its rows are reused
@@ -421,9 +416,9 @@ def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(script
         "--device",
         "cpu",
     ]
-    one_spelling = scripts["evaluate_longppl"].main([*args, "--key-tokens", cache, "--output-dir", str(tmp_path / "a")])
+    one_spelling = tools["evaluate_models"].main([*args, "--key-tokens", cache, "--output-dir", str(tmp_path / "a")])
     for pick in ([], ["--evaluator", "evaluator"], ["--evaluator", files["evaluator"]]):
-        run = scripts["evaluate_longppl"].main([*args, *pick, "--output-dir", str(tmp_path / "b")])
+        run = tools["evaluate_models"].main([*args, *pick, "--output-dir", str(tmp_path / "b")])
         assert run["results"][0][1]["longppls"] == one_spelling["results"][0][1]["longppls"]
         assert run["results"][0][1]["n_key_tokens"] == one_spelling["results"][0][1]["n_key_tokens"]
 
@@ -437,9 +432,9 @@ def test_one_evaluator_under_two_spellings_of_its_path_is_one_combination(script
         (["--max-length", "1"], "max_length must be an integer >= 2, got 1"),
     ],
 )
-def test_compute_key_tokens_refuses_what_the_metric_refuses(scripts, tmp_path, capsys, flags, message):
+def test_compute_key_tokens_refuses_what_the_metric_refuses(tools, tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
-        scripts["compute_key_tokens"].parse_args(
+        tools["compute_key_tokens"].parse_args(
             ["--corpus", str(tmp_path / "c.jsonl"), "--evaluator", "ev", "--output", str(tmp_path / "o")] + flags
         )
     assert exit_info.value.code == 2

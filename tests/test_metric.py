@@ -296,27 +296,22 @@ def test_max_length_counts_evaluator_tokens(metric, setup):
 
 
 def test_max_length_means_the_same_in_the_metric_and_compute_key_tokens(metric, setup, tmp_path, monkeypatch):
-    """A cache built with compute_key_tokens.py --max-length N holds the texts compute(max_length=N) cuts."""
-    import importlib.util
+    """A cache built with longppl-score --max-length N holds the texts compute(max_length=N) cuts."""
     import sys
 
     import datasets
     from accelerate import PartialState
+
+    from longppl.tools import compute_key_tokens
 
     folder = str(tmp_path / "evaluator")
     setup["evaluator_model"].save_pretrained(folder)
     setup["evaluator_tokenizer"].save_pretrained(folder)
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in setup["texts"]), encoding="utf-8")
-    script = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "compute_key_tokens.py"
-    )
-    spec = importlib.util.spec_from_file_location("compute_key_tokens", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     cache = str(tmp_path / "cache")
     try:
-        module.main(
+        compute_key_tokens.main(
             [
                 "--corpus",
                 str(corpus),

@@ -1,9 +1,14 @@
-"""Every script answers `--help` without loading torch (or transformers, datasets, evaluate, accelerate),
-and every option says what it is, and its default where it takes a value."""
+"""Every command-line tool (the console scripts, run here as their modules) and every script answers
+`--help` without loading torch (or transformers, datasets, evaluate, accelerate), and every option says
+what it is, and its default where it takes a value. Each console script of setup.cfg is installed and
+answers `--help`; each wrapper in scripts/ runs the same tool as its command."""
 
+import configparser
+import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -11,18 +16,22 @@ import pytest
 from conftest import REPO
 
 HEAVY = ("torch", "transformers", "datasets", "evaluate", "accelerate", "gradio")
-# A child Python runs the script's main module with `--help`, stdout captured, and reports what
-# was imported: an assertion on imports, not on a machine-dependent time.
+# A child Python runs a script (a path) or a tool (a module, as `python -m` does) as __main__ with
+# `--help`, stdout captured, and reports what was imported: an assertion on imports, not on a
+# machine-dependent time.
 RUNNER = r"""
 import contextlib, io, json, runpy, sys
-path, args = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, sys.argv[1].rsplit("/", 1)[0])  # as when the script runs: its folder first
-sys.argv = [path, *args]
+target, args = sys.argv[1], sys.argv[2:]
+sys.argv = [target, *args]
 out = io.StringIO()
 code = None
 with contextlib.redirect_stdout(out):
     try:
-        runpy.run_path(path, run_name="__main__")
+        if target.endswith(".py"):
+            sys.path.insert(0, target.rsplit("/", 1)[0])  # as when the script runs: its folder first
+            runpy.run_path(target, run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         code = exit_.code
 print(json.dumps({"code": code, "help": out.getvalue(), "heavy": [m for m in HEAVY if m in sys.modules]}))
@@ -34,9 +43,10 @@ parser = argparse.ArgumentParser(prog="shared")
 add_cache_arguments(parser)
 print(json.dumps({"code": 0, "help": parser.format_help(), "heavy": [m for m in HEAVY if m in sys.modules]}))
 """
+# The tools (modules of longppl.tools, behind the console scripts), and the scripts that stay in scripts/.
+TOOLS = ["quickstart", "compute_key_tokens", "evaluate_models", "visualize_key_tokens"]
 SCRIPTS = [
-    ("quickstart.py",),
-    ("compute_key_tokens.py",),
+    *((f"longppl.tools.{tool}",) for tool in TOOLS),
     ("bench_longce.py",),
     ("bench_longppl.py",),
     ("bench_multi_gpu.py",),
@@ -46,7 +56,7 @@ SCRIPTS = [
 ]
 # Options whose help another change rewrites (compute_key_tokens' --max-length): they must have a
 # help text, but its default is that change's to state.
-NOT_OURS = {("compute_key_tokens.py", "--max-length")}
+NOT_OURS = {("longppl.tools.compute_key_tokens", "--max-length")}
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +107,8 @@ def option_helps(text: str) -> dict[str, str]:
 @pytest.mark.parametrize("script", SCRIPTS, ids=" ".join)
 def test_help_is_light_and_complete(script, modules_cache):
     name, *command = script
-    result = _run(RUNNER, os.path.join(REPO, "scripts", name), *command, "--help", modules_cache=modules_cache)
+    target = os.path.join(REPO, "scripts", name) if name.endswith(".py") else name
+    result = _run(RUNNER, target, *command, "--help", modules_cache=modules_cache)
     assert result["code"] in (0, None)
     assert result["heavy"] == [], f"{name} --help imported {result['heavy']}: move those imports after parsing"
     helps = option_helps(result["help"])
@@ -132,3 +143,53 @@ def test_shared_cache_options_are_light_and_complete(modules_cache):
 def test_the_help_parser_sees_missing_help():
     text = "options:\n  -h, --help  show this help message and exit\n  --gamma GAMMA\n  --tiny      a smoke run\n"
     assert option_helps(text) == {"--help": "show this help message and exit", "--gamma": "", "--tiny": "a smoke run"}
+
+
+def console_scripts() -> dict[str, str]:
+    """``{command: "module:function"}`` of setup.cfg's ``[options.entry_points] console_scripts``."""
+    config = configparser.ConfigParser()
+    config.read(os.path.join(REPO, "setup.cfg"), encoding="utf-8")
+    lines = config["options.entry_points"]["console_scripts"].strip().splitlines()
+    return dict((part.strip() for part in line.split("=", 1)) for line in lines)
+
+
+def test_setup_cfg_names_the_longppl_commands():
+    assert {"longppl-score", "longppl-evaluate", "longppl-visualize", "longppl-quickstart"} <= set(console_scripts())
+    assert console_scripts()["longppl-score"] == "longppl.tools.compute_key_tokens:cli"
+
+
+@pytest.mark.parametrize("command, target", sorted(console_scripts().items()))
+def test_console_script_is_installed_and_answers_help(command, target, modules_cache):
+    installed = {e.name: e for e in importlib.metadata.entry_points(group="console_scripts")}
+    hint = "reinstall the project (pip install -e .): the installed metadata predates setup.cfg's entry points"
+    assert command in installed and installed[command].value == target, hint
+    assert callable(installed[command].load())
+    # the executable the install wrote beside this interpreter, as a user's shell finds it
+    executable = shutil.which(command, path=os.path.dirname(sys.executable))
+    assert executable is not None, hint
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", HF_MODULES_CACHE=modules_cache)
+    done = subprocess.run([executable, "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: {command} ")
+
+
+@pytest.mark.parametrize(
+    "wrapper, tool",
+    [
+        ("quickstart.py", "quickstart"),
+        ("compute_key_tokens.py", "compute_key_tokens"),
+        ("evaluate_longppl.py", "evaluate_models"),
+        ("visualize_key_tokens.py", "visualize_key_tokens"),
+    ],
+)
+def test_wrapper_in_scripts_runs_its_tool(wrapper, tool, modules_cache):
+    from_wrapper = _run(RUNNER, os.path.join(REPO, "scripts", wrapper), "--help", modules_cache=modules_cache)
+    from_module = _run(RUNNER, f"longppl.tools.{tool}", "--help", modules_cache=modules_cache)
+    assert from_wrapper["heavy"] == [] and from_wrapper["code"] in (0, None)
+    # the same parser: the usage line names the program it was started by, and what follows it (the
+    # description and every option) is the same text
+    assert from_wrapper["help"].startswith(f"usage: {wrapper} ")
+    assert from_module["help"].startswith(f"usage: {tool}.py ")
+    description_and_options = [run["help"].split("\n\n", 1)[1] for run in (from_wrapper, from_module)]
+    assert description_and_options[0] == description_and_options[1]
+    assert len(option_helps(description_and_options[0])) > 2

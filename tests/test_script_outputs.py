@@ -1,5 +1,5 @@
-"""What a person looks at: the scripts' --help, the correlation figure, the key-token HTML page, and
-the warning when a corpus has no key tokens. No model is needed here (the scripts' runs against a
+"""What a person looks at: the tools' --help, the correlation figure, the key-token HTML page, and
+the warning when a corpus has no key tokens. No model is needed here (the tools' runs against a
 real cache are in test_key_token_scripts.py)."""
 
 import html.parser
@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -19,22 +20,21 @@ from longppl.tools.figures import correlation_figure, correlation_scatter, short
 from longppl.tools.key_token_html import MAX_OPACITY, key_token_html
 from longppl.tools.reports import explain_missing_key_tokens
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 NAN = float("nan")
 
-# Runs a script's --help as `python script.py --help` would (runpy, __main__), then reports which heavy
-# modules that imported, and every option of the script's parser with its expanded help.
+# Runs a tool's --help as `python -m longppl.tools.X --help` would (runpy, __main__), then reports which
+# heavy modules that imported, and every option of the tool's parser with its expanded help.
 HELP_PROBE = r"""
-import json, runpy, sys
-path = sys.argv[1]
-sys.argv = [path, "--help"]
+import importlib, json, runpy, sys
+module = sys.argv[1]
+sys.argv = [module, "--help"]
 try:
-    runpy.run_path(path, run_name="__main__")
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
     code = 0
 except SystemExit as stop:
     code = stop.code
 heavy = sorted(m for m in ("torch", "transformers", "evaluate", "matplotlib") if m in sys.modules)
-parser = runpy.run_path(path)["build_parser"]()
+parser = importlib.import_module(module).build_parser()
 formatter = parser._get_formatter()
 options = [
     {"option": a.option_strings[-1], "help": formatter._expand_help(a) if a.help else "",
@@ -45,11 +45,23 @@ print("@@PROBE@@" + json.dumps({"code": code, "heavy": heavy, "options": options
 """
 
 
-@pytest.mark.parametrize("script", ["evaluate_longppl", "visualize_key_tokens"])
-def test_help_is_quick_and_explains_every_option(script):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+@pytest.fixture(scope="module")
+def modules_cache(tmp_path_factory):
+    """evaluate's module cache with this checkout's metric registered, as after the README's first
+    command. The shared default cache may hold another checkout's copy, and `import longppl` then
+    registers this one, a one-off that loads evaluate: not what --help costs."""
+    from longppl import register
+
+    cache = tmp_path_factory.mktemp("modules")
+    register.register_metric(str(cache))
+    return str(cache)
+
+
+@pytest.mark.parametrize("tool", ["evaluate_models", "visualize_key_tokens"])
+def test_help_is_quick_and_explains_every_option(tool, modules_cache):
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache)
     done = subprocess.run(
-        [sys.executable, "-c", HELP_PROBE, os.path.join(SCRIPTS, f"{script}.py")],
+        [sys.executable, "-c", HELP_PROBE, f"longppl.tools.{tool}"],
         env=env,
         capture_output=True,
         text=True,
@@ -67,7 +79,7 @@ def test_help_is_quick_and_explains_every_option(script):
         if default is not None:  # a default that is a value must be stated
             shown = format(default, "g") if isinstance(default, float) else str(default)
             assert shown in option["help"], (option["option"], option["help"])
-    if script == "evaluate_longppl":
+    if tool == "evaluate_models":
         helps = {o["option"]: o["help"] for o in probe["options"]}
         assert "(default: 5)" in helps["--gamma"] and "(default: 32768)" in helps["--max-tokens-per-batch"]
         assert "pooled" in helps["--aggregation"] and "(default: official)" in helps["--aggregation"]
@@ -253,7 +265,7 @@ def test_explain_missing_key_tokens_names_the_cause():
     assert explain_missing_key_tokens([short, short], 2.0, -2.0, True, 4096) == (
         "none of the 2 texts is longer than K=4096 evaluator tokens, so no token has a short-context score "
         "(LSD) to be a key token. Use longer texts, or score the cache with a smaller --trunc-len "
-        "(compute_key_tokens.py)."
+        "(longppl-score)."
     )
     scored = longppl.EvaluatorScores(
         np.arange(4), np.zeros((4, 2)), np.array([NAN, -1.0, -3.0, -0.5]), np.array([NAN, NAN, -6.5, -1.25])
@@ -264,7 +276,7 @@ def test_explain_missing_key_tokens_names_the_cause():
         "LCL > -2 (largest LSD 3.50; 1 tokens have LSD > 2): alpha/beta are too strict"
     )
     assert message.endswith(
-        "Try a lower --alpha or --beta, or --no-lcl; visualize_key_tokens.py --histogram shows the LSD distribution."
+        "Try a lower --alpha or --beta, or --no-lcl; longppl-visualize --histogram shows the LSD distribution."
     )
     assert "Try a lower --alpha;" in explain_missing_key_tokens([scored], 4.0, -2.0, False, 2)
     assert explain_missing_key_tokens([scored], 2.0, -4.0, True, 2).startswith(
@@ -273,13 +285,56 @@ def test_explain_missing_key_tokens_names_the_cause():
 
 
 def test_lsd_cap_must_be_positive(capsys):
-    import importlib.util
+    from longppl.tools import visualize_key_tokens
 
-    spec = importlib.util.spec_from_file_location(
-        "visualize_key_tokens", os.path.join(SCRIPTS, "visualize_key_tokens.py")
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     with pytest.raises(SystemExit):
-        script.parse_args(["--key-tokens", "cache", "--html", "doc.html", "--lsd-cap", "0"])
+        visualize_key_tokens.parse_args(["--key-tokens", "cache", "--html", "doc.html", "--lsd-cap", "0"])
     assert "--lsd-cap 0 must be positive: it is the LSD shown at full shade" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- commands' errors
+
+
+def test_run_command_turns_a_bad_input_into_one_line_and_status_1(monkeypatch, capsys):
+    from longppl.tools.cli import run_command
+
+    calls = []
+
+    def fine(argv, prog):
+        calls.append((argv, prog))
+        return {"results": "for Python callers, not an exit status"}
+
+    def refuses(argv, prog):
+        raise ValueError("scores.csv, line 3: score 'x' of 'm' is not a number.")
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/longppl-evaluate", "--models", "m"])
+    assert run_command(fine, ["--models", "m"]) == 0
+    assert calls == [(["--models", "m"], "longppl-evaluate")]  # the name it was started by
+    with pytest.raises(SystemExit) as stop:
+        run_command(refuses)
+    assert stop.value.code == "longppl-evaluate: error: scores.csv, line 3: score 'x' of 'm' is not a number."
+
+    def crashes(argv, prog):
+        raise KeyError("a bug keeps its traceback")
+
+    with pytest.raises(KeyError):
+        run_command(crashes)
+
+
+def test_the_installed_command_says_what_was_wrong_without_a_traceback(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('["text"]\n', encoding="utf-8")
+    command = shutil.which("longppl-score", path=os.path.dirname(sys.executable))
+    assert command is not None, "reinstall the project (pip install -e .) to get its console scripts"
+    done = subprocess.run(
+        [command, "--corpus", str(corpus), "--evaluator", "unused", "--output", str(tmp_path / "out")],
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"longppl-score: error: {corpus}, line 1 is a JSON list, not an object with a 'text' field."
+    )
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()

@@ -128,7 +128,7 @@ _EVALUATOR_COLUMNS = ("evaluator_name", "evaluator_revision", "evaluator_dtype",
 _ARRAY_COLUMNS = ("input_ids", "offsets", "lp_long", "lp_short")
 _DESCRIPTION = f"LongPPL key-token cache, format {FORMAT_VERSION} (see longppl.key_token_cache)."
 _HOW_TO_BUILD = (
-    "Build one with scripts/compute_key_tokens.py, or with the metric: "
+    "Build one with the longppl-score command, or with the metric: "
     "compute(..., key_tokens=<new directory>, evaluator_model_id=...)."
 )
 

@@ -102,7 +102,7 @@ def explain_missing_key_tokens(
         return (
             f"none of the {len(lsd)} texts is longer than {k} evaluator tokens, so no token has a "
             f"short-context score (LSD) to be a key token. Use longer texts, or score the cache with a "
-            f"smaller --trunc-len (compute_key_tokens.py)."
+            f"smaller --trunc-len (longppl-score)."
         )
     keys = sum(int(key_token_mask(s.lp_long, s.lp_short, alpha, beta, use_lcl).sum()) for s in evaluator_scores)
     if keys == 0:
@@ -114,7 +114,7 @@ def explain_missing_key_tokens(
             f"{rule} (largest LSD {largest:.2f}; {above} tokens have LSD > {alpha:g}): alpha/beta are too "
             f"strict for this corpus and evaluator. Try a lower --alpha"
             + (" or --beta, or --no-lcl" if use_lcl else "")
-            + "; visualize_key_tokens.py --histogram shows the LSD distribution."
+            + "; longppl-visualize --histogram shows the LSD distribution."
         )
     return (
         f"the evaluator has {keys} key tokens, but no token of the evaluated model lies within their "

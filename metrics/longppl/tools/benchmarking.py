@@ -1,0 +1,46 @@
+"""What the benchmarks in scripts/ share (``bench_longppl.py``, ``bench_longce.py``): timing one call
+with its peak GPU memory. The scripts do not import each other; they import this.
+
+Light at import (no torch): the benchmarks answer ``--help`` before loading torch.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def measure(fn: Callable[[], T], device: str) -> tuple[float, float, T]:
+    """Run ``fn()`` once and time it.
+
+    Garbage is collected first and, on CUDA, the allocator's cache emptied and its peak statistics
+    reset, so that the peak is this call's own; the clock is read after a device synchronization on
+    both sides, since CUDA kernels run asynchronously.
+
+    Args:
+        fn: the work to time, called with no arguments.
+        device: ``"cuda"`` or another torch device type (``"cpu"``): peak memory is measured on
+            CUDA only.
+
+    Returns:
+        ``(seconds, peak_gib, value)``: wall seconds, ``torch.cuda.max_memory_allocated()`` during
+        the call in GiB (everything allocated, weights included; NaN off CUDA), and ``fn()``'s value.
+    """
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    value = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return seconds, peak, value

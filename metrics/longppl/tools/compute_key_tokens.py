@@ -1,0 +1,291 @@
+"""Score a corpus with an evaluator once, into a key-token cache (a ``datasets.Dataset`` on disk).
+
+    longppl-score --corpus docs.jsonl --evaluator meta-llama/Llama-3.1-8B \\
+        --output key_tokens/govreport-llama3.1-8b
+
+    # on 8 GPUs: documents are split across processes, the result is one cache
+    accelerate launch --multi_gpu --num_processes 8 -m longppl.tools.compute_key_tokens --corpus ... --output ...
+
+(On a machine without GPUs the same ``--multi_gpu`` launch runs CPU processes that talk over gloo.)
+
+The corpus is a ``.jsonl`` file, a directory saved with ``datasets``' ``save_to_disk`` or a Hub
+dataset name (``--split``), with the texts in ``--text-column``. Documents already in the cache
+for the same evaluator and settings are skipped, so adding documents scores only the new ones.
+Each process scores its share of the new documents and writes it to a shard beside the output
+(the output's folder must be shared by all processes, e.g. one machine or a shared file system);
+the main process merges the shards in corpus order and replaces the cache atomically. The result
+does not depend on the number of processes. Then evaluate models with ``longppl-evaluate`` or
+``compute(..., key_tokens=<output>)``.
+
+(``scripts/compute_key_tokens.py`` and ``python -m longppl.tools.compute_key_tokens`` run the same
+command.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import time
+
+import numpy as np
+
+# torch, datasets and transformers load after the arguments are parsed (in _run): `--help` is immediate.
+from longppl.settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+)
+from longppl.tools.cli import run_command
+
+# The name in usage lines and messages when main() is called from Python; commands show the name they
+# were started by (tools/cli.py).
+PROG = "compute_key_tokens.py"
+
+
+def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int]]:
+    """Split documents across processes, balancing total length (longest first, to the least loaded).
+
+    Returns:
+        per process, the indices into ``lengths`` it scores, in increasing order.
+    """
+    loads = [0] * num_processes
+    shares: list[list[int]] = [[] for _ in range(num_processes)]
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        target = loads.index(min(loads))
+        shares[target].append(index)
+        loads[target] += lengths[index]
+    return [sorted(share) for share in shares]
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--corpus", required=True, help="a .jsonl file, a datasets directory or a Hub dataset name (required)"
+    )
+    parser.add_argument("--split", default="train", help="split of a Hub dataset or DatasetDict (default: train)")
+    parser.add_argument("--text-column", default="text", help="field / column holding the texts (default: text)")
+    parser.add_argument("--evaluator", required=True, help="Hub id or local path of the evaluator model (required)")
+    parser.add_argument(
+        "--output", required=True, help="the cache directory (required; created, or updated atomically)"
+    )
+    parser.add_argument(
+        "--trunc-len",
+        type=int,
+        default=DEFAULT_TRUNC_LEN,
+        help="K: context length of the short-context scores (default %(default)s)",
+    )
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        default=DEFAULT_SLIDING_WINDOW,
+        help="d: stride of the short-context windows (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="keep the first N evaluator tokens of each text (special tokens not counted; the "
+        "cache stores the cut text). The same meaning as the metric's max_length: evaluator "
+        "tokens, the unit of K and d, so the cut text is the same for every evaluated model "
+        "and compute(..., key_tokens=<output>, max_length=N) finds it",
+    )
+    parser.add_argument(
+        "--max-tokens-per-batch",
+        type=int,
+        default=DEFAULT_MAX_TOKENS_PER_BATCH,
+        help="tokens of short windows the evaluator scores in one batch; lower it when the "
+        "evaluator runs out of memory (default %(default)s)",
+    )
+    parser.add_argument(
+        "--torch-dtype",
+        default=None,
+        help="the evaluator's dtype, e.g. bfloat16 (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="single process only: cuda, cpu or auto (shard a large evaluator over the GPUs) "
+        "(default: the process's device, a GPU if there is one)",
+    )
+    parser.add_argument(
+        "--window-bos",
+        action="store_true",
+        help="opt-in: BOS at the head of each short window (default: off, as the official code)",
+    )
+    parser.add_argument(
+        "--no-special-tokens",
+        action="store_true",
+        help="tokenize without the evaluator's special tokens (default: with them, as the official code)",
+    )
+    parser.add_argument(
+        "--torch-compile", action="store_true", help="compile the evaluator's blocks with torch.compile (default: off)"
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help="LSD threshold, only for the summary's key-token share (default %(default)s)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=DEFAULT_BETA,
+        help="LCL threshold, only for the summary's key-token share (default %(default)s)",
+    )
+    return parser
+
+
+def parse_args(argv=None, prog: str = PROG):
+    """The parsed options, checked as the metric checks them (usage errors exit through argparse)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    # The library's own checks (longppl.settings), so the script refuses what the metric refuses, with
+    # the same words, before anything is loaded or scored.
+    from longppl.settings import KeyTokenRule, WindowSettings, require_int
+
+    try:
+        WindowSettings(args.trunc_len, args.sliding_window)
+        KeyTokenRule(args.alpha, args.beta)
+        require_int("max_tokens_per_batch", args.max_tokens_per_batch)
+        if args.max_length is not None:
+            require_int("max_length", args.max_length, minimum=2)
+    except ValueError as err:
+        parser.error(str(err))
+    return args
+
+
+def main(argv=None, prog: str = PROG) -> dict:
+    """Run the tool; returns the summary (documents, scored, tokens, key_share, seconds, output).
+
+    Raises:
+        ValueError: an input the tool cannot use (an empty or malformed corpus, ``--device`` with
+            several processes...), with what to do; the command prints it as ``<prog>: error: ...``.
+    """
+    args = parse_args(argv, prog)  # before the heavy imports: `--help` and usage errors answer at once
+    import torch
+    from accelerate import PartialState
+
+    start = time.perf_counter()
+    # cpu=True where there is no GPU: accelerate then joins the processes over gloo.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    try:
+        return _run(args, state, start)
+    finally:
+        if state.use_distributed:
+            state.destroy_process_group()  # a gloo group left open aborts the process at exit
+
+
+def _run(args, state, start: float) -> dict:
+    import datasets
+    from accelerate.utils import broadcast_object_list
+
+    from longppl.atomic_files import owned_temp_name
+    from longppl.fingerprints import ModelIdentity
+    from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+    from longppl.loading import load_model, load_tokenizer, resolve_dtype
+    from longppl.scoring import score_with_evaluator, truncate_texts
+    from longppl.tools.corpus import read_documents
+    from longppl.tools.threads import choose_torch_threads
+
+    if args.device is not None and state.num_processes > 1:
+        raise ValueError("--device is for a single process; under accelerate launch each process uses its own device.")
+    device = args.device or str(state.device)
+    if device == "cpu":  # the processes share the cores (unless OMP_NUM_THREADS says otherwise)
+        choose_torch_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
+    settings = KeyTokenSettings(args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos)
+
+    texts = read_documents(args.corpus, args.text_column, args.split)
+    if not texts:
+        raise ValueError(f"{args.corpus!r} holds no documents.")
+    datasets.disable_progress_bars()  # shards and the cache are small writes; ours is the bar that counts
+    tokenizer = load_tokenizer(args.evaluator)
+    texts = truncate_texts(texts, tokenizer, args.max_length)
+    identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
+    evaluator = None
+    if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
+        evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
+        identity = ModelIdentity.of_model(evaluator, tokenizer)
+
+    # Every process reads the same cache before any writes it, so all agree on what is missing.
+    cache = KeyTokenCache.load(args.output, create=True)
+    found = cache.find(texts, settings, identity.fingerprint)
+    missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
+    shares = assign_to_processes([len(t) for t in missing], state.num_processes)
+    mine = [missing[i] for i in shares[state.process_index]]
+
+    # Named after the main process, so that a later save removes them if it dies (atomic_files).
+    shards = [owned_temp_name(args.output, "shards")]
+    broadcast_object_list(shards)  # the main process's name for all
+    shards = shards[0]
+    if mine:
+        if evaluator is None:
+            evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
+        scores = score_with_evaluator(
+            evaluator,
+            tokenizer,
+            mine,
+            args.trunc_len,
+            args.sliding_window,
+            args.max_tokens_per_batch,
+            add_special_tokens=settings.add_special_tokens,
+            window_bos=args.window_bos,
+            progress=state.is_main_process,
+            torch_compile=args.torch_compile,
+            per_document=True,
+        )
+        key_token_rows(mine, scores, settings, identity).save_to_disk(f"{shards}/{state.process_index}")
+    state.wait_for_everyone()
+
+    summary = {}
+    if state.is_main_process:
+        try:
+            if missing:
+                parts = [datasets.load_from_disk(f"{shards}/{rank}") for rank, share in enumerate(shares) if share]
+                order = np.argsort(np.concatenate([share for share in shares if share]), kind="stable")
+                cache.add(datasets.concatenate_datasets(parts).select(order.tolist()))
+                cache.save(args.output)
+        finally:
+            shutil.rmtree(shards, ignore_errors=True)
+        summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
+    state.wait_for_everyone()
+    return summary
+
+
+def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:
+    """Print and return documents, tokens and key-token share of the corpus, and the seconds taken."""
+    rows = cache.find(texts, settings, identity.fingerprint)
+    n_tokens = n_key = 0
+    for row in dict.fromkeys(rows):
+        scores = cache.scores(row)
+        n_tokens += scores.input_ids.shape[0]
+        n_key += int(scores.key_mask(args.alpha, args.beta).sum())
+    summary = dict(
+        documents=len(texts),
+        scored=scored,
+        tokens=n_tokens,
+        key_share=n_key / n_tokens if n_tokens else float("nan"),
+        seconds=seconds,
+        output=os.path.abspath(args.output),
+    )
+    print(
+        f"{summary['documents']} documents ({scored} scored now, {len(set(texts)) - scored} already cached), "
+        f"{n_tokens:,} evaluator tokens, key tokens (alpha={args.alpha:g}, beta={args.beta:g}): "
+        f"{summary['key_share']:.2%}, {seconds:.1f} s -> {summary['output']}",
+        flush=True,
+    )
+    return summary
+
+
+def cli(argv=None) -> int:
+    """The ``longppl-score`` command: :func:`main`, with bad inputs reported as ``prog: error: ...``."""
+    return run_command(main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

@@ -1,0 +1,123 @@
+"""Pictures of a key-token cache, no model needed: a document as HTML with its key tokens
+highlighted and each token's LSD and LCL on hover (like the paper's Appendix F), and a PNG
+histogram of the LSD values of the whole corpus (like its Figure 4(a)).
+
+    longppl-visualize --key-tokens key_tokens/govreport-llama3.1-8b \\
+        --document 3 --html doc3.html --histogram lsd.png
+
+``--document`` is the position of the text among the cache's rows of the chosen evaluator and
+settings (``--evaluator``, ``--trunc-len``, ``--sliding-window`` pick one when the cache holds
+several). The histogram needs matplotlib.
+
+(``scripts/visualize_key_tokens.py`` and ``python -m longppl.tools.visualize_key_tokens`` run the same
+command.)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Only light modules at import time: ``--help`` must not wait for torch or matplotlib, which are
+# imported inside the functions that need them.
+from longppl.tools.cli import run_command
+
+# The name in usage lines and messages when main() is called from Python; commands show the name they
+# were started by (tools/cli.py).
+PROG = "visualize_key_tokens.py"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    from longppl.tools.cache_cli import add_cache_arguments
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_cache_arguments(parser)
+    parser.add_argument(
+        "--document",
+        type=int,
+        default=0,
+        help="which text (0-based position among the chosen rows) to show as HTML (default: %(default)s)",
+    )
+    parser.add_argument("--html", help="write the document's HTML view here (default: no HTML)")
+    parser.add_argument(
+        "--lsd-cap",
+        type=float,
+        default=None,
+        help="LSD shown at full shade in the HTML; shading is proportional to LSD clipped to "
+        "[0, cap] (default: 2 * alpha, at least 1)",
+    )
+    parser.add_argument(
+        "--histogram", help="write the PNG histogram of the corpus's LSD values here (default: no histogram)"
+    )
+    return parser
+
+
+def parse_args(argv=None, prog: str = PROG):
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if not (args.html or args.histogram):
+        parser.error("nothing to draw: pass --html FILE and/or --histogram FILE")
+    if args.lsd_cap is not None and not args.lsd_cap > 0:
+        parser.error(f"--lsd-cap {args.lsd_cap:g} must be positive: it is the LSD shown at full shade")
+    return args
+
+
+def main(argv=None, prog: str = PROG) -> None:
+    """Run the tool: write the HTML view and/or the histogram the options ask for.
+
+    Raises:
+        ValueError: a cache the tool cannot use or a ``--document`` out of range, with what to do;
+            the command prints it as ``<prog>: error: ...``.
+    """
+    args = parse_args(argv, prog)
+    from longppl.atomic_files import write_file_atomically
+    from longppl.tools.cache_cli import open_selected
+    from longppl.tools.key_token_html import key_token_html
+
+    cache, settings, fingerprint, rows = open_selected(args)
+    if args.html:
+        if not 0 <= args.document < len(rows):
+            raise ValueError(
+                f"--document {args.document} is out of range: the cache holds {len(rows)} texts for this "
+                f"evaluator and settings (0 to {len(rows) - 1})."
+            )
+        row = cache.row(rows[args.document])
+        details = (
+            f"Evaluator {row['evaluator_name'] or '(unnamed)'} ({row['evaluator_dtype']}), "
+            f"{settings.describe()}; text {args.document} of {len(rows)}, SHA-256 {row['text_fingerprint'][:16]}…"
+        )
+        page = key_token_html(
+            row["text"],
+            cache.scores(rows[args.document]),
+            args.alpha,
+            args.beta,
+            not args.no_lcl,
+            settings.trunc_len,
+            f"Key tokens of text {args.document}",
+            details,
+            args.lsd_cap,
+        )
+        write_file_atomically(args.html, lambda handle: handle.write(page))
+        print(f"wrote {args.html}")
+    if args.histogram:
+        import numpy as np
+
+        from longppl.key_tokens import long_short_difference
+        from longppl.tools.figures import lsd_histogram
+
+        lsd = np.concatenate(
+            [long_short_difference(s.lp_long, s.lp_short) for s in (cache.scores(row) for row in rows)]
+        )
+        lsd_histogram(args.histogram, lsd, args.alpha, f"LSD of {len(rows)} texts (K={settings.trunc_len})")
+        print(f"wrote {args.histogram}")
+
+
+def cli(argv=None) -> int:
+    """The ``longppl-visualize`` command: :func:`main`, with bad inputs reported as ``prog: error: ...``."""
+    return run_command(main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())
