@@ -65,6 +65,16 @@ class LongCEConfig(TrainingArguments):
             "memory-lean loss: the CE baseline of the paper's tables."
         },
     )
+    longce_weights: str = field(
+        default="self",
+        metadata={
+            "help": "Where the token weights come from: 'self' (the model being trained scores each batch with "
+            "a short-context pass: the paper's LongCE) or 'cache' (a 'longce_weights' column of the dataset, "
+            "an evaluator's min(exp(LSD), gamma) from a key-token cache, built by "
+            "longce.add_key_token_weights: no short-context pass, the cost of plain cross-entropy).",
+            "choices": ["self", "cache"],
+        },
+    )
     longce_compile_windows: bool = field(
         default=False,
         metadata={
@@ -133,10 +143,13 @@ class LongCEConfig(TrainingArguments):
             self.longce_gamma,
             self.longce_max_tokens_per_batch,
             self.longce_loss_kernel,
+            self.longce_weights,
+            self.longce_plain_ce,
         )
 
 
 LOSS_KERNELS = ("auto", "ours", "liger")
+WEIGHT_SOURCES = ("self", "cache")
 # (name up to transformers 5.23, name from 5.24 on) of each activation-checkpointing setting.
 CHECKPOINTING_ALIASES = (
     ("gradient_checkpointing", "activation_checkpointing"),
@@ -169,9 +182,25 @@ def _resolve_checkpointing_aliases(args: LongCEConfig) -> int:
 
 
 def validate_longce_settings(
-    trunc_len: int, sliding_window: int, gamma: float, max_tokens_per_batch: int, loss_kernel: str = "auto"
+    trunc_len: int,
+    sliding_window: int,
+    gamma: float,
+    max_tokens_per_batch: int,
+    loss_kernel: str = "auto",
+    weights: str = "self",
+    plain_ce: bool = False,
 ) -> None:
     """Raise ``ValueError`` naming the bad LongCE setting and its valid range."""
+    if weights not in WEIGHT_SOURCES:
+        raise ValueError(
+            f"longce_weights must be one of {WEIGHT_SOURCES} ('self': the trained model scores each batch; "
+            f"'cache': the dataset's longce_weights column), got {weights!r}."
+        )
+    if weights == "cache" and plain_ce:
+        raise ValueError(
+            "longce_plain_ce=True trains with all weights 1, but longce_weights='cache' asks for the dataset's "
+            "weights: set only one of them."
+        )
     if loss_kernel not in LOSS_KERNELS:
         raise ValueError(f"longce_loss_kernel must be one of {LOSS_KERNELS}, got {loss_kernel!r}.")
     if loss_kernel == "liger":

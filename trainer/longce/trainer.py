@@ -19,6 +19,10 @@ The model's output carries a ``[B, T, 0]`` stand-in for its logits, except in ``
 is set, or ``predict()``): then the head also returns the real ``[B, T, V]`` logits, exactly the
 model's own, which cost what they cost the stock ``Trainer``. Evaluation with loss only keeps the
 memory saving.
+
+With ``LongCEConfig(longce_weights="cache")`` step 1 is skipped: ``w`` comes from the batch's
+``longce_weights`` (an evaluator's weights from a key-token cache, ``cached_weights``), so a step
+costs what a plain cross-entropy step costs.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from transformers import Trainer
 from longppl.compilation import compiled_blocks
 from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
+from .cached_weights import WEIGHTS_COLUMN, LongCEWeightsCollator, check_weights_dataset
 from .config import LongCEConfig, validate_longce_settings
 from .documents import batch_documents, batch_short_log_probs, count_window_passes
 from .weighted_loss import (
@@ -91,6 +96,7 @@ class LongCETrainer(Trainer):
         self.longce_loss_chunk_bytes = _setting(self.args, "longce_loss_chunk_bytes")
         self.longce_compile_windows = _setting(self.args, "longce_compile_windows")
         self.longce_loss_kernel = _setting(self.args, "longce_loss_kernel")
+        self.longce_weights = _setting(self.args, "longce_weights")
         if not isinstance(self.args, LongCEConfig):  # LongCEConfig checked them in __post_init__ already
             validate_longce_settings(
                 self.longce_trunc_len,
@@ -98,7 +104,17 @@ class LongCETrainer(Trainer):
                 self.longce_gamma,
                 self.longce_max_tokens_per_batch,
                 self.longce_loss_kernel,
+                self.longce_weights,
+                self.longce_plain_ce,
             )
+        if self.longce_weights == "cache":
+            check_weights_dataset(self.train_dataset, "training dataset")
+            for name, dataset in (
+                self.eval_dataset if isinstance(self.eval_dataset, dict) else {"": self.eval_dataset}
+            ).items():
+                check_weights_dataset(dataset, f"evaluation dataset {name}".strip())
+            if not isinstance(self.data_collator, LongCEWeightsCollator):  # padding and packing drop the column
+                self.data_collator = LongCEWeightsCollator(self.data_collator)
         self._use_liger = self.longce_loss_kernel == "liger" or (
             self.longce_loss_kernel == "auto" and torch.cuda.is_available() and liger_available()
         )
@@ -129,6 +145,13 @@ class LongCETrainer(Trainer):
                 "DeepSpeed ZeRO shard parameters, not sequences)."
             )
 
+    def _set_signature_columns_if_needed(self) -> None:
+        """``Trainer``'s columns to keep (the model's forward arguments, labels) and, with cached weights,
+        ``longce_weights``, which ``remove_unused_columns`` would otherwise drop."""
+        super()._set_signature_columns_if_needed()
+        if self.longce_weights == "cache" and WEIGHTS_COLUMN not in self._signature_columns:
+            self._signature_columns.append(WEIGHTS_COLUMN)
+
     # ------------------------------------------------------------------ loss
 
     def compute_loss(
@@ -149,15 +172,19 @@ class LongCETrainer(Trainer):
         head = resolve_lm_head(self.accelerator.unwrap_model(model))
         batch, length = input_ids.shape
 
-        if self.longce_plain_ce:
+        given = self._batch_weights(inputs, input_ids)  # [B, T] from the dataset, or None
+        if self.longce_plain_ce or given is not None:
             lp_short = torch.full((batch, length), float("nan"), device=input_ids.device)
         else:
             lp_short = self._short_context_pass(model, head, inputs)
-        # Position t predicts targets[:, t]: its short score is that of token t+1.
+        # Position t predicts targets[:, t]: its short score (or given weight) is that of token t+1.
         lp_short_next = torch.full_like(lp_short, float("nan"))
         lp_short_next[:, :-1] = lp_short[:, 1:]
-
         flat = rows * length + cols
+        if given is not None:
+            given_next = torch.ones_like(given)
+            given_next[:, :-1] = given[:, 1:]
+            given = given_next.reshape(-1)[flat]
         result: dict[str, torch.Tensor] = {}
         # Real logits only when prediction_step gathers them (under no_grad); training never pays for them.
         real_logits = return_outputs and self._longce_want_logits and not torch.is_grad_enabled()
@@ -169,6 +196,7 @@ class LongCETrainer(Trainer):
                 project,
                 targets.reshape(-1)[flat],
                 lp_short_next.reshape(-1)[flat],
+                given,
             )
             if real_logits:
                 return project(hidden)  # the model post-processes it (soft-capping, scaling) as usual
@@ -176,7 +204,7 @@ class LongCETrainer(Trainer):
             # default without checkpointing and for PEFT) walks back from it to find used parameters.
             return hidden.new_zeros(*hidden.shape[:-1], 0) + 0 * result["loss"]
 
-        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels", WEIGHTS_COLUMN)}
         with intercept_head(head, consume):
             outputs = model(**model_inputs, use_cache=False)
         if "loss" not in result:
@@ -221,6 +249,29 @@ class LongCETrainer(Trainer):
         if targets.shape != input_ids.shape:
             raise ValueError(f"labels have shape {tuple(targets.shape)} but input_ids {tuple(input_ids.shape)}.")
         return input_ids, targets
+
+    def _batch_weights(self, inputs: dict[str, Any], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """``[B, T]`` float32 weights of the batch's tokens with ``longce_weights="cache"``, else ``None``."""
+        weights = inputs.get(WEIGHTS_COLUMN)
+        if self.longce_weights != "cache":
+            if weights is not None:
+                raise ValueError(
+                    f"The batch holds {WEIGHTS_COLUMN!r}, but longce_weights='self' scores the weights with the trained "
+                    "model: set longce_weights='cache' to train with the dataset's weights, or drop the column."
+                )
+            return None
+        if weights is None:
+            raise ValueError(
+                f"longce_weights='cache' takes the token weights from the batch's {WEIGHTS_COLUMN!r}, but this batch "
+                f"has none (keys {sorted(inputs)}). Build the column with longce.add_key_token_weights and collate "
+                "with longce.LongCEWeightsCollator (LongCETrainer wraps its data_collator in one)."
+            )
+        if tuple(weights.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"{WEIGHTS_COLUMN} has shape {tuple(weights.shape)} but input_ids {tuple(input_ids.shape)}: one weight per "
+                "token is needed (collate with longce.LongCEWeightsCollator, which keeps them aligned)."
+            )
+        return weights.to(device=input_ids.device, dtype=torch.float32)
 
     def _short_context_pass(self, model: nn.Module, head: CausalLMHead, inputs: dict[str, Any]) -> torch.Tensor:
         """``[B, T]`` short-context log-probs (NaN where none), same number of forwards on every process."""
@@ -276,6 +327,7 @@ class LongCETrainer(Trainer):
         project: Callable[[torch.Tensor], torch.Tensor],
         targets: torch.Tensor,
         lp_short: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         transform = head.transform
         module = head.head
@@ -288,14 +340,16 @@ class LongCETrainer(Trainer):
                 and hidden.dtype == module.weight.dtype
             ):
                 return liger_weighted_linear_cross_entropy(
-                    hidden, module.weight, module.bias, targets, lp_short, gamma, transform
+                    hidden, module.weight, module.bias, targets, lp_short, gamma, transform, weights
                 )
             return fused_weighted_linear_cross_entropy(
-                hidden, module.weight, module.bias, targets, lp_short, gamma, transform, chunk
+                hidden, module.weight, module.bias, targets, lp_short, gamma, transform, chunk, weights
             )
         # LoRA (or another adapter) on the head: autograd through its own forward, chunk by chunk.
         vocab = head.model.config.get_text_config().vocab_size
-        return chunked_weighted_cross_entropy(hidden, project, vocab, targets, lp_short, gamma, transform, chunk)
+        return chunked_weighted_cross_entropy(
+            hidden, project, vocab, targets, lp_short, gamma, transform, chunk, weights
+        )
 
     # --------------------------------------------------------------- logging
 
