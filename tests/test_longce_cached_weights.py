@@ -4,14 +4,18 @@ each against a plain reference written here."""
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlattening, default_data_collator
 
 from longce import LongCEConfig, LongCETrainer
@@ -368,6 +372,101 @@ def test_default_collator_is_wrapped_and_keeps_the_column():
         assert math.isclose(log["loss"], reference_loss(tiny_model("llama", VOCAB), rows).item(), rel_tol=1e-5)
 
 
+def test_evaluation_with_cached_weights_logs_them():
+    rows = rows_with_weights([30, 12, 25, 19], seed=4)
+    model = tiny_model("llama", VOCAB)
+    per_token = []
+    with torch.no_grad():
+        expected = reference_loss(model, rows, per_token).item()
+    dataset = Dataset.from_dict({key: [r[key] for r in rows] for key in ("input_ids", "longce_weights")})
+    trainer = LongCETrainer(
+        model=model,
+        args=make_args(per_device_eval_batch_size=4),
+        eval_dataset=dataset,
+        data_collator=DataCollatorWithFlattening(),
+    )
+    metrics = trainer.evaluate()
+    assert math.isclose(metrics["eval_loss"], expected, rel_tol=1e-5)
+    assert math.isclose(metrics["eval_longce_mean_weight"], per_token[0].mean().item(), rel_tol=1e-5)
+
+
+# --------------------------------------------------------------------------- DDP (2 CPU processes)
+
+DDP_STEPS, DDP_GLOBAL_BATCH = 2, 4
+
+
+def ddp_train(data: str, output_dir: str, per_device_batch: int) -> LongCETrainer:
+    """Train on the saved dataset (this file is also the worker that accelerate launches)."""
+    from datasets import load_from_disk
+
+    args = make_args(
+        output_dir=output_dir,
+        per_device_train_batch_size=per_device_batch,
+        max_steps=DDP_STEPS,
+        learning_rate=1e-2,
+        train_sampling_strategy="sequential",  # process r takes the r-th per-device batch of each global batch
+        dataloader_drop_last=True,
+        average_tokens_across_devices=True,  # normalise by the tokens of the whole global batch
+        ddp_find_unused_parameters=True,
+    )
+    trainer = LongCETrainer(
+        model=tiny_model("llama", VOCAB),
+        args=args,
+        train_dataset=load_from_disk(data),
+        data_collator=DataCollatorWithFlattening(),
+    )
+    trainer.train()
+    trainer.save_model(output_dir)
+    if trainer.args.process_index == 0:
+        with open(os.path.join(output_dir, "log.json"), "w", encoding="utf-8") as handle:
+            json.dump({"world_size": trainer.args.world_size, "log_history": trainer.state.log_history}, handle)
+    return trainer
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process(tmp_path):
+    from safetensors.torch import load_file
+
+    rows = rows_with_weights([40, 31, 12, 18, 35, 22, 9, 27], seed=5)  # unequal token counts per process
+    data = str(tmp_path / "data")
+    Dataset.from_dict({key: [r[key] for r in rows] for key in ("input_ids", "longce_weights")}).save_to_disk(data)
+    done = subprocess.run(
+        [*accelerate_launch_on_cpu(2), os.path.abspath(__file__), data, str(tmp_path / "ddp"), "2"],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ddp_train(data, str(tmp_path / "single"), DDP_GLOBAL_BATCH)
+    finally:
+        torch.set_num_threads(threads)
+    logs = {}
+    for name in ("ddp", "single"):
+        with open(tmp_path / name / "log.json", encoding="utf-8") as handle:
+            logs[name] = json.load(handle)
+    assert logs["ddp"]["world_size"] == 2 and logs["single"]["world_size"] == 1
+    steps = {name: [e for e in log["log_history"] if "loss" in e] for name, log in logs.items()}
+    assert len(steps["ddp"]) == len(steps["single"]) == DDP_STEPS
+    for a, b in zip(steps["ddp"], steps["single"]):
+        for key in (
+            "loss",
+            "grad_norm",
+            "ce_loss",
+            "longce_mean_weight",
+            "longce_weight_gt1_share",
+            "longce_max_weight",
+        ):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (key, a[key], b[key])
+    ddp, single = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("ddp", "single"))
+    assert ddp.keys() == single.keys()
+    for name in ddp:
+        torch.testing.assert_close(ddp[name], single[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -457,3 +556,7 @@ def test_bad_arguments_of_the_dataset_step():
         add_key_token_weights(dataset, cache, tokenizer, max_length=1)
     with pytest.raises(ValueError, match="no text column 'body'"):
         add_key_token_weights(dataset, cache, tokenizer, text_column="body")
+
+
+if __name__ == "__main__":  # the DDP test's worker, under accelerate launch: DATA OUTPUT_DIR PER_DEVICE_BATCH
+    ddp_train(sys.argv[1], sys.argv[2], int(sys.argv[3]))
