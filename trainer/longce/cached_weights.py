@@ -23,6 +23,7 @@ Index convention: ``longce_weights[k]`` is the weight of predicting token ``k`` 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from longppl.alignment import encode_with_offsets
-from longppl.fingerprints import ModelIdentity
+from longppl.fingerprints import ModelIdentity, tokenizer_fingerprint
 from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
 from longppl.scoring import model_key_weights, score_with_evaluator
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule, require_int
@@ -44,7 +45,7 @@ def _preview(text: str, width: int = 40) -> str:
     return repr(text[:width] + ("…" if len(text) > width else ""))
 
 
-def _cached_scores(
+def _cache_rows(
     cache: KeyTokenCache,
     texts: list[str],
     evaluator: str | None,
@@ -52,14 +53,17 @@ def _cached_scores(
     evaluator_tokenizer,
     trunc_len: int | None,
     sliding_window: int | None,
-):
-    """The evaluator's ``EvaluatorScores`` of every text, from ``cache`` (scoring missing ones when an
-    evaluator model is given, as the metric's cache path does)."""
-    if evaluator_model is not None:
+) -> tuple[list[int], str]:
+    """The cache row of every text and the evaluator's fingerprint; with ``evaluator_model``, texts
+    the cache lacks are scored, added and saved first (as the metric's cache path does)."""
+    if evaluator_model is None:
+        settings, fingerprint, _ = cache.select(evaluator, trunc_len=trunc_len, sliding_window=sliding_window)
+    else:
         if evaluator_tokenizer is None:
             raise ValueError("evaluator_model is given, so pass its tokenizer too (evaluator_tokenizer).")
         identity = ModelIdentity.of_model(evaluator_model, evaluator_tokenizer)
         settings = KeyTokenSettings(*(v for v in (trunc_len, sliding_window) if v is not None))
+        fingerprint = identity.fingerprint
 
         def score_missing(missing: list[str]):
             return identity, score_with_evaluator(
@@ -73,12 +77,12 @@ def _cached_scores(
                 progress=False,
             )
 
-        return cached_evaluator_scores(cache, texts, settings, identity, score_missing)
-
-    settings, fingerprint, _ = cache.select(evaluator, trunc_len=trunc_len, sliding_window=sliding_window)
     rows = cache.find(texts, settings, fingerprint)
     missing = [index for index, row in enumerate(rows) if row is None]
-    if missing:
+    if missing and evaluator_model is not None:
+        cached_evaluator_scores(cache, [texts[i] for i in missing], settings, identity, score_missing)
+        rows = cache.find(texts, settings, fingerprint)
+    elif missing:
         shown = ", ".join(f"{i} ({_preview(texts[i])})" for i in missing[:5]) + (", …" if len(missing) > 5 else "")
         raise ValueError(
             f"The key-token cache has no rows for {len(missing)} of {len(texts)} texts of the dataset (rows "
@@ -87,23 +91,19 @@ def _cached_scores(
             "add them here, or drop those rows. If the cache was built with --max-length, train on its own "
             "texts (its 'text' column): a text cut otherwise is another text."
         )
-    scores = [cache.scores(row) for row in rows]
-    if evaluator_tokenizer is not None:
-        _check_evaluator_tokens(scores, texts, evaluator_tokenizer, settings.add_special_tokens)
-    return scores
+    return rows, f"{fingerprint}|{settings.describe()}"
 
 
-def _check_evaluator_tokens(scores, texts: list[str], tokenizer, add_special_tokens: bool) -> None:
-    """Refuse cached rows whose tokens are not ``tokenizer``'s: a cache of another evaluator's tokenizer."""
-    for index, (score, text) in enumerate(zip(scores, texts)):
-        ids, _ = encode_with_offsets(tokenizer, text, add_special_tokens)
-        if not np.array_equal(ids, score.input_ids):
-            raise ValueError(
-                f"The key-token cache's row for dataset row {index} ({_preview(text)}) holds {score.input_ids.shape[0]} "
-                f"evaluator tokens that are not those of evaluator_tokenizer ({type(tokenizer).__name__}, "
-                f"{ids.shape[0]} tokens): the cache was scored by an evaluator with another tokenizer. Pass that "
-                "evaluator's own tokenizer, or rebuild the cache with this evaluator."
-            )
+def _check_evaluator_tokens(score, text: str, index: int, tokenizer, add_special_tokens: bool) -> None:
+    """Refuse a cached row whose tokens are not ``tokenizer``'s: a cache of another evaluator's tokenizer."""
+    ids, _ = encode_with_offsets(tokenizer, text, add_special_tokens)
+    if not np.array_equal(ids, score.input_ids):
+        raise ValueError(
+            f"The key-token cache's row for dataset row {index} ({_preview(text)}) holds {score.input_ids.shape[0]} "
+            f"evaluator tokens that are not those of evaluator_tokenizer ({type(tokenizer).__name__}, "
+            f"{ids.shape[0]} tokens): the cache was scored by an evaluator with another tokenizer. Pass that "
+            "evaluator's own tokenizer, or rebuild the cache with this evaluator."
+        )
 
 
 def add_key_token_weights(
@@ -164,14 +164,21 @@ def add_key_token_weights(
         if not isinstance(text, str):
             raise ValueError(f"Row {index} has {text!r} in text column {text_column!r}; every text must be a string.")
     cache = KeyTokenCache.load(key_tokens, create=evaluator_model is not None)
-    scores = _cached_scores(cache, texts, evaluator, evaluator_model, evaluator_tokenizer, trunc_len, sliding_window)
+    rows, evaluator_key = _cache_rows(
+        cache, texts, evaluator, evaluator_model, evaluator_tokenizer, trunc_len, sliding_window
+    )
+    check_tokens = evaluator_tokenizer is not None and evaluator_model is None  # a model's fingerprint covers them
+    add_evaluator_bos = cache.row(rows[0])["add_special_tokens"] if rows else True
 
     def weigh(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         out: dict[str, list] = {"input_ids": [], WEIGHTS_COLUMN: []}
         for index, text in zip(indices, batch[text_column]):
+            score = cache.scores(rows[index])  # one row at a time: a corpus's scores never all sit in memory
+            if check_tokens:
+                _check_evaluator_tokens(score, text, index, evaluator_tokenizer, add_evaluator_bos)
             ids, offsets = encode_with_offsets(tokenizer, text, add_special_tokens)
             weights = model_key_weights(
-                scores[index], offsets, len(text), DEFAULT_ALPHA, DEFAULT_BETA, soft=True, gamma=gamma
+                score, offsets, len(text), DEFAULT_ALPHA, DEFAULT_BETA, soft=True, gamma=gamma
             ).astype(np.float32)
             if append_eos:
                 ids, weights = np.append(ids, eos), np.append(weights, np.float32(1.0))
@@ -179,7 +186,18 @@ def add_key_token_weights(
             out[WEIGHTS_COLUMN].append(weights[:max_length].tolist())
         return out
 
-    return dataset.map(weigh, batched=True, batch_size=batch_size, with_indices=True, desc="LongCE weights")
+    # datasets would hash the closure (the cache, the tokenizer) to fingerprint this step: name its inputs instead.
+    inputs = [getattr(dataset, "_fingerprint", ""), evaluator_key, tokenizer_fingerprint(tokenizer), text_column]
+    inputs += [repr(value) for value in (gamma, max_length, add_special_tokens, append_eos, check_tokens)]
+    fingerprint = hashlib.sha256("\0".join(map(str, inputs)).encode()).hexdigest()
+    return dataset.map(
+        weigh,
+        batched=True,
+        batch_size=batch_size,
+        with_indices=True,
+        new_fingerprint=fingerprint,
+        desc="LongCE weights",
+    )
 
 
 def check_weights_dataset(dataset, where: str) -> None:
