@@ -224,7 +224,8 @@ class LongCEWeightsCollator:
     in the row's tokens (left or right of its padding) for a padded ``[B, T]`` one; 1 elsewhere
     (padding, never a target). A collator that cuts or reorders tokens is refused with an error.
 
-    Returns the wrapped collator's batch plus ``longce_weights``: ``[B, T]`` float32.
+    ``collator=None`` wraps ``DataCollatorWithFlattening()``. Returns the wrapped collator's batch
+    plus ``longce_weights``: ``[B, T]`` float32.
     """
 
     def __init__(self, collator: Callable[[list], Mapping[str, Any]] | None = None):
