@@ -11,6 +11,8 @@ it times one forward + backward step of
   ``min(exp(lp_long - lp_short), gamma)``;
 - ``ours d=...``: ``LongCETrainer.compute_loss`` (packed windows scored at their last d positions
   only, fused chunked weighted cross-entropy in the gradient pass);
+- ``ours, cache weights``: ``LongCETrainer.compute_loss`` with ``longce_weights="cache"``: the
+  weights come with the batch (random, in ``[0.5, gamma]``), no short-context pass;
 
 and prints seconds and peak GiB (``torch.cuda.max_memory_allocated``, weights and gradients
 included) with ratios against the reference and stock CE. ``--loss-kernels`` also compares the
@@ -118,7 +120,7 @@ def reference_step(model, ids, K, d, gamma):
     return loss.item()
 
 
-def make_trainer(model, K, d, gamma, budget, output_dir, compile_windows=False, loss_kernel="auto"):
+def make_trainer(model, K, d, gamma, budget, output_dir, compile_windows=False, loss_kernel="auto", weights="self"):
     args = LongCEConfig(
         output_dir=output_dir,
         report_to=[],
@@ -130,12 +132,16 @@ def make_trainer(model, K, d, gamma, budget, output_dir, compile_windows=False, 
         longce_max_tokens_per_batch=budget,
         longce_compile_windows=compile_windows,
         longce_loss_kernel=loss_kernel,
+        longce_weights=weights,
     )
     return LongCETrainer(model=model, args=args)
 
 
-def our_step(trainer, model, ids):
-    loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
+def our_step(trainer, model, ids, weights=None):
+    inputs = {"input_ids": ids, "labels": ids}
+    if weights is not None:  # longce_weights="cache": [1, n] per-token weights, as LongCEWeightsCollator gives them
+        inputs["longce_weights"] = weights
+    loss = trainer.compute_loss(model, inputs)
     loss.backward()
     return loss.item()
 
@@ -313,6 +319,9 @@ def main(argv=None):
         torch.manual_seed(n)
         ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
         rows = [("ce (stock Trainer loss)", *timed(lambda: ce_step(model, ids)))]
+        cached = make_trainer(model, K, windows[0], args.gamma, args.max_tokens_per_batch, output_dir, weights="cache")
+        cache_weights = torch.rand(ids.shape, device=device) * (args.gamma - 0.5) + 0.5
+        rows.append(("ours, cache weights", *timed(lambda: our_step(cached, model, ids, cache_weights))))
         for d in windows:
             if not args.skip_reference:
                 rows.append((f"reference LongCE d={d}", *timed(lambda: reference_step(model, ids, K, d, args.gamma))))

@@ -22,6 +22,7 @@ from longce import LongCEConfig, LongCETrainer, batch_documents, lm_head_loss
 from longce.config import LongCESettings
 from longce.lm_head_loss import (
     ChunkedLMHeadLoss,
+    FirstApplicable,
     FusedLMHeadLoss,
     LigerLMHeadLoss,
     LMHeadLoss,
@@ -363,6 +364,32 @@ def test_lm_head_loss_implementations_equal_plain_reference(arch, implementation
     torch.testing.assert_close(ours_grads[1], head.head.weight.grad)
 
 
+@pytest.mark.parametrize("implementation", [FusedLMHeadLoss, ChunkedLMHeadLoss, FirstApplicable])
+def test_lm_head_loss_with_given_weights_equals_plain_weighted_ce(implementation):
+    head = resolve_lm_head(tiny_model("gemma2", VOCAB))
+    hidden, targets, lp_short = head_loss_inputs(head)
+    given = torch.rand(len(targets), generator=torch.Generator().manual_seed(2)) * 4 + 0.5  # any values, not capped
+    if implementation is FirstApplicable:
+        loss_fn = select_lm_head_loss("auto", "cpu", chunk_bytes=4 * VOCAB * 5)
+    else:
+        loss_fn = implementation(chunk_bytes=4 * VOCAB * 5)
+    ours_hidden = hidden.clone().requires_grad_()
+    loss, nll, weights = loss_fn(head, ours_hidden, head.head.forward, targets, lp_short, 2.0, given)
+    loss.backward()
+    ours_grads = (ours_hidden.grad, head.head.weight.grad.clone())
+    head.head.weight.grad = None
+    # Reference: plain cross-entropy of the full logits, each row times its given weight (lp_short, gamma unused).
+    reference_hidden = hidden.clone().requires_grad_()
+    lp = head.transform(head.head(reference_hidden)).log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
+    reference = (given * -lp).sum()
+    reference.backward()
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(nll, -lp.detach())
+    torch.testing.assert_close(weights, given)
+    torch.testing.assert_close(ours_grads[0], reference_hidden.grad)
+    torch.testing.assert_close(ours_grads[1], head.head.weight.grad)
+
+
 def test_select_lm_head_loss_by_kernel_device_and_head(monkeypatch):
     from peft import LoraConfig, get_peft_model
 
@@ -396,15 +423,15 @@ def test_trainer_computes_its_loss_through_lm_head_loss():
     calls = []
 
     class Recorded(LMHeadLoss):  # the chunked implementation on the plain head, calls recorded
-        def __call__(self, head, hidden, project, targets, lp_short, gamma):
-            calls.append((hidden.shape, gamma))
-            return ChunkedLMHeadLoss()(head, hidden, project, targets, lp_short, gamma)
+        def __call__(self, head, hidden, project, targets, lp_short, gamma, weights=None):
+            calls.append((hidden.shape, gamma, weights))
+            return ChunkedLMHeadLoss()(head, hidden, project, targets, lp_short, gamma, weights)
 
     trainer.lm_head_loss = Recorded()
     model.zero_grad()
     loss = trainer.compute_loss(model, padded_batch(docs))
     loss.backward()
-    assert calls == [((39 + 28, 32), GAMMA)]  # every label token once, this trainer's gamma
+    assert calls == [((39 + 28, 32), GAMMA, None)]  # every label token once, this trainer's gamma, self-scored
     assert_equals_reference(model, docs, loss.detach(), gradients(model))
 
 

@@ -9,7 +9,8 @@ recipes of the paper's settings (PI, ABF, YaRN, EABF).
 Modules: ``config`` (``LongCEConfig``, ``LongCESettings``), ``trainer`` (``LongCETrainer``),
 ``documents`` (documents of a batch and their short-context scores), ``lm_head_loss`` (the LM-head
 loss: one interface, its implementations and the rule choosing one), ``weighted_loss`` (the loss
-functions themselves), ``context_extension``.
+functions themselves), ``cached_weights`` (weights from an evaluator's key-token cache,
+``longce_weights="cache"``), ``context_extension``.
 """
 
 import importlib
@@ -18,6 +19,7 @@ import importlib
 # `import longce` imports neither torch nor transformers, and `from longce import LongCEConfig`
 # does not import `datasets` / `pyarrow` (transformers' Trainer does: only `LongCETrainer` needs it).
 _EXPORTS = {
+    "cached_weights": ("WEIGHTS_COLUMN", "LongCEWeightsCollator", "add_key_token_weights"),
     "config": ("LongCEConfig", "LongCESettings"),
     "context_extension": ("apply_context_extension", "register_eabf_attention"),
     "documents": ("DocumentSpan", "batch_documents", "batch_short_log_probs"),
@@ -59,6 +61,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "LongCEConfig",
     "LongCETrainer",
+    "add_key_token_weights",
     "apply_context_extension",
     "longce_weights",
     "register_eabf_attention",

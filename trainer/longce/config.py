@@ -32,6 +32,10 @@ from .weighted_loss import DEFAULT_LOSS_CHUNK_BYTES
 
 _PREFIX = "longce_"
 
+#: Values of ``longce_weights``: "self" = the trained model scores each batch (short-context pass);
+#: "cache" = the batch's ``longce_weights`` (an evaluator's, ``cached_weights.add_key_token_weights``).
+WEIGHT_SOURCES = ("self", "cache")
+
 
 @dataclass(frozen=True)
 class LongCESettings:
@@ -43,6 +47,8 @@ class LongCESettings:
         gamma: cap of the token weights ``min(exp(LSD), gamma)``, > 0.
         max_tokens_per_batch: token budget of one short-context forward pass.
         plain_ce: all weights 1, no short-context pass (the CE baseline).
+        weights: where the weights come from, one of ``WEIGHT_SOURCES`` ("cache": the batch's
+            ``longce_weights``, no short-context pass; ``cached_weights``).
         compile_windows: ``torch.compile`` the transformer blocks for the short-context pass.
         loss_kernel: one of ``LOSS_KERNELS`` (``lm_head_loss.select_lm_head_loss``).
         loss_chunk_bytes: float32 bytes of logits computed at a time by the loss.
@@ -53,6 +59,7 @@ class LongCESettings:
     gamma: float = DEFAULT_GAMMA
     max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH
     plain_ce: bool = False
+    weights: str = "self"
     compile_windows: bool = False
     loss_kernel: str = "auto"
     loss_chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES
@@ -60,6 +67,11 @@ class LongCESettings:
     def __post_init__(self) -> None:
         """Raise ``ValueError`` naming the bad setting (by its ``LongCEConfig`` field) and its valid range."""
         check_loss_kernel(self.loss_kernel)
+        if self.weights not in WEIGHT_SOURCES:
+            raise ValueError(
+                f"longce_weights must be one of {WEIGHT_SOURCES} ('self': the trained model scores each batch; "
+                f"'cache': the dataset's longce_weights column), got {self.weights!r}."
+            )
         # The integer and boolean checks are the metric's own (longppl.settings), under the trainer's field names.
         checked = {
             "trunc_len": require_int("longce_trunc_len (K)", self.trunc_len),
@@ -72,6 +84,11 @@ class LongCESettings:
         if not self.gamma > 0:  # also catches NaN
             raise ValueError(f"longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got {self.gamma!r}.")
         checked["gamma"] = float(self.gamma)
+        if self.weights == "cache" and checked["plain_ce"]:
+            raise ValueError(
+                "longce_plain_ce=True trains with all weights 1, but longce_weights='cache' asks for the dataset's "
+                "weights: set only one of them."
+            )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -120,6 +137,16 @@ class LongCEConfig(TrainingArguments):
         metadata={
             "help": "Train with plain cross-entropy (all weights 1, no short-context pass), through the same "
             "memory-lean loss: the CE baseline of the paper's tables."
+        },
+    )
+    longce_weights: str = field(
+        default=LongCESettings.weights,
+        metadata={
+            "help": "Where the token weights come from: 'self' (the model being trained scores each batch with "
+            "a short-context pass: the paper's LongCE) or 'cache' (a 'longce_weights' column of the dataset, "
+            "an evaluator's min(exp(LSD), gamma) from a key-token cache, built by "
+            "longce.add_key_token_weights: no short-context pass, the cost of plain cross-entropy).",
+            "choices": list(WEIGHT_SOURCES),
         },
     )
     longce_compile_windows: bool = field(

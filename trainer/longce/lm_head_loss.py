@@ -1,7 +1,9 @@
 """The LM-head loss of ``LongCETrainer``: one interface, three implementations, one selection rule.
 
 ``LongCETrainer`` hands the loss the final hidden states of the trained positions and gets back
-``sum_r w[r] * nll[r]`` with the per-token NLL and weights (formula: ``weighted_loss``). Which code
+``sum_r w[r] * nll[r]`` with the per-token NLL and weights (formula: ``weighted_loss``; ``w`` is
+``min(exp(lp_long - lp_short), gamma)``, or the weights the caller gives, e.g. an evaluator's from a
+key-token cache, ``cached_weights``). Which code
 computes it depends on the head and on where the hidden states are:
 
 - ``LigerLMHeadLoss``: Liger-Kernel's fused linear cross-entropy; a plain ``nn.Linear`` head, CUDA
@@ -62,6 +64,7 @@ class LMHeadLoss(ABC):
         targets: torch.Tensor,
         lp_short: torch.Tensor,
         gamma: float,
+        weights: torch.Tensor | None = None,
     ) -> LossParts:
         """The weighted loss (see ``weighted_loss``).
 
@@ -73,6 +76,9 @@ class LMHeadLoss(ABC):
             targets: ``[N]`` int64 target ids. lp_short: ``[N]`` float32 short-context log-probs of
                 the targets, NaN where there is none (weight 1).
             gamma: cap of the weights ``min(exp(lp_long - lp_short), gamma)``, > 0.
+            weights: ``[N]`` float32 weights given by the caller (detached, ``longce_weights="cache"``), used
+                instead of ``min(exp(lp_long - lp_short), gamma)``; ``lp_short`` and ``gamma`` are then
+                unused. None: the weights come from ``lp_short``.
         Returns:
             ``(loss, nll, weights)``: scalar float32 ``sum(weights * nll)``, differentiable in
             ``hidden`` and the head's parameters; detached ``[N]`` float32 NLL and weights (for logging).
@@ -88,10 +94,10 @@ class FusedLMHeadLoss(LMHeadLoss):
     def applies(self, head: CausalLMHead, hidden: torch.Tensor) -> bool:
         return _is_plain_linear(head.head)
 
-    def __call__(self, head, hidden, project, targets, lp_short, gamma) -> LossParts:
+    def __call__(self, head, hidden, project, targets, lp_short, gamma, weights=None) -> LossParts:
         module = head.head
         return fused_weighted_linear_cross_entropy(
-            hidden, module.weight, module.bias, targets, lp_short, gamma, head.transform, self.chunk_bytes
+            hidden, module.weight, module.bias, targets, lp_short, gamma, head.transform, self.chunk_bytes, weights
         )
 
 
@@ -108,10 +114,10 @@ class LigerLMHeadLoss(LMHeadLoss):
             and hidden.dtype == module.weight.dtype
         )
 
-    def __call__(self, head, hidden, project, targets, lp_short, gamma) -> LossParts:
+    def __call__(self, head, hidden, project, targets, lp_short, gamma, weights=None) -> LossParts:
         module = head.head
         return liger_weighted_linear_cross_entropy(
-            hidden, module.weight, module.bias, targets, lp_short, gamma, head.transform
+            hidden, module.weight, module.bias, targets, lp_short, gamma, head.transform, weights
         )
 
 
@@ -121,10 +127,10 @@ class ChunkedLMHeadLoss(LMHeadLoss):
 
     chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES
 
-    def __call__(self, head, hidden, project, targets, lp_short, gamma) -> LossParts:
+    def __call__(self, head, hidden, project, targets, lp_short, gamma, weights=None) -> LossParts:
         vocab = head.model.config.get_text_config().vocab_size
         return chunked_weighted_cross_entropy(
-            hidden, project, vocab, targets, lp_short, gamma, head.transform, self.chunk_bytes
+            hidden, project, vocab, targets, lp_short, gamma, head.transform, self.chunk_bytes, weights
         )
 
 
@@ -148,8 +154,8 @@ class FirstApplicable(LMHeadLoss):
             "ChunkedLMHeadLoss, which runs any head."
         )
 
-    def __call__(self, head, hidden, project, targets, lp_short, gamma) -> LossParts:
-        return self.choose(head, hidden)(head, hidden, project, targets, lp_short, gamma)
+    def __call__(self, head, hidden, project, targets, lp_short, gamma, weights=None) -> LossParts:
+        return self.choose(head, hidden)(head, hidden, project, targets, lp_short, gamma, weights)
 
 
 def check_loss_kernel(kernel: str) -> None:

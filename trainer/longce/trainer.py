@@ -19,6 +19,10 @@ The model's output carries a ``[B, T, 0]`` stand-in for its logits, except in ``
 is set, or ``predict()``): then the head also returns the real ``[B, T, V]`` logits, exactly the
 model's own, which cost what they cost the stock ``Trainer``. Evaluation with loss only keeps the
 memory saving.
+
+With ``LongCEConfig(longce_weights="cache")`` step 1 is skipped: ``w`` comes from the batch's
+``longce_weights`` (an evaluator's weights from a key-token cache, ``cached_weights``), so a step
+costs what a plain cross-entropy step costs.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from transformers import Trainer
 from longppl.compilation import compiled_blocks
 from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
+from .cached_weights import WEIGHTS_COLUMN, LongCEWeightsCollator, check_weights_dataset
 from .config import LongCESettings
 from .documents import batch_documents, batch_short_log_probs, count_window_passes
 from .lm_head_loss import select_lm_head_loss
@@ -50,6 +55,18 @@ def _output_logits(outputs: Any) -> torch.Tensor:
     return outputs.logits if hasattr(outputs, "logits") else outputs[0]
 
 
+def _of_predicted_tokens(values: torch.Tensor, flat: torch.Tensor, fill: float) -> torch.Tensor:
+    """``[N]`` values of the tokens the trained positions predict, from per-token ``values`` ``[B, T]``.
+
+    Position ``t`` of a row predicts ``targets[:, t]``, token ``t + 1``: it gets ``values[:, t + 1]``
+    (a short-context score or a given weight, both indexed by the token they score), ``fill`` at
+    ``t = T - 1``. ``flat`` ``[N]``: the trained positions as ``row * T + t``.
+    """
+    shifted = torch.full_like(values, fill)
+    shifted[:, :-1] = values[:, 1:]
+    return shifted.reshape(-1)[flat]
+
+
 class LongCETrainer(Trainer):
     """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` get the defaults).
 
@@ -62,7 +79,8 @@ class LongCETrainer(Trainer):
 
     Batches need ``input_ids`` and ``labels`` (``-100`` = ignored; the model predicts ``labels[t+1]``
     from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
-    ``attention_mask`` and ``position_ids``.
+    ``attention_mask`` and ``position_ids``; with ``longce_weights="cache"``, ``longce_weights``
+    (``[B, T]`` float32, one weight per token, ``cached_weights.LongCEWeightsCollator``).
 
     Attributes:
         longce: the ``LongCESettings`` of ``args``, read once here (the defaults for plain
@@ -75,6 +93,14 @@ class LongCETrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.longce = LongCESettings.from_args(self.args)
         self.lm_head_loss = select_lm_head_loss(self.longce.loss_kernel, self.args.device, self.longce.loss_chunk_bytes)
+        if self.longce.weights == "cache":
+            check_weights_dataset(self.train_dataset, "training dataset")
+            for name, dataset in (
+                self.eval_dataset if isinstance(self.eval_dataset, dict) else {"": self.eval_dataset}
+            ).items():
+                check_weights_dataset(dataset, f"evaluation dataset {name}".strip())
+            if not isinstance(self.data_collator, LongCEWeightsCollator):  # padding and packing drop the column
+                self.data_collator = LongCEWeightsCollator(self.data_collator)
         resolve_lm_head(self.model)  # raises a clear ValueError for models without a causal LM head
         if self.args.n_gpu > 1:
             # nn.DataParallel splits each batch inside the forward, where the intercepted LM head would
@@ -102,6 +128,13 @@ class LongCETrainer(Trainer):
                 "DeepSpeed ZeRO shard parameters, not sequences)."
             )
 
+    def _set_signature_columns_if_needed(self) -> None:
+        """``Trainer``'s columns to keep (the model's forward arguments, labels) and, with cached weights,
+        ``longce_weights``, which ``remove_unused_columns`` would otherwise drop."""
+        super()._set_signature_columns_if_needed()
+        if self.longce.weights == "cache" and WEIGHTS_COLUMN not in self._signature_columns:
+            self._signature_columns.append(WEIGHTS_COLUMN)
+
     # ------------------------------------------------------------------ loss
 
     def compute_loss(
@@ -122,15 +155,16 @@ class LongCETrainer(Trainer):
         head = resolve_lm_head(self.accelerator.unwrap_model(model))
         batch, length = input_ids.shape
 
-        if self.longce.plain_ce:
+        given = self._batch_weights(inputs, input_ids)  # [B, T] from the dataset (longce_weights="cache"), or None
+        if self.longce.plain_ce or given is not None:
             lp_short = torch.full((batch, length), float("nan"), device=input_ids.device)
         else:
             lp_short = self._short_context_pass(model, head, inputs)
-        # Position t predicts targets[:, t]: its short score is that of token t+1.
-        lp_short_next = torch.full_like(lp_short, float("nan"))
-        lp_short_next[:, :-1] = lp_short[:, 1:]
 
         flat = rows * length + cols
+        lp_short = _of_predicted_tokens(lp_short, flat, float("nan"))  # [N]
+        # Given weights [N] replace min(exp(LSD), gamma) in the loss; None: they come from lp_short.
+        weights = None if given is None else _of_predicted_tokens(given, flat, 1.0)
         result: dict[str, torch.Tensor] = {}
         # Real logits only when prediction_step gathers them (under no_grad); training never pays for them.
         real_logits = return_outputs and self._longce_want_logits and not torch.is_grad_enabled()
@@ -141,8 +175,9 @@ class LongCETrainer(Trainer):
                 hidden.reshape(batch * length, -1)[flat],
                 project,
                 targets.reshape(-1)[flat],
-                lp_short_next.reshape(-1)[flat],
+                lp_short,
                 self.longce.gamma,
+                weights,
             )
             if real_logits:
                 return project(hidden)  # the model post-processes it (soft-capping, scaling) as usual
@@ -150,7 +185,7 @@ class LongCETrainer(Trainer):
             # default without checkpointing and for PEFT) walks back from it to find used parameters.
             return hidden.new_zeros(*hidden.shape[:-1], 0) + 0 * result["loss"]
 
-        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels", WEIGHTS_COLUMN)}
         with intercept_head(head, consume):
             outputs = model(**model_inputs, use_cache=False)
         if "loss" not in result:
@@ -195,6 +230,29 @@ class LongCETrainer(Trainer):
         if targets.shape != input_ids.shape:
             raise ValueError(f"labels have shape {tuple(targets.shape)} but input_ids {tuple(input_ids.shape)}.")
         return input_ids, targets
+
+    def _batch_weights(self, inputs: dict[str, Any], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """``[B, T]`` float32 weights of the batch's tokens with ``longce_weights="cache"``, else ``None``."""
+        weights = inputs.get(WEIGHTS_COLUMN)
+        if self.longce.weights != "cache":
+            if weights is not None:
+                raise ValueError(
+                    f"The batch holds {WEIGHTS_COLUMN!r}, but longce_weights='self' scores the weights with the trained "
+                    "model: set longce_weights='cache' to train with the dataset's weights, or drop the column."
+                )
+            return None
+        if weights is None:
+            raise ValueError(
+                f"longce_weights='cache' takes the token weights from the batch's {WEIGHTS_COLUMN!r}, but this batch "
+                f"has none (keys {sorted(inputs)}). Build the column with longce.add_key_token_weights and collate "
+                "with longce.LongCEWeightsCollator (LongCETrainer wraps its data_collator in one)."
+            )
+        if tuple(weights.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"{WEIGHTS_COLUMN} has shape {tuple(weights.shape)} but input_ids {tuple(input_ids.shape)}: one weight per "
+                "token is needed (collate with longce.LongCEWeightsCollator, which keeps them aligned)."
+            )
+        return weights.to(device=input_ids.device, dtype=torch.float32)
 
     def _short_context_pass(self, model: nn.Module, head: CausalLMHead, inputs: dict[str, Any]) -> torch.Tensor:
         """``[B, T]`` short-context log-probs (NaN where none), same number of forwards on every process."""

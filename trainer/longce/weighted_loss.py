@@ -7,7 +7,9 @@ short-context log-probs ``lp_short`` (``[N]``, NaN where the token has no short 
     w[r]       = min(exp(lp_long[r] - lp_short[r]), gamma)  (detached; 1 where lp_short is NaN)
     loss       = sum_r w[r] * (-lp_long[r])
 
-(the caller divides by the number of label tokens). ``logits`` is the head's projection followed by
+(the caller divides by the number of label tokens). Every function also takes the weights directly
+(``weights``, ``[N]``, e.g. an evaluator's from a key-token cache, ``longce.cached_weights``): they
+replace ``w`` and ``lp_short`` is then unused. ``logits`` is the head's projection followed by
 the architecture's post-processing (Cohere/Granite multiplier, Gemma soft-capping).
 
 Three implementations; ours cut the rows into chunks (``longppl.logprobs.rows_per_chunk``) so that
@@ -53,9 +55,16 @@ def longce_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) 
     return torch.where(torch.isnan(lp_short), torch.ones_like(weight), weight)
 
 
+def _token_weights(
+    lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float, given: torch.Tensor | None
+) -> torch.Tensor:
+    """The rows' weights: ``given`` (float32) when the caller has them, else :func:`longce_weights`."""
+    return longce_weights(lp_long, lp_short, gamma) if given is None else given.float()
+
+
 class _FusedWeightedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, lp_short, gamma, transform, chunk_bytes, grads):
+    def forward(ctx, hidden, weight, bias, targets, lp_short, gamma, transform, chunk_bytes, grads, given):
         n_rows = hidden.shape[0]
         vocab = weight.shape[0]
         step = rows_per_chunk(vocab, chunk_bytes)
@@ -83,7 +92,7 @@ class _FusedWeightedLinearCE(torch.autograd.Function):
             lse = torch.logsumexp(z, dim=-1)
             tgt = targets[start:end]
             lp = z.gather(1, tgt[:, None]).squeeze(1) - lse
-            w = longce_weights(lp, lp_short[start:end], gamma)
+            w = _token_weights(lp, lp_short[start:end], gamma, None if given is None else given[start:end])
             nll[start:end] = -lp
             weights[start:end] = w
             if not any(grads):
@@ -117,7 +126,7 @@ class _FusedWeightedLinearCE(torch.autograd.Function):
             grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
         if grad_bias is not None:
             grad_bias = (grad_bias * grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
 def fused_weighted_linear_cross_entropy(
@@ -129,6 +138,7 @@ def fused_weighted_linear_cross_entropy(
     gamma: float,
     transform: LogitTransform = LogitTransform(),
     chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LongCE loss for a linear head ``raw = hidden @ weight.T + bias`` (see the module docstring).
 
@@ -136,6 +146,8 @@ def fused_weighted_linear_cross_entropy(
         hidden: ``[N, H]`` final hidden states of the predicting positions.
         weight: ``[V, H]``, bias ``[V]`` or None: the LM head's parameters.
         targets: ``[N]`` int64 target ids; ``lp_short``: ``[N]`` float32 (NaN: weight 1).
+        weights: ``[N]`` per-row weights given directly (detached), used instead of
+            ``min(exp(lp_long - lp_short), gamma)``; ``lp_short`` and ``gamma`` are then unused.
     Returns:
         ``(loss, nll, weights)``: scalar ``sum(w * nll)`` (differentiable in hidden, weight, bias),
         and the detached ``[N]`` float32 per-token NLL and weights (for logging).
@@ -146,7 +158,9 @@ def fused_weighted_linear_cross_entropy(
         enabled and weight.requires_grad,
         enabled and bias is not None and bias.requires_grad,
     )
-    return _FusedWeightedLinearCE.apply(hidden, weight, bias, targets, lp_short, gamma, transform, chunk_bytes, grads)
+    return _FusedWeightedLinearCE.apply(
+        hidden, weight, bias, targets, lp_short, gamma, transform, chunk_bytes, grads, weights
+    )
 
 
 def liger_available() -> bool:
@@ -166,10 +180,12 @@ def liger_weighted_linear_cross_entropy(
     lp_short: torch.Tensor,
     gamma: float,
     transform: LogitTransform = LogitTransform(),
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_weighted_linear_cross_entropy`` through Liger-Kernel (>= 0.8.2, ``reduction="none"``).
 
-    Liger returns the per-token NLL ``[N]``; the weights come from it (detached), and the backward
+    Liger returns the per-token NLL ``[N]``; the weights come from it (detached; or are ``weights``
+    when given), and the backward
     of ``sum(w * nll)`` scales each row's gradient by its ``w``. Needs ``transform.multiplier == 1``
     (Liger knows soft-capping, not a logit multiplier) and CUDA tensors.
     """
@@ -179,7 +195,7 @@ def liger_weighted_linear_cross_entropy(
         raise ValueError("Liger-Kernel's fused linear cross-entropy has no logit multiplier; use the fused function.")
     loss_fn = LigerFusedLinearCrossEntropyLoss(reduction="none", softcap=transform.softcap)
     nll = loss_fn(weight, hidden, targets, bias).float()
-    weights = longce_weights(-nll.detach(), lp_short, gamma)
+    weights = _token_weights(-nll.detach(), lp_short, gamma, weights)
     return (weights * nll).sum(), nll.detach(), weights
 
 
@@ -192,6 +208,7 @@ def chunked_weighted_cross_entropy(
     gamma: float,
     transform: LogitTransform = LogitTransform(),
     chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same loss as ``fused_weighted_linear_cross_entropy`` for any head ``project: [n, H] -> [n, V]``.
 
@@ -200,18 +217,21 @@ def chunked_weighted_cross_entropy(
     never holds more than one chunk of logits.
     """
     step = rows_per_chunk(vocab_size, chunk_bytes)
+    given = weights
     nll = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     weights = torch.empty_like(nll)
 
-    def chunk_loss(h: torch.Tensor, tgt: torch.Tensor, short: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def chunk_loss(
+        h: torch.Tensor, tgt: torch.Tensor, short: torch.Tensor, w: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         lp = -F.cross_entropy(transform(project(h)), tgt, reduction="none")
-        w = longce_weights(lp.detach(), short, gamma)
+        w = _token_weights(lp.detach(), short, gamma, w)
         return (w * -lp).sum(), torch.stack([-lp.detach(), w])
 
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], step):
         end = start + step
-        args = (hidden[start:end], targets[start:end], lp_short[start:end])
+        args = (hidden[start:end], targets[start:end], lp_short[start:end], None if given is None else given[start:end])
         if torch.is_grad_enabled() and hidden.requires_grad:
             loss, stats = checkpoint(chunk_loss, *args, use_reentrant=False)
         else:
