@@ -721,3 +721,33 @@ def test_help_of_the_installed_command():
     assert done.stdout.startswith("usage: longce-train --config RECIPE.yaml")
     assert option_names(done.stdout)[:3] == ["-h", "--config", "--help-all"] and "--longce_gamma" in done.stdout
     assert "--adam_beta1" not in done.stdout  # the short help: TrainingArguments' fields are behind --help-all
+
+
+def test_help_all_through_python_m():
+    """`python -m longce.cli` (what `accelerate launch -m longce.cli` runs in every process)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "longce.cli", "--help-all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--adam_beta1" in done.stdout and "--longce_gamma" in done.stdout and "--model_config" in done.stdout
+
+
+def test_import_longce_leaves_the_command_modules_out():
+    """The training command's modules load only when used: `import longce` is the trainer alone."""
+    code = (
+        "import sys, longce; print([m for m in ('longce.arguments', 'longce.data', 'longce.cli') if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
