@@ -27,6 +27,8 @@ from transformers import HfArgumentParser
 from .config import LongCEConfig
 from .context_extension import METHODS
 
+# The command's name, for messages; the usage line names the program it was started by (sys.argv[0]:
+# longce-train, train_longce.py, ...).
 PROG = "longce-train"
 BYTE_LEVEL = "byte-level"
 # Names of the model weights' dtypes (``longce.cli.load_model`` maps them to torch dtypes).
@@ -361,7 +363,6 @@ def build_parser(full: bool = True) -> HfArgumentParser:
     """
     parser = HfArgumentParser(
         [],
-        prog=PROG,
         usage="%(prog)s --config RECIPE.yaml [--FIELD VALUE ...]",
         formatter_class=_HelpFormatter,
         description="Fine-tune a causal LM with LongCE from a YAML recipe; every field below can be set in the "
