@@ -101,11 +101,12 @@ def save_random_model(folder: str, fields: dict, dtype: str, device: str, seed: 
     """A random-weight model of ``fields`` (``model_type`` and config fields) with the byte-level tokenizer.
 
     The tokenizer's size and special-token ids fill the fields the recipe leaves out, as
-    ``train_longce.py`` does for ``model_config``.
+    ``longce-train`` does for ``model_config``.
     """
     import torch
-    from train_longce import byte_level_tokenizer  # scripts/ is on sys.path when a script of it runs
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from longce.data import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer()
     fields = {
@@ -259,13 +260,14 @@ def shared_initial_model(config_path: str, folder: str, device: str) -> str:
     weights than on one GPU. Every setup therefore starts from this one saved checkpoint.
     """
     import yaml
-    from train_longce import BYTE_LEVEL
+
+    from longce.arguments import BYTE_LEVEL
 
     with open(config_path) as handle:
         recipe = yaml.safe_load(handle)
     if "model_config" not in recipe or recipe.get("tokenizer_name_or_path") != BYTE_LEVEL:
         raise ValueError(f"{config_path} needs a model_config and tokenizer_name_or_path: {BYTE_LEVEL}.")
-    dtype = recipe.get("torch_dtype", "auto").replace("auto", "float32")  # train_longce's model_config default
+    dtype = recipe.get("torch_dtype", "auto").replace("auto", "float32")  # longce-train's model_config default
     save_random_model(folder, recipe.pop("model_config"), dtype, device, recipe.get("seed", 0))
     recipe.update(model_name_or_path=folder, tokenizer_name_or_path=folder)
     derived = os.path.join(os.path.dirname(folder), "recipe.yaml")

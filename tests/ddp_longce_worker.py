@@ -1,8 +1,8 @@
-"""Worker of test_longce_ddp.py: ``scripts/train_longce.py`` with its forward passes counted.
+"""Worker of test_longce_ddp.py: ``longce-train`` with its forward passes counted.
 
-    python tests/ddp_longce_worker.py REPORT.json [train_longce.py arguments...]
+    python tests/ddp_longce_worker.py REPORT.json [longce-train arguments...]
 
-(or under ``accelerate launch``): trains through the script's ``main`` and writes, per process,
+(or under ``accelerate launch``): trains through ``longce.cli.train`` and writes, per process,
 ``REPORT.json.rank<R>`` = ``{"rank", "world_size", "forwards", "own_window_passes", "steps",
 "log_history"}``. ``forwards`` counts every call of the inner transformer (gradient pass, short-
 context window passes and idle passes); ``own_window_passes`` the short-context passes this
@@ -12,22 +12,16 @@ process's own documents need.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))
-
-import train_longce  # noqa: E402
-
-from longce import LongCETrainer  # noqa: E402
-from longce.documents import batch_documents, count_window_passes  # noqa: E402
+from longce import LongCETrainer, cli
+from longce.documents import batch_documents, count_window_passes
 
 
 def run(report: str, argv: list[str]) -> LongCETrainer:
     """Train with ``argv`` while counting forwards; write this process's report; undo the patches."""
     counts = {"forwards": 0, "own_window_passes": 0, "steps": 0}
-    short_pass, load_model = LongCETrainer._short_context_pass, train_longce.load_model
+    short_pass, load_model = LongCETrainer._short_context_pass, cli.load_model
 
     def counting_short_pass(self, model, head, inputs):
         documents = batch_documents(inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"))
@@ -50,11 +44,11 @@ def run(report: str, argv: list[str]) -> LongCETrainer:
         return model
 
     LongCETrainer._short_context_pass = counting_short_pass
-    train_longce.load_model = counting_load_model
+    cli.load_model = counting_load_model  # what cli.train calls
     try:
-        trainer = train_longce.main(argv)
+        trainer = cli.train(argv)
     finally:
-        LongCETrainer._short_context_pass, train_longce.load_model = short_pass, load_model
+        LongCETrainer._short_context_pass, cli.load_model = short_pass, load_model
     rank = trainer.args.process_index
     with open(f"{report}.rank{rank}", "w", encoding="utf-8") as handle:
         json.dump(

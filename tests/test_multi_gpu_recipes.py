@@ -23,13 +23,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import bench_multi_gpu  # noqa: E402  (scripts/ is not a package)
-import train_longce  # noqa: E402
+
+from longce.arguments import parse_args  # noqa: E402
+from longce.data import build_train_dataset, load_text_dataset, load_tokenizer  # noqa: E402
 
 RECIPE = os.path.join(REPO, "configs", "llama1b_shape_16k.yaml")
 
 
 def test_recipe_is_the_llama_3_2_1b_shape_on_16k_blocks_that_fill_every_batch():
-    model_args, data_args, args = train_longce.parse_args(["--config", RECIPE, "--bf16", "false", "--data_files", DATA])
+    model_args, data_args, args = parse_args(["--config", RECIPE, "--bf16", "false", "--data_files", DATA])
     shape = model_args.model_config
     assert (shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]) == (2048, 8192, 16)
     assert (shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]) == (32, 8, 64)
@@ -39,9 +41,9 @@ def test_recipe_is_the_llama_3_2_1b_shape_on_16k_blocks_that_fill_every_batch():
     assert args.gradient_checkpointing and yaml.safe_load(open(RECIPE))["bf16"] is True
     # 22 full blocks: global batches of 1 GPU x 2 and 2 GPUs x 1 hold the same sequences at every step
     # (an odd count would leave one sequence for the last batch, which accelerate pads on 2 GPUs).
-    tokenizer = train_longce.load_tokenizer(model_args)
-    raw = train_longce.load_text_dataset(data_args, None)
-    blocks = train_longce.build_train_dataset(raw, tokenizer, data_args)
+    tokenizer = load_tokenizer(model_args)
+    raw = load_text_dataset(data_args, None)
+    blocks = build_train_dataset(raw, tokenizer, data_args)
     assert len(blocks) == 22 and {len(ids) for ids in blocks["input_ids"]} == {16384}
 
 

@@ -1,4 +1,5 @@
-"""scripts/train_longce.py: the tiny recipe trains, overrides, checkpoints/resumes, LoRA, packing, bad inputs."""
+"""longce-train (longce.cli; scripts/train_longce.py runs it from a checkout): the tiny recipe trains,
+overrides, checkpoints/resumes, LoRA, packing, bad inputs."""
 
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ import yaml
 from helpers import DATA
 from safetensors.torch import load_file
 
+from longce import LongCEConfig, LongCETrainer, apply_context_extension, cli
+from longce.arguments import DataArguments, ModelArguments, parse_args
+from longce.data import build_train_dataset, byte_level_tokenizer, load_datasets, load_text_dataset, load_tokenizer
+from longce.documents import batch_documents
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-
-import train_longce  # noqa: E402  (scripts/ is not a package)
-
-from longce import LongCEConfig, LongCETrainer  # noqa: E402
-from longce.documents import batch_documents  # noqa: E402
 
 TINY = os.path.join(REPO, "configs", "tiny_cpu.yaml")
 
@@ -65,7 +65,7 @@ def logged(trainer, key: str) -> list[float]:
 
 
 def test_tiny_recipe_trains_and_loss_decreases(tmp_path):
-    trainer = train_longce.main(tiny_argv(tmp_path))
+    trainer = cli.train(tiny_argv(tmp_path))
     recipe = read_recipe()
     assert trainer.state.global_step == recipe["max_steps"]
     losses = logged(trainer, "loss")
@@ -123,7 +123,7 @@ def test_command_line_overrides_yaml_fields(tmp_path):
         "num_key_value_heads": 1,
         "max_position_embeddings": 256,
     }
-    model_args, data_args, args = train_longce.parse_args(
+    model_args, data_args, args = parse_args(
         tiny_argv(
             tmp_path,
             "--learning_rate",
@@ -149,7 +149,7 @@ def test_command_line_overrides_yaml_fields(tmp_path):
     assert data_args.data_files == [DATA]
 
     # ... and the overrides reach training: a constant learning rate shows in the log.
-    trainer = train_longce.main(
+    trainer = cli.train(
         tiny_argv(
             tmp_path,
             "--max_steps",
@@ -175,10 +175,8 @@ def test_command_line_overrides_yaml_fields(tmp_path):
 
 def test_checkpoint_then_resume_continues_where_it_stopped(tmp_path, monkeypatch):
     common = ("--lr_scheduler_type", "constant", "--warmup_steps", "0", "--logging_steps", "2")
-    straight = train_longce.main(
-        tiny_argv(tmp_path, *common, "--max_steps", "8", "--save_strategy", "no", subdir="straight")
-    )
-    first = train_longce.main(tiny_argv(tmp_path, *common, "--max_steps", "4", "--save_steps", "4", subdir="resumed"))
+    straight = cli.train(tiny_argv(tmp_path, *common, "--max_steps", "8", "--save_strategy", "no", subdir="straight"))
+    first = cli.train(tiny_argv(tmp_path, *common, "--max_steps", "4", "--save_steps", "4", subdir="resumed"))
     checkpoint = tmp_path / "resumed" / "checkpoint-4"
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 4
     assert first.state.global_step == 4
@@ -188,7 +186,7 @@ def test_checkpoint_then_resume_continues_where_it_stopped(tmp_path, monkeypatch
     monkeypatch.setattr(
         LongCETrainer, "compute_loss", lambda self, *a, **k: calls.append(1) or compute_loss(self, *a, **k)
     )
-    resumed = train_longce.main(
+    resumed = cli.train(
         tiny_argv(
             tmp_path,
             *common,
@@ -228,7 +226,7 @@ def test_lora_trains_only_the_adapter(tmp_path, monkeypatch):
         return train(self, *args, **kwargs)
 
     monkeypatch.setattr(LongCETrainer, "train", snapshot_then_train)
-    trainer = train_longce.main(
+    trainer = cli.train(
         tiny_argv(
             tmp_path,
             "--lora_r",
@@ -269,7 +267,7 @@ def test_packing_keeps_documents_apart(tmp_path):
     lengths = [300, 40, 90, 130, 10, 200]
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": chr(ord("a") + i) * n}) + "\n" for i, n in enumerate(lengths)))
-    trainer = train_longce.main(
+    trainer = cli.train(
         tiny_argv(
             tmp_path,
             "--data_files",
@@ -326,7 +324,7 @@ def test_paper_recipes_hold_the_paper_settings(name, dataset, method, global_bat
     """App. A.2 and Sec. 4.2: Llama-2-7B, 32k tokens, K=4096, d=1024, gamma=5, lr 2e-5, no weight
     decay, 20 warmup steps, AdamW (0.9, 0.95), 200 steps, global batch 64 (PG-19) / 8 (arxiv) on 8 GPUs."""
     # bf16 needs a GPU; everything else parses as on the paper's machines.
-    model_args, data_args, args = train_longce.parse_args(
+    model_args, data_args, args = parse_args(
         ["--config", os.path.join(REPO, "configs", f"{name}.yaml"), "--bf16", "false"]
     )
     assert model_args.model_name_or_path == "meta-llama/Llama-2-7b-hf" and model_args.lora_r == 0
@@ -342,7 +340,7 @@ def test_paper_recipes_hold_the_paper_settings(name, dataset, method, global_bat
     from transformers import LlamaConfig
 
     config = LlamaConfig(max_position_embeddings=4096, rope_theta=10000.0)
-    attn = train_longce.apply_context_extension(
+    attn = apply_context_extension(
         config,
         model_args.context_extension,
         factor=model_args.rope_factor,
@@ -379,85 +377,85 @@ def write_jsonl(tmp_path, rows: list[dict]) -> str:
 
 def test_missing_config_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"Config file .*nope\.yaml.* not found"):
-        train_longce.main(["--config", str(tmp_path / "nope.yaml")])
+        cli.train(["--config", str(tmp_path / "nope.yaml")])
 
 
 def test_config_not_a_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- learning_rate: 1.0e-4\n- max_steps: 3\n")
     with pytest.raises(ValueError, match="must hold a YAML mapping of field: value, got a list"):
-        train_longce.main(["--config", str(path)])
+        cli.train(["--config", str(path)])
 
 
 def test_unknown_yaml_key(tmp_path):
     with pytest.raises(ValueError, match=r"Unknown field\(s\) \['learnin_rate', 'lora_rank'\]"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"learnin_rate": 1e-4, "lora_rank": 8})])
+        cli.train(["--config", write_recipe(tmp_path, {"learnin_rate": 1e-4, "lora_rank": 8})])
 
 
 def test_neither_model_source(tmp_path):
     with pytest.raises(ValueError, match="exactly one of model_name_or_path .* neither is set"):
-        train_longce.main(["--config", write_recipe(tmp_path, {}, drop=("model_config",))])
+        cli.train(["--config", write_recipe(tmp_path, {}, drop=("model_config",))])
 
 
 def test_both_model_sources(tmp_path):
     with pytest.raises(ValueError, match="exactly one of model_name_or_path .* both are set"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"model_name_or_path": "some/model"})])
+        cli.train(["--config", write_recipe(tmp_path, {"model_name_or_path": "some/model"})])
 
 
 def test_model_config_without_model_type(tmp_path):
     with pytest.raises(ValueError, match="model_config must be a mapping with a 'model_type' key"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"model_config": {"hidden_size": 64}})])
+        cli.train(["--config", write_recipe(tmp_path, {"model_config": {"hidden_size": 64}})])
 
 
 def test_no_dataset(tmp_path):
     with pytest.raises(ValueError, match="exactly one of dataset_name .* and data_files .* neither is set"):
-        train_longce.main(["--config", write_recipe(tmp_path, {}, drop=("data_files",))])
+        cli.train(["--config", write_recipe(tmp_path, {}, drop=("data_files",))])
 
 
 def test_no_max_seq_length(tmp_path):
     with pytest.raises(ValueError, match="max_seq_length must be an integer >= 2"):
-        train_longce.main(["--config", write_recipe(tmp_path, {}, drop=("max_seq_length",))])
+        cli.train(["--config", write_recipe(tmp_path, {}, drop=("max_seq_length",))])
 
 
 def test_missing_data_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data_files: .*absent\.jsonl.* not found"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": str(tmp_path / "absent.jsonl")})])
+        cli.train(["--config", write_recipe(tmp_path, {"data_files": str(tmp_path / "absent.jsonl")})])
 
 
 def test_unsupported_data_file_extension(tmp_path):
     path = tmp_path / "docs.xml"
     path.write_text("<doc/>")
     with pytest.raises(ValueError, match=r"unsupported extension; use one of \['.csv'"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": str(path)})])
+        cli.train(["--config", write_recipe(tmp_path, {"data_files": str(path)})])
 
 
 def test_text_column_missing_names_the_columns(tmp_path):
     data = write_jsonl(tmp_path, [{"id": 1, "body": "some text"}, {"id": 2, "body": "more"}])
     with pytest.raises(ValueError, match=r"Text column 'text' not found .* its columns are \['id', 'body'\]"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+        cli.train(["--config", write_recipe(tmp_path, {"data_files": data})])
 
 
 def test_non_string_text_column(tmp_path):
     data = write_jsonl(tmp_path, [{"text": 12}, {"text": 13}])
     with pytest.raises(ValueError, match=r"Text column 'text' .* holds Value\('int64'\).*, not strings"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+        cli.train(["--config", write_recipe(tmp_path, {"data_files": data})])
 
 
 def test_null_text_row(tmp_path):
     data = write_jsonl(tmp_path, [{"text": "a document"}, {"text": None}])
     with pytest.raises(ValueError, match="Row 1 of .* has None in text column 'text'"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+        cli.train(["--config", write_recipe(tmp_path, {"data_files": data})])
 
 
 def test_too_little_text(tmp_path):
     data = write_jsonl(tmp_path, [{"text": "short"}])
     with pytest.raises(ValueError, match="gives no training sequence: 7 tokens in all, fewer than max_seq_length=128"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"data_files": data})])
+        cli.train(["--config", write_recipe(tmp_path, {"data_files": data})])
 
 
 def test_resume_last_without_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="resume_from_checkpoint='last' but .* holds no checkpoint"):
-        train_longce.main(["--config", write_recipe(tmp_path, {"resume_from_checkpoint": "last"})])
+        cli.train(["--config", write_recipe(tmp_path, {"resume_from_checkpoint": "last"})])
 
 
 # ------------------------------------------------------------------ (g) evaluation data
@@ -476,7 +474,7 @@ def plain_mean_nll(model, sequences) -> float:
 
 
 def test_eval_strategy_steps_evaluates_a_held_out_share(tmp_path):
-    trainer = train_longce.main(
+    trainer = cli.train(
         tiny_argv(
             tmp_path,
             "--validation_split_percentage",
@@ -508,11 +506,11 @@ def test_eval_strategy_steps_evaluates_a_held_out_share(tmp_path):
         } <= set(entry)
         assert entry["eval_loss"] > 0 and 0 < entry["eval_longce_weight_gt1_share"] < 1
     # Held out: the first 20% of the 13 documents (3, rounded), processed like the training data.
-    _, data_args, _ = train_longce.parse_args(tiny_argv(tmp_path))
-    raw = train_longce.load_text_dataset(data_args)
-    tokenizer = train_longce.load_tokenizer(train_longce.parse_args(tiny_argv(tmp_path))[0])
-    expected_eval = train_longce.build_train_dataset(raw.select(range(3)), tokenizer, data_args)["input_ids"][:6]
-    expected_train = train_longce.build_train_dataset(raw.select(range(3, len(raw))), tokenizer, data_args)
+    _, data_args, _ = parse_args(tiny_argv(tmp_path))
+    raw = load_text_dataset(data_args)
+    tokenizer = load_tokenizer(parse_args(tiny_argv(tmp_path))[0])
+    expected_eval = build_train_dataset(raw.select(range(3)), tokenizer, data_args)["input_ids"][:6]
+    expected_train = build_train_dataset(raw.select(range(3, len(raw))), tokenizer, data_args)
     assert trainer.eval_dataset["input_ids"] == expected_eval
     assert trainer.train_dataset["input_ids"] == expected_train["input_ids"][:512]
     # The last evaluation ran on the final model: its unweighted CE is the plain mean NLL of those sequences.
@@ -523,7 +521,7 @@ def test_eval_data_files_are_evaluated_after_training_without_eval_strategy(tmp_
     texts = [json.loads(line)["text"] for line in open(DATA, encoding="utf-8")][-2:]
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    trainer = train_longce.main(
+    trainer = cli.train(
         tiny_argv(
             tmp_path,
             "--eval_data_files",
@@ -538,20 +536,18 @@ def test_eval_data_files_are_evaluated_after_training_without_eval_strategy(tmp_
     )
     evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
     assert len(evaluations) == 1 and evaluations[0]["step"] == 2 and "eval_ce_loss" in evaluations[0]
-    tokenizer = train_longce.byte_level_tokenizer()
+    tokenizer = byte_level_tokenizer()
     tokens = [t for text in texts for t in tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]]
     assert trainer.eval_dataset["input_ids"] == [tokens[i : i + 128] for i in range(0, 4 * 128, 128)]
     assert "evaluation: 1 run(s); at step 2 eval_loss" in capsys.readouterr().out
 
 
 def test_eval_split_of_the_training_files_equals_the_percentage_split(tmp_path):
-    tokenizer = train_longce.byte_level_tokenizer()
-    _, by_split, _ = train_longce.parse_args(
-        tiny_argv(tmp_path, "--dataset_split", "train[3:]", "--eval_split", "train[:3]")
-    )
-    _, by_share, _ = train_longce.parse_args(tiny_argv(tmp_path, "--validation_split_percentage", "20"))
-    train_a, eval_a = train_longce.load_datasets(by_split, tokenizer)
-    train_b, eval_b = train_longce.load_datasets(by_share, tokenizer)
+    tokenizer = byte_level_tokenizer()
+    _, by_split, _ = parse_args(tiny_argv(tmp_path, "--dataset_split", "train[3:]", "--eval_split", "train[:3]"))
+    _, by_share, _ = parse_args(tiny_argv(tmp_path, "--validation_split_percentage", "20"))
+    train_a, eval_a = load_datasets(by_split, tokenizer)
+    train_b, eval_b = load_datasets(by_share, tokenizer)
     assert eval_a["input_ids"] == eval_b["input_ids"] and len(eval_a) > 0
     assert train_a["input_ids"] == train_b["input_ids"]
 
@@ -593,43 +589,41 @@ def test_eval_split_of_the_training_files_equals_the_percentage_split(tmp_path):
 )
 def test_bad_evaluation_settings(tmp_path, extra, error, message):
     with pytest.raises(error, match=message):
-        train_longce.main(tiny_argv(tmp_path, *extra))
+        cli.train(tiny_argv(tmp_path, *extra))
 
 
 def test_too_little_evaluation_text(tmp_path):
     data = write_jsonl(tmp_path, [{"text": "short"}])
     with pytest.raises(ValueError, match="gives no evaluation sequence: 7 tokens in all, fewer than max_seq_length"):
-        train_longce.main(tiny_argv(tmp_path, "--eval_data_files", data))
+        cli.train(tiny_argv(tmp_path, "--eval_data_files", data))
 
 
 # ------------------------------------------------------------------ (h) renamed fields: dtype, activation_checkpointing
 
 
 def test_dtype_and_torch_dtype_are_one_field(tmp_path):
-    model_args, _, args = train_longce.parse_args(tiny_argv(tmp_path, "--dtype", "bfloat16"))
+    model_args, _, args = parse_args(tiny_argv(tmp_path, "--dtype", "bfloat16"))
     assert model_args.dtype == model_args.torch_dtype == "bfloat16"  # the recipe's torch_dtype: float32 is overridden
-    model = train_longce.load_model(model_args, args, train_longce.byte_level_tokenizer())
+    model = cli.load_model(model_args, args, byte_level_tokenizer())
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    model_args, _, _ = train_longce.parse_args(tiny_argv(tmp_path, "--torch_dtype", "float16"))
+    model_args, _, _ = parse_args(tiny_argv(tmp_path, "--torch_dtype", "float16"))
     assert model_args.dtype == model_args.torch_dtype == "float16"
-    model_args, _, _ = train_longce.parse_args(tiny_argv(tmp_path, "--dtype", "float32", "--torch_dtype", "float32"))
+    model_args, _, _ = parse_args(tiny_argv(tmp_path, "--dtype", "float32", "--torch_dtype", "float32"))
     assert model_args.dtype == "float32"
     with pytest.raises(ValueError, match="dtype='bfloat16' and torch_dtype='float16' are two names of one setting"):
-        train_longce.parse_args(tiny_argv(tmp_path, "--dtype", "bfloat16", "--torch_dtype", "float16"))
+        parse_args(tiny_argv(tmp_path, "--dtype", "bfloat16", "--torch_dtype", "float16"))
     recipe = write_recipe(tmp_path, {"dtype": "bfloat16"})  # the tiny recipe also has torch_dtype: float32
     with pytest.raises(ValueError, match=r"sets dtype: 'bfloat16' and torch_dtype: 'float32', two names of one field"):
-        train_longce.parse_args(["--config", recipe])
-    model_args, _, _ = train_longce.parse_args(
-        ["--config", write_recipe(tmp_path, {"dtype": "bfloat16"}, drop=("torch_dtype",))]
-    )
+        parse_args(["--config", recipe])
+    model_args, _, _ = parse_args(["--config", write_recipe(tmp_path, {"dtype": "bfloat16"}, drop=("torch_dtype",))])
     assert model_args.dtype == model_args.torch_dtype == "bfloat16"
 
 
 def test_either_checkpointing_name_in_recipe_or_command_line(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, _, args = train_longce.parse_args(tiny_argv(tmp_path, "--gradient_checkpointing", "true"))
-        _, _, from_recipe = train_longce.parse_args(
+        _, _, args = parse_args(tiny_argv(tmp_path, "--gradient_checkpointing", "true"))
+        _, _, from_recipe = parse_args(
             [
                 "--config",
                 write_recipe(
@@ -645,10 +639,10 @@ def test_either_checkpointing_name_in_recipe_or_command_line(tmp_path):
     # The command line overrides the recipe under either name (and either spelling).
     for flag in ("--gradient_checkpointing", "--gradient-checkpointing=false", "--activation_checkpointing"):
         argv = ["--config", write_recipe(tmp_path, {"activation_checkpointing": True}), flag]
-        _, _, off = train_longce.parse_args(argv if "=" in flag else argv + ["false"])
+        _, _, off = parse_args(argv if "=" in flag else argv + ["false"])
         assert off.activation_checkpointing is False and off.gradient_checkpointing is False, flag
     with pytest.raises(ValueError, match="activation_checkpointing: True and gradient_checkpointing: False, two names"):
-        train_longce.parse_args(
+        parse_args(
             ["--config", write_recipe(tmp_path, {"activation_checkpointing": True, "gradient_checkpointing": False})]
         )
 
@@ -663,14 +657,12 @@ def option_names(help_text: str) -> list[str]:
 
 def recipe_fields() -> list[str]:
     longce = [f.name for f in dataclasses.fields(LongCEConfig) if f.name.startswith("longce_")]
-    return [
-        f.name for cls in (train_longce.ModelArguments, train_longce.DataArguments) for f in dataclasses.fields(cls)
-    ] + longce
+    return [f.name for cls in (ModelArguments, DataArguments) for f in dataclasses.fields(cls)] + longce
 
 
 def show_help(capsys, *argv) -> str:
     with pytest.raises(SystemExit) as done:
-        train_longce.parse_args(list(argv))
+        parse_args(list(argv))
     assert done.value.code == 0
     return capsys.readouterr().out
 
@@ -687,12 +679,7 @@ def test_help_shows_the_recipe_fields_config_first(capsys):
 def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
     names = option_names(show_help(capsys, "--help-all"))
     assert names[:3] == ["-h", "--config", "--help-all"]
-    every = {
-        f.name
-        for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
-        for f in dataclasses.fields(cls)
-        if f.init
-    }
+    every = {f.name for cls in (ModelArguments, DataArguments, LongCEConfig) for f in dataclasses.fields(cls) if f.init}
     # HfArgumentParser adds --no_X for boolean fields that default to True.
     assert {f"--{name}" for name in every} == {name.replace("--no_", "--") for name in names[3:]}
     text = show_help(capsys, "--config", TINY, "--help")
@@ -700,11 +687,7 @@ def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
 
 
 def test_every_recipe_field_has_help_text():
-    specs = {
-        f.name: f
-        for cls in (train_longce.ModelArguments, train_longce.DataArguments, LongCEConfig)
-        for f in dataclasses.fields(cls)
-    }
+    specs = {f.name: f for cls in (ModelArguments, DataArguments, LongCEConfig) for f in dataclasses.fields(cls)}
     missing = [name for name in recipe_fields() if len(specs[name].metadata.get("help", "")) < 10]
     assert not missing, missing
 
@@ -720,3 +703,51 @@ def test_help_as_a_command():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert option_names(done.stdout)[:2] == ["-h", "--config"] and "--longce_gamma" in done.stdout
+
+
+def test_help_of_the_installed_command():
+    """`pip install` puts `longce-train` next to the interpreter (setup.cfg's console_scripts)."""
+    command = os.path.join(os.path.dirname(sys.executable), "longce-train")
+    assert os.path.isfile(command), f"{command} missing: reinstall the project (pip install -e .) to get the command"
+    done = subprocess.run(
+        [command, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: longce-train --config RECIPE.yaml")
+    assert option_names(done.stdout)[:3] == ["-h", "--config", "--help-all"] and "--longce_gamma" in done.stdout
+    assert "--adam_beta1" not in done.stdout  # the short help: TrainingArguments' fields are behind --help-all
+
+
+def test_help_all_through_python_m():
+    """`python -m longce.cli` (what `accelerate launch -m longce.cli` runs in every process)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "longce.cli", "--help-all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--adam_beta1" in done.stdout and "--longce_gamma" in done.stdout and "--model_config" in done.stdout
+
+
+def test_import_longce_leaves_the_command_modules_out():
+    """The training command's modules load only when used: `import longce` is the trainer alone."""
+    code = (
+        "import sys, longce; print([m for m in ('longce.arguments', 'longce.data', 'longce.cli') if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

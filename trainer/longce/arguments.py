@@ -1,0 +1,456 @@
+"""The arguments of ``longce-train``: ``ModelArguments``, ``DataArguments`` and the parser of YAML recipes.
+
+A recipe (``--config recipe.yaml``) sets fields of ``ModelArguments``, ``DataArguments`` and
+``LongCEConfig`` (``TrainingArguments`` plus ``longce_*``); its values become the parser's defaults (as
+TRL's ``TrlParser`` does), so the command line always wins. Unknown recipe keys are an error. A recipe's
+``data_files`` / ``eval_data_files`` are relative to the recipe's folder (``resolve_recipe_paths``), so it
+runs from any directory; paths on the command line stay relative to the current directory. Renamed
+fields take either name (``ALIASES``). ``--help`` lists the model, data and LongCE fields, ``--help-all``
+every ``TrainingArguments`` field too.
+
+Nothing here loads data or models: ``datasets`` and the model classes load after parsing
+(``longce.data``, ``longce.cli``), so ``--help`` answers at once after transformers is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field, fields, make_dataclass, replace
+from typing import Any, get_type_hints
+
+import yaml
+from transformers import HfArgumentParser
+
+from .config import LongCEConfig
+from .context_extension import METHODS
+
+# The command's name, for messages; the usage line names the program it was started by (sys.argv[0]:
+# longce-train, train_longce.py, ...).
+PROG = "longce-train"
+BYTE_LEVEL = "byte-level"
+# Names of the model weights' dtypes (``longce.cli.load_model`` maps them to torch dtypes).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Two names of one field (the first is the current transformers name): either works, in the recipe or
+# on the command line; the dataclasses refuse both names with different values.
+ALIASES = (
+    ("dtype", "torch_dtype"),
+    ("activation_checkpointing", "gradient_checkpointing"),
+    ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"),
+)
+# Shown by --help besides ModelArguments and DataArguments (--help-all: every LongCEConfig field).
+LONGCE_PREFIX = "longce_"
+
+
+@dataclass
+class ModelArguments:
+    """Which model and tokenizer to train, its context extension and its LoRA adapter."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Hub id or local folder of a pretrained causal LM. Exactly one of this and model_config."},
+    )
+    model_config: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Build a randomly initialised model from this config instead: a mapping with 'model_type' "
+            "(e.g. 'llama') and config keyword arguments (a JSON string on the command line). vocab_size and "
+            "bos/eos/pad token ids default to the tokenizer's."
+        },
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Hub id or local folder of the tokenizer (default: model_name_or_path), or "
+            f"'{BYTE_LEVEL}': a tokenizer built in code with one token per byte (ids 0-255) plus <s>=256, "
+            "</s>=257, <pad>=258; it prepends <s>."
+        },
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "dtype of the model weights: auto (the checkpoint's; float32 for model_config), float32, "
+            "bfloat16 or float16; unset means auto. Mixed precision is set apart with bf16 / fp16.",
+            "choices": list(DTYPES),
+        },
+    )
+    torch_dtype: str | None = field(
+        default=None,
+        metadata={"help": "Same as dtype (its name before transformers 5); give one of them.", "choices": list(DTYPES)},
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Attention implementation (sdpa, eager, flash_attention_2, ...); default: transformers'. "
+            "context_extension 'eabf' brings its own and cannot be combined with another."
+        },
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Cache folder for downloaded models, tokenizers and datasets."},
+    )
+    context_extension: str = field(
+        default="none",
+        metadata={
+            "help": "RoPE context extension applied to the config before the model is built: none, pi "
+            "(positions divided by rope_factor), abf (rope_theta), yarn (rope_factor, "
+            "original_max_position_embeddings) or eabf (rope_theta plus attention scaling with "
+            "eabf_base_length).",
+            "choices": list(METHODS),
+        },
+    )
+    rope_factor: float | None = field(
+        default=None,
+        metadata={"help": "PI / YaRN scaling factor: new context length / pre-training context length."},
+    )
+    rope_theta: float | None = field(
+        default=None,
+        metadata={"help": "ABF / EABF RoPE base (default 500000)."},
+    )
+    original_max_position_embeddings: int | None = field(
+        default=None,
+        metadata={"help": "YaRN: the pre-training context length (default: the config's)."},
+    )
+    eabf_base_length: int = field(
+        default=4096,
+        metadata={"help": "EABF: queries at position p are scaled by max(1, log(p + 1) / log(eabf_base_length))."},
+    )
+    lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights (no adapter)."})
+    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA alpha (the update is scaled by alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata={"help": "Names of the modules that get a LoRA adapter."},
+    )
+
+    def __post_init__(self) -> None:
+        if (self.model_name_or_path is None) == (self.model_config is None):
+            which = "both are" if self.model_name_or_path is not None else "neither is"
+            raise ValueError(
+                f"Give exactly one of model_name_or_path (a pretrained model) and model_config (a mapping with "
+                f"'model_type' to build a random model); {which} set."
+            )
+        if isinstance(self.model_config, str):  # from the command line
+            try:
+                self.model_config = json.loads(self.model_config)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"model_config on the command line must be a JSON object; {err}.") from None
+        if self.model_config is not None:
+            if not isinstance(self.model_config, dict) or "model_type" not in self.model_config:
+                raise ValueError(
+                    f"model_config must be a mapping with a 'model_type' key (e.g. {{model_type: llama, "
+                    f"hidden_size: 64, ...}}), got {self.model_config!r}."
+                )
+            if self.tokenizer_name_or_path is None:
+                raise ValueError(f"model_config needs tokenizer_name_or_path (a Hub id, a folder or '{BYTE_LEVEL}').")
+        if self.dtype is not None and self.torch_dtype is not None and self.dtype != self.torch_dtype:
+            raise ValueError(
+                f"dtype={self.dtype!r} and torch_dtype={self.torch_dtype!r} are two names of one setting "
+                "(torch_dtype is its name before transformers 5); give only one of them."
+            )
+        self.dtype = self.torch_dtype = self.dtype or self.torch_dtype or "auto"
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype (torch_dtype) must be one of {list(DTYPES)}, got {self.dtype!r}.")
+        if self.context_extension not in METHODS:
+            raise ValueError(f"context_extension must be one of {list(METHODS)}, got {self.context_extension!r}.")
+        if self.lora_r < 0:
+            raise ValueError(f"lora_r must be >= 0 (0 = no LoRA), got {self.lora_r}.")
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = [self.lora_target_modules]
+
+
+@dataclass
+class DataArguments:
+    """Where the training (and evaluation) text comes from and how it becomes sequences."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Hub dataset id (e.g. emozilla/pg19). Exactly one of this and data_files."},
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration (subset) of dataset_name."})
+    dataset_split: str = field(
+        default="train",
+        metadata={"help": "Split to train on (datasets slicing works, e.g. 'train[:1000]')."},
+    )
+    data_files: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Local files, all of one format: .jsonl/.json, .txt (one example per line), .parquet or "
+            ".csv. Relative paths are relative to the current directory."
+        },
+    )
+    text_column: str = field(default="text", metadata={"help": "Column holding the documents' text."})
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={"help": "Tokens per training sequence (packing: the most tokens per document piece)."},
+    )
+    max_train_samples: int | None = field(
+        default=None,
+        metadata={"help": "Keep only the first N training sequences (after tokenization)."},
+    )
+    eval_data_files: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluation data: local files, in the formats of data_files (run_clm's validation_file). "
+            "At most one of eval_data_files / eval_split (alone) / validation_split_percentage."
+        },
+    )
+    eval_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluation data: this split of eval_data_files (default 'train', i.e. all of them) or, "
+            "without eval_data_files, of the training source (dataset_name or data_files), e.g. "
+            "'validation' or 'train[-5%%:]'."
+        },
+    )
+    validation_split_percentage: float | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluation data: the first P%% of the documents of the training split (0 < P < 100); "
+            "training uses the rest (run_clm's option)."
+        },
+    )
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={"help": "Keep only the first N evaluation sequences (after tokenization)."},
+    )
+    packing: bool = field(
+        default=False,
+        metadata={
+            "help": "Pack per document with DataCollatorWithFlattening (documents never share attention or "
+            "short-context windows; position ids restart) instead of run_clm-style concatenation."
+        },
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None,
+        metadata={"help": "Processes for tokenization (datasets.map num_proc)."},
+    )
+    preprocessing_batch_size: int = field(
+        default=100,
+        metadata={
+            "help": "Documents per datasets.map batch. Each batch's tokens are held as Python lists (books: "
+            "~100k tokens each), and run_clm-style grouping drops each batch's last partial block."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_files, str):
+            self.data_files = [self.data_files]
+        if (self.dataset_name is None) == (not self.data_files):
+            which = "both are" if self.dataset_name is not None else "neither is"
+            raise ValueError(
+                f"Give the training data with exactly one of dataset_name (a Hub dataset) and data_files (local "
+                f"JSONL/JSON/text/parquet/CSV files); {which} set."
+            )
+        if self.max_seq_length is None or self.max_seq_length < 2:
+            raise ValueError(
+                f"max_seq_length must be an integer >= 2 (tokens per training sequence), got {self.max_seq_length!r}."
+            )
+        if self.preprocessing_batch_size < 1:
+            raise ValueError(f"preprocessing_batch_size must be >= 1, got {self.preprocessing_batch_size}.")
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise ValueError(f"max_train_samples must be >= 1 or unset, got {self.max_train_samples}.")
+        if isinstance(self.eval_data_files, str):
+            self.eval_data_files = [self.eval_data_files]
+        if self.validation_split_percentage is not None:
+            if self.eval_data_files or self.eval_split is not None:
+                raise ValueError(
+                    "validation_split_percentage takes the evaluation documents from the training split; "
+                    "it cannot be combined with eval_data_files or eval_split. Give one of them."
+                )
+            if not 0 < self.validation_split_percentage < 100:
+                raise ValueError(
+                    f"validation_split_percentage must be between 0 and 100 (exclusive), got "
+                    f"{self.validation_split_percentage!r}."
+                )
+        if self.max_eval_samples is not None and self.max_eval_samples < 1:
+            raise ValueError(f"max_eval_samples must be >= 1 or unset, got {self.max_eval_samples}.")
+
+    @property
+    def source_name(self) -> str:
+        """The training source for messages: ``dataset_name`` or the ``data_files``, comma-separated."""
+        return self.dataset_name if self.dataset_name is not None else ", ".join(self.data_files)
+
+    @property
+    def has_eval_data(self) -> bool:
+        return bool(self.eval_data_files) or self.eval_split is not None or self.validation_split_percentage is not None
+
+    def eval_source(self) -> DataArguments:
+        """The same settings pointing at the evaluation data (not for validation_split_percentage)."""
+        if self.eval_data_files:
+            return replace(
+                self,
+                dataset_name=None,
+                dataset_config_name=None,
+                data_files=self.eval_data_files,
+                dataset_split=self.eval_split or "train",
+                eval_data_files=None,
+                eval_split=None,
+            )
+        return replace(self, dataset_split=self.eval_split, eval_split=None)
+
+
+# ------------------------------------------------------------------ recipes and the parser
+
+
+def load_recipe(path: str) -> dict[str, Any]:
+    """The YAML mapping of a recipe file (``yaml.safe_load``: plain data only)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"Config file {path!r} not found (--config takes a YAML recipe, e.g. configs/tiny_cpu.yaml)."
+        )
+    with open(path, encoding="utf-8") as handle:
+        recipe = yaml.safe_load(handle)
+    if recipe is None:
+        return {}
+    if not isinstance(recipe, dict):
+        raise ValueError(
+            f"Config file {path!r} must hold a YAML mapping of field: value, got a {type(recipe).__name__}."
+        )
+    return recipe
+
+
+def resolve_recipe_paths(paths: str | list[str], recipe_path: str) -> list[str]:
+    """``paths`` (one or a list) made absolute against the folder of ``recipe_path``; absolute paths and
+    URLs (``scheme://``) are returned unchanged."""
+    folder = os.path.dirname(os.path.abspath(recipe_path))
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    return [p if os.path.isabs(p) or "://" in p else os.path.normpath(os.path.join(folder, p)) for p in paths]
+
+
+def _given_on_command_line(argv: list[str]) -> set[str]:
+    """Field names that ``argv`` sets (``--name value``, ``--name=value``, a bare ``--name``; or ``--na-me``)."""
+    return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+
+
+def merge_aliases(recipe: dict[str, Any], argv: list[str], recipe_path: str) -> dict[str, Any]:
+    """The recipe with each ``ALIASES`` group under one name, and none where the command line sets the group.
+
+    A recipe giving both names of a group different values is an error; a name given on the command
+    line overrides the recipe's value under either name (otherwise the dataclass would see both).
+    """
+    recipe = dict(recipe)
+    on_command_line = _given_on_command_line(argv)
+    for names in ALIASES:
+        given = {name: recipe[name] for name in names if name in recipe}
+        if len({repr(value) for value in given.values()}) > 1:
+            raise ValueError(
+                f"{recipe_path!r} sets {' and '.join(f'{k}: {v!r}' for k, v in given.items())}, two "
+                "names of one field; keep one of them."
+            )
+        if on_command_line & set(names):
+            for name in names:
+                recipe.pop(name, None)
+    return recipe
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where there is one (not ``None``, not a flag's ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or (action.default is False and action.nargs == 0):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser(full: bool = True) -> HfArgumentParser:
+    """The parser of the three argument dataclasses, ``--config`` first.
+
+    ``full=False`` is what ``--help`` prints: ``ModelArguments``, ``DataArguments`` and the
+    ``longce_*`` fields of ``LongCEConfig``, with a pointer to ``--help-all`` for every field.
+    """
+    parser = HfArgumentParser(
+        [],
+        usage="%(prog)s --config RECIPE.yaml [--FIELD VALUE ...]",
+        formatter_class=_HelpFormatter,
+        description="Fine-tune a causal LM with LongCE from a YAML recipe; every field below can be set in the "
+        "recipe or overridden on the command line.",
+        epilog=None
+        if full
+        else (
+            "Every TrainingArguments field (output_dir, max_steps, learning_rate, per_device_train_batch_size, "
+            "gradient_accumulation_steps, eval_strategy, eval_steps, bf16, activation_checkpointing, save_steps, "
+            "report_to, ...) can be set too, in the recipe or as --FIELD VALUE: `--help-all` lists them all."
+        ),
+    )
+    parser.add_argument(
+        "--config",
+        help="YAML recipe (e.g. configs/tiny_cpu.yaml) whose fields become the defaults "
+        "of the options below; the command line overrides them.",
+    )
+    parser.add_argument(
+        "--help-all",
+        "--help_all",
+        action="store_true",
+        help="Show every option, TrainingArguments' included, and exit.",
+    )
+    groups = [(ModelArguments, "Model (ModelArguments)"), (DataArguments, "Data (DataArguments)")]
+    if full:
+        groups.append((LongCEConfig, "Training (LongCEConfig: TrainingArguments plus the longce_* fields)"))
+    else:
+        groups.append((_longce_fields(), "LongCE (the longce_* fields of LongCEConfig)"))
+    for cls, title in groups:
+        group = parser.add_argument_group(title)
+        hints = get_type_hints(cls)
+        for spec in fields(cls):
+            if spec.init:
+                spec.type = hints[spec.name]  # what HfArgumentParser._add_dataclass_arguments does, in a titled group
+                parser._parse_dataclass_field(group, spec)
+        parser.dataclass_types.append(cls)
+    return parser
+
+
+def _longce_fields() -> type:
+    """A dataclass of the ``longce_*`` fields of ``LongCEConfig`` alone (for the short ``--help``)."""
+    hints = get_type_hints(LongCEConfig)
+    spec = [
+        (f.name, hints[f.name], field(default=f.default, metadata=f.metadata))
+        for f in fields(LongCEConfig)
+        if f.name.startswith(LONGCE_PREFIX)
+    ]
+    return make_dataclass("LongCEFields", spec)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, LongCEConfig]:
+    """Parse ``--config recipe.yaml`` plus command-line overrides into the three argument dataclasses.
+
+    ``-h``/``--help`` and ``--help-all`` print the help (with the recipe's values as defaults) and exit.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("--help-all", "--help_all", action="store_true")
+    known, _ = pre.parse_known_args(argv)
+
+    recipe: dict[str, Any] = {}
+    if known.config is not None:
+        recipe = load_recipe(known.config)
+        valid = {f.name for cls in (ModelArguments, DataArguments, LongCEConfig) for f in fields(cls) if f.init}
+        unknown = sorted(set(recipe) - valid)
+        if unknown:
+            raise ValueError(
+                f"Unknown field(s) {unknown} in {known.config!r}; see `{PROG} --help-all` "
+                "for the valid ones (ModelArguments, DataArguments, LongCEConfig)."
+            )
+        # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
+        # command line stay relative to the current directory, as usual.
+        for key in ("data_files", "eval_data_files"):
+            if recipe.get(key):
+                recipe[key] = resolve_recipe_paths(recipe[key], known.config)
+        recipe = merge_aliases(recipe, argv, known.config)
+
+    parser = build_parser(full=not known.help or known.help_all)
+    # Defaults, not values: the command line still overrides (string defaults are converted by type).
+    parser.set_defaults(**{key: value for key, value in recipe.items() if key in _destinations(parser)})
+    if known.help or known.help_all:
+        parser.print_help()
+        raise SystemExit(0)
+    model_args, data_args, training_args, _ = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    return model_args, data_args, training_args
+
+
+def _destinations(parser: argparse.ArgumentParser) -> set[str]:
+    return {action.dest for action in parser._actions}

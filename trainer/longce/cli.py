@@ -1,0 +1,232 @@
+"""``longce-train``: fine-tune a causal LM with LongCE (``LongCETrainer``) from a YAML recipe.
+
+    longce-train --config configs/tiny_cpu.yaml               # CPU, seconds
+    longce-train --config configs/tiny_cpu.yaml --learning_rate 1e-4 --max_steps 10
+    accelerate launch --config_file <accelerate.yaml> -m longce.cli \\
+        --config configs/setting_a_pg19_eabf.yaml             # the paper's setting A
+
+(``python scripts/train_longce.py`` is the same command.) Every field of ``ModelArguments``,
+``DataArguments`` and ``LongCEConfig`` (``TrainingArguments`` plus ``longce_*``) can be set in the
+YAML file and overridden on the command line; ``--help`` lists the model, data and LongCE fields,
+``--help-all`` every ``TrainingArguments`` field too (``--config recipe.yaml --help`` shows the
+recipe's values as the defaults). The recipe's rules (defaults, relative paths, aliases such as
+``dtype`` / ``torch_dtype``) are in ``longce.arguments``; how the text becomes sequences
+(run_clm-style blocks or per-document ``packing``) in ``longce.data``.
+
+Evaluation data (``eval_data_files``, ``eval_split`` or ``validation_split_percentage``) is
+processed like the training data; ``--eval_strategy steps --eval_steps N`` then logs
+``eval_loss`` and the LongCE statistics (``eval_ce_loss``, ...) every N steps.
+
+``resume_from_checkpoint`` takes a checkpoint folder, or ``last`` for the newest
+``checkpoint-*`` folder of ``output_dir``.
+
+torch's model classes, ``datasets`` and the trainer load after the arguments are parsed, so ``--help``
+and argument errors come without them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from .arguments import ModelArguments, build_parser, parse_args
+
+if TYPE_CHECKING:
+    import torch
+
+    from .config import LongCEConfig
+    from .trainer import LongCETrainer
+
+__all__ = ["build_parser", "load_model", "main", "parse_args", "train"]
+
+
+# ------------------------------------------------------------------ model
+
+
+def load_model(model_args: ModelArguments, training_args: LongCEConfig, tokenizer) -> torch.nn.Module:
+    """Build (``model_config``) or load the model, after the context extension edited its config; then LoRA."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, set_seed
+
+    from .context_extension import apply_context_extension
+
+    if model_args.model_config is not None:
+        kwargs = dict(model_args.model_config)
+        kwargs.setdefault("vocab_size", len(tokenizer))
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            kwargs.setdefault(name, getattr(tokenizer, name))
+        config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    else:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    attn = apply_context_extension(
+        config,
+        model_args.context_extension,
+        factor=model_args.rope_factor,
+        rope_theta=model_args.rope_theta,
+        original_max_position_embeddings=model_args.original_max_position_embeddings,
+        eabf_base_length=model_args.eabf_base_length,
+    )
+    if attn is not None and model_args.attn_implementation not in (None, attn):
+        raise ValueError(
+            f"context_extension={model_args.context_extension!r} needs its own attention ({attn!r}); "
+            f"unset attn_implementation (got {model_args.attn_implementation!r})."
+        )
+    attn = attn or model_args.attn_implementation
+    dtype = "auto" if model_args.dtype == "auto" else getattr(torch, model_args.dtype)
+    set_seed(training_args.seed)  # random init (model_config) and LoRA init follow the run's seed
+    if model_args.model_config is not None:
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32 if dtype == "auto" else dtype, attn_implementation=attn
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_args.model_name_or_path,
+            config=config,
+            dtype=dtype,
+            attn_implementation=attn,
+            cache_dir=model_args.cache_dir,
+        )
+    embedding = model.get_input_embeddings().weight
+    rows = getattr(embedding, "ds_shape", embedding.shape)[0]  # DeepSpeed ZeRO-3 keeps the full shape aside
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's embedding only {rows} rows; "
+            "use the model's own tokenizer or a larger vocab_size."
+        )
+    if model_args.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        if training_args.activation_checkpointing:  # LongCEConfig mirrors gradient_checkpointing into it
+            # Frozen embeddings give checkpointed blocks inputs without grad; LoRA weights inside them need it.
+            model.enable_input_require_grads()
+        lora = LoraConfig(
+            r=model_args.lora_r,
+            lora_alpha=model_args.lora_alpha,
+            lora_dropout=model_args.lora_dropout,
+            target_modules=list(model_args.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    return model
+
+
+# ------------------------------------------------------------------ training
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``longce-train`` command: ``train(argv)``, then the process group closed; returns the exit status 0.
+
+    ``argv``: the arguments after the command (default ``sys.argv[1:]``). ``-h`` / ``--help`` and
+    ``--help-all`` print the help and exit (``SystemExit(0)``).
+    """
+    import torch
+
+    train(argv)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a gloo group left open can abort the process at exit
+    return 0
+
+
+def train(argv: list[str] | None = None) -> LongCETrainer:
+    """Parse the arguments, train (resuming if asked), evaluate, save the model; returns the trainer.
+
+    With evaluation data, ``eval_strategy`` steps/epoch evaluates during training; with
+    ``eval_strategy`` no, once after training.
+    """
+    model_args, data_args, training_args = parse_args(argv)
+    # After parsing: `--help` and argument errors come without datasets and the trainer.
+    from transformers import DataCollatorWithFlattening, default_data_collator
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from .data import load_datasets, load_tokenizer
+    from .trainer import LongCETrainer
+
+    if training_args.eval_strategy != "no" and not data_args.has_eval_data:
+        raise ValueError(
+            f"eval_strategy={training_args.eval_strategy.value!r} needs evaluation data: set "
+            "eval_data_files (local files), eval_split (a split of the training source, e.g. "
+            "'validation') or validation_split_percentage (hold out a share of the training documents)."
+        )
+    tokenizer = load_tokenizer(model_args)
+    # Rank 0 tokenizes first and fills the datasets cache; the other ranks then read it.
+    with training_args.main_process_first(desc="dataset preparation"):
+        train_dataset, eval_dataset = load_datasets(data_args, tokenizer, model_args.cache_dir)
+    model = load_model(model_args, training_args, tokenizer)
+    collator = DataCollatorWithFlattening() if data_args.packing else default_data_collator
+
+    trainer = LongCETrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=collator,
+        processing_class=tokenizer,
+    )
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("last", "true"):
+        resume = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+        if resume is None:
+            raise ValueError(
+                f"resume_from_checkpoint='last' but {training_args.output_dir!r} holds no checkpoint-* folder."
+            )
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=resume)
+    if eval_dataset is not None and training_args.eval_strategy == "no":
+        trainer.evaluate()
+    trainer.save_model()
+    trainer.save_state()  # trainer_state.json: the logged losses and LongCE statistics of every step
+    if trainer.is_world_process_zero():
+        print_summary(
+            trainer,
+            model_args,
+            data_args,
+            training_args,
+            len(train_dataset),
+            result.training_loss,
+            time.perf_counter() - start,
+            resume,
+        )
+    return trainer
+
+
+def print_summary(trainer, model_args, data_args, training_args, sequences, training_loss, seconds, resume) -> None:
+    """A few lines on what was trained and how the loss went."""
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    global_batch = (
+        training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * training_args.world_size
+    )
+    model = model_args.model_name_or_path or f"random {model_args.model_config['model_type']}"
+    print(
+        f"LongCE training done: {model}, context extension {model_args.context_extension}, "
+        f"{trainable:,} of {total:,} parameters trained"
+    )
+    print(
+        f"  data: {data_args.source_name}, {sequences} sequences of <= {data_args.max_seq_length} tokens"
+        f"{' (packed per document)' if data_args.packing else ''}, global batch {global_batch}"
+    )
+    print(
+        f"  steps: {trainer.state.global_step}{f' (resumed from {resume})' if resume else ''} in {seconds:.1f} s; "
+        f"mean training loss {training_loss:.4f}"
+    )
+    if losses:
+        print(
+            f"  logged loss: first {losses[0]:.4f}, last {losses[-1]:.4f}"
+            f"{'' if math.isfinite(losses[-1]) else ' (not finite!)'}"
+        )
+    evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    if evaluations:
+        last = evaluations[-1]
+        print(
+            f"  evaluation: {len(evaluations)} run(s); at step {last['step']} eval_loss {last['eval_loss']:.4f}"
+            + (f", eval_ce_loss {last['eval_ce_loss']:.4f}" if "eval_ce_loss" in last else "")
+        )
+    print(f"  saved to {training_args.output_dir}")
+
+
+if __name__ == "__main__":  # `python -m longce.cli` (e.g. under `accelerate launch -m longce.cli`)
+    sys.exit(main())
