@@ -660,6 +660,9 @@ class LongPPL(evaluate.Metric):
         dtype=None,
         progress_callback=None,
     ):
+        """Validate the arguments, resolve the two models' sources, get the evaluator's scores (live or
+        from the key-token cache) and the evaluated model's, weigh its tokens, and sum up (the
+        arguments are documented in ``_KWARGS_DESCRIPTION``)."""
         # The first statement: locals() holds exactly the keyword arguments above, defaults applied.
         request = _Request.from_kwargs(**{name: value for name, value in locals().items() if name != "self"})
         sources = _resolve_sources(request)
