@@ -5,8 +5,9 @@ it cannot take model ids or settings (and it fails on current gradio); this smal
 ours. Nothing is loaded at start-up: the metric and both models load when "Compute" is clicked.
 
 The Space is this folder as it is (``app.py`` beside ``longppl.py``, nothing pip-installed but
-``requirements.txt``), so the metric is loaded from the file next to this one, not imported from
-an installed package.
+``requirements.txt``), so the metric is loaded from the file next to this one, and the UI's
+defaults (K, d, alpha, beta) are read from ``settings.py`` next to it, not imported from an
+installed package.
 
 The Space is a public server, so every request is bounded (all settable by the Space's owner as
 environment variables / Space secrets; see ``SpaceSettings.from_env``):
@@ -62,6 +63,7 @@ def _load_settings():
 
 
 _settings = _load_settings()
+
 #: A line holding only this separates documents in the texts box.
 SEPARATOR = "---"
 KEY_LABEL = "key"
