@@ -45,6 +45,32 @@ def run(metric, setup, **kwargs):
     return metric.compute(predictions=predictions, **args)
 
 
+def test_compute_keeps_its_keyword_interface(metric):
+    """``_compute``'s keywords are the metric's public interface (the metric card, ``_info``): the
+    checked request takes exactly them, every one is documented, and the defaults are the settings'."""
+    import inspect
+    import sys
+
+    module = sys.modules[type(metric).__module__]
+    keywords = dict(inspect.signature(type(metric)._compute).parameters)
+    keywords.pop("self")
+    assert list(keywords) == list(inspect.signature(module._Request.from_kwargs).parameters)
+    for name in keywords:
+        documented = f"    {name} (`" in metric.inputs_description or f"`{name}`" in metric.inputs_description
+        assert documented, f"{name} is not documented"
+    defaults = {name: parameter.default for name, parameter in keywords.items()}
+    window, rule = module.WindowSettings(), module.KeyTokenRule()
+    assert (defaults["trunc_len"], defaults["sliding_window"]) == (window.trunc_len, window.sliding_window)
+    assert [defaults[name] for name in ("alpha", "beta", "use_lcl", "soft", "gamma")] == [
+        rule.alpha,
+        rule.beta,
+        rule.use_lcl,
+        rule.soft,
+        rule.gamma,
+    ]
+    assert defaults["aggregation"] == module.DEFAULT_AGGREGATION == "official"
+
+
 def test_load_from_checkout_and_from_installed_path(metric, tmp_path, monkeypatch):
     assert type(metric).__name__ == "LongPPL"
     assert list(metric.features) == ["predictions"]

@@ -61,3 +61,23 @@ def test_token_ids_outside_the_vocabulary():
         r"the evaluator has only 100 token embeddings \(ids 0\.\.99\)",
     ):
         check_token_ids([3, 100], 100, "evaluator", "predictions[3]")
+
+
+def test_the_space_ui_takes_its_defaults_from_settings(monkeypatch):
+    """app.py writes no default of its own: changing one in settings changes the UI's."""
+    pytest.importorskip("gradio", reason="the Space's tests need gradio: pip install -e '.[space]'")
+    from longppl import app
+    from longppl import settings as settings_module
+
+    assert app._settings is settings_module
+    for name, value in [
+        ("DEFAULT_TRUNC_LEN", 640),
+        ("DEFAULT_SLIDING_WINDOW", 96),
+        ("DEFAULT_ALPHA", 1.5),
+        ("DEFAULT_BETA", -3.5),
+    ]:
+        monkeypatch.setattr(settings_module, name, value)
+    (handler,) = [fn for fn in app.build_demo(app.SpaceSettings()).fns.values() if fn.fn is app.score]
+    defaults = {block.label: block.value for block in handler.inputs}
+    assert (defaults["K (short-context length)"], defaults["d (sliding window)"]) == (640, 96)
+    assert (defaults["alpha (LSD threshold)"], defaults["beta (LCL threshold)"]) == (1.5, -3.5)

@@ -1,14 +1,26 @@
 """LongPPL: key-token perplexity for long-context language models (Fang et al., ICLR 2025).
 
-- ``evaluate.load(longppl.METRIC_PATH)`` (or ``evaluate.load("metrics/longppl")`` from a checkout)
-  gives the ``evaluate`` metric; after ``python -m longppl.register``, ``evaluate.load("longppl")``
-  does too. ``import longppl`` registers it by itself when evaluate's module-cache copy is missing
-  or stale (see :mod:`longppl.register`; ``LONGPPL_AUTO_REGISTER=0`` turns that off).
-- ``from longppl import compute_longppl`` is a drop-in for the official ``longppl`` package.
-- The scoring core (token log-probs without full logits, batched short-context windows, key-token
-  rules, cross-tokenizer alignment) is importable for other tools, e.g. the LongCE trainer.
-- ``KeyTokenCache``: an evaluator's scores of a corpus as a ``datasets.Dataset``, to evaluate many
-  models against at the cost of one perplexity pass each.
+What users call is in ``__all__`` (small on purpose): ``evaluate.load(longppl.METRIC_PATH)``, the
+drop-in ``compute_longppl`` / ``find_key_token`` / ``load_key_token``, the key-token cache, the
+settings and the few scoring functions other tools build on. Everything else stays importable
+from its module (and, for older code, as ``longppl.<name>``), without being part of that promise.
+
+The package by role, from the bottom up:
+
+- scoring core: ``logprobs`` (token log-probs without a ``[sequence x vocabulary]`` logits
+  tensor), ``batching`` (forward passes packed to a token budget), ``windows`` (the short-context
+  windows of K tokens, stride d), ``compilation`` (optional ``torch.compile`` of the blocks);
+- rules and scoring: ``settings`` (every default and the validation of K, d, alpha, beta, ...),
+  ``key_tokens`` (LSD/LCL rules), ``alignment`` (key tokens across tokenizers by character spans),
+  ``scoring`` (per-document and corpus LongPPL / PPL);
+- cache: ``key_token_cache`` (an evaluator's scores of a corpus as a ``datasets.Dataset``, to
+  evaluate many models against at the cost of one perplexity pass each), ``fingerprints`` (which
+  evaluator and text a row belongs to), ``atomic_files`` (crash-safe writes);
+- entry points: ``longppl.py`` (the ``evaluate`` metric), ``official.py`` (the drop-in for the
+  official ``longppl`` package), ``app.py`` (the Hub Space), ``register`` (``evaluate.load("longppl")``
+  by its bare name: after ``python -m longppl.register``, and by itself at ``import longppl`` when
+  evaluate's module-cache copy is missing or stale; ``LONGPPL_AUTO_REGISTER=0`` turns that off);
+- ``tools/`` (package ``longppl.tools``): what only the command-line tools need.
 """
 
 import importlib
@@ -16,9 +28,10 @@ import os
 
 from . import register as _register
 
-# Public names -> the submodule defining them. They load on first use (PEP 562), so that
-# `import longppl` and its light submodules (threads, register, key_tokens, ...) do not import
-# torch: a script's `--help` answers at once.
+# Names importable as `longppl.<name>` -> the submodule defining them: those of `__all__` and, for
+# code written before it was made small, the internals it used to list. They load on first use
+# (PEP 562), so that `import longppl` and its light submodules (register, key_tokens, ...) do not
+# import torch: a script's `--help` answers at once.
 _EXPORTS = {
     "alignment": ("encode_with_offsets", "tokens_within_spans", "transfer_token_weights"),
     "batching": ("Segment", "long_context_log_probs", "pack_by_token_budget", "segment_log_probs"),
@@ -28,6 +41,7 @@ _EXPORTS = {
     "logprobs": ("resolve_lm_head", "token_log_probs"),
     "official": ("compute_longppl", "find_key_token", "load_key_token"),
     "progress": ("Progress",),
+    "settings": ("KeyTokenRule", "WindowSettings"),
     "scoring": (
         "DocumentResult",
         "EvaluatorScores",
@@ -75,44 +89,26 @@ METRIC_PATH = os.path.dirname(os.path.abspath(__file__))
 _register.install_log_filter()
 _register.ensure_registered()
 
+# What users call; tests/test_public_api.py keeps this list small.
 __all__ = [
     "METRIC_PATH",
-    "DocumentResult",
-    "EvaluatorScores",
+    # the drop-in for the official package
+    "compute_longppl",
+    "find_key_token",
+    "load_key_token",
+    # settings
+    "KeyTokenRule",
+    "WindowSettings",
+    # the key-token cache
     "KeyTokenCache",
     "KeyTokenSettings",
-    "ModelIdentity",
-    "ModelScores",
-    "Progress",
-    "Segment",
-    "aggregate",
-    "cached_evaluator_scores",
-    "compute_longppl",
-    "document_result",
-    "document_results",
-    "encode_with_offsets",
-    "find_key_token",
-    "key_char_spans",
-    "key_token_mask",
-    "key_token_rows",
-    "load_key_token",
-    "long_context_log_probs",
-    "long_short_difference",
-    "merge_adjacent_spans",
     "open_cache",
-    "model_key_weights",
-    "pack_by_token_budget",
-    "resolve_lm_head",
+    # scoring, for tools built on the metric (e.g. the LongCE trainer)
     "score_with_evaluator",
     "score_with_model",
-    "segment_log_probs",
-    "short_context_log_probs",
-    "soft_weights",
     "text_key_weights",
+    "document_results",
     "summarize_results",
-    "text_fingerprint",
     "token_log_probs",
-    "tokens_within_spans",
-    "transfer_token_weights",
-    "window_bounds",
+    "short_context_log_probs",
 ]

@@ -5,8 +5,9 @@ it cannot take model ids or settings (and it fails on current gradio); this smal
 ours. Nothing is loaded at start-up: the metric and both models load when "Compute" is clicked.
 
 The Space is this folder as it is (``app.py`` beside ``longppl.py``, nothing pip-installed but
-``requirements.txt``), so the metric is loaded from the file next to this one, not imported from
-an installed package.
+``requirements.txt``), so the metric is loaded from the file next to this one, and the UI's
+defaults (K, d, alpha, beta) are read from ``settings.py`` next to it, not imported from an
+installed package.
 
 The Space is a public server, so every request is bounded (all settable by the Space's owner as
 environment variables / Space secrets; see ``SpaceSettings.from_env``):
@@ -32,9 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import math
 import os
 import re
+import sys
 import threading
 import time
 import warnings
@@ -43,6 +47,23 @@ import evaluate
 import gradio as gr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_settings():
+    """The metric's ``settings`` module, for its defaults: ``longppl.settings`` when this file is
+    imported from the package, else ``settings.py`` beside it (the Space runs this folder as it is,
+    with nothing installed; ``settings`` imports no other module of the folder)."""
+    if __package__:
+        return importlib.import_module(".settings", __package__)
+    spec = importlib.util.spec_from_file_location("longppl_space_settings", os.path.join(HERE, "settings.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building the classes
+    spec.loader.exec_module(module)
+    return module
+
+
+_settings = _load_settings()
+
 #: A line holding only this separates documents in the texts box.
 SEPARATOR = "---"
 KEY_LABEL = "key"
@@ -354,14 +375,16 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
         with gr.Row():
             trunc_len = gr.Number(
                 label="K (short-context length)",
-                value=min(4096, settings.max_trunc_len),
+                value=min(_settings.DEFAULT_TRUNC_LEN, settings.max_trunc_len),
                 precision=0,
                 minimum=1,
                 maximum=settings.max_trunc_len,
             )
-            sliding_window = gr.Number(label="d (sliding window)", value=1024, precision=0, minimum=1)
-            alpha = gr.Number(label="alpha (LSD threshold)", value=2.0)
-            beta = gr.Number(label="beta (LCL threshold)", value=-2.0)
+            sliding_window = gr.Number(
+                label="d (sliding window)", value=_settings.DEFAULT_SLIDING_WINDOW, precision=0, minimum=1
+            )
+            alpha = gr.Number(label="alpha (LSD threshold)", value=_settings.DEFAULT_ALPHA)
+            beta = gr.Number(label="beta (LCL threshold)", value=_settings.DEFAULT_BETA)
         button = gr.Button("Compute", variant="primary")
         with gr.Row():
             longppl = gr.Number(label="LongPPL")

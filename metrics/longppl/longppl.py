@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections.abc
 import gc
 import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 import datasets
 import evaluate
@@ -33,8 +35,9 @@ from .loading import (
 )
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
-from .progress import Progress
+from .progress import Progress, ProgressCallback
 from .scoring import (
+    EvaluatorScores,
     ModelScores,
     document_results,
     encode_texts,
@@ -45,6 +48,8 @@ from .scoring import (
     truncate_texts,
 )
 from .settings import (
+    AGGREGATIONS,
+    DEFAULT_AGGREGATION,
     DEFAULT_ALPHA,
     DEFAULT_BETA,
     DEFAULT_GAMMA,
@@ -253,15 +258,232 @@ def _check_start_token(tokenizer) -> None:
         )
 
 
-def _model_and_tokenizer(model, tokenizer, model_id, role: str):
-    """``(model or None, tokenizer or None, id or None)`` after checking that exactly one source is given."""
-    if model is not None and model_id is not None:
-        raise ValueError(f"Pass either {role}_id or {role} (an object), not both.")
+@dataclass(frozen=True, eq=False)
+class _ModelSource:
+    """One model as the caller gave it: an object with its tokenizer, or a Hub id / local path.
+
+    Any field may be ``None``: a model given by id has no object until it is loaded, and the
+    evaluator is empty when a key-token cache stands in for it.
+    """
+
+    model: object = None
+    tokenizer: object = None
+    model_id: str | None = None
+
+    @classmethod
+    def checked(cls, model, tokenizer, model_id, role: str) -> _ModelSource:
+        """The source after checking that an object and an id are not both given (``role`` names
+        the argument in messages: ``"model"`` or ``"evaluator_model"``)."""
+        if model is not None and model_id is not None:
+            raise ValueError(f"Pass either {role}_id or {role} (an object), not both.")
+        if model is not None:
+            if tokenizer is None:
+                raise ValueError(f"{role} is a model object, so pass its tokenizer too.")
+            resolve_lm_head(model)  # clear error now for a model without a causal LM head
+        return cls(model, tokenizer, model_id)
+
+    @property
+    def given(self) -> bool:
+        return self.model is not None or self.model_id is not None
+
+
+@dataclass(frozen=True, eq=False)
+class _Request:
+    """The metric's keyword arguments, checked and normalised by :meth:`from_kwargs`.
+
+    Every argument is checked before any model is loaded or run, so a bad value fails at once with
+    the message of ``settings`` (shared with the drop-in and the scripts), not after a long pass.
+    """
+
+    predictions: Sequence[str]
+    model: _ModelSource  # model_id or model + tokenizer (exactly one of them)
+    evaluator: _ModelSource  # empty under self_evaluation, or when only key_tokens is given
+    self_evaluation: bool
+    key_tokens: str | datasets.Dataset | None
+    window: WindowSettings
+    rule: KeyTokenRule
+    max_length: int | None  # in evaluator tokens
+    max_tokens_per_batch: int
+    add_special_tokens: bool  # for the evaluated model; add_start_token already folded in
+    check_start_token: bool  # add_start_token=True: the tokenizer must put a BOS first
+    evaluator_add_special_tokens: bool
+    window_bos: bool
+    device: str | None
+    torch_dtype: object  # a str, a torch.dtype or None (merged from torch_dtype and dtype)
+    aggregation: str
+    return_key_spans: bool
+    progress: bool
+    torch_compile: bool
+    progress_callback: ProgressCallback | None
+
+    @classmethod
+    def from_kwargs(
+        cls,
+        *,
+        predictions,
+        model_id,
+        evaluator_model_id,
+        model,
+        tokenizer,
+        evaluator_model,
+        evaluator_tokenizer,
+        self_evaluation,
+        alpha,
+        beta,
+        use_lcl,
+        soft,
+        gamma,
+        trunc_len,
+        sliding_window,
+        max_length,
+        max_tokens_per_batch,
+        device,
+        torch_dtype,
+        aggregation,
+        add_special_tokens,
+        evaluator_add_special_tokens,
+        window_bos,
+        progress,
+        torch_compile,
+        return_key_spans,
+        key_tokens,
+        batch_size,
+        add_start_token,
+        dtype,
+        progress_callback,
+    ) -> _Request:
+        """The request of ``LongPPL._compute``'s arguments (its defaults already applied).
+
+        Raises:
+            ValueError: an argument is invalid, or the arguments do not go together (the message
+                says which and what to pass instead).
+        """
+        # The settings first, then the models: the order in which errors are reported.
+        check_predictions(predictions)
+        window = WindowSettings(trunc_len, sliding_window)
+        rule = KeyTokenRule(alpha, beta, use_lcl, soft, gamma)
+        max_tokens_per_batch, add_special_tokens = _resolve_perplexity_names(
+            max_tokens_per_batch, batch_size, window, add_special_tokens, add_start_token
+        )
+        torch_dtype = merge_dtype_arguments(torch_dtype, dtype)
+        device = check_device(device)
+        evaluator_add_special_tokens = require_bool("evaluator_add_special_tokens", evaluator_add_special_tokens)
+        window_bos = require_bool("window_bos", window_bos)
+        if max_length is not None:
+            max_length = require_int("max_length", max_length, minimum=2)
+        if progress_callback is not None and not callable(progress_callback):
+            raise ValueError(
+                f"progress_callback must be a function callback(desc, done, total), got {progress_callback!r}."
+            )
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be 'official' or 'pooled', got {aggregation!r}.")
+        if return_key_spans and rule.soft:
+            raise ValueError(
+                "return_key_spans=True lists the key tokens of the hard rule, but soft=True weights every "
+                "token instead; pass soft=False to get key spans."
+            )
+
+        model = _ModelSource.checked(model, tokenizer, model_id, "model")
+        if not model.given:
+            raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
+        evaluator_given = evaluator_model is not None or evaluator_model_id is not None
+        if self_evaluation and evaluator_given:
+            raise ValueError(
+                "self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too."
+            )
+        if not self_evaluation and not evaluator_given and key_tokens is None:
+            raise ValueError(
+                "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
+                "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
+                "evaluator_tokenizer. A model that evaluates itself gives uninformative LongPPL "
+                "(paper, Appendix B.2: all models score about the same); to run that ablation anyway, "
+                "pass self_evaluation=True."
+            )
+        evaluator = _ModelSource.checked(evaluator_model, evaluator_tokenizer, evaluator_model_id, "evaluator_model")
+        if model.model_id is not None:
+            check_model_source(model.model_id, "model_id")
+        if evaluator.model_id is not None:
+            check_model_source(evaluator.model_id, "evaluator_model_id")
+        if (
+            max_length is not None
+            and not self_evaluation
+            and evaluator.tokenizer is None
+            and evaluator.model_id is None
+        ):
+            raise ValueError(
+                "max_length counts the evaluator's tokens, but no evaluator is given (only key_tokens): pass "
+                "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
+                "cut the texts yourself and leave max_length unset."
+            )
+        return cls(
+            predictions=predictions,
+            model=model,
+            evaluator=evaluator,
+            self_evaluation=bool(self_evaluation),
+            key_tokens=key_tokens,
+            window=window,
+            rule=rule,
+            max_length=max_length,
+            max_tokens_per_batch=max_tokens_per_batch,
+            add_special_tokens=add_special_tokens,
+            check_start_token=bool(add_start_token),  # None or a checked bool here
+            evaluator_add_special_tokens=evaluator_add_special_tokens,
+            window_bos=window_bos,
+            device=device,
+            torch_dtype=torch_dtype,
+            aggregation=aggregation,
+            return_key_spans=bool(return_key_spans),
+            progress=progress,
+            torch_compile=torch_compile,
+            progress_callback=progress_callback,
+        )
+
+    @property
+    def cache_settings(self) -> KeyTokenSettings:
+        """The evaluator settings that key a cached row (and that a live run uses alike)."""
+        return KeyTokenSettings(
+            self.window.trunc_len, self.window.sliding_window, self.evaluator_add_special_tokens, self.window_bos
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class _Sources:
+    """What scoring reads: the texts as scored and the two models' sources.
+
+    ``model.tokenizer`` is always set; ``model.model`` is ``None`` while the evaluated model is
+    given by id (it is loaded only once the evaluator has run and been freed). Under
+    ``self_evaluation``, ``evaluator`` is the evaluated model itself.
+    """
+
+    texts: list[str]  # predictions, cut to max_length evaluator tokens when it is set
+    model: _ModelSource
+    evaluator: _ModelSource
+    model_encoded: list | None  # the texts encoded for a model given as an object (checked early)
+
+
+def _resolve_sources(request: _Request) -> _Sources:
+    """Load what is needed before scoring (tokenizers; the model itself under self_evaluation), cut
+    the texts to ``max_length`` and, for a model object, check its tokens (a tokenizer of another
+    model fails here, before the evaluator's long run)."""
+    model, tokenizer, model_id = request.model.model, request.model.tokenizer, request.model.model_id
+    if request.self_evaluation and model is None:
+        model, tokenizer = load_causal_lm(model_id, request.device, request.torch_dtype)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_id)  # the model itself is loaded after the evaluator is freed
+    if request.check_start_token:
+        _check_start_token(tokenizer)
+    evaluator = request.evaluator
+    if request.max_length is not None:
+        cutter = tokenizer if request.self_evaluation else evaluator.tokenizer or load_tokenizer(evaluator.model_id)
+        texts = truncate_texts(request.predictions, cutter, request.max_length)
+    else:
+        texts = list(request.predictions)
+    model_encoded = None
     if model is not None:
-        if tokenizer is None:
-            raise ValueError(f"{role} is a model object, so pass its tokenizer too.")
-        resolve_lm_head(model)  # clear error now for a model without a causal LM head
-    return model, tokenizer, model_id
+        model_encoded = encode_texts(tokenizer, texts, request.add_special_tokens, model, "model")
+    if request.self_evaluation:
+        evaluator = _ModelSource(model, tokenizer)
+    return _Sources(texts, _ModelSource(model, tokenizer, model_id), evaluator, model_encoded)
 
 
 def _release_memory() -> None:
@@ -270,36 +492,54 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _evaluator_scores(evaluator, tokenizer, texts, settings, scoring, per_document=False):
+def _run_evaluator(model, tokenizer, texts, request: _Request, *, per_document: bool = False):
+    """``score_with_evaluator`` with the request's settings (``per_document`` for cache rows)."""
     return score_with_evaluator(
-        evaluator,
+        model,
         tokenizer,
         texts,
-        settings.trunc_len,
-        settings.sliding_window,
-        add_special_tokens=settings.add_special_tokens,
-        window_bos=settings.window_bos,
+        request.window.trunc_len,
+        request.window.sliding_window,
+        add_special_tokens=request.evaluator_add_special_tokens,
+        window_bos=request.window_bos,
         per_document=per_document,
-        **scoring,
+        max_tokens_per_batch=request.max_tokens_per_batch,
+        progress=request.progress,
+        torch_compile=request.torch_compile,
+        progress_callback=request.progress_callback,
     )
 
 
-def _score_live(texts, settings, evaluator, tokenizer, evaluator_id, device, torch_dtype, scoring):
-    """The evaluator's scores of ``texts``, loading it first when given by id (and freeing it after)."""
-    if evaluator is None:
-        evaluator, tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
-        scores = _evaluator_scores(evaluator, tokenizer, texts, settings, scoring)
-        del evaluator
+def _scores(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
+    """The evaluator's scores of every text: from a live run, or from the key-token cache."""
+    if request.key_tokens is None:
+        return _score_live(request, sources)
+    return _score_from_cache(request, sources)
+
+
+def _score_live(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
+    """The evaluator's scores of the texts, loading it first when given by id (and freeing it after)."""
+    evaluator = sources.evaluator
+    if evaluator.model is None:
+        model, tokenizer = load_causal_lm(evaluator.model_id, request.device, request.torch_dtype)
+        scores = _run_evaluator(model, tokenizer, sources.texts, request)
+        del model
         _release_memory()
         return scores
-    return _evaluator_scores(evaluator, tokenizer, texts, settings, scoring)
+    return _run_evaluator(evaluator.model, evaluator.tokenizer, sources.texts, request)
 
 
-def _score_from_cache(key_tokens, texts, settings, evaluator, tokenizer, evaluator_id, device, torch_dtype, scoring):
-    """The evaluator's scores of ``texts`` from the key-token cache; the evaluator (if any) scores
+def _score_from_cache(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
+    """The evaluator's scores of the texts from the key-token cache; the evaluator (if any) scores
     only the texts the cache lacks, and is loaded only then (or when its checkpoint has no
     fingerprint that can be taken without loading it)."""
-    cache = KeyTokenCache.load(key_tokens, create=evaluator is not None or evaluator_id is not None)
+    evaluator, tokenizer, evaluator_id = (
+        sources.evaluator.model,
+        sources.evaluator.tokenizer,
+        sources.evaluator.model_id,
+    )
+    device, torch_dtype = request.device, request.torch_dtype
+    cache = KeyTokenCache.load(request.key_tokens, create=sources.evaluator.given)
     identity = None
     if evaluator is None and evaluator_id is not None:
         identity = ModelIdentity.of_checkpoint(evaluator_id, resolve_dtype(torch_dtype, device or default_device()))
@@ -312,12 +552,45 @@ def _score_from_cache(key_tokens, texts, settings, evaluator, tokenizer, evaluat
         model, model_tokenizer = evaluator, tokenizer
         if model is None:
             model, model_tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
-        return identity, _evaluator_scores(model, model_tokenizer, missing, settings, scoring, per_document=True)
+        return identity, _run_evaluator(model, model_tokenizer, missing, request, per_document=True)
 
-    scores = cached_evaluator_scores(cache, texts, settings, identity, score_missing if identity else None)
+    settings = request.cache_settings
+    scores = cached_evaluator_scores(cache, sources.texts, settings, identity, score_missing if identity else None)
     evaluator = None  # release the model before freeing memory (score_missing has run)
     _release_memory()
     return scores
+
+
+def _model_scores(request: _Request, sources: _Sources, evaluator_scores) -> list[ModelScores]:
+    """The evaluated model's log-probs of the texts; a model given by id is loaded only now, once
+    the evaluator has been freed."""
+    if request.self_evaluation and request.add_special_tokens == request.evaluator_add_special_tokens:
+        # Same model, same tokens: the evaluator's long pass already holds the model's log-probs.
+        return [ModelScores(s.input_ids, s.offsets, s.lp_long) for s in evaluator_scores]
+    model = sources.model.model
+    if model is None:
+        model = load_model(sources.model.model_id, request.device, request.torch_dtype)  # tokenizer: above
+    return score_with_model(
+        model,
+        sources.model.tokenizer,
+        sources.texts,
+        request.max_tokens_per_batch,
+        add_special_tokens=request.add_special_tokens,
+        progress=request.progress,
+        torch_compile=request.torch_compile,
+        progress_callback=request.progress_callback,
+        encoded=sources.model_encoded,
+    )
+
+
+def _output(request: _Request, results, model_scores, weights) -> dict:
+    """The metric's return value (``summarize_results``), with ``key_spans`` when asked for."""
+    output = summarize_results(results, request.aggregation, request.rule.soft)
+    if request.return_key_spans:  # the tokens document_result counts: key and predicted
+        output["key_spans"] = [
+            key_char_spans(ms.offsets, (w > 0) & ~np.isnan(ms.lp)).tolist() for ms, w in zip(model_scores, weights)
+        ]
+    return output
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -374,7 +647,7 @@ class LongPPL(evaluate.Metric):
         max_tokens_per_batch=None,
         device=None,
         torch_dtype=None,
-        aggregation="official",
+        aggregation=DEFAULT_AGGREGATION,
         add_special_tokens=None,
         evaluator_add_special_tokens=True,
         window_bos=False,
@@ -387,136 +660,18 @@ class LongPPL(evaluate.Metric):
         dtype=None,
         progress_callback=None,
     ):
-        # Every argument is checked before any model is loaded or run.
-        check_predictions(predictions)
-        window = WindowSettings(trunc_len, sliding_window)
-        rule = KeyTokenRule(alpha, beta, use_lcl, soft, gamma)
-        max_tokens_per_batch, add_special_tokens = _resolve_perplexity_names(
-            max_tokens_per_batch, batch_size, window, add_special_tokens, add_start_token
-        )
-        torch_dtype = merge_dtype_arguments(torch_dtype, dtype)
-        device = check_device(device)
-        evaluator_add_special_tokens = require_bool("evaluator_add_special_tokens", evaluator_add_special_tokens)
-        window_bos = require_bool("window_bos", window_bos)
-        if max_length is not None:
-            max_length = require_int("max_length", max_length, minimum=2)
-        if progress_callback is not None and not callable(progress_callback):
-            raise ValueError(
-                f"progress_callback must be a function callback(desc, done, total), got {progress_callback!r}."
-            )
-        if aggregation not in ("official", "pooled"):
-            raise ValueError(f"aggregation must be 'official' or 'pooled', got {aggregation!r}.")
-        if return_key_spans and rule.soft:
-            raise ValueError(
-                "return_key_spans=True lists the key tokens of the hard rule, but soft=True weights every "
-                "token instead; pass soft=False to get key spans."
-            )
-
-        model, tokenizer, model_id = _model_and_tokenizer(model, tokenizer, model_id, "model")
-        if model is None and model_id is None:
-            raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
-        evaluator_given = evaluator_model is not None or evaluator_model_id is not None
-        if self_evaluation and evaluator_given:
-            raise ValueError(
-                "self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too."
-            )
-        if not self_evaluation and not evaluator_given and key_tokens is None:
-            raise ValueError(
-                "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
-                "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
-                "evaluator_tokenizer. A model that evaluates itself gives uninformative LongPPL "
-                "(paper, Appendix B.2: all models score about the same); to run that ablation anyway, "
-                "pass self_evaluation=True."
-            )
-        evaluator_model, evaluator_tokenizer, evaluator_model_id = _model_and_tokenizer(
-            evaluator_model, evaluator_tokenizer, evaluator_model_id, "evaluator_model"
-        )
-        if model_id is not None:
-            check_model_source(model_id, "model_id")
-        if evaluator_model_id is not None:
-            check_model_source(evaluator_model_id, "evaluator_model_id")
-        if (
-            max_length is not None
-            and not self_evaluation
-            and evaluator_tokenizer is None
-            and evaluator_model_id is None
-        ):
-            raise ValueError(
-                "max_length counts the evaluator's tokens, but no evaluator is given (only key_tokens): pass "
-                "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
-                "cut the texts yourself and leave max_length unset."
-            )
-
-        if self_evaluation and model is None:
-            model, tokenizer = load_causal_lm(model_id, device, torch_dtype)
-        if tokenizer is None:
-            tokenizer = load_tokenizer(model_id)  # the model itself is loaded after the evaluator is freed
-        if add_start_token:
-            _check_start_token(tokenizer)
-        if max_length is not None:
-            cutter = tokenizer if self_evaluation else evaluator_tokenizer or load_tokenizer(evaluator_model_id)
-            texts = truncate_texts(predictions, cutter, max_length)
-        else:
-            texts = list(predictions)
-        model_encoded = None
-        if model is not None:  # a tokenizer of another model fails here, before the evaluator's long run
-            model_encoded = encode_texts(tokenizer, texts, add_special_tokens, model, "model")
-        trunc_len, sliding_window = window.trunc_len, window.sliding_window
-        alpha, beta, use_lcl, soft, gamma = rule.alpha, rule.beta, rule.use_lcl, rule.soft, rule.gamma
-
-        if self_evaluation:
-            evaluator_model, evaluator_tokenizer, evaluator_model_id = model, tokenizer, None
-        scoring = dict(
-            max_tokens_per_batch=max_tokens_per_batch,
-            progress=progress,
-            torch_compile=torch_compile,
-            progress_callback=progress_callback,
-        )
-        settings = KeyTokenSettings(trunc_len, sliding_window, evaluator_add_special_tokens, window_bos)
-        if key_tokens is None:
-            evaluator_scores = _score_live(
-                texts, settings, evaluator_model, evaluator_tokenizer, evaluator_model_id, device, torch_dtype, scoring
-            )
-        else:
-            evaluator_scores = _score_from_cache(
-                key_tokens,
-                texts,
-                settings,
-                evaluator_model,
-                evaluator_tokenizer,
-                evaluator_model_id,
-                device,
-                torch_dtype,
-                scoring,
-            )
-
-        if model is None:
-            model = load_model(model_id, device, torch_dtype)  # its tokenizer is loaded above
-        if self_evaluation and add_special_tokens == evaluator_add_special_tokens:
-            # Same model, same tokens: the evaluator's long pass already holds the model's log-probs.
-            model_scores = [ModelScores(s.input_ids, s.offsets, s.lp_long) for s in evaluator_scores]
-        else:
-            model_scores = score_with_model(
-                model,
-                tokenizer,
-                texts,
-                max_tokens_per_batch,
-                add_special_tokens=add_special_tokens,
-                progress=progress,
-                torch_compile=torch_compile,
-                progress_callback=progress_callback,
-                encoded=model_encoded,
-            )
-
-        weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta, use_lcl, soft, gamma)
+        """Validate the arguments, resolve the two models' sources, get the evaluator's scores (live or
+        from the key-token cache) and the evaluated model's, weigh its tokens, and sum up (the
+        arguments are documented in ``_KWARGS_DESCRIPTION``)."""
+        # The first statement: locals() holds exactly the keyword arguments above, defaults applied.
+        request = _Request.from_kwargs(**{name: value for name, value in locals().items() if name != "self"})
+        sources = _resolve_sources(request)
+        evaluator_scores = _scores(request, sources)
+        model_scores = _model_scores(request, sources, evaluator_scores)
+        weights = text_key_weights(sources.texts, evaluator_scores, model_scores, **asdict(request.rule))
         results = document_results(model_scores, weights)
-        self._warn_without_key_tokens(evaluator_scores, results, trunc_len)
-        output = summarize_results(results, aggregation, soft)
-        if return_key_spans:  # the tokens document_result counts: key and predicted
-            output["key_spans"] = [
-                key_char_spans(ms.offsets, (w > 0) & ~np.isnan(ms.lp)).tolist() for ms, w in zip(model_scores, weights)
-            ]
-        return output
+        self._warn_without_key_tokens(evaluator_scores, results, request.window.trunc_len)
+        return _output(request, results, model_scores, weights)
 
     @staticmethod
     def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:

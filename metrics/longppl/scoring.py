@@ -25,6 +25,8 @@ from .progress import Progress, ProgressCallback
 
 # The DEFAULT_* names live in settings and stay importable from here.
 from .settings import (
+    DEFAULT_AGGREGATION,
+    DEFAULT_GAMMA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
@@ -252,7 +254,7 @@ def model_key_weights(
     beta: float,
     use_lcl: bool = True,
     soft: bool = False,
-    gamma: float = 5.0,
+    gamma: float = DEFAULT_GAMMA,
 ) -> np.ndarray:
     """Per model token: 1.0 / 0.0 for key / not key (hard rule), or the transferred soft weight."""
     KeyTokenRule(alpha, beta, use_lcl, soft, gamma)  # refuse NaN thresholds: they silently give no key tokens
@@ -289,7 +291,7 @@ def text_key_weights(
     beta: float,
     use_lcl: bool = True,
     soft: bool = False,
-    gamma: float = 5.0,
+    gamma: float = DEFAULT_GAMMA,
 ) -> list[np.ndarray]:
     """Per text, the ``[n_k]`` key weight of every evaluated-model token (see :func:`model_key_weights`).
 
@@ -309,7 +311,7 @@ def document_results(model_scores: Sequence[ModelScores], key_weights: Sequence[
     return [document_result(ms.lp, w) for ms, w in zip(model_scores, key_weights)]
 
 
-def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") -> tuple[float, float]:
+def aggregate(results: Sequence[DocumentResult], aggregation: str = DEFAULT_AGGREGATION) -> tuple[float, float]:
     """Corpus ``(longppl, ppl)``.
 
     ``"official"`` (default) reproduces the official evaluation script: the mean of per-document
@@ -332,7 +334,9 @@ def aggregate(results: Sequence[DocumentResult], aggregation: str = "official") 
     return float(longppl), float(ppl)
 
 
-def summarize_results(results: Sequence[DocumentResult], aggregation: str = "official", soft: bool = False) -> dict:
+def summarize_results(
+    results: Sequence[DocumentResult], aggregation: str = DEFAULT_AGGREGATION, soft: bool = False
+) -> dict:
     """The metric's return value: corpus ``longppl`` and ``ppl`` (see :func:`aggregate`),
     ``mean_perplexity`` (the plain mean of the per-text perplexities, as ``evaluate``'s
     ``perplexity`` metric reports it), and per text ``longppls``, ``perplexities``,

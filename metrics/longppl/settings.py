@@ -102,6 +102,10 @@ DEFAULT_BETA = KeyTokenRule.beta
 DEFAULT_GAMMA = KeyTokenRule.gamma
 #: Token budget of one forward pass (``batching``): results never depend on it, only speed and memory.
 DEFAULT_MAX_TOKENS_PER_BATCH = 32768
+#: How per-text results make the corpus LongPPL and PPL (``scoring.aggregate``): ``"official"``
+#: weights per-text values as the official evaluation script does, ``"pooled"`` pools all tokens.
+AGGREGATIONS = ("official", "pooled")
+DEFAULT_AGGREGATION = AGGREGATIONS[0]
 
 
 def check_token_ids(ids, vocab_size: int | None, role: str, where: str) -> None:
