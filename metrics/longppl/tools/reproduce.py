@@ -52,6 +52,8 @@ import time
 from ..atomic_files import replace_directory_atomically, write_file_atomically
 from ..settings import DEFAULT_ALPHA, DEFAULT_BETA, WindowSettings, require_finite, require_int
 
+#: The two rules of the answer-token analysis (``answer_tokens.RULES``, which imports torch).
+RULES = ("lsd", "lsd+lcl")
 STAGES = ("tokenizer", "data", "train", "evaluate", "report")
 EVALUATOR_CHOICES = "auto (the model with the best mean lines accuracy) or the name of a family member"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -65,7 +67,7 @@ DEFAULTS = {
     "device": "auto",
     "text_column": "text",
     "tokenizer": {"vocab_size": 8192, "train_books": 40},
-    "data": {"max_books": None, "validation_share": 0.1, "lines_documents": 2048},
+    "data": {"max_books": None, "validation_share": 0.1, "lines_documents": 2048, "lines_questions": 1},
     "model": {"architecture": "llama"},
     "training": {
         "micro_batch_tokens": None,
@@ -94,7 +96,9 @@ def _merge(base: dict, override: dict) -> dict:
     """``base`` with ``override``'s keys replacing its own (nested dicts merged key by key)."""
     merged = copy.deepcopy(base)
     for key, value in override.items():
-        merged[key] = _merge(merged[key], value) if isinstance(merged.get(key), dict) and isinstance(value, dict) else value
+        merged[key] = (
+            _merge(merged[key], value) if isinstance(merged.get(key), dict) and isinstance(value, dict) else value
+        )
     return merged
 
 
@@ -150,7 +154,11 @@ def check_config(config: dict, path: str) -> None:
         raise ValueError(f"{where} 'family' must be a non-empty list of models (each with a 'name'), got {family!r}.")
     names = []
     for index, member in enumerate(family):
-        if not isinstance(member, dict) or not isinstance(member.get("name"), str) or not _NAME.fullmatch(member["name"]):
+        if (
+            not isinstance(member, dict)
+            or not isinstance(member.get("name"), str)
+            or not _NAME.fullmatch(member["name"])
+        ):
             raise ValueError(
                 f"{where} family[{index}] needs a 'name' of letters, digits, '.', '_' or '-' (it names a folder), "
                 f"got {member!r}."
@@ -176,7 +184,9 @@ def check_config(config: dict, path: str) -> None:
             require_int(f"evaluation.{key}", evaluation.get(key))
         lines_lengths = evaluation.get("lines_lengths")
         if not isinstance(lines_lengths, list) or not lines_lengths:
-            raise ValueError(f"evaluation.lines_lengths must be a non-empty list of token counts, got {lines_lengths!r}.")
+            raise ValueError(
+                f"evaluation.lines_lengths must be a non-empty list of token counts, got {lines_lengths!r}."
+            )
         for value in lines_lengths:
             require_int("evaluation.lines_lengths[...]", value, minimum=16)
         require_int("tokenizer.vocab_size", config["tokenizer"]["vocab_size"], minimum=300)
@@ -370,7 +380,9 @@ class Run:
             start = time.perf_counter()
             stream = encode_stream(tokenizer, books)
             save_token_array(os.path.join(folder, "train_tokens.npy"), stream)
-            self.log(f"data: {len(books)} training books, {stream.shape[0]:,} tokens ({time.perf_counter() - start:.1f}s)")
+            self.log(
+                f"data: {len(books)} training books, {stream.shape[0]:,} tokens ({time.perf_counter() - start:.1f}s)"
+            )
             length = int(self.evaluation["length"])
             documents = cut_documents(tokenizer, validation, length, int(self.evaluation["validation_documents"]))
             if not documents:
@@ -390,7 +402,11 @@ class Run:
             import numpy as np
 
             rng = np.random.default_rng([seed, seq_len])
-            texts = [lines.lines_training_document(rng, num_lines) for _ in range(int(self.config["data"]["lines_documents"]))]
+            questions = int(self.config["data"]["lines_questions"])
+            texts = [
+                lines.lines_training_document(rng, num_lines, questions)
+                for _ in range(int(self.config["data"]["lines_documents"]))
+            ]
             ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
             eos = tokenizer.eos_token_id
             arrays = [np.asarray([eos, *row, eos]) for row in ids]
@@ -461,8 +477,13 @@ class Run:
 
     def evaluate_model(self, name: str, cases: dict[int, list], texts: list[str]) -> None:
         """Lines accuracy per length, and PPL / LongPPL with the model as its own evaluator."""
-        from ..scoring import document_results, score_with_evaluator, score_with_model, summarize_results
-        from ..scoring import text_key_weights
+        from ..scoring import (
+            document_results,
+            score_with_evaluator,
+            score_with_model,
+            summarize_results,
+            text_key_weights,
+        )
         from . import lines
 
         lines_path, self_path = self.path("eval", "lines", f"{name}.json"), self.path("eval", "self", f"{name}.json")
@@ -481,19 +502,35 @@ class Run:
                     max_new_tokens=int(self.evaluation["max_new_tokens"]),
                     batch_size=int(self.evaluation["batch_size"]),
                 )
-                accuracy[str(length)] = {"accuracy": found["accuracy"], "correct": found["correct"], "total": found["total"]}
+                accuracy[str(length)] = {
+                    "accuracy": found["accuracy"],
+                    "correct": found["correct"],
+                    "total": found["total"],
+                }
             mean = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
             self.write_json(lines_path, {"model": name, "per_length": accuracy, "mean_accuracy": mean})
-            self.log(f"evaluate: {name} lines accuracy " + ", ".join(f"{k}: {v['accuracy']:.2f}" for k, v in accuracy.items()))
+            self.log(
+                f"evaluate: {name} lines accuracy "
+                + ", ".join(f"{k}: {v['accuracy']:.2f}" for k, v in accuracy.items())
+            )
         if not os.path.isfile(self_path):
             # (b): the model is its own evaluator; the scoring core is the metric's and the cache's.
             window = WindowSettings(self.evaluation["trunc_len"], self.evaluation["sliding_window"])
             budget = int(self.evaluation["max_tokens_per_batch"])
             evaluator_scores = score_with_evaluator(
-                model, tokenizer, texts, window.trunc_len, window.sliding_window, budget, progress=False, per_document=True
+                model,
+                tokenizer,
+                texts,
+                window.trunc_len,
+                window.sliding_window,
+                budget,
+                progress=False,
+                per_document=True,
             )
             model_scores = score_with_model(model, tokenizer, texts, budget, progress=False)
-            weights = text_key_weights(texts, evaluator_scores, model_scores, self.evaluation["alpha"], self.evaluation["beta"])
+            weights = text_key_weights(
+                texts, evaluator_scores, model_scores, self.evaluation["alpha"], self.evaluation["beta"]
+            )
             result = summarize_results(document_results(model_scores, weights))
             self.write_json(self_path, {"model": name, **{k: result[k] for k in ("longppl", "ppl")}, **_totals(result)})
             self.log(f"evaluate: {name} self-evaluated LongPPL {result['longppl']:.2f}, PPL {result['ppl']:.2f}")
@@ -528,7 +565,9 @@ class Run:
 
         for variant in self.selected:
             if not is_trained(self.model_dir(variant.name)):
-                raise ValueError(f"Model {variant.name!r} is not trained yet ({self.model_dir(variant.name)}): run 'train'.")
+                raise ValueError(
+                    f"Model {variant.name!r} is not trained yet ({self.model_dir(variant.name)}): run 'train'."
+                )
             self.evaluate_model(variant.name, cases, texts)
         waiting = [v.name for v in self.family if not os.path.isfile(self.path("eval", "self", f"{v.name}.json"))]
         if waiting:
@@ -540,22 +579,45 @@ class Run:
         """(a): one evaluator's key-token cache, every model against it with lines accuracy as the
         benchmark score; and the answer-token identification with that evaluator."""
         evaluator = self.choose_evaluator()
-        self.write_json(self.path("eval", "evaluator.json"), {"evaluator": evaluator, "rule": self.evaluation["evaluator"]})
+        self.write_json(
+            self.path("eval", "evaluator.json"), {"evaluator": evaluator, "rule": self.evaluation["evaluator"]}
+        )
         models = [self.model_dir(v.name) for v in self.family]
         scores = self.path("eval", "benchmark_scores.csv")
-        rows = [(self.model_dir(v.name), read_json(self.path("eval", "lines", f"{v.name}.json"))["mean_accuracy"]) for v in self.family]
-        write_file_atomically(scores, lambda handle: csv.writer(handle).writerows([("model", "score"), *rows]), newline="")
+        rows = [
+            (self.model_dir(v.name), read_json(self.path("eval", "lines", f"{v.name}.json"))["mean_accuracy"])
+            for v in self.family
+        ]
+        write_file_atomically(
+            scores, lambda handle: csv.writer(handle).writerows([("model", "score"), *rows]), newline=""
+        )
         cache = self.path("caches", f"evaluator-{evaluator}")
         out = self.path("eval", "evaluator")
-        done = read_json(os.path.join(out, "results.json")) if os.path.isfile(os.path.join(out, "results.json")) else None
+        done = (
+            read_json(os.path.join(out, "results.json")) if os.path.isfile(os.path.join(out, "results.json")) else None
+        )
         if done and [r["model"] for r in done["results"]] == models and done["meta"]["key_tokens"] == cache:
             self.log(f"evaluate: {out}/results.json is up to date, kept")
         else:
-            window = ["--trunc-len", str(self.evaluation["trunc_len"]), "--sliding-window", str(self.evaluation["sliding_window"])]
+            window = [
+                "--trunc-len",
+                str(self.evaluation["trunc_len"]),
+                "--sliding-window",
+                str(self.evaluation["sliding_window"]),
+            ]
             rule = ["--alpha", str(self.evaluation["alpha"]), "--beta", str(self.evaluation["beta"])]
             self.run_script(
                 "compute_key_tokens.py",
-                ["--corpus", validation, "--evaluator", self.model_dir(evaluator), "--output", cache, "--device", self.device]
+                [
+                    "--corpus",
+                    validation,
+                    "--evaluator",
+                    self.model_dir(evaluator),
+                    "--output",
+                    cache,
+                    "--device",
+                    self.device,
+                ]
                 + window
                 + rule
                 + ["--max-length", str(self.evaluation["length"])],
@@ -573,7 +635,7 @@ class Run:
         """Figure 5(b): answer tokens (the digits of the number) vs the other answer-side tokens, by
         LSD alone and by LSD + LCL, scored by the evaluator on lines prompts followed by their answer."""
         path = self.path("eval", "answer_tokens.json")
-        if os.path.isfile(path):
+        if os.path.isfile(path) and read_json(path)["evaluator"] == evaluator:
             self.log(f"evaluate: {path} exists, kept")
             return
         import numpy as np
@@ -587,7 +649,11 @@ class Run:
         scored = answer_tokens.answer_token_scores(model, tokenizer, chosen, window=window)
         alpha, beta = float(self.evaluation["alpha"]), float(self.evaluation["beta"])
         found = answer_tokens.classify_answer_tokens(
-            np.asarray(scored["lsd"]), np.asarray(scored["lcl"]), np.asarray(scored["is_answer"]), alpha=alpha, beta=beta
+            np.asarray(scored["lsd"]),
+            np.asarray(scored["lcl"]),
+            np.asarray(scored["is_answer"]),
+            alpha=alpha,
+            beta=beta,
         )
         arrays = {key: np.asarray(scored[key], dtype=np.float64) for key in ("lsd", "lcl", "is_answer")}
         write_file_atomically(
@@ -595,12 +661,19 @@ class Run:
         )
         self.write_json(
             path,
-            {"evaluator": evaluator, "cases": len(chosen), "alpha": alpha, "beta": beta, "tokens": int(arrays["lsd"].size),
-             "answer_tokens": int(arrays["is_answer"].sum()), "classification": found},
+            {
+                "evaluator": evaluator,
+                "cases": len(chosen),
+                "alpha": alpha,
+                "beta": beta,
+                "tokens": int(arrays["lsd"].size),
+                "answer_tokens": int(arrays["is_answer"].sum()),
+                "classification": found,
+            },
         )
         self.log(
             "evaluate: answer tokens, balanced accuracy "
-            + ", ".join(f"{rule}: {values.get('balanced_accuracy', float('nan')):.3f}" for rule, values in found.items())
+            + ", ".join(f"{rule}: {found[rule]['balanced_accuracy']:.3f}" for rule in answer_tokens.RULES)
         )
 
     # ---------------------------------------------------------- report
@@ -615,14 +688,27 @@ class Run:
             family.append(
                 {
                     "name": variant.name,
-                    "description": next((m.get("description", "") for m in self.config["family"] if m["name"] == variant.name), ""),
+                    "description": next(
+                        (m.get("description", "") for m in self.config["family"] if m["name"] == variant.name), ""
+                    ),
                     "architecture": model.get("architecture", "llama"),
                     "sliding_window": model.get("sliding_window"),
                     "rope_theta": model.get("rope_theta"),
                     "seq_len": variant.training["seq_len"],
                     "lines_share": variant.training["lines_share"],
                     "seed": variant.training["seed"],
-                    **{k: record[k] for k in ("parameters", "steps", "tokens", "seconds", "tokens_per_second", "final_loss", "device")},
+                    **{
+                        k: record[k]
+                        for k in (
+                            "parameters",
+                            "steps",
+                            "tokens",
+                            "seconds",
+                            "tokens_per_second",
+                            "final_loss",
+                            "device",
+                        )
+                    },
                 }
             )
         lines = {v.name: read_json(self.path("eval", "lines", f"{v.name}.json")) for v in self.family}
@@ -635,7 +721,10 @@ class Run:
             for row in evaluated["results"]
         }
         own = {v.name: read_json(self.path("eval", "self", f"{v.name}.json")) for v in self.family}
-        own = {name: {**value, "longppl": _number(value["longppl"]), "ppl": _number(value["ppl"])} for name, value in own.items()}
+        own = {
+            name: {**value, "longppl": _number(value["longppl"]), "ppl": _number(value["ppl"])}
+            for name, value in own.items()
+        }
         names = [v.name for v in self.family]
         correlations = {}
         for label, values in (("evaluator", with_evaluator), ("self", own)):
@@ -644,16 +733,30 @@ class Run:
             correlations[label] = {
                 "models": used,
                 **{
-                    metric: {"pearson": pearson([values[n][metric] for n in used], y), "spearman": spearman([values[n][metric] for n in used], y)}
+                    metric: {
+                        "pearson": pearson([values[n][metric] for n in used], y),
+                        "spearman": spearman([values[n][metric] for n in used], y),
+                    }
                     for metric in ("longppl", "ppl")
                 },
             }
         figures = self.path("figures")
         os.makedirs(figures, exist_ok=True)
-        drawn = draw_figures(figures, names, with_evaluator, own, accuracy, self.path("eval", "answer_token_scores.npz"), self.evaluation["alpha"])
+        drawn = draw_figures(
+            figures,
+            names,
+            with_evaluator,
+            own,
+            accuracy,
+            self.path("eval", "answer_token_scores.npz"),
+            self.evaluation["alpha"],
+        )
         timings = read_json(self.path("timings.json")) if os.path.isfile(self.path("timings.json")) else {}
         answer = read_json(self.path("eval", "answer_tokens.json"))
         results = {
+            "command": " ".join(
+                [os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "reproduce", *sys.argv[1:]]
+            ),
             "config": self.config,
             "seeds": {"run": self.config["seed"], **{v.name: v.training["seed"] for v in self.family}},
             "device": family[0]["device"] if family else None,
@@ -731,11 +834,14 @@ def draw_figures(folder, names, with_evaluator, own, accuracy, answer_scores, al
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print("reproduce: matplotlib is not installed, so no figures are drawn (pip install matplotlib).", file=sys.stderr)
+        print(
+            "reproduce: matplotlib is not installed, so no figures are drawn (pip install matplotlib).", file=sys.stderr
+        )
         return []
     import numpy as np
 
-    from .figures import correlation_scatter, lsd_histogram
+    from .answer_tokens import answer_lsd_histogram
+    from .figures import correlation_scatter
 
     drawn = []
     for label, values in (("evaluator", with_evaluator), ("self", own)):
@@ -754,11 +860,9 @@ def draw_figures(folder, names, with_evaluator, own, accuracy, answer_scores, al
         drawn.append(path)
     with np.load(answer_scores, allow_pickle=False) as data:
         lsd, is_answer = data["lsd"], data["is_answer"].astype(bool)
-    for label, mask in (("answer", is_answer), ("other", ~is_answer)):
-        if np.isfinite(lsd[mask]).any():
-            path = os.path.join(folder, f"lsd_{label}_tokens.png")
-            lsd_histogram(path, lsd[mask], float(alpha), f"LSD of the lines {label} tokens")
-            drawn.append(path)
+    path = os.path.join(folder, "lsd_answer_tokens.png")
+    answer_lsd_histogram(path, lsd, is_answer, float(alpha))
+    drawn.append(path)
     return drawn
 
 
@@ -770,7 +874,12 @@ def format_report(results: dict) -> str:
     """The Markdown report of ``results.json``: the family, the measures, the correlations, the answer tokens."""
     lines = ["# LongPPL reproduction at small scale", ""]
     lines += [f"Device: {results['device']}. Evaluator (a): **{results['evaluator']}**.", ""]
-    lines += ["## The family", "", "| model | arch | params | seq_len | window | RoPE base | lines share | tokens | train s | final loss |"]
+    lines += ["```", results["command"], "```", ""]
+    lines += [
+        "## The family",
+        "",
+        "| model | arch | params | seq_len | window | RoPE base | lines share | tokens | train s | final loss |",
+    ]
     lines += ["|---|---|---|---|---|---|---|---|---|---|"]
     for f in results["family"]:
         lines.append(
@@ -778,33 +887,50 @@ def format_report(results: dict) -> str:
             f"{f['rope_theta'] or 'default'} | {f['lines_share']:.0%} | {f['tokens']:,} | {f['seconds']:.1f} | {_fmt(f['final_loss'], 3)} |"
         )
     lengths = list(next(iter(results["lines"].values()))["per_length"]) if results["lines"] else []
+    lines += [""] + [f"- **{f['name']}**: {f['description']}" for f in results["family"] if f["description"]]
     lines += ["", "## Lines accuracy, PPL and LongPPL", ""]
-    lines += ["| model | " + " | ".join(f"lines {n}" for n in lengths) + " | mean | PPL | LongPPL (a) | PPL (self) | LongPPL (b, self) |"]
-    lines += ["|---|" + "---|" * (len(lengths) + 5)]
+    # PPL does not depend on the evaluator (every model reads the same texts), so it has one column.
+    lines += [
+        "| model | " + " | ".join(f"lines {n}" for n in lengths) + " | mean | PPL | LongPPL (a) | LongPPL (b, self) |"
+    ]
+    lines += ["|---|" + "---|" * (len(lengths) + 4)]
     for f in results["family"]:
         name = f["name"]
         per = results["lines"][name]["per_length"]
         a, b = results["with_evaluator"][name], results["self_evaluated"][name]
         lines.append(
-            f"| {name} | " + " | ".join(_fmt(per[n]["accuracy"]) for n in lengths)
-            + f" | {_fmt(results['lines'][name]['mean_accuracy'])} | {_fmt(a['ppl'])} | {_fmt(a['longppl'])} | {_fmt(b['ppl'])} | {_fmt(b['longppl'])} |"
+            f"| {name} | "
+            + " | ".join(_fmt(per[n]["accuracy"]) for n in lengths)
+            + f" | {_fmt(results['lines'][name]['mean_accuracy'])} | {_fmt(a['ppl'])} | {_fmt(a['longppl'])} | {_fmt(b['longppl'])} |"
         )
-    lines += ["", "## Correlation with mean lines accuracy", "", "| evaluator | measure | Pearson | Spearman | models |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Correlation with mean lines accuracy",
+        "",
+        "| evaluator | measure | Pearson | Spearman | models |",
+        "|---|---|---|---|---|",
+    ]
     for label, found in results["correlations"].items():
         for metric in ("longppl", "ppl"):
             lines.append(
                 f"| {label} | {metric} | {_fmt(found[metric]['pearson'], 3)} | {_fmt(found[metric]['spearman'], 3)} | {len(found['models'])} |"
             )
     answer = results["answer_tokens"]
-    lines += ["", f"## Answer tokens ({answer['tokens']} tokens, {answer['answer_tokens']} answer tokens, evaluator {answer['evaluator']})", ""]
+    lines += [
+        "",
+        f"## Answer tokens ({answer['tokens']} tokens, {answer['answer_tokens']} answer tokens, evaluator {answer['evaluator']})",
+        "",
+    ]
     lines += ["| rule | balanced accuracy |", "|---|---|"]
-    for rule, values in answer["classification"].items():
-        lines.append(f"| {rule} | {_fmt(values.get('balanced_accuracy'), 3)} |")
+    for rule in RULES:
+        lines.append(f"| {rule} | {_fmt(answer['classification'][rule]['balanced_accuracy'], 3)} |")
     lines += ["", "## Wall time", "", "| stage | seconds | calls |", "|---|---|---|"]
     for stage, entry in results["timings"]["stages"].items():
         lines.append(f"| {stage} | {entry['seconds']:.1f} | {entry['calls']} |")
     if results["figures"]:
-        lines += ["", "## Figures", ""] + [f"![{os.path.basename(p)}](figures/{os.path.basename(p)})" for p in results["figures"]]
+        lines += ["", "## Figures", ""] + [
+            f"![{os.path.basename(p)}](figures/{os.path.basename(p)})" for p in results["figures"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -823,15 +949,28 @@ def parse_stages(value: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="the reproduction's YAML config, e.g. configs/reproduce/family_h200.yaml (required)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="the reproduction's YAML config, e.g. configs/reproduce/family_h200.yaml (required)",
+    )
     parser.add_argument("--output-dir", required=True, help="where every stage writes (kept between calls; required)")
-    parser.add_argument("--corpus", help="training books (.jsonl, .jsonl.gz, datasets dir or Hub id); overrides the config's")
+    parser.add_argument(
+        "--corpus", help="training books (.jsonl, .jsonl.gz, datasets dir or Hub id); overrides the config's"
+    )
     parser.add_argument(
         "--validation-corpus",
         help="validation books, same formats; overrides the config's (default: the config's, else the last books of --corpus)",
     )
-    parser.add_argument("--stages", type=parse_stages, default=list(STAGES), help=f"comma-separated stages of {', '.join(STAGES)}, or all (default: all)")
-    parser.add_argument("--models", help="comma-separated family members to train / evaluate in this call (default: all)")
+    parser.add_argument(
+        "--stages",
+        type=parse_stages,
+        default=list(STAGES),
+        help=f"comma-separated stages of {', '.join(STAGES)}, or all (default: all)",
+    )
+    parser.add_argument(
+        "--models", help="comma-separated family members to train / evaluate in this call (default: all)"
+    )
     return parser
 
 
