@@ -397,12 +397,11 @@ class Run:
             path = os.path.join(folder, f"lines_train_{seq_len}.npz")
             if os.path.isfile(path):
                 continue
-            # 90% of the sequence: the rest is book text before it, and the record never overflows
-            num_lines = lines.lines_for_token_length(tokenizer, int(seq_len * 0.9), seed=seed)
             import numpy as np
 
-            rng = np.random.default_rng([seed, seq_len])
             questions = int(self.config["data"]["lines_questions"])
+            num_lines = self.training_lines(tokenizer, seq_len, questions, seed)
+            rng = np.random.default_rng([seed, seq_len])
             texts = [
                 lines.lines_training_document(rng, num_lines, questions)
                 for _ in range(int(self.config["data"]["lines_documents"]))
@@ -421,6 +420,31 @@ class Run:
             cases = lines.generate_lines_cases(num_lines, int(self.evaluation["lines_cases"]), seed + int(length))
             write_jsonl(path, [case_record(case) for case in cases])
             self.log(f"data: {len(cases)} lines cases of {num_lines} lines (~{length} tokens)")
+
+    @staticmethod
+    def training_lines(tokenizer, seq_len: int, questions: int, seed: int) -> int:
+        """Lines of a training record whose document (record, ``questions`` questions and answers)
+        takes about 90% of ``seq_len`` tokens: the rest is book text before it, and a document never
+        overflows its sequence (a cut record would ask about lines it no longer holds)."""
+        import numpy as np
+
+        from . import lines
+
+        target = int(seq_len * 0.9)
+        num_lines = lines.lines_for_token_length(tokenizer, target, seed=seed)
+        while True:  # the questions add tokens that lines_for_token_length does not count
+            num_lines = max(questions, min(num_lines, lines.MAX_LINES))
+            sample = lines.lines_training_document(np.random.default_rng(seed), num_lines, questions)
+            length = len(tokenizer(sample, add_special_tokens=False)["input_ids"])
+            if length <= target or num_lines == questions:
+                break
+            num_lines = min(num_lines - 1, int(num_lines * target / length))
+        if length > seq_len - 2:
+            raise ValueError(
+                f"A lines training document of {questions} questions needs {length} tokens, more than training "
+                f"seq_len {seq_len}: lower data.lines_questions or raise the seq_len."
+            )
+        return num_lines
 
     # ---------------------------------------------------------- train
     def stage_train(self) -> None:
@@ -506,6 +530,7 @@ class Run:
                     "accuracy": found["accuracy"],
                     "correct": found["correct"],
                     "total": found["total"],
+                    "outputs": found["outputs"],  # the greedy answers, to see how a model fails
                 }
             mean = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
             self.write_json(lines_path, {"model": name, "per_length": accuracy, "mean_accuracy": mean})
