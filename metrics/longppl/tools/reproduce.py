@@ -50,7 +50,7 @@ import sys
 import time
 
 from ..atomic_files import replace_directory_atomically, write_file_atomically
-from ..settings import DEFAULT_ALPHA, DEFAULT_BETA, WindowSettings, require_finite, require_int
+from ..settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, WindowSettings, require_finite, require_int
 
 #: The two rules of the answer-token analysis (``answer_tokens.RULES``, which imports torch).
 RULES = ("lsd", "lsd+lcl")
@@ -553,11 +553,18 @@ class Run:
                 per_document=True,
             )
             model_scores = score_with_model(model, tokenizer, texts, budget, progress=False)
-            weights = text_key_weights(
-                texts, evaluator_scores, model_scores, self.evaluation["alpha"], self.evaluation["beta"]
-            )
+            alpha, beta = self.evaluation["alpha"], self.evaluation["beta"]
+            weights = text_key_weights(texts, evaluator_scores, model_scores, alpha, beta)
             result = summarize_results(document_results(model_scores, weights))
-            self.write_json(self_path, {"model": name, **{k: result[k] for k in ("longppl", "ppl")}, **_totals(result)})
+            soft_weights = text_key_weights(
+                texts, evaluator_scores, model_scores, alpha, beta, soft=True, gamma=DEFAULT_GAMMA
+            )
+            soft = summarize_results(document_results(model_scores, soft_weights), soft=True)
+            self.write_json(
+                self_path,
+                {"model": name, "longppl": result["longppl"], "ppl": result["ppl"], **_totals(result)}
+                | {"soft_longppl": soft["longppl"]},
+            )
             self.log(f"evaluate: {name} self-evaluated LongPPL {result['longppl']:.2f}, PPL {result['ppl']:.2f}")
         self.write_json(self.path("eval", "seconds", f"{name}.json"), {"seconds": time.perf_counter() - start})
 
@@ -617,13 +624,19 @@ class Run:
             scores, lambda handle: csv.writer(handle).writerows([("model", "score"), *rows]), newline=""
         )
         cache = self.path("caches", f"evaluator-{evaluator}")
-        out = self.path("eval", "evaluator")
-        done = (
-            read_json(os.path.join(out, "results.json")) if os.path.isfile(os.path.join(out, "results.json")) else None
-        )
-        if done and [r["model"] for r in done["results"]] == models and done["meta"]["key_tokens"] == cache:
-            self.log(f"evaluate: {out}/results.json is up to date, kept")
-        else:
+        # The hard rule (the paper's LongPPL) and the soft weights min(exp(LSD), gamma) (its Table 2):
+        # the soft variant is defined even where no token passes LSD > alpha, as with weak evaluators.
+        runs = {"evaluator": [], "evaluator-soft": ["--soft", "--gamma", str(DEFAULT_GAMMA)]}
+        pending = {}
+        for label, extra in runs.items():
+            out = self.path("eval", label)
+            done = os.path.join(out, "results.json")
+            found = read_json(done) if os.path.isfile(done) else None
+            if found and [r["model"] for r in found["results"]] == models and found["meta"]["key_tokens"] == cache:
+                self.log(f"evaluate: {done} is up to date, kept")
+            else:
+                pending[out] = extra
+        if pending:
             window = [
                 "--trunc-len",
                 str(self.evaluation["trunc_len"]),
@@ -647,13 +660,13 @@ class Run:
                 + rule
                 + ["--max-length", str(self.evaluation["length"])],
             )
-            self.run_script(
-                "evaluate_longppl.py",
-                ["--key-tokens", cache, "--models", *models, "--benchmark-scores", scores]
-                + ["--benchmark-name", "lines accuracy", "--output-dir", out, "--device", self.device, "--no-progress"]
-                + window
-                + rule,
-            )
+            for out, extra in pending.items():
+                self.run_script(
+                    "evaluate_longppl.py",
+                    ["--key-tokens", cache, "--models", *models, "--benchmark-scores", scores]
+                    + ["--benchmark-name", "lines accuracy", "--output-dir", out, "--device", self.device]
+                    + ["--no-progress", *window, *rule, *extra],
+                )
         self.answer_tokens(evaluator, cases)
 
     def answer_tokens(self, evaluator: str, cases: dict[int, list]) -> None:
@@ -741,41 +754,41 @@ class Run:
         evaluated = read_json(self.path("eval", "evaluator", "results.json"))
         evaluator = read_json(self.path("eval", "evaluator.json"))["evaluator"]
         by_path = {self.model_dir(v.name): v.name for v in self.family}
+        soft = {
+            row["model"]: _number(row["longppl"])
+            for row in read_json(self.path("eval", "evaluator-soft", "results.json"))["results"]
+        }
         with_evaluator = {
             by_path[row["model"]]: {"longppl": _number(row["longppl"]), "ppl": _number(row["ppl"]), **_totals(row)}
+            | {"soft_longppl": soft[row["model"]]}
             for row in evaluated["results"]
         }
         own = {v.name: read_json(self.path("eval", "self", f"{v.name}.json")) for v in self.family}
         own = {
-            name: {**value, "longppl": _number(value["longppl"]), "ppl": _number(value["ppl"])}
+            name: {**value} | {key: _number(value[key]) for key in ("longppl", "ppl", "soft_longppl")}
             for name, value in own.items()
         }
         names = [v.name for v in self.family]
-        correlations = {}
-        for label, values in (("evaluator", with_evaluator), ("self", own)):
-            used = [n for n in names if math.isfinite(values[n]["longppl"]) and math.isfinite(values[n]["ppl"])]
+        # Each view correlates one LongPPL (hard or soft, evaluator (a) or self (b)) and PPL with the
+        # mean lines accuracy, over the models where both are defined (hard LongPPL is NaN without key tokens).
+        views = {
+            "evaluator": (with_evaluator, "longppl"),
+            "evaluator_soft": (with_evaluator, "soft_longppl"),
+            "self": (own, "longppl"),
+            "self_soft": (own, "soft_longppl"),
+        }
+        correlations, scatters = {}, []
+        for label, (values, measure) in views.items():
+            used = [n for n in names if math.isfinite(values[n][measure]) and math.isfinite(values[n]["ppl"])]
+            x = {"longppl": [values[n][measure] for n in used], "ppl": [values[n]["ppl"] for n in used]}
             y = [accuracy[n] for n in used]
-            correlations[label] = {
-                "models": used,
-                **{
-                    metric: {
-                        "pearson": pearson([values[n][metric] for n in used], y),
-                        "spearman": spearman([values[n][metric] for n in used], y),
-                    }
-                    for metric in ("longppl", "ppl")
-                },
+            correlations[label] = {"models": used} | {
+                metric: {"pearson": pearson(x[metric], y), "spearman": spearman(x[metric], y)} for metric in x
             }
+            scatters.append((label, used, x["longppl"], x["ppl"], y))
         figures = self.path("figures")
         os.makedirs(figures, exist_ok=True)
-        drawn = draw_figures(
-            figures,
-            names,
-            with_evaluator,
-            own,
-            accuracy,
-            self.path("eval", "answer_token_scores.npz"),
-            self.evaluation["alpha"],
-        )
+        drawn = draw_figures(figures, scatters, self.path("eval", "answer_token_scores.npz"), self.evaluation["alpha"])
         timings = read_json(self.path("timings.json")) if os.path.isfile(self.path("timings.json")) else {}
         answer = read_json(self.path("eval", "answer_tokens.json"))
         results = {
@@ -853,9 +866,13 @@ def _jsonable(value):
     return value
 
 
-def draw_figures(folder, names, with_evaluator, own, accuracy, answer_scores, alpha) -> list[str]:
-    """The Figure 1(b) scatters (evaluator and self-evaluated) and the answer tokens' LSD histograms;
-    returns the files written. Without matplotlib, a message says so and no figure is drawn."""
+def draw_figures(folder: str, scatters: list, answer_scores: str, alpha: float) -> list[str]:
+    """The Figure 1(b) scatters and the answer tokens' LSD histogram; returns the files written.
+
+    Args:
+        scatters: ``(label, models, longppl, ppl, accuracy)`` per view; views of fewer than 2
+            models are not drawn.
+    Without matplotlib, a message says so and no figure is drawn."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -869,19 +886,11 @@ def draw_figures(folder, names, with_evaluator, own, accuracy, answer_scores, al
     from .figures import correlation_scatter
 
     drawn = []
-    for label, values in (("evaluator", with_evaluator), ("self", own)):
-        used = [n for n in names if math.isfinite(values[n]["longppl"]) and math.isfinite(values[n]["ppl"])]
-        if len(used) < 2:
+    for label, models, longppl, ppl, accuracy in scatters:
+        if len(models) < 2:
             continue
         path = os.path.join(folder, f"correlation_{label}.png")
-        correlation_scatter(
-            path,
-            used,
-            [values[n]["longppl"] for n in used],
-            [values[n]["ppl"] for n in used],
-            [accuracy[n] for n in used],
-            "lines accuracy",
-        )
+        correlation_scatter(path, models, longppl, ppl, accuracy, "lines accuracy")
         drawn.append(path)
     with np.load(answer_scores, allow_pickle=False) as data:
         lsd, is_answer = data["lsd"], data["is_answer"].astype(bool)
@@ -916,9 +925,11 @@ def format_report(results: dict) -> str:
     lines += ["", "## Lines accuracy, PPL and LongPPL", ""]
     # PPL does not depend on the evaluator (every model reads the same texts), so it has one column.
     lines += [
-        "| model | " + " | ".join(f"lines {n}" for n in lengths) + " | mean | PPL | LongPPL (a) | LongPPL (b, self) |"
+        "| model | "
+        + " | ".join(f"lines {n}" for n in lengths)
+        + " | mean | PPL | LongPPL (a) | soft (a) | LongPPL (b, self) | soft (b) |"
     ]
-    lines += ["|---|" + "---|" * (len(lengths) + 4)]
+    lines += ["|---|" + "---|" * (len(lengths) + 6)]
     for f in results["family"]:
         name = f["name"]
         per = results["lines"][name]["per_length"]
@@ -926,11 +937,14 @@ def format_report(results: dict) -> str:
         lines.append(
             f"| {name} | "
             + " | ".join(_fmt(per[n]["accuracy"]) for n in lengths)
-            + f" | {_fmt(results['lines'][name]['mean_accuracy'])} | {_fmt(a['ppl'])} | {_fmt(a['longppl'])} | {_fmt(b['longppl'])} |"
+            + f" | {_fmt(results['lines'][name]['mean_accuracy'])} | {_fmt(a['ppl'])} | {_fmt(a['longppl'])} | {_fmt(a['soft_longppl'])} | {_fmt(b['longppl'])} | {_fmt(b['soft_longppl'])} |"
         )
     lines += [
         "",
         "## Correlation with mean lines accuracy",
+        "",
+        "(a) `evaluator`: one evaluator's key tokens for every model; (b) `self`: each model its own evaluator; "
+        "`_soft`: soft LongPPL (weights min(exp(LSD), gamma)); `ppl` is correlated over the same models.",
         "",
         "| evaluator | measure | Pearson | Spearman | models |",
         "|---|---|---|---|---|",
