@@ -25,8 +25,9 @@ minutes on a machine that keeps the output directory between calls.
 - ``evaluate``: per model, lines accuracy and self-evaluated LongPPL -> ``eval/lines/``,
   ``eval/self/``; once every model has them, the evaluator's key-token cache
   (``scripts/compute_key_tokens.py`` -> ``caches/``), all models against it with lines accuracy as
-  the benchmark (``scripts/evaluate_longppl.py`` -> ``eval/evaluator/``) and the answer tokens
-  (``eval/answer_tokens.json``).
+  the benchmark (``scripts/evaluate_longppl.py`` -> ``eval/evaluator/``, and with ``--soft`` ->
+  ``eval/evaluator-soft/``: the soft LongPPL stays defined when no token passes the hard rule, as
+  with small evaluators) and the answer tokens (``eval/answer_tokens.json``).
 - ``report``: ``results.json``, ``report.md`` and the figures.
 
 The scripts run as subprocesses with this interpreter: the reproduction goes through exactly the
