@@ -1,0 +1,289 @@
+"""The model family of the reproduction pipeline (``longppl.tools.reproduce``): tokenizer, model
+configs, training data and the training loop.
+
+Every model is a small Llama-style causal LM from ``transformers`` (``LlamaConfig``, or
+``MistralConfig`` for sliding-window attention), trained from scratch on a stream of book tokens
+mixed with synthetic LongEval "lines" documents (``longppl.tools.lines``). What varies across the
+family is what decides long-context ability (training context, attention window, RoPE base, share
+of lines documents, training tokens) while short-context quality stays comparable.
+
+Why a plain loop rather than ``transformers.Trainer``: the models are small enough that the
+Trainer's per-step overhead (callbacks, logging, the data loader) is a visible share of a step,
+and the loop needs nothing it offers: one device, bf16 autocast, fused AdamW, a cosine schedule,
+and batches cut directly from a token array in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..atomic_files import replace_directory_atomically, write_file_atomically
+
+#: The tokenizer's special tokens: an end-of-document token that separates concatenated documents,
+#: and a padding token (batches are packed, so it is only there for ``generate``). No BOS is added:
+#: every token of a text then counts, and a text of ``L`` tokens is exactly ``L`` positions.
+EOS_TOKEN = "</s>"
+PAD_TOKEN = "<pad>"
+
+#: What a trained model's folder holds once it is complete; without it the model is (re)trained.
+TRAINING_RECORD = "training.json"
+
+ARCHITECTURES = ("llama", "mistral")
+
+
+# ------------------------------------------------------------------ tokenizer
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (GPT-2 / Llama-3 style, so every text round-trips) trained on ``texts``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+
+
+def token_dtype(vocab_size: int):
+    """The smallest unsigned NumPy dtype for token ids ``< vocab_size`` (token arrays stay small)."""
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def encode_stream(tokenizer, texts: list[str]) -> np.ndarray:
+    """``[n]`` ids of ``texts`` concatenated, each followed by the end-of-document token."""
+    eos = tokenizer.eos_token_id
+    dtype = token_dtype(len(tokenizer))
+    pieces = []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        pieces.append(np.asarray(ids, dtype=dtype))
+        pieces.append(np.asarray([eos], dtype=dtype))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
+
+
+def cut_documents(tokenizer, texts: list[str], length: int, count: int) -> list[str]:
+    """Up to ``count`` texts of exactly ``length`` tokens each, cut from ``texts`` at token boundaries
+    (through the offsets, so no character is split): the first chunk of every text, then the second
+    of every text, ... (so the documents come from as many texts as possible). Texts shorter than
+    ``length`` give none."""
+    chunks: list[list[str]] = []
+    for text in texts:
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = encoding["offset_mapping"]
+        mine = []
+        for start in range(0, len(offsets) - length + 1, length):
+            mine.append(text[offsets[start][0] : offsets[start + length - 1][1]])
+        chunks.append(mine)
+    documents = []
+    for round_ in range(max((len(c) for c in chunks), default=0)):
+        for mine in chunks:
+            if round_ < len(mine) and len(documents) < count:
+                documents.append(mine[round_])
+    return documents
+
+
+# ------------------------------------------------------------------ model configs
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One member of the family: its name and its settings (base settings with its overrides applied).
+
+    Attributes:
+        name: folder name and label in tables and figures.
+        model: ``architecture`` (``llama`` or ``mistral``) plus fields of its ``transformers`` config;
+            ``rope_theta`` is accepted and put into ``rope_parameters``.
+        training: ``seq_len``, ``steps``, ``batch_tokens``, ``micro_batch_tokens``, ``lr``, ``warmup_steps``,
+            ``min_lr_ratio``, ``weight_decay``, ``lines_share``, ``seed``, ``log_every``.
+    """
+
+    name: str
+    model: dict
+    training: dict
+
+
+def model_config(variant: Variant, vocab_size: int, tokenizer=None):
+    """The ``transformers`` config of ``variant`` for a vocabulary of ``vocab_size``."""
+    from transformers import LlamaConfig, MistralConfig
+
+    fields = dict(variant.model)
+    architecture = fields.pop("architecture", "llama")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"model {variant.name!r}: architecture {architecture!r} is not one of {ARCHITECTURES} "
+            "(mistral gives sliding-window attention through its 'sliding_window' field)."
+        )
+    if "rope_theta" in fields:  # transformers 5 keeps the RoPE base in rope_parameters
+        fields["rope_parameters"] = {"rope_type": "default", "rope_theta": float(fields.pop("rope_theta"))}
+    if tokenizer is not None:
+        fields.setdefault("eos_token_id", tokenizer.eos_token_id)
+        fields.setdefault("pad_token_id", tokenizer.pad_token_id)
+        fields.setdefault("bos_token_id", tokenizer.eos_token_id)
+    config_class = MistralConfig if architecture == "mistral" else LlamaConfig
+    return config_class(vocab_size=vocab_size, tie_word_embeddings=fields.pop("tie_word_embeddings", True), **fields)
+
+
+def count_parameters(model) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+# ------------------------------------------------------------------ training data
+
+
+class TrainingBatches:
+    """Packed training sequences of ``seq_len`` tokens: random windows of the book stream, and with
+    probability ``lines_share`` a lines document placed at the end of a window of book tokens (so
+    its question and answer are always inside the sequence and no padding is needed).
+
+    Args:
+        books: ``[n]`` token ids of the training books (``encode_stream``).
+        lines_documents: tokenized lines documents (each shorter than ``seq_len``), drawn with
+            replacement; may be empty when ``lines_share`` is 0.
+        seed: seeds the sampling, so a variant always sees the same batches.
+    """
+
+    def __init__(self, books: np.ndarray, lines_documents: list[np.ndarray], seq_len: int, lines_share: float, seed):
+        if books.shape[0] <= seq_len:
+            raise ValueError(
+                f"The training books hold {books.shape[0]} tokens, not enough for one sequence of {seq_len}: "
+                "give a larger corpus or a shorter training seq_len."
+            )
+        if lines_share > 0 and not lines_documents:
+            raise ValueError("lines_share > 0 needs lines documents, but none were made for this seq_len.")
+        self.books, self.lines, self.seq_len, self.share = books, lines_documents, seq_len, lines_share
+        self.rng = np.random.default_rng(seed)
+
+    def sequences(self, count: int) -> np.ndarray:
+        """``[count, seq_len]`` int64 token ids."""
+        out = np.empty((count, self.seq_len), dtype=np.int64)
+        starts = self.rng.integers(0, self.books.shape[0] - self.seq_len, size=count)
+        for row, start in enumerate(starts):
+            out[row] = self.books[start : start + self.seq_len]
+            if self.share > 0 and self.rng.random() < self.share:
+                document = self.lines[int(self.rng.integers(len(self.lines)))][-self.seq_len :]
+                out[row, self.seq_len - document.shape[0] :] = document
+        return out
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int, min_ratio: float) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay from ``peak`` to ``min_ratio * peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def is_trained(folder: str) -> bool:
+    """Whether ``folder`` holds a finished model (its training record is written last, atomically)."""
+    return os.path.isfile(os.path.join(folder, TRAINING_RECORD))
+
+
+def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder: str, device: str, log=print) -> dict:
+    """Train ``variant`` from scratch and save it (weights, config, tokenizer, training record) to
+    ``folder``, atomically: a run stopped half-way leaves no folder that looks finished.
+
+    Returns:
+        the training record: parameters, steps, tokens, seconds, tokens per second, the losses logged.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    settings = variant.training
+    seed = int(settings["seed"])
+    torch.manual_seed(seed)
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    config = model_config(variant, len(tokenizer), tokenizer)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    model.train()
+    seq_len, steps = int(settings["seq_len"]), int(settings["steps"])
+    per_step = max(1, int(settings["batch_tokens"]) // seq_len)
+    per_micro = max(1, min(per_step, int(settings.get("micro_batch_tokens") or settings["batch_tokens"]) // seq_len))
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=float(settings["lr"]),
+        betas=(0.9, 0.95),
+        weight_decay=float(settings["weight_decay"]),
+        fused=on_gpu,  # one kernel for the whole update on the GPU; the CPU path has no fused AdamW
+    )
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
+    losses, log_every = [], max(1, int(settings.get("log_every", 20)))
+    start = time.perf_counter()
+    for step in range(steps):
+        lr = learning_rate(step, steps, float(settings["lr"]), int(settings["warmup_steps"]), settings["min_lr_ratio"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        tokens = torch.from_numpy(batches.sequences(per_step)).to(device, non_blocking=True)
+        total = 0.0
+        for chunk in tokens.split(per_micro):
+            with autocast:
+                loss = model(input_ids=chunk, labels=chunk).loss
+            (loss * chunk.shape[0] / per_step).backward()
+            total += float(loss.detach()) * chunk.shape[0] / per_step
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % log_every == 0 or step == steps - 1:
+            losses.append({"step": step, "loss": total, "lr": lr})
+            log(f"  [{variant.name}] step {step:>5}/{steps}  loss {total:.3f}  lr {lr:.2e}")
+    if on_gpu:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    record = {
+        "name": variant.name,
+        "model": variant.model,
+        "training": settings,
+        "parameters": count_parameters(model),
+        "steps": steps,
+        "tokens": steps * per_step * seq_len,
+        "seconds": seconds,
+        "tokens_per_second": steps * per_step * seq_len / seconds if seconds > 0 else float("nan"),
+        "final_loss": losses[-1]["loss"] if losses else float("nan"),
+        "losses": losses,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+    }
+
+    def write(tmp: str) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, TRAINING_RECORD), "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=1)
+
+    replace_directory_atomically(folder, write)
+    return record
+
+
+def save_token_array(path: str, array: np.ndarray) -> None:
+    """Write ``array`` as a ``.npy`` file atomically (read back with ``np.load(..., allow_pickle=False)``)."""
+    write_file_atomically(path, lambda handle: np.save(handle, array, allow_pickle=False), binary=True)
+
+
+def save_ragged(path: str, arrays: list[np.ndarray], dtype) -> None:
+    """Write a list of 1-d arrays as one ``.npz`` (``values`` and ``ends``) atomically."""
+    values = np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype=dtype)
+    ends = np.cumsum([a.shape[0] for a in arrays]).astype(np.int64)
+    write_file_atomically(path, lambda handle: np.savez(handle, values=values, ends=ends), binary=True)
+
+
+def load_ragged(path: str) -> list[np.ndarray]:
+    """The arrays :func:`save_ragged` wrote."""
+    with np.load(path, allow_pickle=False) as data:
+        values, ends = data["values"], data["ends"]
+    starts = np.concatenate([[0], ends[:-1]]) if ends.size else ends
+    return [values[s:e] for s, e in zip(starts, ends)]
