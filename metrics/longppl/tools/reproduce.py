@@ -56,6 +56,8 @@ from ..settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, WindowSetting
 #: The two rules of the answer-token analysis (``answer_tokens.RULES``, which imports torch).
 RULES = ("lsd", "lsd+lcl")
 STAGES = ("tokenizer", "data", "train", "evaluate", "report")
+#: With ``data.lines_questions: fill``, the share of a training document its record takes (uniform).
+FILL_RECORD_SHARE = (0.1, 0.6)
 EVALUATOR_CHOICES = "auto (the model with the best mean lines accuracy) or the name of a family member"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: Where ``scripts/`` is in a checkout (this file is metrics/longppl/tools/reproduce.py).
@@ -193,6 +195,8 @@ def check_config(config: dict, path: str) -> None:
         require_int("tokenizer.vocab_size", config["tokenizer"]["vocab_size"], minimum=300)
         require_int("tokenizer.train_books", config["tokenizer"]["train_books"])
         require_int("data.lines_documents", config["data"]["lines_documents"])
+        if config["data"]["lines_questions"] != "fill":
+            require_int("data.lines_questions", config["data"]["lines_questions"])
     except (ValueError, TypeError) as err:
         raise ValueError(f"{where} {err}") from None
     if window.trunc_len >= length:
@@ -400,18 +404,24 @@ class Run:
                 continue
             import numpy as np
 
-            questions = int(self.config["data"]["lines_questions"])
-            num_lines = self.training_lines(tokenizer, seq_len, questions, seed)
+            questions = self.config["data"]["lines_questions"]
             rng = np.random.default_rng([seed, seq_len])
-            texts = [
-                lines.lines_training_document(rng, num_lines, questions)
-                for _ in range(int(self.config["data"]["lines_documents"]))
-            ]
+            count = int(self.config["data"]["lines_documents"])
+            if questions == "fill":
+                texts = self.filled_lines_documents(tokenizer, rng, seq_len, count)
+                shape = (
+                    f"records of {FILL_RECORD_SHARE[0]:.0%}-{FILL_RECORD_SHARE[1]:.0%} of the sequence, then questions"
+                )
+            else:
+                num_lines = self.training_lines(tokenizer, seq_len, int(questions), seed)
+                texts = [lines.lines_training_document(rng, num_lines, int(questions)) for _ in range(count)]
+                shape = f"{num_lines} lines"
             ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
             eos = tokenizer.eos_token_id
-            arrays = [np.asarray([eos, *row, eos]) for row in ids]
+            # A filled document may run a few tokens over: cutting its tail drops only its last questions.
+            arrays = [np.asarray([eos, *row[: seq_len - 2], eos]) for row in ids]
             save_ragged(path, arrays, token_dtype(len(tokenizer)))
-            self.log(f"data: {len(arrays)} lines training documents of {num_lines} lines for seq_len {seq_len}")
+            self.log(f"data: {len(arrays)} lines training documents ({shape}) for seq_len {seq_len}")
         # lines test cases, one file per record length, in LongEval's JSONL format (read back by lines.read_lines_cases)
         for length in self.evaluation["lines_lengths"]:
             path = os.path.join(folder, f"lines_{length}.jsonl")
@@ -421,6 +431,38 @@ class Run:
             cases = lines.generate_lines_cases(num_lines, int(self.evaluation["lines_cases"]), seed + int(length))
             write_jsonl(path, [case_record(case) for case in cases])
             self.log(f"data: {len(cases)} lines cases of {num_lines} lines (~{length} tokens)")
+
+    @staticmethod
+    def filled_lines_documents(tokenizer, rng, seq_len: int, count: int) -> list[str]:
+        """``count`` lines training documents for ``seq_len`` (``data.lines_questions: fill``): each a record
+        taking a uniform share in :data:`FILL_RECORD_SHARE` of about 90% of the sequence, then as many
+        questions with their answers as fit (at most one per line).
+
+        Why: with one or a few questions per record, the tokens that need retrieval (the asked line's name
+        and number in each answer) are under 1% of a document, and small models trained for a minute
+        never learn the task; filling the rest of the sequence with questions (13 on average at 2048 tokens)
+        makes about 5% of them retrieval targets, and records of varied length are a curriculum of distances.
+        """
+        import numpy as np
+
+        from . import lines
+
+        def tokens(num_lines: int, questions: int) -> int:
+            text = lines.lines_training_document(np.random.default_rng(0), num_lines, questions)
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        per_line = (tokens(80, 1) - tokens(40, 1)) / 40
+        per_question = (tokens(80, 21) - tokens(80, 1)) / 20
+        header = tokens(40, 1) - 40 * per_line - per_question
+        budget = 0.9 * seq_len
+        documents = []
+        for _ in range(count):
+            share = rng.uniform(*FILL_RECORD_SHARE)
+            num_lines = int(np.clip(share * budget / per_line, 2, lines.MAX_LINES))
+            questions = int((budget - header - num_lines * per_line) // per_question)
+            questions = max(1, min(num_lines, questions))
+            documents.append(lines.lines_training_document(rng, num_lines, questions))
+        return documents
 
     @staticmethod
     def training_lines(tokenizer, seq_len: int, questions: int, seed: int) -> int:
