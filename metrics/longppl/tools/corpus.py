@@ -12,14 +12,14 @@ import os
 import datasets
 
 
-def read_jsonl_texts(path: str, column: str = "text") -> list[str]:
-    """The ``column`` field of every JSON object in a JSONL file (blank lines are skipped).
+def jsonl_records(path: str, fields: tuple[str, ...], hint: str):
+    """Yield ``(where, record)`` for every JSON object of a JSONL file (blank lines are skipped), where
+    ``where`` names the file and line for the caller's own messages.
 
     Raises:
-        ValueError: naming the line that is not JSON, not an object, lacks ``column``, or holds a
-            non-string or empty text there.
+        ValueError: naming the line that is not JSON, not an object, or lacks one of ``fields``
+            (``hint`` ends that message: what the file needs, or which flag names the field).
     """
-    texts = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -30,14 +30,26 @@ def read_jsonl_texts(path: str, column: str = "text") -> list[str]:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{where} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{where} is a JSON {type(record).__name__}, not an object with a {column!r} field.")
-            if column not in record:
-                raise ValueError(
-                    f"{where} has no field {column!r} (its fields: {sorted(record)}); name the text field "
-                    "with --text-column."
-                )
-            texts.append(_checked_text(record[column], f"{where}, field {column!r}"))
-    return texts
+                named = " and ".join(repr(field) for field in fields)
+                named = f"a {named} field" if len(fields) == 1 else f"the fields {named}"
+                raise ValueError(f"{where} is a JSON {type(record).__name__}, not an object with {named}.")
+            for field in fields:
+                if field not in record:
+                    raise ValueError(f"{where} has no field {field!r} (its fields: {sorted(record)}); {hint}")
+            yield where, record
+
+
+def read_jsonl_texts(path: str, column: str = "text") -> list[str]:
+    """The ``column`` field of every JSON object in a JSONL file (blank lines are skipped).
+
+    Raises:
+        ValueError: naming the line that is not JSON, not an object, lacks ``column``, or holds a
+            non-string or empty text there.
+    """
+    return [
+        _checked_text(record[column], f"{where}, field {column!r}")
+        for where, record in jsonl_records(path, (column,), "name the text field with --text-column.")
+    ]
 
 
 def _checked_text(value, where: str) -> str:

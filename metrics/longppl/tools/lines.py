@@ -219,34 +219,21 @@ def read_lines_cases(path: str) -> list[LinesCase]:
         ValueError: naming the file and line of a record that is not a JSON object, lacks a field,
             or holds a bad value there; or an empty file.
     """
+    from .corpus import jsonl_records
+
     cases = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where} is a JSON {type(record).__name__}, not an object with fields.")
-            for field in ("prompt", "expected_number"):
-                if field not in record:
-                    raise ValueError(
-                        f"{where} has no field {field!r} (its fields: {sorted(record)}); LongEval lines files "
-                        "need 'prompt' and 'expected_number' on every line."
-                    )
-            prompt = record["prompt"]
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{where}, field 'prompt' is {prompt!r:.60}, not a non-empty string.")
-            expected = _expected_number(record["expected_number"], f"{where}, field 'expected_number'")
-            num_lines = record.get("num_lines")
-            num_lines = num_lines if isinstance(num_lines, int) and not isinstance(num_lines, bool) else None
-            asked = _QUESTION.search(prompt)
-            target = asked.group(1) if asked else None
-            answer = None if target is None else ANSWER_TEMPLATE.format(line=target, number=expected)
-            cases.append(LinesCase(prompt, expected, answer, num_lines, target))
+    hint = "LongEval lines files need 'prompt' and 'expected_number' on every line."
+    for where, record in jsonl_records(path, ("prompt", "expected_number"), hint):
+        prompt = record["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{where}, field 'prompt' is {prompt!r:.60}, not a non-empty string.")
+        expected = _expected_number(record["expected_number"], f"{where}, field 'expected_number'")
+        num_lines = record.get("num_lines")
+        num_lines = num_lines if isinstance(num_lines, int) and not isinstance(num_lines, bool) else None
+        asked = _QUESTION.search(prompt)
+        target = asked.group(1) if asked else None
+        answer = None if target is None else ANSWER_TEMPLATE.format(line=target, number=expected)
+        cases.append(LinesCase(prompt, expected, answer, num_lines, target))
     if not cases:
         raise ValueError(f"{path} holds no test cases (it is empty); write one JSON object per line.")
     return cases
