@@ -9,7 +9,7 @@ The pipeline lives in ``longppl.tools.reproduce`` (its docstring describes the s
 ``--help`` lists the flags.
 """
 
-from longppl.tools.reproduce import main
+from longppl.tools.reproduce import cli
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli())

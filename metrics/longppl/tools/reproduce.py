@@ -24,14 +24,14 @@ minutes on a machine that keeps the output directory between calls.
   ``training.json`` is finished and never retrained.
 - ``evaluate``: per model, lines accuracy and self-evaluated LongPPL -> ``eval/lines/``,
   ``eval/self/``; once every model has them, the evaluator's key-token cache
-  (``scripts/compute_key_tokens.py`` -> ``caches/``), all models against it with lines accuracy as
-  the benchmark (``scripts/evaluate_longppl.py`` -> ``eval/evaluator/``, and with ``--soft`` ->
+  (``longppl-score`` -> ``caches/``), all models against it with lines accuracy as
+  the benchmark (``longppl-evaluate`` -> ``eval/evaluator/``, and with ``--soft`` ->
   ``eval/evaluator-soft/``: the soft LongPPL stays defined when no token passes the hard rule, as
   with small evaluators) and the answer tokens (``eval/answer_tokens.json``).
 - ``report``: ``results.json``, ``report.md`` and the figures.
 
-The scripts run as subprocesses with this interpreter: the reproduction goes through exactly the
-path users take. Every seed is in the config and recorded in ``results.json``, with the wall time
+The two commands run as subprocesses of this interpreter (``python -m longppl.tools...``): the
+reproduction goes through exactly the path users take. Every seed is in the config and recorded in ``results.json``, with the wall time
 of every stage (summed over the calls that did work) and of every model's training.
 """
 
@@ -60,9 +60,6 @@ STAGES = ("tokenizer", "data", "train", "evaluate", "report")
 FILL_RECORD_SHARE = (0.1, 0.6)
 EVALUATOR_CHOICES = "auto (the model with the best mean lines accuracy) or the name of a family member"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-#: Where ``scripts/`` is in a checkout (this file is metrics/longppl/tools/reproduce.py).
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 #: Settings a config may leave out. The model family's base and the sizes of the smoke test's
 #: config are in configs/reproduce/; these are the parts that rarely change.
 DEFAULTS = {
@@ -619,15 +616,16 @@ class Run:
         # ties go to the earlier family member, so the choice does not depend on float noise of the rest
         return max(means, key=lambda name: (means[name], -list(means).index(name)))
 
-    def run_script(self, script: str, arguments: list[str]) -> None:
-        path = os.path.join(REPO_ROOT, "scripts", script)
-        if not os.path.isfile(path):
-            raise RuntimeError(f"{path} is missing: the reproduction runs the repository's scripts, from a checkout.")
-        command = [sys.executable, path, *arguments]
+    def run_tool(self, module: str, arguments: list[str]) -> None:
+        """Run a command-line tool (``longppl.tools.<module>``, the code of ``longppl-score`` /
+        ``longppl-evaluate``) in a fresh process of this interpreter, exactly as a user runs it."""
+        command = [sys.executable, "-m", f"longppl.tools.{module}", *arguments]
         self.log("$ " + " ".join(command))
         finished = subprocess.run(command, check=False)
         if finished.returncode != 0:
-            raise RuntimeError(f"{script} failed (exit status {finished.returncode}); its messages are above.")
+            raise RuntimeError(
+                f"longppl.tools.{module} failed (exit status {finished.returncode}); its messages are above."
+            )
 
     def stage_evaluate(self) -> None:
         validation = self.path("data", "validation.jsonl")
@@ -687,8 +685,8 @@ class Run:
                 str(self.evaluation["sliding_window"]),
             ]
             rule = ["--alpha", str(self.evaluation["alpha"]), "--beta", str(self.evaluation["beta"])]
-            self.run_script(
-                "compute_key_tokens.py",
+            self.run_tool(
+                "compute_key_tokens",
                 [
                     "--corpus",
                     validation,
@@ -704,8 +702,8 @@ class Run:
                 + ["--max-length", str(self.evaluation["length"])],
             )
             for out, extra in pending.items():
-                self.run_script(
-                    "evaluate_longppl.py",
+                self.run_tool(
+                    "evaluate_models",
                     ["--key-tokens", cache, "--models", *models, "--benchmark-scores", scores]
                     + ["--benchmark-name", "lines accuracy", "--output-dir", out, "--device", self.device]
                     + ["--no-progress", *window, *rule, *extra],
@@ -1029,8 +1027,11 @@ def parse_stages(value: str) -> list[str]:
     return [s for s in STAGES if s in names]  # always in pipeline order
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--config",
         required=True,
@@ -1056,9 +1057,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> dict | None:
+def main(argv=None, prog: str | None = None) -> dict | None:
     """Run the stages; returns ``results.json``'s content when the report stage ran."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     config = load_config(args.config, args.corpus, args.validation_corpus)
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     run = Run(config, args.output_dir, models)
@@ -1071,5 +1072,13 @@ def main(argv=None) -> dict | None:
     return results
 
 
+def cli(argv=None) -> int:
+    """The ``longppl-reproduce`` command: :func:`main`, with bad inputs (a config's wrong field, an
+    empty corpus) reported as ``prog: error: ...``."""
+    from .cli import run_command
+
+    return run_command(main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli())
