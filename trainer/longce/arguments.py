@@ -3,7 +3,7 @@
 A recipe (``--config recipe.yaml``) sets fields of ``ModelArguments``, ``DataArguments`` and
 ``LongCEConfig`` (``TrainingArguments`` plus ``longce_*``); its values become the parser's defaults (as
 TRL's ``TrlParser`` does), so the command line always wins. Unknown recipe keys are an error. A recipe's
-``data_files`` / ``eval_data_files`` are relative to the recipe's folder (``resolve_recipe_paths``), so it
+``data_files`` / ``eval_data_files`` / ``key_tokens`` are relative to the recipe's folder (``resolve_recipe_paths``), so it
 runs from any directory; paths on the command line stay relative to the current directory. Renamed
 fields take either name (``ALIASES``). ``--help`` lists the model, data and LongCE fields, ``--help-all``
 every ``TrainingArguments`` field too.
@@ -40,6 +40,8 @@ ALIASES = (
     ("activation_checkpointing", "gradient_checkpointing"),
     ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"),
 )
+# DataArguments fields that choose rows of the key_tokens cache (an evaluator, its settings).
+KEY_TOKENS_CHOICES = ("key_tokens_evaluator", "key_tokens_trunc_len", "key_tokens_sliding_window")
 # Shown by --help besides ModelArguments and DataArguments (--help-all: every LongCEConfig field).
 LONGCE_PREFIX = "longce_"
 
@@ -223,6 +225,30 @@ class DataArguments:
             "short-context windows; position ids restart) instead of run_clm-style concatenation."
         },
     )
+    key_tokens: str | None = field(
+        default=None,
+        metadata={
+            "help": "With longce_weights 'cache': the key-token cache (the --output folder of longppl-score) "
+            "holding an evaluator's scores of every training and evaluation text; each token is weighted by "
+            "the evaluator's min(exp(LSD), longce_gamma) (longce.add_key_token_weights). In a recipe, "
+            "relative to the recipe's folder."
+        },
+    )
+    key_tokens_evaluator: str | None = field(
+        default=None,
+        metadata={
+            "help": "Which rows of a key_tokens cache holding several evaluators: an evaluator name or the "
+            "start of its fingerprint."
+        },
+    )
+    key_tokens_trunc_len: int | None = field(
+        default=None,
+        metadata={"help": "Which rows of a key_tokens cache holding several settings: the evaluator's K."},
+    )
+    key_tokens_sliding_window: int | None = field(
+        default=None,
+        metadata={"help": "Which rows of a key_tokens cache holding several settings: the evaluator's d."},
+    )
     preprocessing_num_workers: int | None = field(
         default=None,
         metadata={"help": "Processes for tokenization (datasets.map num_proc)."},
@@ -267,6 +293,15 @@ class DataArguments:
                 )
         if self.max_eval_samples is not None and self.max_eval_samples < 1:
             raise ValueError(f"max_eval_samples must be >= 1 or unset, got {self.max_eval_samples}.")
+        choices = {name: getattr(self, name) for name in KEY_TOKENS_CHOICES if getattr(self, name) is not None}
+        if choices and self.key_tokens is None:
+            raise ValueError(
+                f"{', '.join(choices)} choose(s) rows of the key_tokens cache, but key_tokens is not set; set "
+                "key_tokens (and longce_weights: cache) or drop them."
+            )
+        for name in ("key_tokens_trunc_len", "key_tokens_sliding_window"):
+            if choices.get(name) is not None and choices[name] < 1:
+                raise ValueError(f"{name} must be >= 1 or unset, got {choices[name]}.")
 
     @property
     def source_name(self) -> str:
@@ -290,6 +325,23 @@ class DataArguments:
                 eval_split=None,
             )
         return replace(self, dataset_split=self.eval_split, eval_split=None)
+
+
+def check_weight_source(data_args: DataArguments, training_args: LongCEConfig) -> None:
+    """``key_tokens`` is given exactly when ``longce_weights`` is 'cache' (a ``ValueError`` says what to set)."""
+    if training_args.longce_weights == "cache" and data_args.key_tokens is None:
+        raise ValueError(
+            "longce_weights='cache' weights each token from an evaluator's key-token cache, but key_tokens is not "
+            "set. Score the training texts once (longppl-score --corpus <the texts> --evaluator <model> --output "
+            "<folder>) and pass --key_tokens <folder>, or use longce_weights 'self' (the trained model scores "
+            "each batch)."
+        )
+    if training_args.longce_weights != "cache" and data_args.key_tokens is not None:
+        raise ValueError(
+            f"key_tokens={data_args.key_tokens!r} is read only with longce_weights 'cache', but longce_weights is "
+            f"{training_args.longce_weights!r} (the trained model scores its own weights). Add --longce_weights "
+            "cache to train with the cache's weights, or drop key_tokens."
+        )
 
 
 # ------------------------------------------------------------------ recipes and the parser
@@ -440,6 +492,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         for key in ("data_files", "eval_data_files"):
             if recipe.get(key):
                 recipe[key] = resolve_recipe_paths(recipe[key], known.config)
+        if isinstance(recipe.get("key_tokens"), str):
+            recipe["key_tokens"] = resolve_recipe_paths(recipe["key_tokens"], known.config)[0]
         recipe = merge_aliases(recipe, argv, known.config)
 
     parser = build_parser(full=not known.help or known.help_all)

@@ -17,6 +17,10 @@ Evaluation data (``eval_data_files``, ``eval_split`` or ``validation_split_perce
 processed like the training data; ``--eval_strategy steps --eval_steps N`` then logs
 ``eval_loss`` and the LongCE statistics (``eval_ce_loss``, ...) every N steps.
 
+``--longce_weights cache --key_tokens <folder>`` weighs each token from an evaluator's key-token cache
+(``longppl-score --output <folder>``) instead of a short-context pass of the trained model
+(``longce.data``, ``longce.add_key_token_weights``).
+
 ``resume_from_checkpoint`` takes a checkpoint folder, or ``last`` for the newest
 ``checkpoint-*`` folder of ``output_dir``.
 
@@ -32,7 +36,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .arguments import ModelArguments, build_parser, parse_args
+from .arguments import ModelArguments, build_parser, check_weight_source, parse_args
 
 if TYPE_CHECKING:
     import torch
@@ -150,10 +154,13 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
             "eval_data_files (local files), eval_split (a split of the training source, e.g. "
             "'validation') or validation_split_percentage (hold out a share of the training documents)."
         )
+    check_weight_source(data_args, training_args)
     tokenizer = load_tokenizer(model_args)
     # Rank 0 tokenizes first and fills the datasets cache; the other ranks then read it.
     with training_args.main_process_first(desc="dataset preparation"):
-        train_dataset, eval_dataset = load_datasets(data_args, tokenizer, model_args.cache_dir)
+        train_dataset, eval_dataset = load_datasets(
+            data_args, tokenizer, model_args.cache_dir, gamma=training_args.longce_gamma
+        )
     model = load_model(model_args, training_args, tokenizer)
     collator = DataCollatorWithFlattening() if data_args.packing else default_data_collator
 
@@ -208,6 +215,7 @@ def print_summary(trainer, model_args, data_args, training_args, sequences, trai
     print(
         f"  data: {data_args.source_name}, {sequences} sequences of <= {data_args.max_seq_length} tokens"
         f"{' (packed per document)' if data_args.packing else ''}, global batch {global_batch}"
+        f"{f', LongCE weights from {data_args.key_tokens}' if data_args.key_tokens else ''}"
     )
     print(
         f"  steps: {trainer.state.global_step}{f' (resumed from {resume})' if resume else ''} in {seconds:.1f} s; "

@@ -6,17 +6,28 @@ appended, cut into pieces of at most ``max_seq_length`` tokens) for ``DataCollat
 position ids then restart at every piece, so no attention and no LongCE short-context window crosses a
 document. Evaluation text comes from ``eval_data_files``, a split of the training source
 (``eval_split``), or the first ``validation_split_percentage`` percent of the training documents.
+
+With ``key_tokens`` (``longce_weights: cache``) the documents are tokenized by
+``longce.add_key_token_weights``, which adds a ``longce_weights`` column, one weight per token of
+``input_ids`` (the EOS weighs 1); grouping and splitting cut it with the same slices as
+``input_ids``, so every weight stays with its token.
 """
 
 from __future__ import annotations
 
 import os
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from longppl.settings import DEFAULT_GAMMA
+
 from .arguments import BYTE_LEVEL, DataArguments, ModelArguments
+
+if TYPE_CHECKING:
+    from longppl.key_token_cache import KeyTokenCache
 
 DATA_FILE_BUILDERS = {
     ".jsonl": "json",
@@ -152,26 +163,87 @@ def tokenize_documents(raw: datasets.Dataset, tokenizer, data_args: DataArgument
     )
 
 
+def load_key_token_cache(data_args: DataArguments) -> KeyTokenCache | None:
+    """The key-token cache of ``key_tokens`` (``None`` without one); a missing folder is an error."""
+    if data_args.key_tokens is None:
+        return None
+    path = data_args.key_tokens
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"key_tokens: no key-token cache folder at {path!r} (on the command line relative paths are "
+            f"relative to the current directory, {os.getcwd()}; in a recipe, to the recipe's folder). Score "
+            f"the training and evaluation texts into it first: longppl-score --corpus <the texts> --evaluator "
+            f"<model> --output {path}"
+        )
+    from longppl.key_token_cache import KeyTokenCache
+
+    return KeyTokenCache.load(path)
+
+
+def weigh_documents(
+    raw: datasets.Dataset, tokenizer, data_args: DataArguments, key_tokens: KeyTokenCache, gamma: float, what: str
+) -> datasets.Dataset:
+    """``input_ids`` and ``longce_weights`` of every document (``add_key_token_weights``), EOS appended
+    (weight 1), as ``tokenize_documents`` tokenizes them."""
+    from .cached_weights import WEIGHTS_COLUMN, add_key_token_weights
+
+    try:
+        weighed = add_key_token_weights(
+            raw,
+            key_tokens=key_tokens,
+            tokenizer=tokenizer,
+            gamma=gamma,
+            text_column=data_args.text_column,
+            append_eos=True,
+            evaluator=data_args.key_tokens_evaluator,
+            trunc_len=data_args.key_tokens_trunc_len,
+            sliding_window=data_args.key_tokens_sliding_window,
+            batch_size=data_args.preprocessing_batch_size,
+        )
+    except ValueError as err:
+        raise ValueError(
+            f"LongCE weights of the {what} data {data_args.source_name} from key_tokens {key_tokens.path!r}: "
+            f"{err} (In longce-train: key_tokens_evaluator, key_tokens_trunc_len and key_tokens_sliding_window "
+            f"choose the cache's rows; longppl-score --corpus <the texts> --evaluator <model> --output "
+            f"{key_tokens.path} scores missing texts into it.)"
+        ) from err
+    return weighed.remove_columns([name for name in raw.column_names if name not in ("input_ids", WEIGHTS_COLUMN)])
+
+
 def build_sequences(
-    raw: datasets.Dataset, tokenizer, data_args: DataArguments, max_samples: int | None = None, what: str = "training"
+    raw: datasets.Dataset,
+    tokenizer,
+    data_args: DataArguments,
+    max_samples: int | None = None,
+    what: str = "training",
+    key_tokens: KeyTokenCache | None = None,
+    gamma: float = DEFAULT_GAMMA,
 ) -> datasets.Dataset:
     """Sequences of ``raw``: run_clm-style blocks with ``labels``, or per-document pieces (``packing``).
 
     ``max_samples`` keeps the first N sequences; ``what`` ("training", "evaluation") names them in errors.
+    With ``key_tokens`` (the cache of ``data_args.key_tokens``, ``load_key_token_cache``) the sequences
+    also hold ``longce_weights``, cut like ``input_ids`` (weights capped at ``gamma``).
     """
-    documents = tokenize_documents(raw, tokenizer, data_args)
+    if key_tokens is None:
+        documents = tokenize_documents(raw, tokenizer, data_args)
+    else:
+        documents = weigh_documents(raw, tokenizer, data_args, key_tokens, gamma, what)
     length = data_args.max_seq_length
+    columns = documents.column_names  # input_ids, and longce_weights: token columns, cut alike
 
     def group(batch: dict[str, list]) -> dict[str, list]:
         # run_clm: the tail of each map batch that does not fill a block is dropped.
-        tokens = list(chain.from_iterable(batch["input_ids"]))
-        blocks = [tokens[i : i + length] for i in range(0, len(tokens) - length + 1, length)]
-        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+        out = {}
+        for name in columns:
+            values = list(chain.from_iterable(batch[name]))
+            out[name] = [values[i : i + length] for i in range(0, len(values) - length + 1, length)]
+        return {**out, "labels": [list(block) for block in out["input_ids"]]}
 
     def split(batch: dict[str, list]) -> dict[str, list]:
-        # A piece with one token has nothing to predict.
-        pieces = [doc[i : i + length] for doc in batch["input_ids"] for i in range(0, len(doc), length)]
-        return {"input_ids": [piece for piece in pieces if len(piece) >= 2]}
+        # (document, start) of each piece; a piece with one token has nothing to predict.
+        pieces = [(d, i) for d, doc in enumerate(batch["input_ids"]) for i in range(0, len(doc) - 1, length)]
+        return {name: [batch[name][d][i : i + length] for d, i in pieces] for name in columns}
 
     sequences = documents.map(
         split if data_args.packing else group,
@@ -191,20 +263,29 @@ def build_sequences(
     return sequences
 
 
-def build_train_dataset(raw: datasets.Dataset, tokenizer, data_args: DataArguments) -> datasets.Dataset:
+def build_train_dataset(
+    raw: datasets.Dataset,
+    tokenizer,
+    data_args: DataArguments,
+    key_tokens: KeyTokenCache | None = None,
+    gamma: float = DEFAULT_GAMMA,
+) -> datasets.Dataset:
     """Training sequences of ``raw`` (``build_sequences`` with ``max_train_samples``)."""
-    return build_sequences(raw, tokenizer, data_args, data_args.max_train_samples, "training")
+    return build_sequences(raw, tokenizer, data_args, data_args.max_train_samples, "training", key_tokens, gamma)
 
 
 def load_datasets(
-    data_args: DataArguments, tokenizer, cache_dir: str | None = None
+    data_args: DataArguments, tokenizer, cache_dir: str | None = None, gamma: float = DEFAULT_GAMMA
 ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """Training and evaluation sequences (``None`` without evaluation data), built the same way.
 
     Evaluation text comes from ``eval_data_files`` (split ``eval_split``, default all of them), from
     split ``eval_split`` of the training source, or from the first ``validation_split_percentage``
     percent of the training split's documents, which training then leaves out (as run_clm does).
+    With ``key_tokens`` both get ``longce_weights`` from that cache, capped at ``gamma`` (the
+    config's ``longce_gamma``).
     """
+    key_tokens = load_key_token_cache(data_args)  # first: a missing cache fails before any tokenization
     raw = load_text_dataset(data_args, cache_dir)
     eval_raw = None
     if data_args.validation_split_percentage is not None:
@@ -222,8 +303,10 @@ def load_datasets(
         eval_raw = load_text_dataset(
             source, cache_dir, "eval_data_files" if data_args.eval_data_files else "data_files"
         )
-    train = build_train_dataset(raw, tokenizer, data_args)
+    train = build_train_dataset(raw, tokenizer, data_args, key_tokens, gamma)
     if eval_raw is None:
         return train, None
     source = data_args.eval_source() if data_args.validation_split_percentage is None else data_args
-    return train, build_sequences(eval_raw, tokenizer, source, data_args.max_eval_samples, "evaluation")
+    return train, build_sequences(
+        eval_raw, tokenizer, source, data_args.max_eval_samples, "evaluation", key_tokens, gamma
+    )
