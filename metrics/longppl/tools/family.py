@@ -11,6 +11,12 @@ Why a plain loop rather than ``transformers.Trainer``: the models are small enou
 Trainer's per-step overhead (callbacks, logging, the data loader) is a visible share of a step,
 and the loop needs nothing it offers: one device, bf16 autocast, fused AdamW, a cosine schedule,
 and batches cut directly from a token array in memory.
+
+A model's training survives being cut off (a call limit of a few minutes): every
+``training.save_every`` steps the loop writes a checkpoint (weights, AdamW state, the batch
+sampler's and torch's random states, the losses so far) to ``<folder>/checkpoint/`` atomically, and
+:func:`train_variant` resumes from it, so the resumed run ends with the weights an uninterrupted
+one would have had. ``training.compile`` runs the forward pass and loss through ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ PAD_TOKEN = "<pad>"
 
 #: What a trained model's folder holds once it is complete; without it the model is (re)trained.
 TRAINING_RECORD = "training.json"
+#: The sub-folder of a model's folder that holds its last checkpoint while it trains (the finished
+#: model replaces the whole folder, checkpoint included).
+CHECKPOINT = "checkpoint"
+#: Training settings that may change between a checkpoint and its resumption without changing
+#: what is computed (how often to log or save, compiled or eager kernels).
+RESUMABLE_CHANGES = ("log_every", "save_every", "compile")
 
 ARCHITECTURES = ("llama", "mistral")
 
@@ -107,7 +119,9 @@ class Variant:
         model: ``architecture`` (``llama`` or ``mistral``) plus fields of its ``transformers`` config;
             ``rope_theta`` is accepted and put into ``rope_parameters``.
         training: ``seq_len``, ``steps``, ``batch_tokens``, ``micro_batch_tokens``, ``lr``, ``warmup_steps``,
-            ``min_lr_ratio``, ``weight_decay``, ``lines_share``, ``seed``, ``log_every``.
+            ``min_lr_ratio``, ``weight_decay``, ``lines_share``, ``seed``, ``log_every``, ``compile``
+            (torch.compile the forward pass and loss), ``save_every`` (steps between checkpoints;
+            ``None`` for none).
     """
 
     name: str
@@ -167,6 +181,14 @@ class TrainingBatches:
         self.books, self.lines, self.seq_len, self.share = books, lines_documents, seq_len, lines_share
         self.rng = np.random.default_rng(seed)
 
+    def state(self) -> dict:
+        """The sampler's random state (JSON-serialisable): :meth:`restore` continues from it."""
+        return self.rng.bit_generator.state
+
+    def restore(self, state: dict) -> None:
+        """Continue sampling from a :meth:`state` (a checkpoint's), as if the batches before it were drawn."""
+        self.rng.bit_generator.state = state
+
     def sequences(self, count: int) -> np.ndarray:
         """``[count, seq_len]`` int64 token ids."""
         out = np.empty((count, self.seq_len), dtype=np.int64)
@@ -192,12 +214,80 @@ def is_trained(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, TRAINING_RECORD))
 
 
+def _resume_key(variant: Variant, vocab_size: int) -> dict:
+    """What a checkpoint must have been trained with to be resumed (JSON-normalised for comparing)."""
+    training = {k: v for k, v in variant.training.items() if k not in RESUMABLE_CHANGES}
+    return json.loads(json.dumps({"model": variant.model, "training": training, "vocab_size": vocab_size}))
+
+
+def save_checkpoint(folder: str, model, optimizer, progress: dict) -> None:
+    """Write a training checkpoint to ``folder`` atomically: ``state.safetensors`` (the weights as
+    ``model/<name>``, AdamW's state as ``optimizer/<parameter index>/<key>``, torch's random states as
+    ``rng/cpu`` and ``rng/cuda``) and ``progress.json`` (``progress``: steps done, losses, seconds,
+    the batch sampler's state, the settings it was trained with). No pickle: tensors and JSON only.
+    """
+    import torch
+    from safetensors.torch import save
+
+    # Cloned, so tied weights (the embedding and the LM head) are separate tensors safetensors accepts.
+    tensors = {f"model/{name}": t.detach().to("cpu", copy=True).contiguous() for name, t in model.state_dict().items()}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optimizer/{index}/{key}"] = torch.as_tensor(value).detach().to("cpu", copy=True).contiguous()
+    tensors["rng/cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()
+    blob = save(tensors)
+
+    def write(tmp: str) -> None:
+        with open(os.path.join(tmp, "state.safetensors"), "wb") as handle:
+            handle.write(blob)
+        with open(os.path.join(tmp, "progress.json"), "w", encoding="utf-8") as handle:
+            json.dump(progress, handle, indent=1)
+
+    replace_directory_atomically(folder, write)
+
+
+def load_checkpoint(folder: str, model, optimizer) -> dict:
+    """Load :func:`save_checkpoint`'s weights, AdamW state and torch random states into ``model`` /
+    ``optimizer`` / torch; returns its ``progress.json``."""
+    import torch
+    from safetensors.torch import load
+
+    with open(os.path.join(folder, "progress.json"), encoding="utf-8") as handle:
+        progress = json.load(handle)
+    with open(os.path.join(folder, "state.safetensors"), "rb") as handle:
+        tensors = load(handle.read())
+    model.load_state_dict({k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}, strict=True)
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer/"):
+            _, index, name = key.split("/", 2)
+            state.setdefault(int(index), {})[name] = value
+    full = optimizer.state_dict()  # the param_groups come from the config, exactly as at the start
+    full["state"] = state
+    optimizer.load_state_dict(full)  # moves each tensor to its parameter's device
+    torch.set_rng_state(tensors["rng/cpu"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
+    return progress
+
+
 def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder: str, device: str, log=print) -> dict:
     """Train ``variant`` from scratch and save it (weights, config, tokenizer, training record) to
     ``folder``, atomically: a run stopped half-way leaves no folder that looks finished.
 
+    With ``training.save_every``, a checkpoint is written to ``<folder>/checkpoint/`` every that many
+    steps; a later call finds it and resumes at its step (weights, AdamW state, the sampler's and
+    torch's random states restored), so the result equals an uninterrupted run's. A checkpoint
+    written with other settings (other than :data:`RESUMABLE_CHANGES`) is not resumed: the model is
+    trained from scratch and the checkpoint replaced. With ``training.compile``, the forward pass and
+    the loss run through ``torch.compile`` (the weights, the optimizer and what is saved are the same
+    module's).
+
     Returns:
-        the training record: parameters, steps, tokens, seconds, tokens per second, the losses logged.
+        the training record: parameters, steps, tokens, seconds (summed over the calls that trained
+        it), tokens per second, the losses logged, the steps it was resumed at.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -224,8 +314,34 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
     )
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     losses, log_every = [], max(1, int(settings.get("log_every", 20)))
+    save_every = int(settings.get("save_every") or 0)
+    checkpoint, key = os.path.join(folder, CHECKPOINT), _resume_key(variant, len(tokenizer))
+    first, seconds_before, resumed = 0, 0.0, []
+    if os.path.isfile(os.path.join(checkpoint, "progress.json")):
+        with open(os.path.join(checkpoint, "progress.json"), encoding="utf-8") as handle:
+            saved = json.load(handle)
+        if saved.get("settings") == key:
+            progress = load_checkpoint(checkpoint, model, optimizer)
+            first, seconds_before, losses = progress["step"], progress["seconds"], progress["losses"]
+            resumed = progress["resumed"] + [first]
+            batches.restore(progress["sampler"])
+            log(f"  [{variant.name}] resumed at step {first}/{steps} from {checkpoint}")
+        else:
+            before = saved.get("settings") or {}
+            changed = sorted(
+                f"{part}.{name}"
+                for part in ("model", "training")
+                for name in set(before.get(part, {})) | set(key[part])
+                if before.get(part, {}).get(name) != key[part].get(name)
+            ) or ["vocab_size"]
+            log(
+                f"  [{variant.name}] the checkpoint in {checkpoint} was trained with other settings ({', '.join(changed)} "
+                "changed); training from scratch"
+            )
+    # The compiled module shares the parameters (and so the optimizer and the saved weights) with model.
+    forward = torch.compile(model) if settings.get("compile") else model
     start = time.perf_counter()
-    for step in range(steps):
+    for step in range(first, steps):
         lr = learning_rate(step, steps, float(settings["lr"]), int(settings["warmup_steps"]), settings["min_lr_ratio"])
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -233,18 +349,30 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
         total = 0.0
         for chunk in tokens.split(per_micro):
             with autocast:
-                loss = model(input_ids=chunk, labels=chunk).loss
+                loss = forward(input_ids=chunk, labels=chunk).loss
             (loss * chunk.shape[0] / per_step).backward()
             total += float(loss.detach()) * chunk.shape[0] / per_step
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if step == first and settings.get("compile"):
+            log(f"  [{variant.name}] first compiled step (compilation included) {time.perf_counter() - start:.1f}s")
         if step % log_every == 0 or step == steps - 1:
             losses.append({"step": step, "loss": total, "lr": lr})
             log(f"  [{variant.name}] step {step:>5}/{steps}  loss {total:.3f}  lr {lr:.2e}")
+        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            progress = {
+                "step": step + 1,
+                "seconds": seconds_before + time.perf_counter() - start,
+                "losses": losses,
+                "resumed": resumed,
+                "sampler": batches.state(),
+                "settings": key,
+            }
+            save_checkpoint(checkpoint, model, optimizer, progress)
     if on_gpu:
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    seconds = seconds_before + time.perf_counter() - start
     record = {
         "name": variant.name,
         "model": variant.model,
@@ -256,6 +384,7 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
         "tokens_per_second": steps * per_step * seq_len / seconds if seconds > 0 else float("nan"),
         "final_loss": losses[-1]["loss"] if losses else float("nan"),
         "losses": losses,
+        "resumed_at": resumed,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
     }
 
@@ -265,7 +394,7 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
         with open(os.path.join(tmp, TRAINING_RECORD), "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=1)
 
-    replace_directory_atomically(folder, write)
+    replace_directory_atomically(folder, write)  # the checkpoint inside the old folder goes with it
     return record
 
 

@@ -51,7 +51,15 @@ import sys
 import time
 
 from ..atomic_files import replace_directory_atomically, write_file_atomically
-from ..settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, WindowSettings, require_finite, require_int
+from ..settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_GAMMA,
+    WindowSettings,
+    require_bool,
+    require_finite,
+    require_int,
+)
 
 #: The two rules of the answer-token analysis (``answer_tokens.RULES``, which imports torch).
 RULES = ("lsd", "lsd+lcl")
@@ -76,6 +84,8 @@ DEFAULTS = {
         "weight_decay": 0.1,
         "lines_share": 0.0,
         "log_every": 20,
+        "compile": False,  # eager: torch.compile pays only where a model trains for minutes
+        "save_every": None,  # no checkpoints while a model trains
     },
     "evaluation": {
         "alpha": DEFAULT_ALPHA,
@@ -216,10 +226,18 @@ def check_config(config: dict, path: str) -> None:
                 require_int(f"training.{key}", training.get(key), minimum=0 if key == "seed" else 1)
             require_finite("training.lr", training.get("lr"))
             share = require_finite("training.lines_share", training["lines_share"])
+            require_bool("training.compile", training.get("compile"))
         except (ValueError, TypeError) as err:
             raise ValueError(f"{where} model {variant.name!r}: {err}") from None
         if not 0 <= share <= 1:
             raise ValueError(f"{where} model {variant.name!r}: training.lines_share must be in [0, 1], got {share}.")
+        if training.get("save_every") is not None:
+            try:
+                require_int("training.save_every", training["save_every"])
+            except (ValueError, TypeError) as err:
+                raise ValueError(
+                    f"{where} model {variant.name!r}: {err} (or leave it out for no checkpoints)"
+                ) from None
         positions = variant.model.get("max_position_embeddings")
         if positions is None:
             raise ValueError(f"{where} model {variant.name!r} sets no model.max_position_embeddings.")
@@ -229,6 +247,12 @@ def check_config(config: dict, path: str) -> None:
                     f"{where} {what} = {value} exceeds model {variant.name!r}'s max_position_embeddings = "
                     f"{positions}; raise model.max_position_embeddings or lower {what}."
                 )
+        if evaluation["max_new_tokens"] >= positions // 2:
+            raise ValueError(
+                f"{where} evaluation.max_new_tokens = {evaluation['max_new_tokens']} leaves too little of model "
+                f"{variant.name!r}'s max_position_embeddings = {positions} for a lines prompt (it must be under half "
+                "of it): the prompts are shortened so that prompt and answer fit the positions."
+            )
 
 
 # ------------------------------------------------------------------ corpus
@@ -424,10 +448,50 @@ class Run:
             path = os.path.join(folder, f"lines_{length}.jsonl")
             if os.path.isfile(path):
                 continue
-            num_lines = lines.lines_for_token_length(tokenizer, int(length), seed=seed)
-            cases = lines.generate_lines_cases(num_lines, int(self.evaluation["lines_cases"]), seed + int(length))
+            cases, longest = self.lines_test_cases(tokenizer, int(length))
             write_jsonl(path, [case_record(case) for case in cases])
-            self.log(f"data: {len(cases)} lines cases of {num_lines} lines (~{length} tokens)")
+            self.log(
+                f"data: {len(cases)} lines cases of {cases[0].num_lines} lines (~{length} tokens; the longest "
+                f"prompt and answer take {longest} of the models' {self.positions} positions)"
+            )
+
+    @property
+    def positions(self) -> int:
+        """The fewest positions of the family's models (``model.max_position_embeddings``)."""
+        return min(int(v.model["max_position_embeddings"]) for v in self.family)
+
+    def lines_test_cases(self, tokenizer, length: int) -> tuple[list, int]:
+        """``evaluation.lines_cases`` lines test cases of about ``length`` tokens (prompt and reference
+        answer, :func:`lines.lines_for_token_length`), and the most positions one of them takes:
+        ``max(prompt + max_new_tokens, prompt + answer)`` tokens.
+
+        The greedy answer is generated after the prompt, so where that passes the models' positions
+        (``length`` near ``max_position_embeddings`` and ``max_new_tokens`` longer than the reference
+        answer), the records lose lines until every case fits: a model is never asked to read or
+        write past its positions. Cases that fit are the ones ``length`` alone gives.
+        """
+        from . import lines
+
+        seed, count = int(self.config["seed"]), int(self.evaluation["lines_cases"])
+        new, positions = int(self.evaluation["max_new_tokens"]), self.positions
+        num_lines = lines.lines_for_token_length(tokenizer, min(length, positions), seed=seed)
+
+        def tokens(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+        while True:
+            cases = lines.generate_lines_cases(num_lines, count, seed + length)
+            longest = max(max(tokens(c.prompt) + new, tokens(lines.case_text(c))) for c in cases)
+            if longest <= positions:
+                return cases, longest
+            if num_lines == 1:
+                raise ValueError(
+                    f"A one-line lines case and evaluation.max_new_tokens = {new} take {longest} tokens, more than "
+                    f"the models' max_position_embeddings = {positions}: lower evaluation.max_new_tokens."
+                )
+            # longest / num_lines overstates a line's tokens (the header counts too): this drops about
+            # the lines the overflow takes, rarely more, and one at a time near the limit.
+            num_lines -= max(1, (longest - positions) * num_lines // longest)
 
     @staticmethod
     def filled_lines_documents(tokenizer, rng, seq_len: int, count: int) -> list[str]:
