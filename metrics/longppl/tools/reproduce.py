@@ -21,7 +21,8 @@ minutes on a machine that keeps the output directory between calls.
   ``evaluation.length`` tokens, lines training documents per training length, lines test cases per
   record length -> ``data/``.
 - ``train``: every variant of the family (or ``--models``) -> ``models/<name>/``; a folder holding
-  ``training.json`` is finished and never retrained.
+  ``training.json`` is finished and never retrained; one holding only ``checkpoint/``
+  (``training.save_every``) resumes from it.
 - ``evaluate``: per model, lines accuracy and self-evaluated LongPPL -> ``eval/lines/``,
   ``eval/self/``; once every model has them, the evaluator's key-token cache
   (``longppl-score`` -> ``caches/``), all models against it with lines accuracy as
