@@ -79,6 +79,7 @@ def test_compiled_training_gives_the_eager_losses_and_weights(tmp_path):
     compiled, compiled_weights = _tiny(tmp_path, "compiled", compile=True)
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo did capture the model's forward
     assert compiled["training"]["compile"] is True
+    assert 0 < compiled["first_step_seconds"] <= compiled["seconds"]
     assert [row["step"] for row in compiled["losses"]] == [0, 1]
     for mine, reference in zip(compiled["losses"], eager["losses"]):
         assert np.isfinite(mine["loss"])

@@ -287,7 +287,8 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
 
     Returns:
         the training record: parameters, steps, tokens, seconds (summed over the calls that trained
-        it), tokens per second, the losses logged, the steps it was resumed at.
+        it), tokens per second, the losses logged, the steps it was resumed at, the seconds of the
+        last call's first step (with compile: mostly compilation).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -316,7 +317,7 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
     losses, log_every = [], max(1, int(settings.get("log_every", 20)))
     save_every = int(settings.get("save_every") or 0)
     checkpoint, key = os.path.join(folder, CHECKPOINT), _resume_key(variant, len(tokenizer))
-    first, seconds_before, resumed = 0, 0.0, []
+    first, seconds_before, resumed, first_step_seconds = 0, 0.0, [], float("nan")
     if os.path.isfile(os.path.join(checkpoint, "progress.json")):
         with open(os.path.join(checkpoint, "progress.json"), encoding="utf-8") as handle:
             saved = json.load(handle)
@@ -355,8 +356,10 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step == first and settings.get("compile"):
-            log(f"  [{variant.name}] first compiled step (compilation included) {time.perf_counter() - start:.1f}s")
+        if step == first:  # with compile, the compilation's share of the seconds
+            first_step_seconds = time.perf_counter() - start
+            if settings.get("compile"):
+                log(f"  [{variant.name}] first compiled step (compilation included) {first_step_seconds:.1f}s")
         if step % log_every == 0 or step == steps - 1:
             losses.append({"step": step, "loss": total, "lr": lr})
             log(f"  [{variant.name}] step {step:>5}/{steps}  loss {total:.3f}  lr {lr:.2e}")
@@ -385,6 +388,7 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
         "final_loss": losses[-1]["loss"] if losses else float("nan"),
         "losses": losses,
         "resumed_at": resumed,
+        "first_step_seconds": first_step_seconds,  # of this call's first step (compilation included)
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
     }
 
