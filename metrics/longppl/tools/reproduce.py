@@ -251,8 +251,8 @@ def check_config(config: dict, path: str) -> None:
         if evaluation["max_new_tokens"] >= positions // 2:
             raise ValueError(
                 f"{where} evaluation.max_new_tokens = {evaluation['max_new_tokens']} leaves too little of model "
-                f"{variant.name!r}'s max_position_embeddings = {positions} for a lines prompt (it must be under half "
-                "of it): the prompts are shortened so that prompt and answer fit the positions."
+                f"{variant.name!r}'s max_position_embeddings = {positions} for a lines prompt (the prompts are shortened "
+                "so that prompt and generated answer fit the positions): keep it under half of the positions."
             )
 
 
