@@ -138,15 +138,13 @@ def check_config(config: dict, path: str) -> None:
             f"{where} no base_model: name a family member trained at a short context, or a trained model folder "
             "(e.g. repro/models/ctx256-l80)."
         )
-    reproduce.check_config(config, path, empty_family=True, short_context=(base,))
-    length = int(config["evaluation"]["length"])
-    family = {v.name: v for v in reproduce.variants(config)}
 
-    def positions_of(key: str, value) -> int:
+    def folder_positions(key: str, value) -> int | None:
+        """The positions of a model folder named by ``key``; ``None`` for a family member."""
         if not isinstance(value, str) or not value:
             raise ValueError(f"{where} no {key}: name a family member ({names}) or a trained model folder.")
-        if value in family:
-            return int(family[value].model["max_position_embeddings"])
+        if value in names:
+            return None
         found = _model_folder_config(value)
         if found is None:
             raise ValueError(
@@ -156,6 +154,15 @@ def check_config(config: dict, path: str) -> None:
         if _positions(found) is None:
             raise ValueError(f"{where} {key} = {value!r}: its config.json has no max_position_embeddings.")
         return int(_positions(found))
+
+    folders = {key: folder_positions(key, config.get(key)) for key in ("base_model", "evaluator")}
+    reproduce.check_config(config, path, empty_family=True, short_context=(base,))
+    length = int(config["evaluation"]["length"])
+    family = {v.name: v for v in reproduce.variants(config)}
+
+    def positions_of(key: str, value: str) -> int:
+        found = folders[key]
+        return int(family[value].model["max_position_embeddings"]) if found is None else found
 
     base_positions = positions_of("base_model", base)
     evaluator_positions = positions_of("evaluator", evaluator)
@@ -238,11 +245,23 @@ def check_config(config: dict, path: str) -> None:
 class LongCERun(Run):
     """The output directory of one LongCE-vs-CE reproduction: ``reproduce.Run``'s stages plus its own."""
 
-    def __init__(self, config: dict, output_dir: str, log=print):
+    def __init__(self, config: dict, output_dir: str, methods=None, seeds=None, log=print):
+        """``methods`` / ``seeds``: the fine-tuning runs of this call (default: all of the config's),
+        so that the runs can be split over calls of a few minutes; evaluation waits for all."""
         super().__init__(config, output_dir, None, log)
         self.tuning = config["finetune"]
         self.length = int(self.evaluation["length"])
         self.runs = [(m, int(s)) for m in self.tuning["methods"] for s in self.tuning["seeds"]]
+        for what, chosen, known in (
+            ("--methods", methods, self.tuning["methods"]),
+            ("--seeds", seeds, self.tuning["seeds"]),
+        ):
+            unknown = [c for c in chosen or [] if c not in known]
+            if unknown:
+                raise ValueError(f"{what} names {unknown}, which are not in the config's finetune list {known}.")
+        self.selected_runs = [
+            (m, s) for m, s in self.runs if (not methods or m in methods) and (not seeds or s in seeds)
+        ]
 
     # models named by the config: a family member's folder, or the path itself
     def named_model(self, value: str) -> str:
@@ -437,7 +456,7 @@ class LongCERun(Run):
             model, tokenizer = self._load(EXTENDED)
             self.write_json(start_point, self.lines_point(model, tokenizer, cases, 0))
             del model
-        for method, seed in self.runs:
+        for method, seed in self.selected_runs:
             folder = self.model_dir(run_name(method, seed))
             if is_trained(folder):
                 self.log(f"finetune: {run_name(method, seed)} is trained ({folder}), kept")
@@ -841,6 +860,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--base-model", help="a family member or a trained model folder; overrides the config's base_model"
     )
     parser.add_argument("--evaluator", help="a family member or a model folder; overrides the config's evaluator")
+    parser.add_argument("--methods", help="comma-separated fine-tuning methods to run in this call (default: all)")
+    parser.add_argument("--seeds", help="comma-separated fine-tuning seeds to run in this call (default: all)")
     parser.add_argument(
         "--stages",
         type=lambda value: reproduce.parse_stages(value, STAGES),
@@ -854,7 +875,12 @@ def main(argv=None, prog: str | None = None) -> dict | None:
     """Run the stages; returns ``results.json``'s content when the report stage ran."""
     args = build_parser(prog).parse_args(argv)
     config = load_config(args.config, args.corpus, args.validation_corpus, args.base_model, args.evaluator)
-    run = LongCERun(config, args.output_dir)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from None
+    run = LongCERun(config, args.output_dir, methods, seeds)
     results = None
     for stage in args.stages:
         start = time.perf_counter()
