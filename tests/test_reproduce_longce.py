@@ -250,3 +250,11 @@ def test_runs_of_one_call_must_be_in_the_config(tmp_path):
         reproduce_longce.LongCERun(config, str(tmp_path), seeds=[7])
     run = reproduce_longce.LongCERun(config, str(tmp_path), methods=["cache"], seeds=[1])
     assert run.selected_runs == [("cache", 1)] and len(run.runs) == 3 * len(config["finetune"]["seeds"])
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    runs = [{"method": "ce", "curve": [{"step": 0, "mean": 0.0}, {"step": 2, "mean": 0.5}]}]
+    assert reproduce_longce.draw_curves(str(tmp_path / "plot.png"), runs) == []
+    assert "matplotlib is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "plot.png").exists()

@@ -478,6 +478,8 @@ class LongCERun(Run):
                 tokenizer=tokenizer,
                 gamma=float(self.tuning["gamma"]),
                 max_length=self.length,
+                # the cache keeps a changed evaluator's rows beside the old ones: take this one's
+                evaluator=self.named_model(self.config["evaluator"]),
                 add_special_tokens=False,  # the family's convention: no BOS, every token of a text counts
             )
         else:
@@ -638,12 +640,18 @@ class LongCERun(Run):
             out = self.path("eval", label)
             done = os.path.join(out, "results.json")
             found = read_json(done) if os.path.isfile(done) else None
-            if found and [r["model"] for r in found["results"]] == models and found["meta"]["key_tokens"] == cache:
+            if (
+                found
+                and [r["model"] for r in found["results"]] == models
+                and found["meta"]["key_tokens"] == cache
+                and os.path.getmtime(done) > os.path.getmtime(self.path("caches", "validation.done.json"))
+            ):
                 self.log(f"evaluate: {done} is up to date, kept")
                 continue
             self.run_tool(
                 "evaluate_models",
-                ["--key-tokens", cache, "--models", *models, "--output-dir", out, "--device", self.device]
+                ["--key-tokens", cache, "--evaluator", self.named_model(self.config["evaluator"])]
+                + ["--models", *models, "--output-dir", out, "--device", self.device]
                 + ["--no-progress", *self.window_flags(), *rule, *extra],
             )
 
