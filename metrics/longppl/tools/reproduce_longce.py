@@ -48,7 +48,7 @@ import shutil
 import sys
 import time
 
-from ..atomic_files import replace_directory_atomically
+from ..atomic_files import replace_directory_atomically, write_file_atomically
 from ..settings import DEFAULT_GAMMA, require_finite, require_int
 from . import reproduce
 from .reproduce import Run, _jsonable, _merge, _number, _totals, read_json, resolve_config_path, write_jsonl
@@ -263,8 +263,8 @@ class LongCERun(Run):
             (m, s) for m, s in self.runs if (not methods or m in methods) and (not seeds or s in seeds)
         ]
 
-    # models named by the config: a family member's folder, or the path itself
     def named_model(self, value: str) -> str:
+        """The folder of a model the config names (``base_model``, ``evaluator``): a family member's, or the path."""
         return self.model_dir(value) if value in {v.name for v in self.family} else value
 
     @property
@@ -414,7 +414,7 @@ class LongCERun(Run):
             self.run_tool(
                 "compute_key_tokens",
                 ["--corpus", corpus, "--evaluator", evaluator, "--output", self.cache_dir(label)]
-                + ["--device", self.device, "--no-special-tokens", *self.window_flags()]
+                + ["--device", self.device, *self.window_flags()]
                 + ["--alpha", str(self.evaluation["alpha"]), "--beta", str(self.evaluation["beta"])]
                 + ["--max-length", str(self.length)],
             )
@@ -723,8 +723,6 @@ class LongCERun(Run):
             "figures": drawn,
         }
         self.write_json(self.path("results.json"), _jsonable(results))
-        from ..atomic_files import write_file_atomically
-
         write_file_atomically(self.path("report.md"), lambda handle: handle.write(format_report(results)))
         self.log(f"report: {self.path('results.json')}, {self.path('report.md')}, {len(drawn)} figure(s)")
         return results
@@ -778,8 +776,6 @@ def draw_curves(path: str, runs: list[dict]) -> list[str]:
     axis.set_ylabel("lines accuracy (mean over lengths)")
     axis.legend(title="method")
     figure.tight_layout()
-    from ..atomic_files import write_file_atomically
-
     write_file_atomically(path, lambda handle: figure.savefig(handle, format="png", dpi=120), binary=True)
     plt.close(figure)
     return [path]
