@@ -122,8 +122,18 @@ def resolve_config_path(value: str | None, config_path: str) -> str | None:
     return candidate if os.path.exists(candidate) or value.startswith(".") else value
 
 
-def load_config(path: str, corpus: str | None = None, validation_corpus: str | None = None) -> dict:
+def load_config(
+    path: str,
+    corpus: str | None = None,
+    validation_corpus: str | None = None,
+    *,
+    defaults: dict | None = None,
+    check=None,
+) -> dict:
     """The config file with the defaults filled in and the command line's corpora applied, checked.
+
+    ``defaults`` (default :data:`DEFAULTS`) and ``check(config, path)`` (default :func:`check_config`)
+    let a pipeline built on this one (``reproduce_longce``) add its own settings and checks.
 
     Raises:
         ValueError: naming the file, the field and the value that is wrong (see :func:`check_config`).
@@ -136,10 +146,10 @@ def load_config(path: str, corpus: str | None = None, validation_corpus: str | N
         raw = yaml.safe_load(handle)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a config is a YAML mapping, got {type(raw).__name__}.")
-    config = _merge(DEFAULTS, raw)
+    config = _merge(DEFAULTS if defaults is None else defaults, raw)
     config["corpus"] = corpus or resolve_config_path(config.get("corpus"), path)
     config["validation_corpus"] = validation_corpus or resolve_config_path(config.get("validation_corpus"), path)
-    check_config(config, path)
+    (check_config if check is None else check)(config, path)
     return config
 
 
@@ -155,13 +165,19 @@ def variants(config: dict):
     return found
 
 
-def check_config(config: dict, path: str) -> None:
-    """Refuse a config that would fail late (or give meaningless numbers), naming the field and value."""
+def check_config(config: dict, path: str, *, empty_family: bool = False, short_context=()) -> None:
+    """Refuse a config that would fail late (or give meaningless numbers), naming the field and value.
+
+    Args:
+        empty_family: accept a family of no model (a pipeline that takes its models from elsewhere).
+        short_context: names of family members read at ``evaluation.length`` only after a context
+            extension (``reproduce_longce``): their ``max_position_embeddings`` may be below it.
+    """
     where = f"{path}:"
     if not config.get("corpus"):
         raise ValueError(f"{where} no training corpus: set 'corpus' in the config or pass --corpus.")
     family = config.get("family")
-    if not isinstance(family, list) or not family:
+    if not isinstance(family, list) or not (family or empty_family):
         raise ValueError(f"{where} 'family' must be a non-empty list of models (each with a 'name'), got {family!r}.")
     names = []
     for index, member in enumerate(family):
@@ -243,7 +259,7 @@ def check_config(config: dict, path: str) -> None:
         if positions is None:
             raise ValueError(f"{where} model {variant.name!r} sets no model.max_position_embeddings.")
         for what, value in (("evaluation.length", length), ("training.seq_len", training["seq_len"])):
-            if value > positions:
+            if value > positions and not (what == "evaluation.length" and variant.name in short_context):
                 raise ValueError(
                     f"{where} {what} = {value} exceeds model {variant.name!r}'s max_position_embeddings = "
                     f"{positions}; raise model.max_position_embeddings or lower {what}."
@@ -420,7 +436,7 @@ class Run:
             write_jsonl(os.path.join(folder, "validation.jsonl"), [{"text": text} for text in documents])
             self.log(f"data: {len(documents)} validation documents of {length} tokens")
         # lines documents for training, one pool per training length of the models that use them
-        for seq_len in sorted({int(v.training["seq_len"]) for v in self.family if v.training["lines_share"] > 0}):
+        for seq_len in self.lines_training_lengths():
             path = os.path.join(folder, f"lines_train_{seq_len}.npz")
             if os.path.isfile(path):
                 continue
@@ -493,6 +509,10 @@ class Run:
             # longest / num_lines overstates a line's tokens (the header counts too): this drops about
             # the lines the overflow takes, rarely more, and one at a time near the limit.
             num_lines -= max(1, (longest - positions) * num_lines // longest)
+
+    def lines_training_lengths(self) -> list[int]:
+        """The sequence lengths that need a pool of lines training documents (``data/lines_train_<n>.npz``)."""
+        return sorted({int(v.training["seq_len"]) for v in self.family if v.training["lines_share"] > 0})
 
     @staticmethod
     def filled_lines_documents(tokenizer, rng, seq_len: int, count: int) -> list[str]:
@@ -604,6 +624,27 @@ class Run:
             cases[int(length)] = lines.read_lines_cases(path)
         return cases
 
+    def lines_scores(self, model, tokenizer, cases: dict[int, list]) -> dict[str, dict]:
+        """Lines accuracy of ``model`` per record length: ``{str(length): {accuracy, correct, total, outputs}}``."""
+        from . import lines
+
+        accuracy = {}
+        for length, group in cases.items():
+            found = lines.lines_accuracy(
+                model,
+                tokenizer,
+                group,
+                max_new_tokens=int(self.evaluation["max_new_tokens"]),
+                batch_size=int(self.evaluation["batch_size"]),
+            )
+            accuracy[str(length)] = {
+                "accuracy": found["accuracy"],
+                "correct": found["correct"],
+                "total": found["total"],
+                "outputs": found["outputs"],  # the greedy answers, to see how a model fails
+            }
+        return accuracy
+
     def evaluate_model(self, name: str, cases: dict[int, list], texts: list[str]) -> None:
         """Lines accuracy per length, and PPL / LongPPL with the model as its own evaluator."""
         from ..scoring import (
@@ -613,7 +654,6 @@ class Run:
             summarize_results,
             text_key_weights,
         )
-        from . import lines
 
         lines_path, self_path = self.path("eval", "lines", f"{name}.json"), self.path("eval", "self", f"{name}.json")
         if os.path.isfile(lines_path) and os.path.isfile(self_path):
@@ -622,21 +662,7 @@ class Run:
         model, tokenizer = self._load(name)
         start = time.perf_counter()
         if not os.path.isfile(lines_path):
-            accuracy = {}
-            for length, group in cases.items():
-                found = lines.lines_accuracy(
-                    model,
-                    tokenizer,
-                    group,
-                    max_new_tokens=int(self.evaluation["max_new_tokens"]),
-                    batch_size=int(self.evaluation["batch_size"]),
-                )
-                accuracy[str(length)] = {
-                    "accuracy": found["accuracy"],
-                    "correct": found["correct"],
-                    "total": found["total"],
-                    "outputs": found["outputs"],  # the greedy answers, to see how a model fails
-                }
+            accuracy = self.lines_scores(model, tokenizer, cases)
             mean = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
             self.write_json(lines_path, {"model": name, "per_length": accuracy, "mean_accuracy": mean})
             self.log(
@@ -1082,14 +1108,15 @@ def format_report(results: dict) -> str:
 # ------------------------------------------------------------------ command line
 
 
-def parse_stages(value: str) -> list[str]:
+def parse_stages(value: str, stages: tuple[str, ...] = STAGES) -> list[str]:
+    """The comma-separated ``value`` as stages of ``stages`` in pipeline order (``all``: every one)."""
     names = [s.strip() for s in value.split(",") if s.strip()]
     if names == ["all"]:
-        return list(STAGES)
-    unknown = [s for s in names if s not in STAGES]
+        return list(stages)
+    unknown = [s for s in names if s not in stages]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown stages {unknown or value!r}; choose from {', '.join(STAGES)} or all")
-    return [s for s in STAGES if s in names]  # always in pipeline order
+        raise argparse.ArgumentTypeError(f"unknown stages {unknown or value!r}; choose from {', '.join(stages)} or all")
+    return [s for s in stages if s in names]  # always in pipeline order
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

@@ -1,0 +1,16 @@
+#!/usr/bin/env python
+"""Reproduce "LongCE beats CE" at small scale: extend a short-context model's context, fine-tune it
+with CE, LongCE ("self") and LongCE with an evaluator's cached weights ("cache") over several seeds,
+measure lines accuracy, PPL, LongPPL and step time, and write results.json and a report.
+
+    python scripts/reproduce_longce.py --config configs/reproduce/longce_h200.yaml \\
+        --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro-longce/
+
+The pipeline lives in ``longppl.tools.reproduce_longce`` (its docstring describes the stages and
+files); ``--help`` lists the flags.
+"""
+
+from longppl.tools.reproduce_longce import cli
+
+if __name__ == "__main__":
+    raise SystemExit(cli())
