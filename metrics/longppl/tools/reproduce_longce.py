@@ -272,6 +272,13 @@ class LongCERun(Run):
         """Sequences of ``L`` tokens per optimizer step."""
         return max(1, int(self.tuning["batch_tokens"]) // self.length)
 
+    @property
+    def positions(self) -> int:
+        """Positions of the models that read the lines cases: L, since every fine-tuned model is the base
+        extended to L (``extend``) and the evaluator is checked to reach L, whatever the positions of
+        the short-context base in the family."""
+        return int(self.evaluation["length"])
+
     def lines_training_lengths(self) -> list[int]:
         found = set(super().lines_training_lengths())
         if float(self.tuning["lines_share"]) > 0:
