@@ -189,3 +189,15 @@ def accelerate_launch_on_cpu(num_processes: int = 2) -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
             str(num_processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(port)]  # fmt: skip
+
+
+def json_leaves(value, where="results"):
+    """Every number and null in a JSON value, with where it is (results.json writes NaN as null)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_leaves(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from json_leaves(item, f"{where}[{index}]")
+    elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        yield where, value

@@ -12,25 +12,13 @@ import numpy as np
 import pytest
 import yaml
 from conftest import REPO
-from helpers import DATA, byte_level_bpe, govreport_texts
+from helpers import DATA, byte_level_bpe, govreport_texts, json_leaves
 
 from longppl.tools import reproduce
 from longppl.tools.family import TrainingBatches, cut_documents, learning_rate
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "family_h200.yaml")
-
-
-def _leaves(value, where="results"):
-    """Every number and null in a JSON value, with where it is (results.json writes NaN as null)."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _leaves(item, f"{where}[{index}]")
-    elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        yield where, value
 
 
 @pytest.mark.slow
@@ -89,7 +77,7 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
                 value = found[metric][kind]
                 assert (value is None) if constant else math.isfinite(value), (where, metric, kind, value)
     measured = ("tokenizer", "lines", "with_evaluator", "self_evaluated", "answer_tokens", "timings")
-    leaves = list(_leaves({key: on_disk[key] for key in measured}))
+    leaves = list(json_leaves({key: on_disk[key] for key in measured}))
     assert len(leaves) > 50
     for where, value in leaves:
         assert value is not None and math.isfinite(value), where

@@ -10,24 +10,12 @@ import sys
 import pytest
 import yaml
 from conftest import REPO
-from helpers import DATA
+from helpers import DATA, json_leaves
 
 from longppl.tools import reproduce_longce
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "longce_smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "longce_h200.yaml")
-
-
-def _leaves(value, where="results"):
-    """Every number and null in a JSON value, with where it is (results.json writes NaN as null)."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _leaves(item, f"{where}[{index}]")
-    elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        yield where, value
 
 
 @pytest.mark.slow
@@ -84,7 +72,7 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
         assert on_disk["summary"][method]["seeds"] == seeds
 
     measured = {key: on_disk[key] for key in ("runs", "summary")}
-    leaves = [(w, v) for w, v in _leaves(measured) if not w.endswith(".seed")]
+    leaves = [(w, v) for w, v in json_leaves(measured) if not w.endswith(".seed")]
     assert len(leaves) > 50
     for where, value in leaves:
         if where.startswith("results.runs[0].") and where.endswith("step_seconds"):

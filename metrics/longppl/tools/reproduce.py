@@ -398,13 +398,18 @@ class Run:
             "chars_per_token": chars / max(1, tokens),
         }
 
+        self.save_tokenizer(tokenizer, info)
+        self.log(f"tokenizer: {info['vocab_size']} tokens from {len(sample)} books in {seconds:.1f}s")
+
+    def save_tokenizer(self, tokenizer, info: dict) -> None:
+        """``tokenizer`` and ``tokenizer_info.json`` (``info``) into ``tokenizer/``, atomically."""
+
         def write(tmp: str) -> None:
             tokenizer.save_pretrained(tmp)
             with open(os.path.join(tmp, "tokenizer_info.json"), "w", encoding="utf-8") as handle:
                 json.dump(info, handle, indent=1)
 
-        replace_directory_atomically(folder, write)
-        self.log(f"tokenizer: {info['vocab_size']} tokens from {len(sample)} books in {seconds:.1f}s")
+        replace_directory_atomically(self.path("tokenizer"), write)
 
     # ---------------------------------------------------------- data
     def stage_data(self) -> None:

@@ -299,12 +299,7 @@ class LongCERun(Run):
         tokenizer = AutoTokenizer.from_pretrained(base)
         info = {"vocab_size": len(tokenizer), "from": base}
 
-        def write(tmp: str) -> None:
-            tokenizer.save_pretrained(tmp)
-            with open(os.path.join(tmp, "tokenizer_info.json"), "w", encoding="utf-8") as handle:
-                json.dump(info, handle, indent=1)
-
-        replace_directory_atomically(folder, write)
+        self.save_tokenizer(tokenizer, info)
         self.log(f"tokenizer: the base model's ({base}), {len(tokenizer)} tokens")
 
     # ---------------------------------------------------------- data
