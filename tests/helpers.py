@@ -201,3 +201,22 @@ def json_leaves(value, where="results"):
             yield from json_leaves(item, f"{where}[{index}]")
     elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         yield where, value
+
+
+def edited_config(source: str, directory, **changes) -> str:
+    """The YAML config ``source`` with ``changes`` (dotted keys, e.g. ``training.steps``; missing parents
+    are created) applied, written to ``directory/config.yaml``; returns that path."""
+    import yaml
+
+    with open(source, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    for dotted, value in changes.items():
+        target = config
+        *parents, last = dotted.split(".")
+        for key in parents:
+            target = target.setdefault(key, {})
+        target[last] = value
+    path = os.path.join(str(directory), "config.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(yaml.safe_dump(config))
+    return path

@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 from conftest import REPO
-from helpers import DATA, json_leaves
+from helpers import DATA, edited_config, json_leaves
 
 from longppl.tools import reproduce_longce
 
@@ -104,18 +103,7 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
 
 
 def _config(tmp_path, **changes) -> str:
-    """The smoke config with ``changes`` (dotted keys) applied, written beside ``tmp_path``."""
-    with open(SMOKE, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle)
-    for dotted, value in changes.items():
-        target = config
-        *parents, last = dotted.split(".")
-        for key in parents:
-            target = target.setdefault(key, {})
-        target[last] = value
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+    return edited_config(SMOKE, tmp_path, **changes)
 
 
 @pytest.mark.parametrize(

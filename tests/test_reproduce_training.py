@@ -10,9 +10,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-import yaml
 from conftest import REPO
-from helpers import DATA, byte_level_bpe
+from helpers import DATA, byte_level_bpe, edited_config
 from safetensors.torch import load_file
 
 from longppl.tools import lines, reproduce
@@ -110,18 +109,7 @@ def test_a_checkpoint_of_other_settings_is_not_resumed_but_a_new_log_interval_is
 
 
 def _smoke_config(tmp_path, **changes) -> str:
-    """The smoke config with ``changes`` (dotted keys) applied, written to tmp_path/config.yaml."""
-    with open(SMOKE, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle)
-    for dotted, value in changes.items():
-        target = config
-        *parents, last = dotted.split(".")
-        for key in parents:
-            target = target[key]
-        target[last] = value
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+    return edited_config(SMOKE, tmp_path, **changes)
 
 
 @pytest.mark.slow
