@@ -220,3 +220,24 @@ def edited_config(source: str, directory, **changes) -> str:
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(yaml.safe_dump(config))
     return path
+
+
+def one_step_args(cls, **overrides):
+    """``cls`` (``TrainingArguments`` or ``LongCEConfig``) for the trainer tests: one CPU step of plain SGD
+    at learning rate 1 (so an update equals minus the gradient), batches of 2, logs every step, nothing
+    saved or reported; ``overrides`` replace or add fields."""
+    settings = dict(
+        output_dir="/tmp/longce-test",
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        per_device_train_batch_size=2,
+        max_steps=1,
+        learning_rate=1.0,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+    settings.update(overrides)
+    return cls(**settings)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from helpers import tiny_model
+from helpers import one_step_args, tiny_model
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from longce import LongCEConfig, LongCETrainer, batch_documents, lm_head_loss
@@ -36,23 +36,8 @@ K, D, GAMMA = 8, 5, 5.0  # neither divides the lengths below
 
 
 def make_args(cls=LongCEConfig, **overrides):
-    settings = dict(
-        output_dir="/tmp/longce-test",
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        per_device_train_batch_size=2,
-        max_steps=1,
-        learning_rate=1.0,
-        optim="sgd",
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        disable_tqdm=True,
-    )
-    if cls is LongCEConfig:
-        settings.update(longce_trunc_len=K, longce_sliding_window=D, longce_gamma=GAMMA)
-    settings.update(overrides)
-    return cls(**settings)
+    longce = dict(longce_trunc_len=K, longce_sliding_window=D, longce_gamma=GAMMA) if cls is LongCEConfig else {}
+    return one_step_args(cls, **(longce | overrides))
 
 
 def documents(lengths, seed=0):

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, metaspace_bpe, one_step_args, tiny_model
 from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlattening, default_data_collator
 
 from longce import LongCEConfig, LongCETrainer
@@ -227,24 +227,8 @@ VOCAB = 97
 
 
 def make_args(**overrides):
-    settings = dict(
-        output_dir="/tmp/longce-cached-test",
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        per_device_train_batch_size=2,
-        max_steps=1,
-        learning_rate=1.0,
-        optim="sgd",
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        disable_tqdm=True,
-        longce_weights="cache",
-        longce_trunc_len=8,
-        longce_sliding_window=4,
-    )
-    settings.update(overrides)
-    return LongCEConfig(**settings)
+    cached = dict(output_dir="/tmp/longce-cached-test", longce_weights="cache")
+    return one_step_args(LongCEConfig, **(cached | dict(longce_trunc_len=8, longce_sliding_window=4) | overrides))
 
 
 def reference_loss(model, rows, per_token=None):
