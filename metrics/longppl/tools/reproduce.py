@@ -342,6 +342,17 @@ class Run:
         os.makedirs(self.out, exist_ok=True)
 
     # paths
+    def run_stages(self, stages: list[str]) -> dict | None:
+        """Run ``stages`` in order (each ``stage_<name>``), recording each one's wall time; returns the
+        last stage's value (``results.json``'s content when it is ``report``)."""
+        results = None
+        for stage in stages:
+            start = time.perf_counter()
+            self.log(f"== stage {stage}")
+            results = getattr(self, f"stage_{stage}")()
+            self.record_time(stage, time.perf_counter() - start)
+        return results
+
     def path(self, *parts: str) -> str:
         return os.path.join(self.out, *parts)
 
@@ -1160,13 +1171,7 @@ def main(argv=None, prog: str | None = None) -> dict | None:
     config = load_config(args.config, args.corpus, args.validation_corpus)
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     run = Run(config, args.output_dir, models)
-    results = None
-    for stage in args.stages:
-        start = time.perf_counter()
-        run.log(f"== stage {stage}")
-        results = getattr(run, f"stage_{stage}")()
-        run.record_time(stage, time.perf_counter() - start)
-    return results
+    return run.run_stages(args.stages)
 
 
 def cli(argv=None) -> int:

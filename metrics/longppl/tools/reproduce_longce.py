@@ -887,13 +887,7 @@ def main(argv=None, prog: str | None = None) -> dict | None:
     except ValueError:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from None
     run = LongCERun(config, args.output_dir, methods, seeds)
-    results = None
-    for stage in args.stages:
-        start = time.perf_counter()
-        run.log(f"== stage {stage}")
-        results = getattr(run, f"stage_{stage}")()
-        run.record_time(stage, time.perf_counter() - start)
-    return results
+    return run.run_stages(args.stages)
 
 
 def cli(argv=None) -> int:
