@@ -156,13 +156,11 @@ class LongCETrainer(Trainer):
         batch, length = input_ids.shape
 
         given = self._batch_weights(inputs, input_ids)  # [B, T] from the dataset (longce_weights="cache"), or None
-        if self.longce.plain_ce or given is not None:
-            lp_short = torch.full((batch, length), float("nan"), device=input_ids.device)
-        else:
-            lp_short = self._short_context_pass(model, head, inputs)
-
         flat = rows * length + cols
-        lp_short = _of_predicted_tokens(lp_short, flat, float("nan"))  # [N]
+        if self.longce.plain_ce or given is not None:  # no short pass: NaN short scores give weight 1 / are unused
+            lp_short = torch.full((flat.numel(),), float("nan"), device=input_ids.device)  # [N]
+        else:
+            lp_short = _of_predicted_tokens(self._short_context_pass(model, head, inputs), flat, float("nan"))  # [N]
         # Given weights [N] replace min(exp(LSD), gamma) in the loss; None: they come from lp_short.
         weights = None if given is None else _of_predicted_tokens(given, flat, 1.0)
         result: dict[str, torch.Tensor] = {}
