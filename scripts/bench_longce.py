@@ -34,7 +34,7 @@ import sys
 import tempfile
 
 from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
-from longppl.tools.benchmarking import measure
+from longppl.tools.benchmarking import LLAMA_SHAPES, measure
 
 
 def load_dependencies() -> None:
@@ -75,18 +75,7 @@ def build_model(tiny: bool, device: str):
         )
         dtype = torch.float32
     else:  # Llama-3.2-1B's shape
-        config = LlamaConfig(
-            vocab_size=128256,
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=64,
-            max_position_embeddings=131072,
-            rope_theta=500000.0,
-            tie_word_embeddings=True,
-        )
+        config = LlamaConfig(**LLAMA_SHAPES["llama-3.2-1b"], max_position_embeddings=131072, rope_theta=500000.0)
         dtype = torch.bfloat16
     torch.manual_seed(0)
     with torch.device(device):

@@ -44,7 +44,7 @@ import shutil
 import time
 
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH
-from longppl.tools.benchmarking import measure
+from longppl.tools.benchmarking import LLAMA_SHAPES, measure
 
 
 def load_dependencies() -> None:
@@ -74,17 +74,7 @@ def build_model(tiny: bool, device: str, seed: int):
         )
         dtype = torch.float32
     else:  # Llama-3.1-8B's shape
-        config = LlamaConfig(
-            vocab_size=128256,
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            max_position_embeddings=131072,
-            rope_theta=500000.0,
-            tie_word_embeddings=False,
-        )
+        config = LlamaConfig(**LLAMA_SHAPES["llama-3.1-8b"], max_position_embeddings=131072, rope_theta=500000.0)
         dtype = torch.bfloat16
     torch.manual_seed(seed)
     with torch.device(device):

@@ -41,30 +41,14 @@ import time
 
 import numpy as np
 
+from longppl.tools.benchmarking import LLAMA_SHAPES
+
 # datasets, torch and transformers load inside the functions that use them: `--help` is immediate.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 SHAPES = {  # LlamaConfig fields; the byte-level tokenizer uses 259 rows of the vocabulary
-    "llama-3.1-8b": dict(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-    ),
-    "llama-3.2-1b": dict(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        tie_word_embeddings=True,
-    ),
+    **LLAMA_SHAPES,
     "tiny": dict(
         vocab_size=300,
         hidden_size=64,

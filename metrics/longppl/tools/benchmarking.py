@@ -14,6 +14,31 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+#: ``LlamaConfig`` fields of the model shapes the benchmarks build with random weights (architecture
+#: only: each benchmark sets its own positions and RoPE base).
+LLAMA_SHAPES = {
+    "llama-3.1-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+}
+
+
 def measure(fn: Callable[[], T], device: str) -> tuple[float, float, T]:
     """Run ``fn()`` once and time it.
 
