@@ -60,3 +60,4 @@ def run(report: str, argv: list[str]) -> LongCETrainer:
 
 if __name__ == "__main__":
     run(sys.argv[1], sys.argv[2:])
+    cli.close_process_group()

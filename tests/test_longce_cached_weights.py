@@ -549,4 +549,7 @@ def test_bad_arguments_of_the_dataset_step():
 
 
 if __name__ == "__main__":  # the DDP test's worker, under accelerate launch: DATA OUTPUT_DIR PER_DEVICE_BATCH
+    from longce.cli import close_process_group
+
     ddp_train(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    close_process_group()

@@ -126,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     ``argv``: the arguments after the command (default ``sys.argv[1:]``). ``-h`` / ``--help`` and
     ``--help-all`` print the help and exit (``SystemExit(0)``).
     """
+    train(argv)
+    close_process_group()
+    return 0
+
+
+def close_process_group() -> None:
+    """End the ``torch.distributed`` process group a launched run opened, if any: a gloo group left open
+    can abort the process at exit (SIGABRT) after the work is done. Call it last in a process."""
     import torch
 
-    train(argv)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # a gloo group left open can abort the process at exit
-    return 0
+        torch.distributed.destroy_process_group()
 
 
 def train(argv: list[str] | None = None) -> LongCETrainer:
