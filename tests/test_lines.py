@@ -259,12 +259,16 @@ def test_lines_accuracy_counts_answers_that_contain_the_number():
 
 
 def reference_answer_scores(model, tokenizer, case, K, d):
-    """Per answer-side token of one case: (position, lsd, lcl, is_answer), by plain forwards."""
+    """Per answer-side token of one case: (position, lsd, lcl, is_answer, source, beyond_short), by
+    plain forwards; source is the token holding the first digit of the asked line's number."""
     text = case.prompt + " " + case.answer
     enc = tokenizer(text, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     number_start = text.rindex(case.expected_number)
     number_end = number_start + len(case.expected_number)
+    line = f"line {case.target_line}: REGISTER_CONTENT is <"
+    first_digit = text.index(line) + len(line)
+    source = next(j for j, (a, b) in enumerate(offsets) if a <= first_digit < b)
     with torch.no_grad():
         full = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
     rows = []
@@ -275,15 +279,16 @@ def reference_answer_scores(model, tokenizer, case, K, d):
         with torch.no_grad():
             short = model(torch.tensor([ids[start:i]])).logits[0, -1].float().log_softmax(-1)
         lp_long = float(full[i - 1, ids[i]])
-        rows.append((i, lp_long - float(short[ids[i]]), lp_long, a < number_end and b > number_start))
+        is_answer = a < number_end and b > number_start
+        rows.append((i, lp_long - float(short[ids[i]]), lp_long, is_answer, source, source < start))
     return rows
 
 
-@pytest.mark.parametrize("K, d", [(24, 1), (20, 7)])
-def test_answer_token_scores_match_plain_forward_passes(K, d):
+@pytest.mark.parametrize("K, d, lines", [(24, 1, 2), (20, 7, 2), (40, 5, 6)])
+def test_answer_token_scores_match_plain_forward_passes(K, d, lines):
     tok = byte_level_bpe()
     model = tiny_model("llama", len(tok), seed=2)
-    cases = generate_lines_cases(2, 2, seed=11)
+    cases = generate_lines_cases(lines, 2, seed=11)
     scores = answer_token_scores(model, tok, cases, window=WindowSettings(K, d), max_tokens_per_batch=256)
     rows = [
         (index, *row) for index, case in enumerate(cases) for row in reference_answer_scores(model, tok, case, K, d)
@@ -293,6 +298,8 @@ def test_answer_token_scores_match_plain_forward_passes(K, d):
     np.testing.assert_allclose(scores["lsd"], [r[2] for r in rows], atol=2e-5)
     np.testing.assert_allclose(scores["lcl"], [r[3] for r in rows], atol=2e-5)
     assert scores["is_answer"].tolist() == [r[4] for r in rows]
+    assert scores["source"].tolist() == [r[5] for r in rows]
+    assert scores["beyond_short"].tolist() == [r[6] for r in rows]
     for index in range(len(cases)):  # each case's number is covered by its answer tokens
         assert scores["is_answer"][scores["case"] == index].sum() >= 1
 
@@ -307,6 +314,24 @@ def test_answer_tokens_are_those_overlapping_the_number():
     assert scores["case"].tolist() == [0] * 7 + [1] * 7
     assert scores["is_answer"].tolist() == ([False] * 6 + [True]) * 2
     assert np.isfinite(scores["lsd"]).all() and np.isfinite(scores["lcl"]).all()
+
+
+def test_the_asked_number_is_beyond_the_short_context_only_where_it_is():
+    """K below the distance to the record's number: beyond; K above it: within; no record line: -1."""
+    tok = byte_level_bpe()
+    model = tiny_model("llama", len(tok), seed=2)
+    case = generate_lines_cases(1, 1, seed=3)[0]
+    text = case_text(case)
+    ids = tok(text)["input_ids"]
+    answer_first = len(tok(case.prompt)["input_ids"])  # about where the answer side starts
+    far = answer_token_scores(model, tok, [case], window=WindowSettings(8, 1))
+    assert far["beyond_short"].all() and (far["source"] >= 0).all()
+    near = answer_token_scores(model, tok, [case], window=WindowSettings(answer_first - 1, 1))
+    assert not near["beyond_short"].any()  # the short context reaches back into the record's line
+    assert len(ids) > answer_first
+    reworded = replace(case, prompt=case.prompt.replace("REGISTER_CONTENT is", "holds"))
+    unknown = answer_token_scores(model, tok, [reworded], window=WindowSettings(8, 1))
+    assert (unknown["source"] == -1).all() and not unknown["beyond_short"].any()
 
 
 def test_answer_token_scores_refuse_what_they_cannot_score():

@@ -83,8 +83,13 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
     for row in on_disk["family"]:
         for key in ("parameters", "steps", "tokens", "seconds", "tokens_per_second", "final_loss"):
             assert math.isfinite(row[key]) and row[key] > 0, (row["name"], key)
+    answer = on_disk["answer_tokens"]
     for rule in reproduce.RULES:
-        assert 0 <= on_disk["answer_tokens"]["classification"][rule]["balanced_accuracy"] <= 1
+        assert 0 <= answer["classification"][rule]["balanced_accuracy"] <= 1
+        # the far subset keeps every other token and the answer tokens whose number is beyond K
+        far = answer["classification_beyond_short"]
+        assert far["n_other"] == answer["classification"]["n_other"]
+        assert far["n_answer"] == answer["answer_tokens_beyond_short"] <= answer["answer_tokens"]
     report = (out / "report.md").read_text()
     for name in names:
         assert f"| {name} |" in report

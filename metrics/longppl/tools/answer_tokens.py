@@ -21,7 +21,7 @@ import numpy as np
 from ..key_tokens import long_short_difference
 from ..scoring import score_with_evaluator
 from ..settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule, WindowSettings
-from .lines import ANSWER_SEPARATOR, LinesCase, case_text
+from .lines import ANSWER_SEPARATOR, LINE_TEMPLATE, LinesCase, case_text
 
 #: The two classification rules of :func:`classify_answer_tokens`, as the paper's Figure 5(b) names them.
 RULES = ("lsd", "lsd+lcl")
@@ -38,6 +38,20 @@ def _number_span(case: LinesCase, index: int) -> tuple[int, int]:
             f"{case.expected_number!r}; fix the case's answer or expected_number."
         )
     return answer_start + at, answer_start + at + len(case.expected_number)
+
+
+def _record_number_start(case: LinesCase) -> int:
+    """The character where the asked number starts in the prompt's record (the line
+    ``line <id>: REGISTER_CONTENT is <number>``), or -1 where the prompt has no such line (a file
+    in another wording). With the line id unknown, the first line that holds the number counts."""
+    number = case.expected_number
+    pattern = LINE_TEMPLATE.format(line=case.target_line, number=number) if case.target_line else None
+    at = case.prompt.find(pattern) if pattern else -1
+    if at >= 0:
+        return at + pattern.index(f"<{number}>") + 1
+    marker = f"REGISTER_CONTENT is <{number}>"
+    at = case.prompt.find(marker)
+    return at + len(marker) - len(number) - 1 if at >= 0 else -1
 
 
 def answer_token_scores(
@@ -67,7 +81,16 @@ def answer_token_scores(
         ``[m]`` arrays over the answer-side tokens of all cases, in case then text order:
         ``"lsd"``, ``"lcl"`` (float32), ``"is_answer"`` (bool: the token's characters overlap the
         expected number's), ``"case"`` (int64 index into ``cases``), ``"position"`` (int64 token
-        index in the case's text, special tokens included).
+        index in the case's text, special tokens included), ``"source"`` (int64 token index of the
+        first token of the asked number in the record, -1 where the prompt has no record line
+        ``line <id>: REGISTER_CONTENT is <number>``) and ``"beyond_short"`` (bool: ``source`` lies
+        before the token's short context, which starts at ``(position - K) // d * d`` (``windows``),
+        so only the long context holds the number; False where ``source`` is -1).
+
+    Why ``beyond_short``: with K of a few hundred tokens and records of about a thousand, the asked
+    line often lies inside the short context, and its answer tokens then gain nothing from the long
+    context (LSD near 0) by definition. The paper's LongEval records (thousands of tokens, K = 4096
+    of a 32k context) put nearly every asked line beyond K; ``beyond_short`` selects those tokens.
     Raises:
         ValueError: a case without a reference answer, or an answer token within the first K tokens.
     """
@@ -97,7 +120,8 @@ def answer_token_scores(
         progress=progress,
         per_document=True,  # a case's scores do not depend on the cases scored with it
     )
-    columns: dict[str, list[np.ndarray]] = {name: [] for name in ("lsd", "lcl", "is_answer", "case", "position")}
+    names = ("lsd", "lcl", "is_answer", "case", "position", "source", "beyond_short")
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for index, (case, score) in enumerate(zip(cases, scores)):
         starts, ends = score.offsets[:, 0], score.offsets[:, 1]
         answer_side = (starts >= len(case.prompt)) & (ends > starts)
@@ -114,7 +138,14 @@ def answer_token_scores(
         columns["lcl"].append(score.lp_long[answer_side].astype(np.float32))
         columns["is_answer"].append(((starts < number_end) & (ends > number_start))[answer_side])
         columns["case"].append(np.full(int(answer_side.sum()), index, dtype=np.int64))
-        columns["position"].append(np.flatnonzero(answer_side).astype(np.int64))
+        positions = np.flatnonzero(answer_side).astype(np.int64)
+        columns["position"].append(positions)
+        record_char = _record_number_start(case)
+        holding = np.flatnonzero((starts <= record_char) & (ends > record_char)) if record_char >= 0 else []
+        source = int(holding[0]) if len(holding) else -1
+        short_start = (positions - window.trunc_len) // window.sliding_window * window.sliding_window
+        columns["source"].append(np.full(positions.size, source, dtype=np.int64))
+        columns["beyond_short"].append((source >= 0) & (source < short_start))
     return {name: np.concatenate(parts) for name, parts in columns.items()}
 
 
@@ -191,10 +222,13 @@ def answer_lsd_histogram(
     is_answer: np.ndarray,
     alpha: float = DEFAULT_ALPHA,
     title: str = "LSD of the answer-side tokens of LongEval lines",
+    beyond_short: np.ndarray | None = None,
 ) -> None:
     """PNG histogram of the LSD of answer tokens and of the other answer-side tokens (the paper's
     Figure 3(a)), on shared bins, with ``alpha`` marked and each group's share above it in the
-    legend. Needs matplotlib (``figures``); written atomically."""
+    legend. With ``beyond_short`` (``[m]`` bool, as :func:`answer_token_scores` returns it) the
+    answer tokens are drawn as two groups: those whose number lies beyond the short context and the
+    others. Needs matplotlib (``figures``); written atomically."""
     from .figures import KEY_COLOR, PPL_COLOR, _figure, _save
 
     lsd = np.asarray(lsd, dtype=np.float64)
@@ -203,6 +237,10 @@ def answer_lsd_histogram(
         raise ValueError(
             f"lsd and is_answer must be non-empty arrays of one shape, got {lsd.shape}, {is_answer.shape}."
         )
+    if beyond_short is not None:
+        beyond_short = np.asarray(beyond_short, dtype=bool)
+        if beyond_short.shape != lsd.shape:
+            raise ValueError(f"beyond_short must have the shape of lsd {lsd.shape}, got {beyond_short.shape}.")
     known = ~np.isnan(lsd)
     if not known.any():
         raise ValueError("No token has an LSD value; nothing to plot.")
@@ -210,10 +248,13 @@ def answer_lsd_histogram(
     edges = np.linspace(low, high + 1e-9 * max(1.0, abs(high)), 41)
     figure = _figure(6.4, 4.2)
     ax = figure.subplots()
-    for mask, label, color in (
-        (~is_answer & known, "other tokens", PPL_COLOR),
-        (is_answer & known, "answer tokens", KEY_COLOR),
-    ):
+    groups = [(~is_answer & known, "other tokens", PPL_COLOR)]
+    if beyond_short is None:
+        groups.append((is_answer & known, "answer tokens", KEY_COLOR))
+    else:
+        groups.append((is_answer & beyond_short & known, "answer tokens, number beyond the short context", KEY_COLOR))
+        groups.append((is_answer & ~beyond_short & known, "answer tokens, number within it", "#7f7f7f"))
+    for mask, label, color in groups:
         values = lsd[mask]
         share = f", {np.mean(values > alpha):.1%} above alpha" if values.size else ""
         ax.hist(values, bins=edges, color=color, alpha=0.6, label=f"{label} ({values.size}{share})")

@@ -834,14 +834,14 @@ class Run:
         window = WindowSettings(self.evaluation["trunc_len"], self.evaluation["sliding_window"])
         scored = answer_tokens.answer_token_scores(model, tokenizer, chosen, window=window)
         alpha, beta = float(self.evaluation["alpha"]), float(self.evaluation["beta"])
-        found = answer_tokens.classify_answer_tokens(
-            np.asarray(scored["lsd"]),
-            np.asarray(scored["lcl"]),
-            np.asarray(scored["is_answer"]),
-            alpha=alpha,
-            beta=beta,
-        )
-        arrays = {key: np.asarray(scored[key], dtype=np.float64) for key in ("lsd", "lcl", "is_answer")}
+        lsd, lcl, is_answer = (np.asarray(scored[key]) for key in ("lsd", "lcl", "is_answer"))
+        found = answer_tokens.classify_answer_tokens(lsd, lcl, is_answer, alpha=alpha, beta=beta)
+        # The paper's setting: the asked line lies beyond the short context (K = 4096 of 32k there;
+        # here K is a quarter of L, so many asked lines are within it and their LSD is ~0 by definition).
+        far = ~is_answer | scored["beyond_short"]
+        beyond = answer_tokens.classify_answer_tokens(lsd[far], lcl[far], is_answer[far], alpha=alpha, beta=beta)
+        keys = ("lsd", "lcl", "is_answer", "beyond_short")
+        arrays = {key: np.asarray(scored[key], dtype=np.float64) for key in keys}
         write_file_atomically(
             self.path("eval", "answer_token_scores.npz"), lambda handle: np.savez(handle, **arrays), binary=True
         )
@@ -854,13 +854,16 @@ class Run:
                 "beta": beta,
                 "tokens": int(arrays["lsd"].size),
                 "answer_tokens": int(arrays["is_answer"].sum()),
+                "answer_tokens_beyond_short": int(beyond["n_answer"]),
                 "classification": found,
+                "classification_beyond_short": beyond,
             },
         )
-        self.log(
-            "evaluate: answer tokens, balanced accuracy "
-            + ", ".join(f"{rule}: {found[rule]['balanced_accuracy']:.3f}" for rule in answer_tokens.RULES)
-        )
+        for label, result in (("all answer tokens", found), ("numbers beyond the short context", beyond)):
+            self.log(
+                f"evaluate: answer tokens ({label}), balanced accuracy "
+                + ", ".join(f"{rule}: {result[rule]['balanced_accuracy']:.3f}" for rule in answer_tokens.RULES)
+            )
 
     # ---------------------------------------------------------- report
     def stage_report(self) -> dict:
@@ -1042,8 +1045,9 @@ def draw_figures(folder: str, scatters: list, answer_scores: str, alpha: float) 
         drawn.append(path)
     with np.load(answer_scores, allow_pickle=False) as data:
         lsd, is_answer = data["lsd"], data["is_answer"].astype(bool)
+        beyond = data["beyond_short"].astype(bool) if "beyond_short" in data.files else None
     path = os.path.join(folder, "lsd_answer_tokens.png")
-    answer_lsd_histogram(path, lsd, is_answer, float(alpha))
+    answer_lsd_histogram(path, lsd, is_answer, float(alpha), beyond_short=beyond)
     drawn.append(path)
     return drawn
 
@@ -1108,9 +1112,22 @@ def format_report(results: dict) -> str:
         f"## Answer tokens ({answer['tokens']} tokens, {answer['answer_tokens']} answer tokens, evaluator {answer['evaluator']})",
         "",
     ]
-    lines += ["| rule | balanced accuracy |", "|---|---|"]
+    beyond = answer.get("classification_beyond_short")
+    lines += [
+        "| rule | balanced accuracy, all answer tokens | recall | specificity |"
+        + (
+            f" balanced accuracy, numbers beyond the short context ({answer['answer_tokens_beyond_short']} tokens) | recall |"
+            if beyond
+            else ""
+        ),
+        "|---|---|---|---|" + ("---|---|" if beyond else ""),
+    ]
     for rule in RULES:
-        lines.append(f"| {rule} | {_fmt(answer['classification'][rule]['balanced_accuracy'], 3)} |")
+        found = answer["classification"][rule]
+        row = f"| {rule} | {_fmt(found['balanced_accuracy'], 3)} | {_fmt(found['recall'], 3)} | {_fmt(found['specificity'], 3)} |"
+        if beyond:
+            row += f" {_fmt(beyond[rule]['balanced_accuracy'], 3)} | {_fmt(beyond[rule]['recall'], 3)} |"
+        lines.append(row)
     lines += ["", "## Wall time", "", "| stage | seconds | calls |", "|---|---|---|"]
     for stage, entry in results["timings"]["stages"].items():
         lines.append(f"| {stage} | {entry['seconds']:.1f} | {entry['calls']} |")
