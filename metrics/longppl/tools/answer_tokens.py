@@ -260,7 +260,9 @@ def answer_lsd_histogram(
         ax.hist(values, bins=edges, color=color, alpha=0.6, label=f"{label} ({values.size}{share})")
     ax.axvline(alpha, color="black", linestyle="--", linewidth=1, label=f"alpha = {alpha:g}")
     ax.set_xlabel("LSD = log P(x | long context) - log P(x | short context)")
-    ax.set_ylabel("tokens")
+    # log counts: the other tokens pile up at LSD ~ 0 and would hide the answer tokens' spread
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens (log scale)")
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=8)
     _save(figure, path)
