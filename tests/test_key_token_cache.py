@@ -305,3 +305,20 @@ def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(bu
     assert len(cache) == 3 and cache.texts(range(3)) == [texts[0], texts[2], texts[1]]
     assert np.array_equal(cache.scores(cache.find([texts[1]], _settings())[0]).lp_long, changed.lp_long, equal_nan=True)
     assert [cache.row(i)["evaluator_name"] for i in range(3)] == ["", "", "ev"]
+
+
+def test_per_document_scoring_packs_documents_of_one_length_and_keeps_each_alone_result(setup):
+    """Documents of the same length share (unpadded) forward passes, and each still gets bit-for-bit
+    the scores it gets alone: what lets a corpus be scored in few passes into a shareable cache."""
+    evaluator, tokenizer = setup["evaluator_model"], setup["evaluator_tokenizer"]
+    cut = longppl.scoring.truncate_texts([t[2000:6000] for t in govreport_texts()[:6]], tokenizer, 120)
+    texts = [t for t in cut if len(tokenizer(t)["input_ids"]) == 121][:4]  # 120 tokens and the BOS
+    assert len(texts) >= 3
+    calls = count_forward_calls(evaluator)
+    together = longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, progress=False, per_document=True)
+    # one long pass and one pass per window length (47 + 13 = 60 and the tail), not two per document
+    assert 2 <= len(calls) < 2 * len(texts)
+    for text, scores in zip(texts, together):
+        alone = longppl.score_with_evaluator(evaluator, tokenizer, [text], K, D, progress=False, per_document=True)[0]
+        assert np.array_equal(alone.lp_long, scores.lp_long, equal_nan=True)
+        assert np.array_equal(alone.lp_short, scores.lp_short, equal_nan=True)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import datasets
 import pytest
 from conftest import REPO
 from helpers import DATA, edited_config, json_leaves
@@ -22,6 +23,11 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "repro"
     argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(out)]
+    import longce
+
+    weighed = []  # the calls of add_key_token_weights: once per run, not once per seed of "cache"
+    add_weights = longce.add_key_token_weights
+    monkeypatch.setattr(longce, "add_key_token_weights", lambda *a, **k: weighed.append(1) or add_weights(*a, **k))
     results = reproduce_longce.main(argv)
 
     config = reproduce_longce.load_config(SMOKE, corpus=DATA)
@@ -69,6 +75,8 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
     assert set(on_disk["summary"]) == set(methods)
     for method in methods:
         assert on_disk["summary"][method]["seeds"] == seeds
+    assert len(seeds) >= 2 and weighed == [1]  # the second seed of "cache" loaded the first one's weights
+    assert (out / "data" / "finetune-cache-weights" / "key.json").is_file()
 
     measured = {key: on_disk[key] for key in ("runs", "summary")}
     leaves = [(w, v) for w, v in json_leaves(measured) if not w.endswith(".seed")]
@@ -100,6 +108,27 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
     assert again["runs"] == results["runs"]
     timings = json.loads((out / "timings.json").read_text())
     assert timings["finetune"]["calls"] == 2
+
+    # The saved weights are those add_key_token_weights gives, and another gamma computes them again.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "models" / "extended")
+    run = reproduce_longce.LongCERun(config, str(out))
+    saved = run.finetune_dataset("cache", tokenizer)
+    assert weighed == [1]
+    fresh = add_weights(
+        datasets.Dataset.from_dict({"text": run.finetune_texts()}),
+        key_tokens=run.cache_dir("finetune"),
+        tokenizer=tokenizer,
+        gamma=float(config["finetune"]["gamma"]),
+        max_length=run.length,
+        evaluator=run.named_model(config["evaluator"]),
+        add_special_tokens=False,
+    )
+    assert saved["input_ids"] == fresh["input_ids"] and saved["longce_weights"] == fresh["longce_weights"]
+    config["finetune"]["gamma"] = 0.5  # below the weights of this barely trained evaluator (~1): they change
+    regamma = reproduce_longce.LongCERun(config, str(out)).finetune_dataset("cache", tokenizer)
+    assert weighed == [1, 1] and regamma["longce_weights"] != saved["longce_weights"]
 
 
 def _config(tmp_path, **changes) -> str:

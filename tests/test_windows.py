@@ -150,3 +150,44 @@ def test_bad_window_settings_are_named_not_raw_errors():
         short_context_log_probs(model, [ids], -5, 8, 1000)
     with pytest.raises(ValueError, match="sliding_window must be an integer >= 1, got 0"):
         window_bounds(60, 16, 0)
+
+
+def test_equal_length_packing_shares_passes_across_documents_and_matches_each_alone(tokenizers):
+    """``equal_lengths``: segments of one length share unpadded passes, across documents, and each
+    document's scores are bit-for-bit those it gets alone (and those of the plain reference)."""
+    tok = tokenizers["bos"]
+    model = tiny_model("llama", len(tok))
+    K, d = 40, 20
+    docs = [torch.tensor(x) for x in documents(tok, [150, 150, 150, 97, 150, 97])]
+    assert [len(x) for x in docs] == [150, 150, 150, 97, 150, 97]
+    with torch.no_grad():
+        long_context_log_probs(model, docs[:1], 10_000)  # includes the one-off head verification probe
+    shapes = []
+    handle = model.model.register_forward_pre_hook(
+        lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True
+    )
+    with torch.no_grad():
+        long = long_context_log_probs(model, docs, 10_000, equal_lengths=True)
+        n_long = len(shapes)
+        short = short_context_log_probs(model, docs, K, d, 10_000, long_log_probs=long, equal_lengths=True)
+    handle.remove()
+    # one pass per length, unpadded: four documents of 150 tokens, then two of 97
+    assert shapes[:n_long] == [(4, 150), (2, 97)]
+    # windows after the first (taken from the long pass): 150 tokens -> starts 20..100, lengths 60, 60,
+    # 60, 60 (s=80: 140), 50 (s=100); 97 tokens -> starts 20, 40: lengths 60, 57. One pass per length.
+    assert sorted(shapes[n_long:]) == sorted([(4 * 4 + 2, 60), (2, 57), (4, 50)])
+    for ids, lo, sh in zip(docs, long, short):
+        with torch.no_grad():
+            alone_long = long_context_log_probs(model, [ids], 10_000, equal_lengths=True)
+            alone_short = short_context_log_probs(
+                model, [ids], K, d, 10_000, long_log_probs=alone_long, equal_lengths=True
+            )
+        assert torch.equal(lo.nan_to_num(7.0), alone_long[0].nan_to_num(7.0))
+        assert torch.equal(sh.nan_to_num(7.0), alone_short[0].nan_to_num(7.0))
+        assert torch.isnan(lo).tolist() == torch.isnan(alone_long[0]).tolist()
+        assert torch.isnan(sh).tolist() == torch.isnan(alone_short[0]).tolist()
+        # and the plain reference (every window alone, full logits)
+        torch.testing.assert_close(sh, reference_short(model, ids.tolist(), K, d), equal_nan=True, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lo, reference_long(model, ids.tolist()), equal_nan=True, atol=1e-5, rtol=1e-5)
+    assert pack_by_token_budget([5, 5, 4, 5, 4], 100, equal_lengths=True) == [[0, 1, 3], [2, 4]]
+    assert pack_by_token_budget([5, 5, 5], 10, equal_lengths=True) == [[0, 1], [2]]  # the budget still holds

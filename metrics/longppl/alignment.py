@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -38,6 +39,32 @@ def encode_with_offsets(tokenizer, text: str, add_special_tokens: bool) -> tuple
             pass
     ids = np.asarray(tokenizer(text, **kwargs)["input_ids"], dtype=np.int64)
     return ids, decode_offsets(tokenizer, text, ids)
+
+
+def encode_many_with_offsets(
+    tokenizer, texts: Sequence[str], add_special_tokens: bool, chunk: int = 256
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """:func:`encode_with_offsets` of every text, in order, as a generator.
+
+    A fast tokenizer encodes ``chunk`` texts per call (one call into its Rust ``encode_batch``
+    instead of one per text: the per-call overhead of ``transformers`` dominates for short texts),
+    giving the same ids and offsets as one call per text; other tokenizers go text by text.
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        for text in texts:
+            yield encode_with_offsets(tokenizer, text, add_special_tokens)
+        return
+    kwargs = dict(add_special_tokens=add_special_tokens, return_attention_mask=False, verbose=False)
+    for start in range(0, len(texts), chunk):
+        part = list(texts[start : start + chunk])
+        try:
+            encoded = tokenizer(part, return_offsets_mapping=True, **kwargs)
+        except NotImplementedError:  # no offset mapping after all: the per-text fallback
+            for text in part:
+                yield encode_with_offsets(tokenizer, text, add_special_tokens)
+            continue
+        for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"]):
+            yield np.asarray(ids, dtype=np.int64), np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
 
 
 def _decode(tokenizer, ids) -> str:

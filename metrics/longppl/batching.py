@@ -26,18 +26,22 @@ class Segment:
     first_scored: int = 1
 
 
-def pack_by_token_budget(lengths: Sequence[int], max_tokens_per_batch: int) -> list[list[int]]:
+def pack_by_token_budget(
+    lengths: Sequence[int], max_tokens_per_batch: int, equal_lengths: bool = False
+) -> list[list[int]]:
     """Group segment indices into batches whose padded size ``rows * longest`` fits the budget.
 
     Longest first, so each batch pads to its first segment and equal-length segments (the full
     windows of long documents) share batches without padding. A segment longer than the budget
-    gets a batch of its own.
+    gets a batch of its own. With ``equal_lengths`` a batch only holds segments of one length, so
+    no row is padded (see ``segment_log_probs``).
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
     for index in order:
-        if current and lengths[current[0]] * (len(current) + 1) > max_tokens_per_batch:
+        full = current and lengths[current[0]] * (len(current) + 1) > max_tokens_per_batch
+        if full or (current and equal_lengths and lengths[index] != lengths[current[0]]):
             batches.append(current)
             current = []
         current.append(index)
@@ -54,11 +58,18 @@ def segment_log_probs(
     logits_chunk_bytes: int = DEFAULT_LOGITS_CHUNK_BYTES,
     via_forward: bool = False,
     progress: Progress | None = None,
+    equal_lengths: bool = False,
 ) -> list[torch.Tensor]:
     """Score many segments, packed into as few forward passes as the budget allows.
 
-    One forward pass per batch of ``pack_by_token_budget(lengths, max_tokens_per_batch)``;
+    One forward pass per batch of ``pack_by_token_budget(lengths, max_tokens_per_batch, equal_lengths)``;
     ``via_forward`` is passed to ``token_log_probs`` (call the wrapped model itself).
+    ``equal_lengths``: only segments of the same length share a pass. No row is then padded, so
+    each runs through the same kernels (SDPA's causal path, no mask) with the same positions as
+    it would alone, and its scores are bit-for-bit those it gets alone, whatever other segments
+    (other documents) share its pass (tested on CPU float32; on a GPU this also assumes the matmul
+    kernels keep their reduction order when the row count changes, as non-split-K kernels do).
+    Padded packing (the default) agrees with that only up to float rounding.
     ``progress`` (labelled with what the segments are) reports the decoder layers and LM-head
     chunks of large passes (see ``progress``); it never changes the results.
 
@@ -68,7 +79,7 @@ def segment_log_probs(
     """
     results: list[torch.Tensor | None] = [None] * len(segments)
     lengths = [int(s.tokens.shape[0]) for s in segments]
-    batches = pack_by_token_budget(lengths, max_tokens_per_batch)
+    batches = pack_by_token_budget(lengths, max_tokens_per_batch, equal_lengths)
     progress = progress or Progress(enabled=False)
     if segments and not via_forward:  # probe the head now, so that layer hooks count only real passes
         verify_head(resolve_lm_head(model), segments[batches[0][0]].tokens[None])
@@ -98,15 +109,19 @@ def long_context_log_probs(
     max_tokens_per_batch: int,
     on_sequence_done: Callable[[int], None] | None = None,
     progress: Progress | None = None,
+    equal_lengths: bool = False,
 ) -> list[torch.Tensor]:
     """Full-context log-probs of whole documents (short ones share forward passes).
 
     Args:
         sequences: ``[n_k]`` int64 token ids per document.
         progress: reports the layers and LM-head chunks of a long document's pass (see ``progress``).
+        equal_lengths: only documents of the same length share a pass (see ``segment_log_probs``).
     Returns:
         ``[n_k]`` float32 per document, ``lp[i] = log P(x_i | x_0..x_{i-1})``, NaN at ``i = 0``.
     """
     segments = [Segment(seq.long().cpu(), first_scored=1) for seq in sequences]
-    scored = segment_log_probs(model, segments, max_tokens_per_batch, on_sequence_done, progress=progress)
+    scored = segment_log_probs(
+        model, segments, max_tokens_per_batch, on_sequence_done, progress=progress, equal_lengths=equal_lengths
+    )
     return [torch.cat([torch.full((1,), float("nan")), lp]) for lp in scored]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .alignment import encode_with_offsets, tokens_within_spans, transfer_token_weights
+from .alignment import encode_many_with_offsets, tokens_within_spans, transfer_token_weights
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
 from .key_tokens import key_char_spans, key_token_mask, soft_weights
@@ -115,7 +115,7 @@ def encode_texts(tokenizer, texts: Sequence[str], add_special_tokens: bool, mode
     """``[(ids [n], offsets [n, 2]), ...]`` of every text, checked before any forward pass: no text
     may tokenize to nothing, and with ``model`` every id must index its embedding table
     (:func:`settings.check_token_ids`)."""
-    encoded = [encode_with_offsets(tokenizer, text, add_special_tokens) for text in texts]
+    encoded = list(encode_many_with_offsets(tokenizer, texts, add_special_tokens))
     vocab_size = None if model is None else vocabulary_size(model)
     for index, (ids, _) in enumerate(encoded):
         if ids.shape[0] == 0:
@@ -134,8 +134,7 @@ def truncate_texts(texts: Sequence[str], tokenizer, max_length: int | None) -> l
     if max_length is None:
         return list(texts)
     out = []
-    for text in texts:
-        ids, offsets = encode_with_offsets(tokenizer, text, add_special_tokens=False)
+    for text, (ids, offsets) in zip(texts, encode_many_with_offsets(tokenizer, texts, add_special_tokens=False)):
         out.append(text if ids.shape[0] <= max_length else text[: int(offsets[max_length - 1, 1])])
     return out
 
@@ -172,19 +171,19 @@ def score_with_evaluator(
         window_bos: opt-in improvement over the official code: feed the evaluator's BOS token at the
             head of every short window after the first (the first starts at the document's head).
         torch_compile: compile the evaluator's transformer blocks while scoring (see ``compilation``).
-        per_document: pack forward passes only within each document, never across documents, so a
-            document's scores are bit-for-bit the same whatever other texts are scored with it (what
-            a shareable cache needs; packing across documents only helps texts much shorter than
-            ``max_tokens_per_batch``, and changes results by float rounding).
+        per_document: a document's scores are bit-for-bit the same whatever other texts are scored
+            with it (what a shareable cache needs). Documents (and windows) still share forward
+            passes, but only with segments of exactly their length, unpadded, so that every row runs
+            as it would alone (``batching.segment_log_probs(equal_lengths=True)``): a corpus of
+            equal-length documents costs a few passes per budget's worth of tokens, not two per
+            document. Without it, segments of all lengths are packed with padding, which changes
+            results by float rounding.
         progress_callback: ``callback(desc, done, total)`` after every step: documents, window
             batches, decoder layers and LM-head chunks (see ``progress``); raise in it to stop.
     """
     window = WindowSettings(trunc_len, sliding_window)
     encoded = encode_texts(tokenizer, texts, add_special_tokens, evaluator, "evaluator")
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
-    groups = [[doc] for doc in range(len(texts))] if per_document else [list(range(len(texts)))]
-    lp_long: list[torch.Tensor] = [torch.empty(0)] * len(texts)
-    lp_short: list[torch.Tensor] = [torch.empty(0)] * len(texts)
     reporter = Progress(progress, progress_callback)
     long_desc, short_desc = (
         "LongPPL evaluator: long context",
@@ -195,24 +194,26 @@ def score_with_evaluator(
         reporter.labelled(long_desc, "doc").steps(len(texts)) as long_done,
         reporter.labelled(short_desc, "doc").steps(len(texts)) as short_done,
     ):
-        for group in groups:
-            seqs = [sequences[doc] for doc in group]
-            long = long_context_log_probs(
-                evaluator, seqs, max_tokens_per_batch, lambda _: long_done(), reporter.labelled(long_desc, "doc")
-            )
-            short = short_context_log_probs(
-                evaluator,
-                seqs,
-                window.trunc_len,
-                window.sliding_window,
-                max_tokens_per_batch,
-                long_log_probs=long,
-                prefix_token_id=_window_prefix(tokenizer, window_bos),
-                on_sequence_done=lambda _: short_done(),
-                progress=reporter.labelled(short_desc, "window"),
-            )
-            for doc, values_long, values_short in zip(group, long, short):
-                lp_long[doc], lp_short[doc] = values_long, values_short
+        lp_long = long_context_log_probs(
+            evaluator,
+            sequences,
+            max_tokens_per_batch,
+            lambda _: long_done(),
+            reporter.labelled(long_desc, "doc"),
+            equal_lengths=per_document,
+        )
+        lp_short = short_context_log_probs(
+            evaluator,
+            sequences,
+            window.trunc_len,
+            window.sliding_window,
+            max_tokens_per_batch,
+            long_log_probs=lp_long,
+            prefix_token_id=_window_prefix(tokenizer, window_bos),
+            on_sequence_done=lambda _: short_done(),
+            progress=reporter.labelled(short_desc, "window"),
+            equal_lengths=per_document,
+        )
     return [
         EvaluatorScores(ids, offsets, long.numpy(), short.numpy())
         for (ids, offsets), long, short in zip(encoded, lp_long, lp_short)

@@ -73,6 +73,7 @@ def short_context_log_probs(
     skip_first_window: bool = False,
     via_forward: bool = False,
     progress: Progress | None = None,
+    equal_lengths: bool = False,
 ) -> list[torch.Tensor]:
     """Short-context log-probs of every token with at least ``trunc_len`` tokens before it.
 
@@ -91,6 +92,8 @@ def short_context_log_probs(
         progress: reports the windows as their batches finish (a bar ``"<desc>: windows"`` when
             they add up to more than ``progress.threshold`` tokens) and the layers and LM-head
             chunks of large batches (see ``progress``).
+        equal_lengths: only windows of the same length share a pass, unpadded, so each window's
+            scores are those it gets alone (see ``segment_log_probs``).
     Returns:
         ``[n_k]`` float32 per document: ``lp_short[i]`` for ``i >= K``, NaN for ``i < K``.
     """
@@ -125,7 +128,13 @@ def short_context_log_probs(
             doc_done(index)
 
         scored = segment_log_probs(
-            model, segments, max_tokens_per_batch, done, via_forward=via_forward, progress=progress
+            model,
+            segments,
+            max_tokens_per_batch,
+            done,
+            via_forward=via_forward,
+            progress=progress,
+            equal_lengths=equal_lengths,
         )
     for (doc, first, end), lp in zip(owners, scored):
         results[doc][first:end] = lp

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from longppl.alignment import encode_with_offsets
+from longppl.alignment import encode_many_with_offsets, encode_with_offsets
 from longppl.fingerprints import ModelIdentity, tokenizer_fingerprint
 from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
 from longppl.scoring import model_key_weights, score_with_evaluator
@@ -172,18 +172,23 @@ def add_key_token_weights(
 
     def weigh(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         out: dict[str, list] = {"input_ids": [], WEIGHTS_COLUMN: []}
-        for index, text in zip(indices, batch[text_column]):
+        texts = batch[text_column]
+        # the batch's texts in one tokenizer call; the columns as numpy arrays, which datasets turns
+        # into Arrow lists without a Python object per token (int64 ids, float64 weights: the types
+        # that Python ints and floats gave).
+        for index, text, (ids, offsets) in zip(
+            indices, texts, encode_many_with_offsets(tokenizer, texts, add_special_tokens)
+        ):
             score = cache.scores(rows[index])  # one row at a time: a corpus's scores never all sit in memory
             if check_tokens:
                 _check_evaluator_tokens(score, text, index, evaluator_tokenizer, add_evaluator_bos)
-            ids, offsets = encode_with_offsets(tokenizer, text, add_special_tokens)
             weights = model_key_weights(
                 score, offsets, len(text), DEFAULT_ALPHA, DEFAULT_BETA, soft=True, gamma=gamma
             ).astype(np.float32)
             if append_eos:
                 ids, weights = np.append(ids, eos), np.append(weights, np.float32(1.0))
-            out["input_ids"].append(ids[:max_length].tolist())
-            out[WEIGHTS_COLUMN].append(weights[:max_length].tolist())
+            out["input_ids"].append(np.ascontiguousarray(ids[:max_length], dtype=np.int64))
+            out[WEIGHTS_COLUMN].append(weights[:max_length].astype(np.float64))
         return out
 
     # datasets would hash the closure (the cache, the tokenizer) to fingerprint this step: name its inputs instead.

@@ -33,7 +33,8 @@ accuracy, the key-token cache and ``longppl-evaluate``):
 - ``cache``: the evaluator's key-token caches of the fine-tuning pool (for ``cache``) and of the
   validation documents (for LongPPL) -> ``caches/``.
 - ``finetune``: one run per method and seed -> ``models/<method>-s<seed>/`` (``training.json`` holds the
-  step times and the accuracy curve; a folder holding it is finished and never retrained).
+  step times and the accuracy curve; a folder holding it is finished and never retrained). The pool with
+  the evaluator's weights (``cache``) is built once for all seeds -> ``data/finetune-cache-weights/``.
 - ``evaluate``: lines accuracy (``eval/lines/``), PPL and LongPPL (``eval/evaluator/``, ``eval/evaluator-soft/``).
 - ``report``: ``results.json``, ``report.md``, ``figures/accuracy_vs_steps.png`` (needs matplotlib).
 """
@@ -467,31 +468,79 @@ class LongCERun(Run):
 
     def finetune_dataset(self, method: str, tokenizer):
         """The fine-tuning pool as ``input_ids`` of at most ``L`` tokens (the same for every method),
-        with the evaluator's ``longce_weights`` for ``cache``."""
+        with the evaluator's ``longce_weights`` for ``cache`` (computed once per run, see
+        :meth:`cache_weights_dataset`)."""
         from datasets import Dataset
+
+        if method == "cache":
+            return self.cache_weights_dataset(tokenizer)
+
+        def tokenize(batch: dict) -> dict:
+            ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+            return {"input_ids": [row[: self.length] for row in ids]}
+
+        return Dataset.from_dict({"text": self.finetune_texts()}).map(tokenize, batched=True).remove_columns(["text"])
+
+    def cache_weights_key(self, tokenizer) -> dict:
+        """What the ``cache`` method's weights dataset depends on: the evaluator, gamma, ``L``, the
+        trained model's tokenizer, and the contents of the fine-tuning pool and of its key-token cache."""
+        import hashlib
+
+        from ..fingerprints import tokenizer_fingerprint
+        from ..key_token_cache import CHECKSUM_FILE
+
+        def file_sha256(path: str) -> str | None:
+            if not os.path.isfile(path):
+                return None
+            digest = hashlib.sha256()
+            with open(path, "rb") as handle:
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+            return digest.hexdigest()
+
+        return {
+            "evaluator": self.named_model(self.config["evaluator"]),
+            "gamma": float(self.tuning["gamma"]),
+            "length": self.length,
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "finetune_sha256": file_sha256(self.path("data", "finetune.jsonl")),
+            # the cache's own record of its files: it changes whenever the cache is rewritten
+            "cache_checksums_sha256": file_sha256(os.path.join(self.cache_dir("finetune"), CHECKSUM_FILE)),
+        }
+
+    def cache_weights_dataset(self, tokenizer):
+        """The fine-tuning pool with the evaluator's ``longce_weights`` (``longce.add_key_token_weights``),
+        for the ``cache`` method: computed by the first ``cache`` run and saved to
+        ``data/finetune-cache-weights/`` (atomically, with its :meth:`cache_weights_key`), then
+        loaded by the other seeds and later calls; a changed key (evaluator, gamma, ``L``, ...)
+        computes it again."""
+        from datasets import Dataset, load_from_disk
 
         from longce import add_key_token_weights
 
-        dataset = Dataset.from_dict({"text": self.finetune_texts()})
-        if method == "cache":
-            found = add_key_token_weights(
-                dataset,
-                key_tokens=self.cache_dir("finetune"),
-                tokenizer=tokenizer,
-                gamma=float(self.tuning["gamma"]),
-                max_length=self.length,
-                # the cache keeps a changed evaluator's rows beside the old ones: take this one's
-                evaluator=self.named_model(self.config["evaluator"]),
-                add_special_tokens=False,  # the family's convention: no BOS, every token of a text counts
-            )
-        else:
+        folder = self.path("data", "finetune-cache-weights")
+        key_file = os.path.join(folder, "key.json")
+        key = self.cache_weights_key(tokenizer)
+        if os.path.isfile(key_file) and read_json(key_file) == key:
+            self.log(f"finetune: LongCE weights of the pool from {folder}")
+            return load_from_disk(os.path.join(folder, "dataset"))
+        found = add_key_token_weights(
+            Dataset.from_dict({"text": self.finetune_texts()}),
+            key_tokens=self.cache_dir("finetune"),
+            tokenizer=tokenizer,
+            gamma=key["gamma"],
+            max_length=self.length,
+            # the cache keeps a changed evaluator's rows beside the old ones: take this one's
+            evaluator=key["evaluator"],
+            add_special_tokens=False,  # the family's convention: no BOS, every token of a text counts
+        ).remove_columns(["text"])
 
-            def tokenize(batch: dict) -> dict:
-                ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-                return {"input_ids": [row[: self.length] for row in ids]}
+        def write(tmp: str) -> None:
+            found.save_to_disk(os.path.join(tmp, "dataset"))
+            self.write_json(os.path.join(tmp, "key.json"), key)  # last: a folder with its key is complete
 
-            found = dataset.map(tokenize, batched=True)
-        return found.remove_columns(["text"])
+        replace_directory_atomically(folder, write)
+        return load_from_disk(os.path.join(folder, "dataset"))  # memory-mapped, as the later seeds get it
 
     def finetune(self, method: str, seed: int, cases: dict[int, list], start_point: dict) -> None:
         """One run: ``LongCETrainer`` from the extended base, the lines curve every ``eval_every`` steps,
