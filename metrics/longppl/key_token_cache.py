@@ -35,7 +35,7 @@ several evaluators and settings side by side. Rows are scored with
 ``score_with_evaluator(per_document=True)``: documents share forward passes only with segments of
 exactly their length, unpadded, so a row does not depend on which other documents were scored with
 it, and a corpus scored on N processes gives the same cache as on one (``batching.segment_log_probs``
-says what that assumes of the kernels on a GPU).
+says where that holds bit-for-bit: CPU, and bfloat16 on a GPU; float32 on a GPU only up to rounding).
 
 What makes a directory a cache of ours: exactly these columns and types, and ``format_version``
 equal to ``FORMAT_VERSION`` in every row (it survives ``push_to_hub``, unlike a sidecar file).

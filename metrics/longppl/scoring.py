@@ -172,7 +172,8 @@ def score_with_evaluator(
             head of every short window after the first (the first starts at the document's head).
         torch_compile: compile the evaluator's transformer blocks while scoring (see ``compilation``).
         per_document: a document's scores are bit-for-bit the same whatever other texts are scored
-            with it (what a shareable cache needs). Documents (and windows) still share forward
+            with it (what a shareable cache needs; on a GPU in float32 only up to float rounding,
+            see ``batching.segment_log_probs``). Documents (and windows) still share forward
             passes, but only with segments of exactly their length, unpadded, so that every row runs
             as it would alone (``batching.segment_log_probs(equal_lengths=True)``): a corpus of
             equal-length documents costs a few passes per budget's worth of tokens, not two per
