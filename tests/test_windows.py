@@ -1,5 +1,6 @@
 """Short-context windows: exact against one-window-per-forward references, independent of batching."""
 
+import contextlib
 import math
 
 import pytest
@@ -7,6 +8,21 @@ import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
 from longppl import long_context_log_probs, pack_by_token_budget, short_context_log_probs, window_bounds
+
+
+@contextlib.contextmanager
+def pass_shapes(model, probe_doc: torch.Tensor):
+    """The ``input_ids`` shape of every forward pass of ``model`` inside the block. A pass on
+    ``probe_doc`` runs first, so the one-off LM-head verification probe is not counted."""
+    long_context_log_probs(model, [probe_doc], 10_000)
+    shapes: list[tuple[int, ...]] = []
+    handle = model.model.register_forward_pre_hook(
+        lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        yield shapes
+    finally:
+        handle.remove()
 
 
 def reference_short(model, ids, K, d, prefix=None):
@@ -130,15 +146,8 @@ def test_packing_respects_budget_and_counts_forward_calls(tokenizers):
     tok = tokenizers["bos"]
     model = tiny_model("llama", len(tok))
     docs = [torch.tensor(x) for x in documents(tok, [200, 200])]
-    with torch.no_grad():
-        long_context_log_probs(model, docs[:1], 10_000)  # includes the one-off head verification probe
-    shapes = []
-    handle = model.model.register_forward_pre_hook(
-        lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True
-    )
-    with torch.no_grad():
+    with torch.no_grad(), pass_shapes(model, docs[0]) as shapes:
         short_context_log_probs(model, docs, 40, 20, max_tokens_per_batch=60 * 4)
-    handle.remove()
     # 8 windows of 60 tokens per document (starts 0..140), 4 per forward under a 240-token budget.
     assert shapes == [(4, 60)] * 4
 
@@ -160,17 +169,10 @@ def test_equal_length_packing_shares_passes_across_documents_and_matches_each_al
     K, d = 40, 20
     docs = [torch.tensor(x) for x in documents(tok, [150, 150, 150, 97, 150, 97])]
     assert [len(x) for x in docs] == [150, 150, 150, 97, 150, 97]
-    with torch.no_grad():
-        long_context_log_probs(model, docs[:1], 10_000)  # includes the one-off head verification probe
-    shapes = []
-    handle = model.model.register_forward_pre_hook(
-        lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True
-    )
-    with torch.no_grad():
+    with torch.no_grad(), pass_shapes(model, docs[0]) as shapes:
         long = long_context_log_probs(model, docs, 10_000, equal_lengths=True)
         n_long = len(shapes)
         short = short_context_log_probs(model, docs, K, d, 10_000, long_log_probs=long, equal_lengths=True)
-    handle.remove()
     # one pass per length, unpadded: four documents of 150 tokens, then two of 97
     assert shapes[:n_long] == [(4, 150), (2, 97)]
     # windows after the first (taken from the long pass): 150 tokens -> starts 20..100, lengths 60, 60,
