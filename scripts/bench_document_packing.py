@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Benchmark: key-token scoring of many documents, packed (``score_with_evaluator(per_document=True)``:
-documents share passes with segments of their own length) against each document scored alone (what
-per-document scoring did before), in one process; and whether each document's scores are bit-for-bit
-the same both ways.
+"""Benchmark: key-token scoring of many documents packed (``score_with_evaluator(per_document=True,
+pack_documents=True)``, ``longppl-score --pack-documents``: documents share passes with segments of
+their own length) against the default, each document with passes of its own, in one process; and
+whether each document's scores are bit-for-bit the same both ways.
 
 Random-weight Llama evaluators of two shapes (13.8M: the reproduction's models; ~200M), float32 and
 bfloat16, K = 256, d = 64, on documents of about ``--tokens`` tokens cut from a JSONL corpus.
@@ -70,13 +70,12 @@ def main() -> None:
             score_with_evaluator(model, tokenizer, texts[:8], 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, **options)
             sync()
             start = time.perf_counter()
-            packed = score_with_evaluator(model, tokenizer, texts, 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, **options)
+            packed = score_with_evaluator(
+                model, tokenizer, texts, 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, pack_documents=True, **options
+            )
             sync()
             middle = time.perf_counter()
-            alone = [
-                score_with_evaluator(model, tokenizer, [text], 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, **options)[0]
-                for text in texts
-            ]
+            alone = score_with_evaluator(model, tokenizer, texts, 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, **options)
             sync()
             end = time.perf_counter()
             differing, worst = 0, 0.0

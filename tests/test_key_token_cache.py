@@ -307,18 +307,25 @@ def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(bu
     assert [cache.row(i)["evaluator_name"] for i in range(3)] == ["", "", "ev"]
 
 
-def test_per_document_scoring_packs_documents_of_one_length_and_keeps_each_alone_result(setup):
-    """Documents of the same length share (unpadded) forward passes, and each still gets bit-for-bit
-    the scores it gets alone: what lets a corpus be scored in few passes into a shareable cache."""
+def test_packed_documents_share_passes_and_keep_each_alone_result_up_to_rounding(setup):
+    """``pack_documents``: documents of the same length share (unpadded) forward passes, and each
+    gets the scores it gets alone, up to float rounding (the kernels may sum in another order for
+    another number of rows, e.g. on several CPU threads); without it, each has passes of its own."""
     evaluator, tokenizer = setup["evaluator_model"], setup["evaluator_tokenizer"]
     cut = longppl.scoring.truncate_texts([t[2000:6000] for t in govreport_texts()[:6]], tokenizer, 120)
     texts = [t for t in cut if len(tokenizer(t)["input_ids"]) == 121][:4]  # 120 tokens and the BOS
     assert len(texts) >= 3
     calls = count_forward_calls(evaluator)
-    together = longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, progress=False, per_document=True)
+    options = dict(progress=False, per_document=True)
+    together = longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, pack_documents=True, **options)
     # one long pass and one pass per window length (47 + 13 = 60 and the tail), not two per document
     assert 2 <= len(calls) < 2 * len(texts)
+    calls.clear()
+    longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, **options)
+    assert len(calls) == 2 * len(texts)  # the default: two passes of its own per document
     for text, scores in zip(texts, together):
-        alone = longppl.score_with_evaluator(evaluator, tokenizer, [text], K, D, progress=False, per_document=True)[0]
-        assert np.array_equal(alone.lp_long, scores.lp_long, equal_nan=True)
-        assert np.array_equal(alone.lp_short, scores.lp_short, equal_nan=True)
+        alone = longppl.score_with_evaluator(evaluator, tokenizer, [text], K, D, **options)[0]
+        np.testing.assert_allclose(scores.lp_long, alone.lp_long, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(scores.lp_short, alone.lp_short, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="pack_documents=True needs per_document=True"):
+        longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, progress=False, pack_documents=True)

@@ -163,7 +163,7 @@ def test_bad_window_settings_are_named_not_raw_errors():
 
 def test_equal_length_packing_shares_passes_across_documents_and_matches_each_alone(tokenizers):
     """``equal_lengths``: segments of one length share unpadded passes, across documents, and each
-    document's scores are bit-for-bit those it gets alone (and those of the plain reference)."""
+    document's scores are those it gets alone (up to float rounding) and those of the plain reference."""
     tok = tokenizers["bos"]
     model = tiny_model("llama", len(tok))
     K, d = 40, 20
@@ -184,10 +184,10 @@ def test_equal_length_packing_shares_passes_across_documents_and_matches_each_al
             alone_short = short_context_log_probs(
                 model, [ids], K, d, 10_000, long_log_probs=alone_long, equal_lengths=True
             )
-        assert torch.equal(lo.nan_to_num(7.0), alone_long[0].nan_to_num(7.0))
-        assert torch.equal(sh.nan_to_num(7.0), alone_short[0].nan_to_num(7.0))
-        assert torch.isnan(lo).tolist() == torch.isnan(alone_long[0]).tolist()
-        assert torch.isnan(sh).tolist() == torch.isnan(alone_short[0]).tolist()
+        # up to float rounding: on several CPU threads the matmuls may sum in another order for
+        # another number of rows (bit-identical on one thread)
+        torch.testing.assert_close(lo, alone_long[0], equal_nan=True, atol=1e-6, rtol=0)
+        torch.testing.assert_close(sh, alone_short[0], equal_nan=True, atol=1e-6, rtol=0)
         # and the plain reference (every window alone, full logits)
         torch.testing.assert_close(sh, reference_short(model, ids.tolist(), K, d), equal_nan=True, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lo, reference_long(model, ids.tolist()), equal_nan=True, atol=1e-5, rtol=1e-5)

@@ -66,11 +66,11 @@ def segment_log_probs(
     ``via_forward`` is passed to ``token_log_probs`` (call the wrapped model itself).
     ``equal_lengths``: only segments of the same length share a pass. No row is then padded, so
     each runs through the same kernels (SDPA's causal path, no mask) with the same positions as
-    it would alone, and its scores are bit-for-bit those it gets alone, whatever other segments
-    (other documents) share its pass: on CPU (tested), and in bfloat16 on an H100 (measured,
-    ``scripts/bench_document_packing.py``). In float32 on a GPU, cuBLAS picks its kernels by the
-    number of rows, so a row can differ by float rounding (up to 7.6e-6 in log-probability measured).
-    Padded packing (the default) agrees with that only up to float rounding.
+    it would alone. Its scores equal those it gets alone up to float rounding where the matmul
+    kernels pick their summation order by the number of rows: float32 on a GPU (up to 7.6e-6 in
+    log-probability measured, ``scripts/bench_document_packing.py``) and multi-threaded CPU. They
+    were bit-identical in bfloat16 on an H100 and on one CPU thread. Padded packing (the default)
+    also agrees up to float rounding.
     ``progress`` (labelled with what the segments are) reports the decoder layers and LM-head
     chunks of large passes (see ``progress``); it never changes the results.
 

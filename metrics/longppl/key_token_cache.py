@@ -31,11 +31,11 @@ Index conventions are those of ``logprobs`` and ``windows`` (docs/design.md). A 
 key: text fingerprint, evaluator fingerprint and the four settings ``trunc_len``,
 ``sliding_window``, ``add_special_tokens``, ``window_bos``; anything else never matches, so a
 cache is recomputed, not reused, for another text, evaluator or setting. A cache may hold rows of
-several evaluators and settings side by side. Rows are scored with
-``score_with_evaluator(per_document=True)``: documents share forward passes only with segments of
-exactly their length, unpadded, so a row does not depend on which other documents were scored with
-it, and a corpus scored on N processes gives the same cache as on one (``batching.segment_log_probs``
-says where that holds bit-for-bit: CPU, and bfloat16 on a GPU; float32 on a GPU only up to rounding).
+several evaluators and settings side by side. Rows are scored document by document
+(``score_with_evaluator(per_document=True)``), so a row does not depend on which other documents
+were scored with it, and a corpus scored on N processes gives the same cache as on one. The opt-in
+``pack_documents`` (``longppl-score --pack-documents``) trades that bit-for-bit guarantee, at
+float-rounding level, for fewer passes over many equal-length documents.
 
 What makes a directory a cache of ours: exactly these columns and types, and ``format_version``
 equal to ``FORMAT_VERSION`` in every row (it survives ``push_to_hub``, unlike a sidecar file).

@@ -163,6 +163,7 @@ def score_with_evaluator(
     torch_compile: bool = False,
     per_document: bool = False,
     progress_callback: ProgressCallback | None = None,
+    pack_documents: bool = False,
 ) -> list[EvaluatorScores]:
     """Long- and short-context log-probs of every evaluator token of every text.
 
@@ -172,19 +173,29 @@ def score_with_evaluator(
             head of every short window after the first (the first starts at the document's head).
         torch_compile: compile the evaluator's transformer blocks while scoring (see ``compilation``).
         per_document: a document's scores are bit-for-bit the same whatever other texts are scored
-            with it (what a shareable cache needs; on a GPU in float32 only up to float rounding,
-            see ``batching.segment_log_probs``). Documents (and windows) still share forward
-            passes, but only with segments of exactly their length, unpadded, so that every row runs
-            as it would alone (``batching.segment_log_probs(equal_lengths=True)``): a corpus of
-            equal-length documents costs a few passes per budget's worth of tokens, not two per
-            document. Without it, segments of all lengths are packed with padding, which changes
-            results by float rounding.
+            with it (what a shareable cache needs): each document gets forward passes of its own.
+            Without it, segments of all lengths are packed with padding, which changes results by
+            float rounding.
+        pack_documents: with ``per_document``, documents (and windows) share passes with segments
+            of exactly their length, unpadded (``batching.segment_log_probs(equal_lengths=True)``):
+            a corpus of many equal-length documents costs a few passes per budget's worth of tokens
+            instead of two per document (4-7x faster on a GPU, docs/benchmarks.md). A row then
+            depends on its company only at float-rounding level, where the kernels pick their
+            summation order by the number of rows (multi-threaded CPU, float32 on a GPU; bfloat16
+            on an H100 gave identical rows): opt-in, because a cache of N processes is then not
+            bit-identical to one process's.
         progress_callback: ``callback(desc, done, total)`` after every step: documents, window
             batches, decoder layers and LM-head chunks (see ``progress``); raise in it to stop.
     """
     window = WindowSettings(trunc_len, sliding_window)
     encoded = encode_texts(tokenizer, texts, add_special_tokens, evaluator, "evaluator")
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
+    if pack_documents and not per_document:
+        raise ValueError("pack_documents=True needs per_document=True (it packs documents of one length only).")
+    alone = per_document and not pack_documents
+    groups = [[doc] for doc in range(len(texts))] if alone else [list(range(len(texts)))]
+    lp_long: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+    lp_short: list[torch.Tensor] = [torch.empty(0)] * len(texts)
     reporter = Progress(progress, progress_callback)
     long_desc, short_desc = (
         "LongPPL evaluator: long context",
@@ -195,26 +206,30 @@ def score_with_evaluator(
         reporter.labelled(long_desc, "doc").steps(len(texts)) as long_done,
         reporter.labelled(short_desc, "doc").steps(len(texts)) as short_done,
     ):
-        lp_long = long_context_log_probs(
-            evaluator,
-            sequences,
-            max_tokens_per_batch,
-            lambda _: long_done(),
-            reporter.labelled(long_desc, "doc"),
-            equal_lengths=per_document,
-        )
-        lp_short = short_context_log_probs(
-            evaluator,
-            sequences,
-            window.trunc_len,
-            window.sliding_window,
-            max_tokens_per_batch,
-            long_log_probs=lp_long,
-            prefix_token_id=_window_prefix(tokenizer, window_bos),
-            on_sequence_done=lambda _: short_done(),
-            progress=reporter.labelled(short_desc, "window"),
-            equal_lengths=per_document,
-        )
+        for group in groups:
+            seqs = [sequences[doc] for doc in group]
+            long = long_context_log_probs(
+                evaluator,
+                seqs,
+                max_tokens_per_batch,
+                lambda _: long_done(),
+                reporter.labelled(long_desc, "doc"),
+                equal_lengths=pack_documents,
+            )
+            short = short_context_log_probs(
+                evaluator,
+                seqs,
+                window.trunc_len,
+                window.sliding_window,
+                max_tokens_per_batch,
+                long_log_probs=long,
+                prefix_token_id=_window_prefix(tokenizer, window_bos),
+                on_sequence_done=lambda _: short_done(),
+                progress=reporter.labelled(short_desc, "window"),
+                equal_lengths=pack_documents,
+            )
+            for doc, values_long, values_short in zip(group, long, short):
+                lp_long[doc], lp_short[doc] = values_long, values_short
     return [
         EvaluatorScores(ids, offsets, long.numpy(), short.numpy())
         for (ids, offsets), long, short in zip(encoded, lp_long, lp_short)

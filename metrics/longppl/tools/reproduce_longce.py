@@ -419,7 +419,9 @@ class LongCERun(Run):
                 ["--corpus", corpus, "--evaluator", evaluator, "--output", self.cache_dir(label)]
                 + ["--device", self.device, *self.window_flags()]
                 + ["--alpha", str(self.evaluation["alpha"]), "--beta", str(self.evaluation["beta"])]
-                + ["--max-length", str(self.length)],
+                + ["--max-length", str(self.length)]
+                # this run's own cache, built by one process: the 4-7x of packing over bit-identity with N
+                + ["--pack-documents"],
             )
             self.write_json(done, {"evaluator": evaluator, "corpus": corpus})
 
