@@ -137,6 +137,9 @@ def close_process_group() -> None:
     import torch
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # every rank arrives first: a rank that tears its group down while a peer still works in it
+        # (e.g. rank 0 writing results) can abort in gloo's threads at exit
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
