@@ -181,6 +181,15 @@ def _hub_commit(repo_id: str) -> str | None:
     return commit if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else None
 
 
+def file_sha256(path: str, block_bytes: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes, read in blocks of ``block_bytes``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(block_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _directory_digest(folder: str) -> bytes:
     """Digest of a saved model folder: its config and tokenizer files, and sampled blocks of its
     weight files."""

@@ -76,7 +76,6 @@ Guarantees of a cache directory (written by :meth:`KeyTokenCache.save`):
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -95,7 +94,7 @@ from .atomic_files import (
     swap_interrupted,
     write_file_atomically,
 )
-from .fingerprints import ModelIdentity, text_fingerprint
+from .fingerprints import ModelIdentity, file_sha256, text_fingerprint
 from .settings import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, WindowSettings
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
@@ -103,7 +102,6 @@ if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's 
 
 FORMAT_VERSION = 2
 CHECKSUM_FILE = "longppl_checksums.json"
-_HASH_BLOCK = 1 << 20
 
 CACHE_FEATURES = datasets.Features(
     {
@@ -146,18 +144,10 @@ def _damaged(path: str, detail: str) -> CacheDamagedError:
     )
 
 
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_checksums(folder: str) -> None:
     """Record the size and SHA-256 of every file in ``folder`` (a cache just written there)."""
     files = {
-        name: {"bytes": os.path.getsize(os.path.join(folder, name)), "sha256": _file_sha256(os.path.join(folder, name))}
+        name: {"bytes": os.path.getsize(os.path.join(folder, name)), "sha256": file_sha256(os.path.join(folder, name))}
         for name in sorted(os.listdir(folder))
         if name != CHECKSUM_FILE and os.path.isfile(os.path.join(folder, name))
     }
@@ -198,7 +188,7 @@ def verify_checksums(path: str) -> bool:
     names = sorted(expected)
     # hashlib releases the GIL on large buffers: the shards of a large cache are hashed in parallel.
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
-        digests = list(pool.map(lambda name: _file_sha256(os.path.join(path, name)), names))
+        digests = list(pool.map(lambda name: file_sha256(os.path.join(path, name)), names))
     for name, digest in zip(names, digests):
         if digest != expected[name][1]:
             raise _damaged(

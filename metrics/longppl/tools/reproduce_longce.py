@@ -486,28 +486,20 @@ class LongCERun(Run):
     def cache_weights_key(self, tokenizer) -> dict:
         """What the ``cache`` method's weights dataset depends on: the evaluator, gamma, ``L``, the
         trained model's tokenizer, and the contents of the fine-tuning pool and of its key-token cache."""
-        import hashlib
-
-        from ..fingerprints import tokenizer_fingerprint
+        from ..fingerprints import file_sha256, tokenizer_fingerprint
         from ..key_token_cache import CHECKSUM_FILE
 
-        def file_sha256(path: str) -> str | None:
-            if not os.path.isfile(path):
-                return None
-            digest = hashlib.sha256()
-            with open(path, "rb") as handle:
-                while block := handle.read(1 << 20):
-                    digest.update(block)
-            return digest.hexdigest()
+        def sha256_if_any(path: str) -> str | None:
+            return file_sha256(path) if os.path.isfile(path) else None
 
         return {
             "evaluator": self.named_model(self.config["evaluator"]),
             "gamma": float(self.tuning["gamma"]),
             "length": self.length,
             "tokenizer": tokenizer_fingerprint(tokenizer),
-            "finetune_sha256": file_sha256(self.path("data", "finetune.jsonl")),
+            "finetune_sha256": sha256_if_any(self.path("data", "finetune.jsonl")),
             # the cache's own record of its files: it changes whenever the cache is rewritten
-            "cache_checksums_sha256": file_sha256(os.path.join(self.cache_dir("finetune"), CHECKSUM_FILE)),
+            "cache_checksums_sha256": sha256_if_any(os.path.join(self.cache_dir("finetune"), CHECKSUM_FILE)),
         }
 
     def cache_weights_dataset(self, tokenizer):
