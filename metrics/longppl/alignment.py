@@ -29,16 +29,7 @@ def encode_with_offsets(tokenizer, text: str, add_special_tokens: bool) -> tuple
     Returns:
         ``ids`` ``[n]`` int64 and ``offsets`` ``[n, 2]`` int64.
     """
-    kwargs = dict(add_special_tokens=add_special_tokens, return_attention_mask=False, verbose=False)
-    if getattr(tokenizer, "is_fast", False):
-        try:
-            encoded = tokenizer(text, return_offsets_mapping=True, **kwargs)
-            ids = np.asarray(encoded["input_ids"], dtype=np.int64)
-            return ids, np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-        except NotImplementedError:
-            pass
-    ids = np.asarray(tokenizer(text, **kwargs)["input_ids"], dtype=np.int64)
-    return ids, decode_offsets(tokenizer, text, ids)
+    return next(encode_many_with_offsets(tokenizer, [text], add_special_tokens))
 
 
 def encode_many_with_offsets(
@@ -50,21 +41,22 @@ def encode_many_with_offsets(
     instead of one per text: the per-call overhead of ``transformers`` dominates for short texts),
     giving the same ids and offsets as one call per text; other tokenizers go text by text.
     """
-    if not getattr(tokenizer, "is_fast", False):
-        for text in texts:
-            yield encode_with_offsets(tokenizer, text, add_special_tokens)
-        return
     kwargs = dict(add_special_tokens=add_special_tokens, return_attention_mask=False, verbose=False)
+    fast = getattr(tokenizer, "is_fast", False)
     for start in range(0, len(texts), chunk):
         part = list(texts[start : start + chunk])
-        try:
-            encoded = tokenizer(part, return_offsets_mapping=True, **kwargs)
-        except NotImplementedError:  # no offset mapping after all: the per-text fallback
-            for text in part:
-                yield encode_with_offsets(tokenizer, text, add_special_tokens)
-            continue
-        for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"]):
-            yield np.asarray(ids, dtype=np.int64), np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        if fast:
+            try:
+                encoded = tokenizer(part, return_offsets_mapping=True, **kwargs)
+            except NotImplementedError:  # no offset mapping after all: decode the offsets
+                fast = False
+            else:
+                for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"]):
+                    yield np.asarray(ids, dtype=np.int64), np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+                continue
+        for text in part:
+            ids = np.asarray(tokenizer(text, **kwargs)["input_ids"], dtype=np.int64)
+            yield ids, decode_offsets(tokenizer, text, ids)
 
 
 def _decode(tokenizer, ids) -> str:
