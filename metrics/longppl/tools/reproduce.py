@@ -1056,6 +1056,18 @@ def _fmt(value, digits: int = 2) -> str:
     return "n/a" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
 
 
+def report_tail(results: dict, figures_title: str) -> list[str]:
+    """The end of a run's ``report.md`` (Markdown lines): the wall time per stage, then the figures
+    (``results["figures"]``, under ``## figures_title``) when any were drawn."""
+    lines = ["", "## Wall time", "", "| stage | seconds | calls |", "|---|---|---|"]
+    for stage, entry in results["timings"]["stages"].items():
+        lines.append(f"| {stage} | {entry['seconds']:.1f} | {entry['calls']} |")
+    if results["figures"]:
+        lines += ["", f"## {figures_title}", ""]
+        lines += [f"![{os.path.basename(p)}](figures/{os.path.basename(p)})" for p in results["figures"]]
+    return lines
+
+
 def format_report(results: dict) -> str:
     """The Markdown report of ``results.json``: the family, the measures, the correlations, the answer tokens."""
     lines = ["# LongPPL reproduction at small scale", ""]
@@ -1128,13 +1140,7 @@ def format_report(results: dict) -> str:
         if beyond:
             row += f" {_fmt(beyond[rule]['balanced_accuracy'], 3)} | {_fmt(beyond[rule]['recall'], 3)} |"
         lines.append(row)
-    lines += ["", "## Wall time", "", "| stage | seconds | calls |", "|---|---|---|"]
-    for stage, entry in results["timings"]["stages"].items():
-        lines.append(f"| {stage} | {entry['seconds']:.1f} | {entry['calls']} |")
-    if results["figures"]:
-        lines += ["", "## Figures", ""] + [
-            f"![{os.path.basename(p)}](figures/{os.path.basename(p)})" for p in results["figures"]
-        ]
+    lines += report_tail(results, "Figures")
     return "\n".join(lines) + "\n"
 
 

@@ -838,6 +838,8 @@ def format_report(results: dict) -> str:
     """The Markdown report of ``results.json``: every run, then each method's mean ± std over seeds."""
     lengths = results["lengths"]
     extension = results["extension"]
+    # the measured columns of both tables
+    measures = " | ".join(f"lines {n}" for n in lengths) + " | mean | PPL | LongPPL | soft LongPPL | step ms |"
     out = ["# LongCE vs CE at small scale", ""]
     out += [
         f"Device: {results['device']}. Base model: `{results['base_model']}`, extended by {extension['method']} "
@@ -851,9 +853,7 @@ def format_report(results: dict) -> str:
         "",
         "## Runs",
         "",
-        "| run | method | seed | "
-        + " | ".join(f"lines {n}" for n in lengths)
-        + " | mean | PPL | LongPPL | soft LongPPL | step ms |",
+        "| run | method | seed | " + measures,
         "|---|---|---|" + "---|" * (len(lengths) + 5),
     ]
     for row in results["runs"]:
@@ -868,9 +868,7 @@ def format_report(results: dict) -> str:
         "",
         "## Mean ± standard deviation over seeds",
         "",
-        "| method | seeds | "
-        + " | ".join(f"lines {n}" for n in lengths)
-        + " | mean | PPL | LongPPL | soft LongPPL | step ms |",
+        "| method | seeds | " + measures,
         "|---|---|" + "---|" * (len(lengths) + 5),
     ]
     for method, entry in results["summary"].items():
@@ -882,12 +880,7 @@ def format_report(results: dict) -> str:
             + f" | {_pm(entry['mean_accuracy'])} | {_pm(entry['ppl'])} | {_pm(entry['longppl'])} | "
             f"{_pm(entry['soft_longppl'])} | {_pm(step, 1)} |"
         )
-    out += ["", "## Wall time", "", "| stage | seconds | calls |", "|---|---|---|"]
-    for stage, entry in results["timings"]["stages"].items():
-        out.append(f"| {stage} | {entry['seconds']:.1f} | {entry['calls']} |")
-    if results["figures"]:
-        out += ["", "## Lines accuracy against steps", ""]
-        out += [f"![{os.path.basename(p)}](figures/{os.path.basename(p)})" for p in results["figures"]]
+    out += reproduce.report_tail(results, "Lines accuracy against steps")
     return "\n".join(out) + "\n"
 
 
