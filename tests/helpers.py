@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -177,6 +178,18 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0, max_positions: int = 8
         with torch.no_grad():
             model.get_output_embeddings().weight.mul_(40.0)
     return model.eval()
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run the block on one torch intra-op thread, then restore the count. On two shared cores a
+    second thread only waits on the other processes and makes tiny matmuls far slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def accelerate_launch_on_cpu(num_processes: int = 2) -> list[str]:

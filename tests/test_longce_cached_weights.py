@@ -16,7 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, metaspace_bpe, one_step_args, tiny_model
+from helpers import (
+    accelerate_launch_on_cpu,
+    byte_level_bpe,
+    govreport_texts,
+    metaspace_bpe,
+    one_step_args,
+    one_torch_thread,
+    tiny_model,
+)
 from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlattening, default_data_collator
 
 from longce import LongCEConfig, LongCETrainer
@@ -424,12 +432,8 @@ def test_ddp_two_processes_match_one_process(tmp_path):
         timeout=420,
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         ddp_train(data, str(tmp_path / "single"), DDP_GLOBAL_BATCH)
-    finally:
-        torch.set_num_threads(threads)
     logs = {}
     for name in ("ddp", "single"):
         with open(tmp_path / name / "log.json", encoding="utf-8") as handle:

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 import torch
-from helpers import accelerate_launch_on_cpu
+from helpers import accelerate_launch_on_cpu, one_torch_thread
 from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -122,12 +122,8 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     sys.path.insert(0, HERE)
     import ddp_longce_worker
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two shared cores: a second intra-op thread only waits
-    try:
+    with one_torch_thread():
         ddp_longce_worker.run(str(tmp_path / "single.json"), recipe_argv(tmp_path, str(data), "single", GLOBAL_BATCH))
-    finally:
-        torch.set_num_threads(threads)
     single = read_report(str(tmp_path / "single.json.rank0"))
     assert single["world_size"] == 1 and single["steps"] == STEPS
 

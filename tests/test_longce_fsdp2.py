@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 from datasets import Dataset
-from helpers import accelerate_launch_on_cpu
+from helpers import accelerate_launch_on_cpu, one_torch_thread
 from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,12 +61,8 @@ def test_fsdp2_two_processes_match_one_process(tmp_path, mode):
     sys.path.insert(0, HERE)
     import fsdp2_longce_worker
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         fsdp2_longce_worker.run(mode, data, str(tmp_path / "single"), GLOBAL_BATCH, fsdp2=False)
-    finally:
-        torch.set_num_threads(threads)
     fsdp, single = read_result(tmp_path / "fsdp2"), read_result(tmp_path / "single")
 
     # FSDP2 really ran: every parameter is a DTensor of which each rank holds half the rows

@@ -10,10 +10,9 @@ import os
 
 import numpy as np
 import pytest
-import torch
 import yaml
 from datasets import Dataset
-from helpers import byte_level_bpe, govreport_texts
+from helpers import byte_level_bpe, govreport_texts, one_torch_thread
 
 from longce import LongCETrainer, cli
 from longce.arguments import parse_args
@@ -33,10 +32,8 @@ LENGTH = 64  # --max_seq_length
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def ascii_texts(n=6, chars=(700, 450, 900, 300, 650, 500)):

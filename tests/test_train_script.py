@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 import yaml
-from helpers import DATA
+from helpers import DATA, one_torch_thread
 from safetensors.torch import load_file
 
 from longce import LongCEConfig, LongCETrainer, apply_context_extension, cli
@@ -29,12 +29,8 @@ TINY = os.path.join(REPO, "configs", "tiny_cpu.yaml")
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    # Two shared cores: a second intra-op thread waits on the other processes and makes tiny
-    # matmuls a hundred times slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def read_recipe(path: str = TINY) -> dict:
