@@ -688,16 +688,17 @@ def test_every_recipe_field_has_help_text():
     assert not missing, missing
 
 
-def test_help_as_a_command():
+def run_ok(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run a command from the repository on one thread; it must exit 0 (its stderr's end otherwise)."""
     done = subprocess.run(
-        [sys.executable, "scripts/train_longce.py", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        argv, cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_help_as_a_command():
+    done = run_ok([sys.executable, "scripts/train_longce.py", "--help"])
     assert option_names(done.stdout)[:2] == ["-h", "--config"] and "--longce_gamma" in done.stdout
 
 
@@ -705,15 +706,7 @@ def test_help_of_the_installed_command():
     """`pip install` puts `longce-train` next to the interpreter (setup.cfg's console_scripts)."""
     command = os.path.join(os.path.dirname(sys.executable), "longce-train")
     assert os.path.isfile(command), f"{command} missing: reinstall the project (pip install -e .) to get the command"
-    done = subprocess.run(
-        [command, "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_ok([command, "--help"])
     assert done.stdout.startswith("usage: longce-train --config RECIPE.yaml")
     assert option_names(done.stdout)[:3] == ["-h", "--config", "--help-all"] and "--longce_gamma" in done.stdout
     assert "--adam_beta1" not in done.stdout  # the short help: TrainingArguments' fields are behind --help-all
@@ -721,15 +714,7 @@ def test_help_of_the_installed_command():
 
 def test_help_all_through_python_m():
     """`python -m longce.cli` (what `accelerate launch -m longce.cli` runs in every process)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "longce.cli", "--help-all"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_ok([sys.executable, "-m", "longce.cli", "--help-all"])
     assert "--adam_beta1" in done.stdout and "--longce_gamma" in done.stdout and "--model_config" in done.stdout
 
 
