@@ -473,10 +473,14 @@ def test_model_without_causal_lm_head():
         LongCETrainer(model=backbone, args=make_args())
 
 
-def test_context_parallelism_is_refused():
+def test_context_parallelism_is_refused_with_self_scored_weights():
+    # (with longce_weights="cache" it runs: test_longce_context_parallel.py)
     trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args())
     trainer.accelerator = SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=2, sp_size=1))
-    with pytest.raises(ValueError, match="does not support context or sequence parallelism"):
+    with pytest.raises(ValueError, match=r"context parallelism \(cp_size=2\) only with longce_weights='cache'"):
+        trainer._refuse_context_parallelism()
+    trainer.accelerator = SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=1, sp_size=2))
+    with pytest.raises(ValueError, match=r"does not support sequence parallelism \(sp_size=2"):
         trainer._refuse_context_parallelism()
 
 

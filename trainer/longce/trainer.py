@@ -22,11 +22,15 @@ memory saving.
 
 With ``LongCEConfig(longce_weights="cache")`` step 1 is skipped: ``w`` comes from the batch's
 ``longce_weights`` (an evaluator's weights from a key-token cache, ``cached_weights``), so a step
-costs what a plain cross-entropy step costs.
+costs what a plain cross-entropy step costs, and context parallelism works (``cp_size > 1``, torch's
+ring attention under FSDP2): the weights are sharded along the sequence with the tokens they weigh
+(``_prepare_context_parallel_inputs``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +53,11 @@ logger = logging.getLogger(__name__)
 # Logged besides the loss, per mode; evaluation prefixes its metric_key_prefix ("eval_", "test_").
 _STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
 
+#: Batch key of the cached weights shifted like ``shift_labels`` (``[B, T]``: ``[:, t]`` weighs the
+#: prediction made at position ``t``, of token ``t + 1``). Context parallelism shards it with the
+#: tokens; a rank's shard cannot be shifted on its own (its last position predicts another rank's token).
+SHIFT_WEIGHTS = "longce_shift_weights"
+
 
 def _output_logits(outputs: Any) -> torch.Tensor:
     """The ``logits`` of a model's output (a ``ModelOutput`` or, with ``return_dict=False``, a tuple)."""
@@ -59,7 +68,7 @@ def _of_predicted_tokens(values: torch.Tensor, flat: torch.Tensor, fill: float) 
     """``[N]`` values of the tokens the trained positions predict, from per-token ``values`` ``[B, T]``.
 
     Position ``t`` of a row predicts ``targets[:, t]``, token ``t + 1``: it gets ``values[:, t + 1]``
-    (a short-context score or a given weight, both indexed by the token they score), ``fill`` at
+    (a short-context score, indexed by the token it scores), ``fill`` at
     ``t = T - 1``. ``flat`` ``[N]``: the trained positions as ``row * T + t``.
     """
     shifted = torch.full_like(values, fill)
@@ -81,6 +90,12 @@ class LongCETrainer(Trainer):
     from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
     ``attention_mask`` and ``position_ids``; with ``longce_weights="cache"``, ``longce_weights``
     (``[B, T]`` float32, one weight per token, ``cached_weights.LongCEWeightsCollator``).
+
+    Context parallelism (accelerate's ``ParallelismConfig(cp_size=...)`` with FSDP2) runs with
+    ``longce_weights="cache"``: the Trainer shards ``input_ids``, ``shift_labels`` and
+    ``position_ids`` along the sequence, and the weights, shifted like ``shift_labels``, with them.
+    ``"self"`` refuses it (its short-context windows need whole documents on one process), and
+    sequence parallelism (``sp_size``, DeepSpeed Ulysses) is refused in both modes.
 
     Attributes:
         longce: the ``LongCESettings`` of ``args``, read once here (the defaults for plain
@@ -119,14 +134,69 @@ class LongCETrainer(Trainer):
         self._longce_warned_no_windows = False
 
     def _refuse_context_parallelism(self) -> None:
+        """Refuse sequence parallelism, and context parallelism unless the weights are cached.
+
+        Cached weights only need to travel with their tokens (``_prepare_context_parallel_inputs``);
+        self-scored ones need each document whole on one process for its short-context windows.
+        DeepSpeed's sequence parallelism shards the batch in its own data loader adapter, which
+        does not know the weights column, so it stays refused (untested).
+        """
         config = getattr(self.accelerator, "parallelism_config", None) or getattr(self.args, "parallelism_config", None)
-        sizes = {name: getattr(config, name, 1) or 1 for name in ("cp_size", "sp_size")}
-        if any(size > 1 for size in sizes.values()):
+        cp_size = getattr(config, "cp_size", 1) or 1
+        sp_size = getattr(config, "sp_size", 1) or 1
+        if sp_size > 1:
             raise ValueError(
-                f"LongCETrainer does not support context or sequence parallelism ({sizes}): its short-context "
-                "windows need each document's tokens on one process. Use cp_size=1 and sp_size=1 (DDP, FSDP or "
-                "DeepSpeed ZeRO shard parameters, not sequences)."
+                f"LongCETrainer does not support sequence parallelism (sp_size={sp_size}, DeepSpeed Ulysses): its "
+                "batch sharding does not carry the LongCE weights. Use sp_size=1; with longce_weights='cache', "
+                "context parallelism (cp_size > 1, FSDP2) shards long sequences instead."
             )
+        if cp_size > 1 and self.longce.weights != "cache":
+            raise ValueError(
+                f"LongCETrainer supports context parallelism (cp_size={cp_size}) only with longce_weights='cache': "
+                "with 'self' its short-context windows need each document's tokens on one process. Use cp_size=1 "
+                "(DDP, FSDP or DeepSpeed ZeRO shard parameters, not sequences), or weights from a key-token cache "
+                "(longce_weights='cache', longce.add_key_token_weights)."
+            )
+
+    def _prepare_context_parallel_inputs(
+        self, model: nn.Module, inputs: dict[str, Any]
+    ) -> tuple[Callable[[], Any], dict[str, Any]]:
+        """``Trainer``'s context-parallel preparation, with the cached weights sharded like ``shift_labels``.
+
+        Under context parallelism ``Trainer`` adds ``shift_labels`` (``[B, T]``) to ``inputs`` and
+        returns a context that shards its buffers (``input_ids``, ``labels``, ``shift_labels``,
+        ``attention_mask``, ``position_ids``) along dim 1, in place, with one split for all. The
+        weights join those buffers as ``longce_shift_weights`` ``[B, T]`` (``[:, t]`` =
+        ``longce_weights[:, t + 1]``, 1 at ``t = T - 1``), so each rank gets the weights of exactly
+        the predictions it makes; ``longce_weights`` leaves ``inputs``. Without context
+        parallelism ``inputs`` are returned as they are.
+        """
+        cp_context, inputs = super()._prepare_context_parallel_inputs(model, inputs)
+        if cp_context is contextlib.nullcontext or self.longce.weights != "cache":
+            return cp_context, inputs
+        keywords = getattr(cp_context, "keywords", None) or {}
+        if not isinstance(cp_context, functools.partial) or "buffers" not in keywords:
+            # Trainer changed how it hands the buffers over: unsharded weights would weigh the wrong tokens.
+            raise RuntimeError(
+                "LongCETrainer cannot add its weights to this transformers version's context-parallel buffers "
+                f"({type(cp_context).__name__}); train with cp_size=1."
+            )
+        shifted = self._position_weights(inputs, inputs["input_ids"])  # [B, T], checked, before sharding
+        inputs.pop(WEIGHTS_COLUMN, None)
+        inputs[SHIFT_WEIGHTS] = shifted
+        return (
+            functools.partial(
+                cp_context.func,
+                *cp_context.args,
+                **{
+                    **keywords,
+                    "buffers": [*keywords["buffers"], shifted],
+                    "buffer_seq_dims": [*keywords["buffer_seq_dims"], 1],
+                    "no_restore_buffers": {*(keywords.get("no_restore_buffers") or ()), shifted},
+                },
+            ),
+            inputs,
+        )
 
     def _set_signature_columns_if_needed(self) -> None:
         """``Trainer``'s columns to keep (the model's forward arguments, labels) and, with cached weights,
@@ -155,14 +225,14 @@ class LongCETrainer(Trainer):
         head = resolve_lm_head(self.accelerator.unwrap_model(model))
         batch, length = input_ids.shape
 
-        given = self._batch_weights(inputs, input_ids)  # [B, T] from the dataset (longce_weights="cache"), or None
+        given = self._position_weights(inputs, input_ids)  # [B, T] aligned with targets ("cache"), or None
         flat = rows * length + cols
         if self.longce.plain_ce or given is not None:  # no short pass: NaN short scores give weight 1 / are unused
             lp_short = torch.full((flat.numel(),), float("nan"), device=input_ids.device)  # [N]
         else:
             lp_short = _of_predicted_tokens(self._short_context_pass(model, head, inputs), flat, float("nan"))  # [N]
         # Given weights [N] replace min(exp(LSD), gamma) in the loss; None: they come from lp_short.
-        weights = None if given is None else _of_predicted_tokens(given, flat, 1.0)
+        weights = None if given is None else given.reshape(-1)[flat]
         result: dict[str, torch.Tensor] = {}
         # Real logits only when prediction_step gathers them (under no_grad); training never pays for them.
         real_logits = return_outputs and self._longce_want_logits and not torch.is_grad_enabled()
@@ -183,7 +253,9 @@ class LongCETrainer(Trainer):
             # default without checkpointing and for PEFT) walks back from it to find used parameters.
             return hidden.new_zeros(*hidden.shape[:-1], 0) + 0 * result["loss"]
 
-        model_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels", WEIGHTS_COLUMN)}
+        model_inputs = {
+            k: v for k, v in inputs.items() if k not in ("labels", "shift_labels", WEIGHTS_COLUMN, SHIFT_WEIGHTS)
+        }
         with intercept_head(head, consume):
             outputs = model(**model_inputs, use_cache=False)
         if "loss" not in result:
@@ -228,6 +300,29 @@ class LongCETrainer(Trainer):
         if targets.shape != input_ids.shape:
             raise ValueError(f"labels have shape {tuple(targets.shape)} but input_ids {tuple(input_ids.shape)}.")
         return input_ids, targets
+
+    def _position_weights(self, inputs: dict[str, Any], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """``[B, T]`` float32 weight of the prediction at each position with ``longce_weights="cache"``, else ``None``.
+
+        Position ``t`` predicts token ``t + 1``: it gets ``longce_weights[:, t + 1]`` (1 at ``t = T - 1``,
+        which predicts nothing), or ``longce_shift_weights[:, t]``, shifted already (under context
+        parallelism ``_prepare_context_parallel_inputs`` shifts them before the sequence is sharded).
+        """
+        shifted = inputs.get(SHIFT_WEIGHTS)
+        if shifted is None:
+            given = self._batch_weights(inputs, input_ids)  # [B, T], indexed by the token they weigh
+            return None if given is None else torch.nn.functional.pad(given[:, 1:], (0, 1), value=1.0)
+        if self.longce.weights != "cache":
+            raise ValueError(
+                f"The batch holds {SHIFT_WEIGHTS!r}, but longce_weights='self' scores the weights with the trained "
+                "model: set longce_weights='cache' to train with the dataset's weights, or drop the column."
+            )
+        if tuple(shifted.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"{SHIFT_WEIGHTS} has shape {tuple(shifted.shape)} but input_ids {tuple(input_ids.shape)}: under "
+                "context parallelism the weights must be sharded with the tokens."
+            )
+        return shifted.to(device=input_ids.device, dtype=torch.float32)
 
     def _batch_weights(self, inputs: dict[str, Any], input_ids: torch.Tensor) -> torch.Tensor | None:
         """``[B, T]`` float32 weights of the batch's tokens with ``longce_weights="cache"``, else ``None``."""
