@@ -52,6 +52,7 @@ SCRIPTS = [
     ("bench_multi_gpu.py",),
     ("bench_multi_gpu.py", "score"),
     ("bench_multi_gpu.py", "train"),
+    ("check_context_parallel.py",),
     ("push_metric_to_hub.py",),
 ]
 # Options whose help another change rewrites (compute_key_tokens' --max-length): they must have a
