@@ -22,9 +22,9 @@ memory saving.
 
 With ``LongCEConfig(longce_weights="cache")`` step 1 is skipped: ``w`` comes from the batch's
 ``longce_weights`` (an evaluator's weights from a key-token cache, ``cached_weights``), so a step
-costs what a plain cross-entropy step costs, and context parallelism works (``cp_size > 1``, torch's
-ring attention under FSDP2): the weights are sharded along the sequence with the tokens they weigh
-(``_prepare_context_parallel_inputs``).
+costs what a plain cross-entropy step costs, and context parallelism is allowed (``cp_size > 1``,
+torch's ring attention under FSDP2): the weights are sharded along the sequence with the tokens
+they weigh (``_prepare_context_parallel_inputs``).
 """
 
 from __future__ import annotations
@@ -138,17 +138,17 @@ class LongCETrainer(Trainer):
 
         Cached weights only need to travel with their tokens (``_prepare_context_parallel_inputs``);
         self-scored ones need each document whole on one process for its short-context windows.
-        DeepSpeed's sequence parallelism shards the batch in its own data loader adapter, which
-        does not know the weights column, so it stays refused (untested).
+        DeepSpeed's sequence parallelism shards the batch in its own data-loader adapter, which
+        would have to shard the weights too; it stays refused (untried).
         """
         config = getattr(self.accelerator, "parallelism_config", None) or getattr(self.args, "parallelism_config", None)
         cp_size = getattr(config, "cp_size", 1) or 1
         sp_size = getattr(config, "sp_size", 1) or 1
         if sp_size > 1:
             raise ValueError(
-                f"LongCETrainer does not support sequence parallelism (sp_size={sp_size}, DeepSpeed Ulysses): its "
-                "batch sharding does not carry the LongCE weights. Use sp_size=1; with longce_weights='cache', "
-                "context parallelism (cp_size > 1, FSDP2) shards long sequences instead."
+                f"LongCETrainer does not support sequence parallelism (sp_size={sp_size}, DeepSpeed Ulysses): nothing "
+                "shards its weights or short-context windows with the sequence there. Use sp_size=1; with "
+                "longce_weights='cache', context parallelism (cp_size > 1, FSDP2) shards long sequences instead."
             )
         if cp_size > 1 and self.longce.weights != "cache":
             raise ValueError(
