@@ -161,22 +161,21 @@ def test_cp_ranks_together_equal_the_whole_batch(name, cp_trainer):
         torch.testing.assert_close(grads[key], expected[key], atol=1e-5, rtol=1e-4, msg=key)
 
     # Every rank got the same buffers, the weights among them, shifted like shift_labels before sharding.
+    given = [torch.tensor(r["longce_weights"]) for r in rows]
+    expected_shift = torch.cat(given)[None, 1:] if name == "packed" else torch.stack(given)[:, 1:]
     for buffers in seen:
         shifted = [tensor for tensor, _ in buffers if tensor.dtype == torch.float32]
         assert len(buffers) == (6 if name == "rows" else 5) and len(shifted) == 1  # + attention_mask
-        given = torch.tensor([r["longce_weights"] for r in rows]) if name == "rows" else None
-        if name == "packed":
-            torch.testing.assert_close(
-                shifted[0][0, :-1], torch.cat([torch.tensor(r["longce_weights"]) for r in rows])[1:]
-            )
-        else:
-            torch.testing.assert_close(shifted[0][:, :-1], given[:, 1:])
+        torch.testing.assert_close(shifted[0][:, :-1], expected_shift)
 
 
 def test_the_shards_pair_each_position_with_its_target_and_weight(cp_trainer):
     """What each rank trains on: position p (global index) with target ids[p+1] and weight w[p+1]."""
     rows = rows_with_weights([13, 9, 10], seed=4)
-    ids = torch.cat([torch.tensor(r["input_ids"]) for r in rows])
+    distinct = (torch.randperm(VOCAB - 3, generator=torch.Generator().manual_seed(4))[:32] + 3).split([13, 9, 10])
+    for row, tokens in zip(rows, distinct):  # distinct tokens: a token tells its global index
+        row["input_ids"] = tokens.tolist()
+    ids = torch.cat(distinct)
     weights = torch.cat([torch.tensor(r["longce_weights"]) for r in rows])
     starts = {0, 13, 22}  # first token of each document: predicted by no position
     covered = []
@@ -191,12 +190,8 @@ def test_the_shards_pair_each_position_with_its_target_and_weight(cp_trainer):
             local_weights = trainer._position_weights(inputs, inputs["input_ids"])[0]
         assert local_ids.shape[0] == ids.shape[0] // CP
         for token, position, target, weight in zip(local_ids, positions, targets, local_weights):
-            # the global index: the document (known from the position) and the token's place in it
-            matches = [
-                p for p in range(ids.shape[0]) if ids[p] == token and p - max(s for s in starts if s <= p) == position
-            ]
-            assert len(matches) >= 1
-            p = matches[0]
+            p = int((ids == token).nonzero())
+            assert position == p - max(s for s in starts if s <= p)  # position_ids went with their tokens
             covered.append(p)
             if p + 1 in starts or p + 1 == ids.shape[0]:
                 assert target == -100
