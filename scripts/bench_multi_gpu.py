@@ -29,7 +29,7 @@ the CPU with ``--cpu``) at the recipe's K and d, then gives every run, the basel
     python scripts/bench_multi_gpu.py train --gpus 2 --setups ga ddp fsdp2 zero3
     python scripts/bench_multi_gpu.py train --gpus 2 --weights cache --setups ddp fsdp2 zero3 -- --max_steps 10
     python scripts/bench_multi_gpu.py train --cpu --config configs/tiny_cpu.yaml --setups ddp --weights cache \\
-        -- --max_steps 3 --save_strategy no   # smoke run, gloo
+        -- --max_steps 3 --logging_steps 1 --save_strategy no   # smoke run, gloo (scores all of --data: ~80 s)
     python scripts/bench_multi_gpu.py score --cpu --shape tiny --documents 4 --tokens 600   # smoke run, gloo
 
 Everything after ``--`` goes to every ``train_longce.py`` run (e.g. ``-- --max_steps 5``).
