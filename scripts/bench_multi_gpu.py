@@ -20,8 +20,16 @@ process. It prints the loss of every step for
 each setup, the largest difference from the baseline, the steps that logged the LongCE
 statistics, and the training time.
 
+``train --weights cache`` first scores every document of ``--data`` (whole) into a key-token cache
+with a random ``--evaluator-shape`` evaluator (byte-level tokenizer, one process: the first GPU, or
+the CPU with ``--cpu``) at the recipe's K and d, then gives every run, the baseline included,
+``--longce_weights cache --key_tokens <cache>``: the same checks with weights read from the data.
+
     python scripts/bench_multi_gpu.py score --gpus 2 --documents 8 --tokens 32768
     python scripts/bench_multi_gpu.py train --gpus 2 --setups ga ddp fsdp2 zero3
+    python scripts/bench_multi_gpu.py train --gpus 2 --weights cache --setups ddp fsdp2 zero3 -- --max_steps 10
+    python scripts/bench_multi_gpu.py train --cpu --config configs/tiny_cpu.yaml --setups ddp --weights cache \\
+        -- --max_steps 3 --logging_steps 1 --save_strategy no   # smoke run, gloo (scores all of --data: ~80 s)
     python scripts/bench_multi_gpu.py score --cpu --shape tiny --documents 4 --tokens 600   # smoke run, gloo
 
 Everything after ``--`` goes to every ``train_longce.py`` run (e.g. ``-- --max_steps 5``).
@@ -108,6 +116,17 @@ def save_random_model(folder: str, fields: dict, dtype: str, device: str, seed: 
     tokenizer.save_pretrained(folder)
 
 
+def save_random_evaluator(folder: str, shape: str, device: str, **fields) -> None:
+    """A random-weight Llama evaluator of ``SHAPES[shape]`` (plus ``fields``) with the byte-level tokenizer.
+
+    bf16 on a GPU, float32 on the CPU, as ``compute_key_tokens.py`` then loads it.
+    """
+    start = time.perf_counter()
+    fields = dict(SHAPES[shape], model_type="llama", max_position_embeddings=131072, **fields)
+    save_random_model(folder, fields, "bfloat16" if device == "cuda" else "float32", device)
+    print(f"random {shape} evaluator saved in {time.perf_counter() - start:.1f} s", flush=True)
+
+
 def run(command: list[str], env: dict[str, str], log: str, timeout: float) -> float:
     """Run ``command`` with its output appended to ``log``; returns its wall seconds. Raises on failure."""
     start = time.perf_counter()
@@ -146,6 +165,21 @@ def child_env(cpu: bool, visible: int | None = None) -> dict[str, str]:
     return env
 
 
+def key_tokens_command(
+    corpus: str,
+    evaluator: str,
+    output: str,
+    trunc_len: int,
+    sliding_window: int,
+    max_length: int | None = None,
+    text_column: str = "text",
+) -> list[str]:
+    """``compute_key_tokens.py``'s arguments: ``corpus`` scored by ``evaluator`` with K, d into ``output``."""
+    command = ["scripts/compute_key_tokens.py", "--corpus", corpus, "--evaluator", evaluator, "--output", output]
+    command += ["--text-column", text_column, "--trunc-len", str(trunc_len), "--sliding-window", str(sliding_window)]
+    return command + ([] if max_length is None else ["--max-length", str(max_length)])
+
+
 def caches_identical(first: str, second: str) -> tuple[bool, str]:
     """Whether two key-token caches hold the same rows with equal columns; and what differs, if anything."""
     import datasets
@@ -174,34 +208,13 @@ def score(args) -> dict:
     work = tempfile.mkdtemp(prefix="bench-multi-gpu-score-", dir=args.workdir)
     log = os.path.join(work, "log.txt")
     evaluator, corpus = os.path.join(work, "evaluator"), os.path.join(work, "corpus.jsonl")
-    start = time.perf_counter()
-    save_random_model(
-        evaluator,
-        dict(SHAPES[args.shape], model_type="llama", max_position_embeddings=131072),
-        "bfloat16" if device == "cuda" else "float32",
-        device,
-    )
-    print(f"random {args.shape} evaluator saved in {time.perf_counter() - start:.1f} s", flush=True)
+    save_random_evaluator(evaluator, args.shape, device)
     with open(corpus, "w", encoding="utf-8") as handle:
         for text in crs_documents(args.data, args.documents, args.tokens):
             handle.write(json.dumps({"text": text}) + "\n")
 
     def script(output: str) -> list[str]:
-        return [
-            "scripts/compute_key_tokens.py",
-            "--corpus",
-            corpus,
-            "--evaluator",
-            evaluator,
-            "--output",
-            output,
-            "--max-length",
-            str(args.tokens),
-            "--trunc-len",
-            str(args.trunc_len),
-            "--sliding-window",
-            str(args.sliding_window),
-        ]
+        return key_tokens_command(corpus, evaluator, output, args.trunc_len, args.sliding_window, args.tokens)
 
     one, many = os.path.join(work, "cache-1"), os.path.join(work, f"cache-{args.gpus}")
     seconds_one = run([sys.executable] + script(one), child_env(args.cpu, 1), log, args.timeout)
@@ -265,11 +278,49 @@ def log_history(output_dir: str) -> list[dict]:
         return json.load(handle)["log_history"]
 
 
+def score_training_texts(train_command: list[str], work: str, log: str, args) -> str:
+    """Score the documents the runs train on into a key-token cache, once; returns its folder.
+
+    A random ``--evaluator-shape`` evaluator (byte-level tokenizer, ``initializer_range``
+    ``--evaluator-init``: a larger one than the default 0.02 gives it sharp, context-dependent
+    predictions, so that the weights vary) scores every document of ``--data`` whole, with the K, d
+    and text column that ``train_command`` (``train_longce.py`` and its arguments) trains with, on one
+    process (the first GPU, or the CPU with ``--cpu``). The trained model needs no particular
+    evaluator tokenizer: ``add_key_token_weights`` carries the weights to its tokens by characters.
+    """
+    from longce.arguments import parse_args
+
+    # The runs' own arguments (the recipe and the overrides after `--`); bf16 off: the parent may have no GPU.
+    _, data_args, training_args = parse_args(train_command[1:] + ["--bf16", "false"])
+    device = "cpu" if args.cpu else "cuda"
+    evaluator, output = os.path.join(work, "evaluator"), os.path.join(work, "key-tokens")
+    save_random_evaluator(evaluator, args.evaluator_shape, device, initializer_range=args.evaluator_init)
+    command = key_tokens_command(
+        args.data,
+        evaluator,
+        output,
+        training_args.longce_trunc_len,
+        training_args.longce_sliding_window,
+        text_column=data_args.text_column,
+    )
+    seconds = run([sys.executable] + command, child_env(args.cpu, 1), log, args.timeout)
+    print(
+        f"key-token cache of {args.data} (K={training_args.longce_trunc_len}, d={training_args.longce_sliding_window}) "
+        f"scored on 1 {device} process in {seconds:.1f} s: {output}",
+        flush=True,
+    )
+    return output
+
+
 def train(args) -> dict:
     work = tempfile.mkdtemp(prefix="bench-multi-gpu-train-", dir=args.workdir)
     log = os.path.join(work, "log.txt")
     recipe = shared_initial_model(args.config, os.path.join(work, "initial-model"), "cpu" if args.cpu else "cuda")
     common = ["scripts/train_longce.py", "--config", recipe, "--data_files", args.data] + args.train_args
+    key_tokens = None
+    if args.weights == "cache":  # every run, the baseline included, takes its weights from one cache
+        key_tokens = score_training_texts(common, work, log, args)
+        common += ["--longce_weights", "cache", "--key_tokens", key_tokens]
     runs: dict[str, dict] = {}
     setups = [("1 GPU", None)] + [("1 GPU, GA" if setup == "ga" else setup, setup) for setup in args.setups]
     for name, setup in setups:
@@ -316,11 +367,11 @@ def train(args) -> dict:
             flush=True,
         )
         if args.json:  # kept up to date, so that a run cut short by a time limit still leaves its figures
-            write_json(args.json, dict(config=args.config, gpus=args.gpus, runs=runs, log=log))
+            write_json(args.json, dict(config=args.config, gpus=args.gpus, weights=args.weights, runs=runs, log=log))
 
     base = runs["1 GPU"].get("loss")
     names = [name for name, _ in setups if "loss" in runs[name]]
-    print(f"\nloss per step ({args.config}, global batch {args.gpus})")
+    print(f"\nloss per step ({args.config}, global batch {args.gpus}, LongCE weights {args.weights})")
     print("step " + "".join(f"{name:>10}" for name in names))
     for index in range(max(len(runs[name]["loss"]) for name in names) if names else 0):
         cells = [runs[name]["loss"][index] if index < len(runs[name]["loss"]) else float("nan") for name in names]
@@ -348,7 +399,7 @@ def train(args) -> dict:
     failed = [name for name, _ in setups if "error" in runs[name]]
     if failed:
         print(f"FAILED: {', '.join(failed)} (see {log})")
-    return dict(config=args.config, gpus=args.gpus, runs=runs, log=log)
+    return dict(config=args.config, gpus=args.gpus, weights=args.weights, key_tokens=key_tokens, runs=runs, log=log)
 
 
 def main(argv=None) -> dict:
@@ -402,6 +453,27 @@ def main(argv=None) -> dict:
         help="ga: one GPU, per-device batch 1 with gradient accumulation (the noise reference); "
         "fsdp2:1, zero3:1: that engine on one GPU (its own precision, one process) "
         "(default: ga ddp fsdp2 zero3)",
+    )
+    train_parser.add_argument(
+        "--weights",
+        choices=("self", "cache"),
+        default="self",
+        help="LongCE weights of every run: self (the trained model's short pass) or cache (a key-token cache "
+        "of --data scored once by a random evaluator, then --longce_weights cache --key_tokens <it>) "
+        "(default %(default)s)",
+    )
+    train_parser.add_argument(
+        "--evaluator-shape",
+        choices=sorted(SHAPES),
+        default="tiny",
+        help="with --weights cache: shape of the random evaluator (default %(default)s)",
+    )
+    train_parser.add_argument(
+        "--evaluator-init",
+        type=float,
+        default=1.0,
+        help="with --weights cache: the evaluator's initializer_range; the default 0.02 of a random model "
+        "gives nearly uniform predictions and weights near 1 (default %(default)s)",
     )
     args = parser.parse_args(argv)
     args.train_args = extra

@@ -129,3 +129,34 @@ def test_scoring_check_runs_on_two_cpu_processes(tmp_path):
     result = json.loads(result_path.read_text())
     assert result["identical"] is True and result["documents"] == 3
     assert len(result["script_seconds"]) == 2 and np.isfinite(result["ratio"])
+
+
+@pytest.mark.slow
+def test_training_check_with_cache_weights_scores_the_data_once_and_every_run_reads_it(tmp_path):
+    # A short corpus (three reports cut to 1,500 characters) keeps the CPU scoring to seconds.
+    data = tmp_path / "reports.jsonl"
+    with open(data, "w", encoding="utf-8") as handle:
+        for text in bench_multi_gpu.crs_documents(DATA, 3, 1500):
+            handle.write(json.dumps({"text": text}) + "\n")
+    result_path = tmp_path / "train.json"
+    command = [sys.executable, os.path.join(REPO, "scripts", "bench_multi_gpu.py"), "train", "--cpu", "--weights"]
+    command += ["cache", "--config", "configs/tiny_cpu.yaml", "--setups", "ddp", "--data", str(data)]
+    command += ["--workdir", str(tmp_path), "--json", str(result_path), "--", "--max_steps", "2"]
+    command += ["--logging_steps", "1", "--save_strategy", "no"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600, cwd=REPO
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(result_path.read_text())
+    cache = datasets.load_from_disk(result["key_tokens"])
+    assert result["weights"] == "cache" and len(cache) == 3 and set(cache["trunc_len"]) == {32}  # the recipe's K
+    assert set(result["runs"]) == {"1 GPU", "ddp"}
+    for run in result["runs"].values():
+        assert run["steps"] == run["stats_steps"] == [1, 2]
+        # the random evaluator's weights, not the trained model's (about 1 at the start)
+        assert all(weight > 1.2 for weight in run["longce_mean_weight"])
+    assert result["runs"]["ddp"]["max_abs_diff_vs_1gpu"] < 1e-3
+    # Both runs trained on the cache: train_longce.py's summary names it once per run (rank 0).
+    log = open(result["log"], encoding="utf-8").read()
+    assert log.count(f"LongCE weights from {result['key_tokens']}") == 2
+    assert "LongCE weights cache" in done.stdout and "FAILED" not in done.stdout
