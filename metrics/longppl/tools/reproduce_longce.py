@@ -819,6 +819,7 @@ def draw_curves(path: str, runs: list[dict]) -> list[str]:
         axis.plot([], [], color=colour, label=method)
     axis.set_xlabel("fine-tuning step")
     axis.set_ylabel("lines accuracy (mean over lengths)")
+    axis.set_ylim(-0.02, 1.02)  # a fraction: autoscaling would blow one right answer in 150 up to a spike
     axis.legend(title="method")
     figure.tight_layout()
     write_file_atomically(path, lambda handle: figure.savefig(handle, format="png", dpi=120), binary=True)
