@@ -89,7 +89,11 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
         for key in ("ppl", "longppl", "soft_longppl", "step_seconds", "seconds", "tokens"):
             assert row[key] > 0, (row["name"], key)
     assert set(on_disk["timings"]["stages"]) >= set(reproduce_longce.STAGES) - {"report"}
+    # No lines length fits the base's 256 positions (a one-line case takes 317 tokens here): no
+    # base row. The test below scores a base that fits.
+    assert on_disk["base_lines"] is None and not (out / "eval" / "lines" / "base.json").exists()
     report = (out / "report.md").read_text()
+    assert "The base before the extension" not in report
     for name in runs:
         assert f"| {name} |" in report
     for method in methods:
@@ -129,6 +133,19 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
     config["finetune"]["gamma"] = 0.5  # below the weights of this barely trained evaluator (~1): they change
     regamma = reproduce_longce.LongCERun(config, str(out)).finetune_dataset("cache", tokenizer)
     assert weighed == [1, 1] and regamma["longce_weights"] != saved["longce_weights"]
+
+    # A base whose positions hold some lines lengths is scored before the extension at those only,
+    # and the report says so (here the 512-position evaluator stands in for such a base).
+    long_base = reproduce_longce.LongCERun({**config, "base_model": str(out / "models" / "long")}, str(out))
+    cases = long_base.lines_cases()
+    long_base.base_lines({**cases, 4 * run.length: cases[run.length]})  # 2048 tokens: beyond 512 positions
+    scored = json.loads((out / "eval" / "lines" / "base.json").read_text())
+    assert scored["positions"] == run.length and list(scored["per_length"]) == [str(n) for n in cases]
+    assert all(len(v["outputs"]) == v["total"] == len(cases[int(n)]) for n, v in scored["per_length"].items())
+    summary = reproduce_longce._base_lines_summary(str(out / "eval" / "lines" / "base.json"))
+    assert summary == {"positions": run.length, "accuracy": {n: v["accuracy"] for n, v in scored["per_length"].items()}}
+    report = reproduce_longce.format_report({**on_disk, "base_lines": summary})
+    assert f"The base before the extension ({run.length} positions), lines accuracy: " in report
 
 
 def _config(tmp_path, **changes) -> str:

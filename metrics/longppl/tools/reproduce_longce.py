@@ -35,7 +35,8 @@ accuracy, the key-token cache and ``longppl-evaluate``):
 - ``finetune``: one run per method and seed -> ``models/<method>-s<seed>/`` (``training.json`` holds the
   step times and the accuracy curve; a folder holding it is finished and never retrained). The pool with
   the evaluator's weights (``cache``) is built once for all seeds -> ``data/finetune-cache-weights/``.
-- ``evaluate``: lines accuracy (``eval/lines/``), PPL and LongPPL (``eval/evaluator/``, ``eval/evaluator-soft/``).
+- ``evaluate``: lines accuracy (``eval/lines/``; also of the base before the extension, at the lengths
+  within its positions: ``eval/lines/base.json``), PPL and LongPPL (``eval/evaluator/``, ``eval/evaluator-soft/``).
 - ``report``: ``results.json``, ``report.md``, ``figures/accuracy_vs_steps.png`` (needs matplotlib).
 """
 
@@ -660,10 +661,29 @@ class LongCERun(Run):
     def evaluated_models(self) -> list[str]:
         return [EXTENDED] + [run_name(m, s) for m, s in self.runs]
 
+    def base_lines(self, cases: dict[int, list]) -> None:
+        """Lines accuracy of the base model before the extension, at the lines lengths within its own
+        positions (``eval/lines/base.json``; nothing when none is): what the model could do before
+        the extension, so the report shows what the extension cost and what fine-tuning won back."""
+        from ..loading import load_causal_lm
+
+        path = self.path("eval", "lines", "base.json")
+        source = self.named_model(self.config["base_model"])
+        positions = _positions(_model_folder_config(source) or {})
+        within = {n: group for n, group in cases.items() if positions and n <= positions}
+        if os.path.isfile(path) or not within:
+            return
+        model, tokenizer = load_causal_lm(source, self.device)
+        accuracy = self.lines_scores(model, tokenizer, within)
+        mean = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
+        self.write_json(path, {"model": source, "positions": positions, "per_length": accuracy, "mean_accuracy": mean})
+        self.log(f"evaluate: the base before the extension, lines accuracy {mean:.3f} at {sorted(within)} tokens")
+
     def stage_evaluate(self) -> None:
         from .family import is_trained
 
         cases = self.lines_cases()
+        self.base_lines(cases)
         names = self.evaluated_models()
         for name in names:
             if not is_trained(self.model_dir(name)):
@@ -761,6 +781,7 @@ class LongCERun(Run):
             "base_model": self.named_model(self.config["base_model"]),
             "evaluator": self.named_model(self.config["evaluator"]),
             "extension": read_json(os.path.join(self.model_dir(EXTENDED), "training.json")),
+            "base_lines": _base_lines_summary(self.path("eval", "lines", "base.json")),
             "lengths": lengths,
             "runs": runs,
             "summary": summary,
@@ -790,6 +811,14 @@ def _spread(values: list[float]) -> dict:
     mean = sum(finite) / len(finite)
     var = sum((v - mean) ** 2 for v in finite) / (len(finite) - 1) if len(finite) > 1 else 0.0
     return {"mean": mean, "std": math.sqrt(var), "n": len(finite)}
+
+
+def _base_lines_summary(path: str) -> dict | None:
+    """``{"positions", "accuracy": {length: fraction}}`` of ``eval/lines/base.json``, ``None`` without it."""
+    if not os.path.isfile(path):
+        return None
+    found = read_json(path)
+    return {"positions": found["positions"], "accuracy": {n: v["accuracy"] for n, v in found["per_length"].items()}}
 
 
 def draw_curves(path: str, runs: list[dict]) -> list[str]:
@@ -865,6 +894,14 @@ def format_report(results: dict) -> str:
             + f" | {_fmt(row['mean_accuracy'])} | {_fmt(row['ppl'])} | {_fmt(row['longppl'])} | "
             f"{_fmt(row['soft_longppl'])} | {_fmt(step * 1e3 if step is not None else None, 1)} |"
         )
+    base = results.get("base_lines")
+    if base:
+        out += [
+            "",
+            f"The base before the extension ({base['positions']} positions), lines accuracy: "
+            + ", ".join(f"{_fmt(value)} at {n} tokens" for n, value in base["accuracy"].items())
+            + ".",
+        ]
     out += [
         "",
         "## Mean ± standard deviation over seeds",
