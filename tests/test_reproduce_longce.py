@@ -134,6 +134,11 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
     regamma = reproduce_longce.LongCERun(config, str(out)).finetune_dataset("cache", tokenizer)
     assert weighed == [1, 1] and regamma["longce_weights"] != saved["longce_weights"]
 
+    # Another extension in the same output directory is refused, naming both (its runs started from this one).
+    yarn = reproduce_longce.LongCERun({**config, "extension": {"method": "yarn"}}, str(out))
+    with pytest.raises(ValueError, match="'method': 'pi'.*'method': 'yarn'.*new --output-dir"):
+        yarn.stage_extend()
+
     # A base whose positions hold some lines lengths is scored before the extension at those only,
     # and the report says so (here the 512-position evaluator stands in for such a base).
     long_base = reproduce_longce.LongCERun({**config, "base_model": str(out / "models" / "long")}, str(out))

@@ -356,6 +356,7 @@ class LongCERun(Run):
 
         folder = self.model_dir(EXTENDED)
         if is_trained(folder):
+            self._check_extension_kept(read_json(os.path.join(folder, TRAINING_RECORD)))
             self.log(f"extend: {folder} exists, kept")
             return
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -395,6 +396,21 @@ class LongCERun(Run):
         self.log(
             f"extend: {source} by {method} (factor {factor}), {before} -> {text.max_position_embeddings} positions"
         )
+
+    def _check_extension_kept(self, record: dict) -> None:
+        """Refuse to keep an extended model made from another base or by another extension than the
+        config's: every fine-tuned run and evaluation of this output directory starts from it."""
+        extension = self.config["extension"]
+        wanted = {"base_model": self.named_model(self.config["base_model"]), "method": extension["method"]}
+        if extension.get("factor") is not None:
+            wanted["factor"] = float(extension["factor"])
+        found = {key: record.get(key) for key in wanted}
+        if found != wanted:
+            raise ValueError(
+                f"{self.model_dir(EXTENDED)} was made with {found}, but the config asks for {wanted}: the fine-tuned "
+                "runs and evaluations of this output directory come from that model. Use a new --output-dir for "
+                "the new extension (or delete models/ and eval/ there)."
+            )
 
     # ---------------------------------------------------------- cache
     def cache_dir(self, label: str) -> str:
