@@ -308,29 +308,21 @@ class LongCETrainer(Trainer):
         which predicts nothing), or ``longce_shift_weights[:, t]``, shifted already (under context
         parallelism ``_prepare_context_parallel_inputs`` shifts them before the sequence is sharded).
         """
-        shifted = inputs.get(SHIFT_WEIGHTS)
-        if shifted is None:
-            given = self._batch_weights(inputs, input_ids)  # [B, T], indexed by the token they weigh
-            return None if given is None else torch.nn.functional.pad(given[:, 1:], (0, 1), value=1.0)
-        if self.longce.weights != "cache":
-            raise ValueError(
-                f"The batch holds {SHIFT_WEIGHTS!r}, but longce_weights='self' scores the weights with the trained "
-                "model: set longce_weights='cache' to train with the dataset's weights, or drop the column."
-            )
-        if tuple(shifted.shape) != tuple(input_ids.shape):
-            raise ValueError(
-                f"{SHIFT_WEIGHTS} has shape {tuple(shifted.shape)} but input_ids {tuple(input_ids.shape)}: under "
-                "context parallelism the weights must be sharded with the tokens."
-            )
-        return shifted.to(device=input_ids.device, dtype=torch.float32)
+        if SHIFT_WEIGHTS in inputs:  # shifted before context parallelism sharded the sequence
+            return self._batch_weights(inputs, input_ids, SHIFT_WEIGHTS)
+        given = self._batch_weights(inputs, input_ids)  # [B, T], indexed by the token they weigh
+        return None if given is None else torch.nn.functional.pad(given[:, 1:], (0, 1), value=1.0)
 
-    def _batch_weights(self, inputs: dict[str, Any], input_ids: torch.Tensor) -> torch.Tensor | None:
-        """``[B, T]`` float32 weights of the batch's tokens with ``longce_weights="cache"``, else ``None``."""
-        weights = inputs.get(WEIGHTS_COLUMN)
+    def _batch_weights(
+        self, inputs: dict[str, Any], input_ids: torch.Tensor, key: str = WEIGHTS_COLUMN
+    ) -> torch.Tensor | None:
+        """``[B, T]`` float32 weights of the batch's ``key`` with ``longce_weights="cache"``, else ``None``
+        (``longce_weights``, per token; ``longce_shift_weights``, per position, under context parallelism)."""
+        weights = inputs.get(key)
         if self.longce.weights != "cache":
             if weights is not None:
                 raise ValueError(
-                    f"The batch holds {WEIGHTS_COLUMN!r}, but longce_weights='self' scores the weights with the trained "
+                    f"The batch holds {key!r}, but longce_weights='self' scores the weights with the trained "
                     "model: set longce_weights='cache' to train with the dataset's weights, or drop the column."
                 )
             return None
@@ -341,10 +333,12 @@ class LongCETrainer(Trainer):
                 "with longce.LongCEWeightsCollator (LongCETrainer wraps its data_collator in one)."
             )
         if tuple(weights.shape) != tuple(input_ids.shape):
-            raise ValueError(
-                f"{WEIGHTS_COLUMN} has shape {tuple(weights.shape)} but input_ids {tuple(input_ids.shape)}: one weight per "
-                "token is needed (collate with longce.LongCEWeightsCollator, which keeps them aligned)."
+            fix = (
+                "under context parallelism the weights must be sharded with the tokens"
+                if key == SHIFT_WEIGHTS
+                else "one weight per token is needed (collate with longce.LongCEWeightsCollator, which keeps them aligned)"
             )
+            raise ValueError(f"{key} has shape {tuple(weights.shape)} but input_ids {tuple(input_ids.shape)}: {fix}.")
         return weights.to(device=input_ids.device, dtype=torch.float32)
 
     def _short_context_pass(self, model: nn.Module, head: CausalLMHead, inputs: dict[str, Any]) -> torch.Tensor:
