@@ -64,16 +64,16 @@ def _output_logits(outputs: Any) -> torch.Tensor:
     return outputs.logits if hasattr(outputs, "logits") else outputs[0]
 
 
-def _of_predicted_tokens(values: torch.Tensor, flat: torch.Tensor, fill: float) -> torch.Tensor:
-    """``[N]`` values of the tokens the trained positions predict, from per-token ``values`` ``[B, T]``.
+def _to_positions(values: torch.Tensor, fill: float) -> torch.Tensor:
+    """``[B, T]`` per-position values from per-token ``values`` ``[B, T]``.
 
-    Position ``t`` of a row predicts ``targets[:, t]``, token ``t + 1``: it gets ``values[:, t + 1]``
-    (a short-context score, indexed by the token it scores), ``fill`` at
-    ``t = T - 1``. ``flat`` ``[N]``: the trained positions as ``row * T + t``.
+    Position ``t`` of a row predicts token ``t + 1``: it gets ``values[:, t + 1]`` (a short-context
+    score or a given weight, both indexed by the token they concern), ``fill`` at ``t = T - 1``,
+    which predicts nothing.
     """
     shifted = torch.full_like(values, fill)
     shifted[:, :-1] = values[:, 1:]
-    return shifted.reshape(-1)[flat]
+    return shifted
 
 
 class LongCETrainer(Trainer):
@@ -230,7 +230,8 @@ class LongCETrainer(Trainer):
         if self.longce.plain_ce or given is not None:  # no short pass: NaN short scores give weight 1 / are unused
             lp_short = torch.full((flat.numel(),), float("nan"), device=input_ids.device)  # [N]
         else:
-            lp_short = _of_predicted_tokens(self._short_context_pass(model, head, inputs), flat, float("nan"))  # [N]
+            short = self._short_context_pass(model, head, inputs)  # [B, T], per token
+            lp_short = _to_positions(short, float("nan")).reshape(-1)[flat]  # [N]
         # Given weights [N] replace min(exp(LSD), gamma) in the loss; None: they come from lp_short.
         weights = None if given is None else given.reshape(-1)[flat]
         result: dict[str, torch.Tensor] = {}
@@ -311,7 +312,7 @@ class LongCETrainer(Trainer):
         if SHIFT_WEIGHTS in inputs:  # shifted before context parallelism sharded the sequence
             return self._batch_weights(inputs, input_ids, SHIFT_WEIGHTS)
         given = self._batch_weights(inputs, input_ids)  # [B, T], indexed by the token they weigh
-        return None if given is None else torch.nn.functional.pad(given[:, 1:], (0, 1), value=1.0)
+        return None if given is None else _to_positions(given, 1.0)
 
     def _batch_weights(
         self, inputs: dict[str, Any], input_ids: torch.Tensor, key: str = WEIGHTS_COLUMN
