@@ -661,6 +661,17 @@ class Run:
             }
         return accuracy
 
+    def write_lines_accuracy(
+        self, path: str, model_name: str, model, tokenizer, cases: dict[int, list], **extra
+    ) -> dict:
+        """Score ``cases`` (:meth:`lines_scores`) and write ``{"model", **extra, "per_length",
+        "mean_accuracy"}`` to ``path`` (the record the reports read); returns it."""
+        accuracy = self.lines_scores(model, tokenizer, cases)
+        record = {"model": model_name, **extra, "per_length": accuracy}
+        record["mean_accuracy"] = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
+        self.write_json(path, record)
+        return record
+
     def evaluate_model(self, name: str, cases: dict[int, list], texts: list[str]) -> None:
         """Lines accuracy per length, and PPL / LongPPL with the model as its own evaluator."""
         from ..scoring import (
@@ -678,9 +689,7 @@ class Run:
         model, tokenizer = self._load(name)
         start = time.perf_counter()
         if not os.path.isfile(lines_path):
-            accuracy = self.lines_scores(model, tokenizer, cases)
-            mean = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
-            self.write_json(lines_path, {"model": name, "per_length": accuracy, "mean_accuracy": mean})
+            accuracy = self.write_lines_accuracy(lines_path, name, model, tokenizer, cases)["per_length"]
             self.log(
                 f"evaluate: {name} lines accuracy "
                 + ", ".join(f"{k}: {v['accuracy']:.2f}" for k, v in accuracy.items())

@@ -684,15 +684,15 @@ class LongCERun(Run):
         from ..loading import load_causal_lm
 
         path = self.path("eval", "lines", "base.json")
+        if os.path.isfile(path):
+            return
         source = self.named_model(self.config["base_model"])
         positions = _positions(_model_folder_config(source) or {})
         within = {n: group for n, group in cases.items() if positions and n <= positions}
-        if os.path.isfile(path) or not within:
+        if not within:
             return
         model, tokenizer = load_causal_lm(source, self.device)
-        accuracy = self.lines_scores(model, tokenizer, within)
-        mean = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
-        self.write_json(path, {"model": source, "positions": positions, "per_length": accuracy, "mean_accuracy": mean})
+        mean = self.write_lines_accuracy(path, source, model, tokenizer, within, positions=positions)["mean_accuracy"]
         self.log(f"evaluate: the base before the extension, lines accuracy {mean:.3f} at {sorted(within)} tokens")
 
     def stage_evaluate(self) -> None:
@@ -708,9 +708,7 @@ class LongCERun(Run):
             if os.path.isfile(path):
                 continue
             model, tokenizer = self._load(name)
-            accuracy = self.lines_scores(model, tokenizer, cases)
-            mean = sum(v["accuracy"] for v in accuracy.values()) / len(accuracy)
-            self.write_json(path, {"model": name, "per_length": accuracy, "mean_accuracy": mean})
+            mean = self.write_lines_accuracy(path, name, model, tokenizer, cases)["mean_accuracy"]
             self.log(f"evaluate: {name} lines accuracy {mean:.3f}")
         cache = self.cache_dir("validation")
         if not os.path.isfile(self.path("caches", "validation.done.json")):
