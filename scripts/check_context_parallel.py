@@ -194,11 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(argv)
     if options.role != "driver":
         train(options.work, options.role, options.steps)
-        if options.role == "cp":
-            import torch.distributed as dist
+        from longce.cli import close_process_group  # train put trainer/ on the path
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        close_process_group()  # every rank first meets the others (a lone teardown can abort at exit)
         return 0
     if options.length % 4:
         raise SystemExit(f"--length must be a multiple of 4 (got {options.length})")
@@ -228,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"largest weight update: {results['largest_weight_update']:.3g}")
     print("PASSED" if results["passed"] else f"FAILED (tolerance {options.tolerance})")
     if options.json:
-        with open(options.json, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=2)
+        sys.path.insert(0, os.path.join(ROOT, "metrics"))  # when run from a checkout without the install
+        from longppl.atomic_files import write_file_atomically
+
+        write_file_atomically(options.json, lambda handle: json.dump(results, handle, indent=2))
     return 0 if results["passed"] else 1
 
 
