@@ -99,14 +99,14 @@ class EmulatedCPAccelerator:
 
 
 @pytest.fixture
-def cp_trainer(monkeypatch):
+def cp_trainer(monkeypatch, tmp_path):
     """``make(rank)``: a cache-mode ``LongCETrainer`` on the position-local model, as CP rank ``rank``."""
     # Trainer reads the world size from the arguments (to gather token counts); the world is the CP group.
     monkeypatch.setattr(LongCEConfig, "world_size", property(lambda self: CP))
 
     def make(rank: int) -> LongCETrainer:
         args = one_step_args(
-            LongCEConfig, output_dir="/tmp/longce-cp-test", longce_weights="cache", average_tokens_across_devices=True
+            LongCEConfig, output_dir=str(tmp_path), longce_weights="cache", average_tokens_across_devices=True
         )
         trainer = LongCETrainer(model=position_local_model(), args=args)
         trainer.accelerator = EmulatedCPAccelerator(trainer.accelerator, rank)
