@@ -223,7 +223,9 @@ def test_not_a_cache_or_an_incompatible_one(metric, setup, built, tmp_path):
         KeyTokenCache.load(str(junk))
     other = str(tmp_path / "other")
     datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(other)
-    with pytest.raises(ValueError, match=r"is not a LongPPL key-token cache \(its columns are \['text'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"is a datasets folder that is not a LongPPL key-token cache \(its columns are \['text'\]\)"
+    ):
         run(metric, setup, key_tokens=other)
     old = str(tmp_path / "old")
     dataset = datasets.load_from_disk(built["path"])

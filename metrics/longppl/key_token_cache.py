@@ -78,6 +78,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -217,6 +220,149 @@ def _write_directory(dataset: datasets.Dataset, folder: str) -> None:
     _write_checksums(folder)
 
 
+# What ``Dataset.save_to_disk`` writes (its Arrow shards, state and info) and what datasets adds to a
+# directory it memory-maps (``cache-*.arrow`` of ``map``/``filter``): a cache's own files. Anything
+# else in a cache directory was put there by someone else and survives every save.
+_DATASETS_FILE = re.compile(r"(data-\d+-of-\d+|cache-[0-9a-f]+)\.arrow|state\.json|dataset_info\.json")
+
+
+def _own_files(path: str) -> set[str]:
+    """Names in the cache directory ``path`` that belong to the cache (``_DATASETS_FILE``, the
+    checksum file, and every file it lists)."""
+    own = {CHECKSUM_FILE}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        with open(os.path.join(path, CHECKSUM_FILE), encoding="utf-8") as handle:
+            own.update(str(name) for name in json.load(handle)["files"])
+    return own | {name for name in os.listdir(path) if _DATASETS_FILE.fullmatch(name)}
+
+
+def _dataset_columns(path: str) -> list[str] | None:
+    """The columns ``dataset_info.json`` in ``path`` declares, or ``None`` (no such readable file)."""
+    try:
+        with open(os.path.join(path, "dataset_info.json"), encoding="utf-8") as handle:
+            features = json.load(handle)["features"]
+        return sorted(features) if isinstance(features, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_cache_directory(path: str) -> bool:
+    """Whether the existing directory ``path`` holds a key-token cache: its marker (the checksum
+    file every save writes), or, for a plain ``save_to_disk`` copy, a ``dataset_info.json``
+    declaring the cache's columns. Contents are checked when the cache is read."""
+    if os.path.isfile(os.path.join(path, CHECKSUM_FILE)):
+        return True
+    return set(CACHE_FEATURES) <= set(_dataset_columns(path) or ())
+
+
+def _carry_foreign_files(old: str, new: str) -> None:
+    """Copy what is not the cache's own (a README the user put in ``old``) into ``new``, the copy
+    about to replace it, so that a save never deletes it. Files are hard-linked where the file
+    system allows (no second copy of the bytes), else copied; links stay links."""
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError:
+            shutil.copy2(src, dst, follow_symlinks=False)
+
+    own = _own_files(old)
+    for name in sorted(set(os.listdir(old)) - own):
+        src, dst = os.path.join(old, name), os.path.join(new, name)
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, dst, symlinks=True, copy_function=link_or_copy)
+        else:
+            link_or_copy(src, dst)
+
+
+def _refuse(argument: str, value, detail: str) -> ValueError:
+    return ValueError(f"{argument}={value!r} {detail}")
+
+
+def cache_directory(path, argument: str = "key_tokens", create: bool = False) -> str:
+    """The directory a key-token cache is read from (or, with ``create``, written to), as a real path.
+
+    A symbolic link is resolved once, here: rows are written into, and locked at, its target, so a
+    writer naming the link and one naming the target share one cache and one lock. Checked before
+    anything is loaded or scored, and refused with a ``ValueError`` naming ``argument`` and the value:
+
+    - an empty or blank name, ``.``, ``..``, the file-system root, the home folder, the current
+      folder or one above it (a save swaps the directory as a whole: these are never caches);
+    - a file;
+    - with ``create``: an existing directory that is neither empty nor a key-token cache
+      (:func:`_is_cache_directory`), and a folder where nothing can be written (probed by creating
+      and removing a temporary directory beside the cache, so that it fails now, not after the
+      scoring).
+
+    Args:
+        path: ``str`` or ``os.PathLike``.
+        argument: the option's name in messages (``key_tokens``, ``--output``).
+        create: the caller may write a cache there (one that does not exist yet is allowed).
+    Returns:
+        ``os.path.realpath(path)`` (``~`` expanded).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"{argument} is a {type(path).__name__}; pass the directory of a key-token cache or a datasets.Dataset."
+        )
+    name = os.fspath(path)
+    if not name.strip():
+        raise _refuse(argument, name, "is empty: pass the directory of a key-token cache, e.g. key_tokens/NAME.")
+    real = os.path.realpath(os.path.expanduser(name))
+    here = os.path.realpath(os.getcwd())
+    home = os.path.realpath(os.path.expanduser("~"))
+    if real in (here, home, os.path.dirname(real)) or here.startswith(real.rstrip(os.sep) + os.sep):
+        what = {here: "the current folder", home: "the home folder"}.get(real, "a folder that holds the current one")
+        if os.path.dirname(real) == real:
+            what = "the root of the file system"
+        raise _refuse(
+            argument,
+            name,
+            f"is {what} ({real}), which a cache never is (a save replaces its directory as a whole): pass a "
+            "folder of its own, e.g. key_tokens/NAME.",
+        )
+    if os.path.exists(real) and not os.path.isdir(real):
+        raise _refuse(argument, name, f"is a file ({real}), not a directory: pass the directory of a key-token cache.")
+    if not create:
+        return real
+    if os.path.isdir(real) and os.listdir(real) and not _is_cache_directory(real):
+        shown = sorted(os.listdir(real))
+        columns = _dataset_columns(real)
+        what = (
+            f"is a folder holding other files ({', '.join(shown[:5]) + (', …' if len(shown) > 5 else '')}), not a "
+            "key-token cache"
+            if columns is None
+            else f"is a datasets folder that is not a LongPPL key-token cache (its columns are {columns})"
+        )
+        raise _refuse(
+            argument, name, f"{what}; a save would replace it: pass a new or empty folder, or an existing cache."
+        )
+    folder = os.path.dirname(real)
+    while not os.path.isdir(folder):  # the folders a save would create: probe the first that exists
+        folder = os.path.dirname(folder)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".longppl-write-probe-", dir=folder))
+    except OSError as err:
+        raise _refuse(
+            argument,
+            name,
+            f"cannot be written: creating a folder in {folder} failed ({err.strerror or err}). Pass a folder you "
+            "can write to, or fix its permissions.",
+        ) from None
+    return real
+
+
+def write_failed(path: str, err: OSError, dataset: datasets.Dataset) -> ValueError:
+    """A write of ``dataset`` for the cache ``path`` that the file system refused (full, over a
+    size limit, read-only), as one clear line: what failed, about how much space it needs."""
+    needed = dataset.data.nbytes / 2**20
+    return ValueError(
+        f"Could not write the key-token cache {path!r}: {err.strerror or err} (errno {err.errno}); it needs "
+        f"about {needed:,.1f} MiB beside the cache while the new copy is written. The previous cache (if "
+        "any) is unchanged and nothing was left behind: free space or choose another folder, then run again."
+    )
+
+
 @dataclass(frozen=True)
 class KeyTokenSettings:
     """The evaluator settings a cached row was computed with (all part of the row's key)."""
@@ -349,6 +495,31 @@ def check_cache_dataset(dataset, where: str) -> datasets.Dataset:
     return dataset
 
 
+def _check_row(row: int, n_chars: int, scores: EvaluatorScores) -> None:
+    """Refuse a row whose arrays disagree with each other or with its text (a crafted or hand-edited
+    cache; the checksums cover bytes, not meaning): every array has one entry per token, and each
+    token's span ``[start, end)`` lies within the text, ``0 <= start <= end <= n_chars``."""
+    n = scores.input_ids.shape[0]
+    problems = [
+        f"{name} holds {len(values)} values for {n} tokens"
+        for name, values in (("offsets", scores.offsets), ("lp_long", scores.lp_long), ("lp_short", scores.lp_short))
+        if len(values) != n
+    ]
+    if not problems:
+        start, end = scores.offsets[:, 0], scores.offsets[:, 1]
+        bad = np.flatnonzero((start < 0) | (start > end) | (end > n_chars))
+        if bad.size:
+            problems.append(
+                f"token {bad[0]} spans characters [{start[bad[0]]}, {end[bad[0]]}) of a text of {n_chars} "
+                f"({bad.size} such tokens)"
+            )
+    if problems:
+        raise ValueError(
+            f"row {row} of the key-token cache is inconsistent: {'; '.join(problems)}. The cache was edited or "
+            f"written by another tool: rebuild it ({_HOW_TO_BUILD[:-1]})."
+        )
+
+
 def _same_name(name: str, names: Sequence[str]) -> bool:
     """``name`` is one of ``names``, or the same path spelled otherwise (relative or absolute)."""
     return name in names or os.path.abspath(name) in {os.path.abspath(n) for n in names if n}
@@ -383,21 +554,17 @@ class KeyTokenCache:
             return source
         if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
             return cls(source)
-        if not isinstance(source, (str, os.PathLike)):
-            raise TypeError(
-                f"key_tokens is a {type(source).__name__}; pass the directory of a key-token cache or a datasets.Dataset."
-            )
-        path = os.fspath(source)
+        path = cache_directory(source, create=create)  # a link resolved to its target, once
         if swap_interrupted(path):  # a writer is swapping (wait for it) or died swapping (undo it)
             with directory_lock(path, optional=True):
                 recover_directory(path)
         with directory_lock(path, shared=True, optional=True):
-            if not os.path.exists(path):
+            if not os.path.exists(path) or (create and not os.listdir(path)):
                 if create:
                     return cls(None, path)
                 raise FileNotFoundError(
-                    f"No key-token cache at {path!r} (for one on the Hub, pass "
-                    f"datasets.load_dataset({path!r}, split='train')). {_HOW_TO_BUILD}"
+                    f"No key-token cache at {os.fspath(source)!r} (for one on the Hub, pass "
+                    f"datasets.load_dataset({os.fspath(source)!r}, split='train')). {_HOW_TO_BUILD}"
                 )
             return cls(_read_directory(path), path)
 
@@ -530,7 +697,7 @@ class KeyTokenCache:
     def scores(self, row: int) -> EvaluatorScores:
         """The stored evaluator scores of one row (arrays as in ``EvaluatorScores``)."""
         if self._arrays is None:
-            self._arrays = self._dataset.select_columns(list(_ARRAY_COLUMNS)).with_format("arrow")
+            self._arrays = self._dataset.select_columns(["text", *_ARRAY_COLUMNS]).with_format("arrow")
         table = self._arrays[row]
 
         def values(name: str) -> np.ndarray:
@@ -539,12 +706,14 @@ class KeyTokenCache:
         offsets = table.column("offsets").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
         from .scoring import EvaluatorScores
 
-        return EvaluatorScores(
+        scores = EvaluatorScores(
             values("input_ids").astype(np.int64),
             offsets.astype(np.int64).reshape(-1, 2),
             values("lp_long"),
             values("lp_short"),
         )
+        _check_row(row, len(table.column("text")[0].as_py()), scores)
+        return scores
 
     def row(self, row: int) -> dict:
         """The scalar columns of one row (text, fingerprints, evaluator, settings), without the arrays."""
@@ -580,17 +749,31 @@ class KeyTokenCache:
         path = path if path is not None else self.path
         if path is None:
             raise ValueError("This cache was not loaded from a directory; pass the path to save it to.")
-        path = os.fspath(path)
-        merge = self.path is not None and os.path.realpath(self.path) == os.path.realpath(path)
+        path = cache_directory(path, argument="path", create=True)
+        merge = self.path is not None and os.path.realpath(self.path) == path
         with _datasets_progress(progress), directory_lock(path):
             recover_directory(path)
+            # Checked again under the lock, right before the swap: only a cache or an empty folder
+            # is ever replaced (another process may have put files there since the check above).
+            exists = os.path.isdir(path) and bool(os.listdir(path))
+            if exists and not _is_cache_directory(path):
+                cache_directory(path, argument="path", create=True)  # raises, naming what is there
             dataset = self._dataset
-            if merge and os.path.exists(path):
+            if merge and exists:
                 current = KeyTokenCache(_read_directory(path), path)
                 for rows in self._pending:
                     current.add(rows)
                 dataset = current._dataset
-            replace_directory_atomically(path, lambda folder: _write_directory(dataset, folder))
+
+            def write(folder: str) -> None:
+                _write_directory(dataset, folder)
+                if exists:
+                    _carry_foreign_files(path, folder)
+
+            try:
+                replace_directory_atomically(path, write)
+            except OSError as err:  # full disk, file-size limit, read-only: the old copy is intact
+                raise write_failed(path, err, dataset) from err
             # memory-mapped from its new home (its checksums were just taken from these files)
             self._dataset = check_cache_dataset(datasets.load_from_disk(path), repr(path))
         self.path = path
@@ -602,7 +785,9 @@ class KeyTokenCache:
 def open_cache(source: str, split: str = "train") -> KeyTokenCache:
     """A cache from a local directory or, if no such path exists, from the Hub
     (``datasets.load_dataset(source, split=split)``, e.g. a cache shared with ``push_to_hub``)."""
-    if os.path.exists(source):
+    # A swap killed between its two renames leaves only the previous copy (``.NAME.previous``):
+    # still a local cache, which load() recovers; never a name to look up on the Hub.
+    if os.path.exists(source) or swap_interrupted(source):
         return KeyTokenCache.load(source)
     return KeyTokenCache.load(datasets.load_dataset(source, split=split))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import gc
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -21,7 +22,7 @@ from .atomic_files import write_file_atomically
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
 from .fingerprints import ModelIdentity
-from .key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
+from .key_token_cache import KeyTokenCache, KeyTokenSettings, cache_directory, cached_evaluator_scores
 from .key_tokens import key_char_spans
 from .loading import (
     check_device,
@@ -415,6 +416,8 @@ class _Request:
                 "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
                 "cut the texts yourself and leave max_length unset."
             )
+        if isinstance(key_tokens, (str, os.PathLike)):  # before any model is loaded or text scored
+            cache_directory(key_tokens, "key_tokens", create=evaluator_given)
         return cls(
             predictions=predictions,
             model=model,

@@ -194,7 +194,7 @@ def _run(args, state, start: float) -> dict:
 
     from longppl.atomic_files import owned_temp_name
     from longppl.fingerprints import ModelIdentity
-    from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+    from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, cache_directory, key_token_rows, write_failed
     from longppl.loading import load_model, load_tokenizer, resolve_dtype
     from longppl.scoring import score_with_evaluator, truncate_texts
     from longppl.tools.corpus import read_documents
@@ -206,6 +206,8 @@ def _run(args, state, start: float) -> dict:
     if device == "cpu":  # the processes share the cores (unless OMP_NUM_THREADS says otherwise)
         choose_torch_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
     settings = KeyTokenSettings(args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos)
+    # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
+    cache_directory(args.output, argument="--output", create=True)
 
     texts = read_documents(args.corpus, args.text_column, args.split)
     if not texts:
@@ -230,38 +232,44 @@ def _run(args, state, start: float) -> dict:
     shards = [owned_temp_name(args.output, "shards")]
     broadcast_object_list(shards)  # the main process's name for all
     shards = shards[0]
-    if mine:
-        if evaluator is None:
-            evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
-        scores = score_with_evaluator(
-            evaluator,
-            tokenizer,
-            mine,
-            args.trunc_len,
-            args.sliding_window,
-            args.max_tokens_per_batch,
-            add_special_tokens=settings.add_special_tokens,
-            window_bos=args.window_bos,
-            progress=state.is_main_process,
-            torch_compile=args.torch_compile,
-            per_document=True,
-            pack_documents=args.pack_documents,
-        )
-        key_token_rows(mine, scores, settings, identity).save_to_disk(f"{shards}/{state.process_index}")
-    state.wait_for_everyone()
+    try:
+        if mine:
+            if evaluator is None:
+                evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
+            scores = score_with_evaluator(
+                evaluator,
+                tokenizer,
+                mine,
+                args.trunc_len,
+                args.sliding_window,
+                args.max_tokens_per_batch,
+                add_special_tokens=settings.add_special_tokens,
+                window_bos=args.window_bos,
+                progress=state.is_main_process,
+                torch_compile=args.torch_compile,
+                per_document=True,
+                pack_documents=args.pack_documents,
+            )
+            rows = key_token_rows(mine, scores, settings, identity)
+            try:
+                rows.save_to_disk(f"{shards}/{state.process_index}")
+            except OSError as err:  # a full disk or a file-size limit, before the cache is touched
+                raise write_failed(args.output, err, rows) from err
+        state.wait_for_everyone()
 
-    summary = {}
-    if state.is_main_process:
-        try:
+        summary = {}
+        if state.is_main_process:
             if missing:
                 parts = [datasets.load_from_disk(f"{shards}/{rank}") for rank, share in enumerate(shares) if share]
                 order = np.argsort(np.concatenate([share for share in shares if share]), kind="stable")
                 cache.add(datasets.concatenate_datasets(parts).select(order.tolist()))
                 cache.save(args.output)
-        finally:
+            summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
+        state.wait_for_everyone()
+    finally:  # after a failure too: no shard is left behind (a killed run's go at the next save)
+        shutil.rmtree(f"{shards}/{state.process_index}", ignore_errors=True)
+        if state.is_main_process:
             shutil.rmtree(shards, ignore_errors=True)
-        summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
-    state.wait_for_everyone()
     return summary
 
 
