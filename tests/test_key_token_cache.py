@@ -331,3 +331,33 @@ def test_packed_documents_share_passes_and_keep_each_alone_result_up_to_rounding
         np.testing.assert_allclose(scores.lp_short, alone.lp_short, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="pack_documents=True needs per_document=True"):
         longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, progress=False, pack_documents=True)
+
+
+def test_the_cache_setting_is_used_when_k_and_d_are_not_passed(metric, setup, built, tmp_path):
+    def run_without_window(key_tokens, **kwargs):
+        return metric.compute(
+            predictions=setup["texts"],
+            model=setup["model"],
+            tokenizer=setup["tokenizer"],
+            key_tokens=key_tokens,
+            alpha=ALPHA,
+            beta=BETA,
+            progress=False,
+            **kwargs,
+        )
+
+    out = run_without_window(built["path"])  # the cache holds one setting (K, D): it is used, and said
+    assert_same_results(out, built["cached"])
+    assert (out["settings"]["trunc_len"], out["settings"]["sliding_window"]) == (K, D)
+    assert out["settings"]["window_from"] == "key_tokens" and built["cached"]["settings"]["window_from"] == "arguments"
+    # a second setting: the caller must choose, and the error lists both
+    path = str(tmp_path / "two")
+    cache = KeyTokenCache.load(built["path"])
+    cache.add(cache.dataset.map(lambda row: {"sliding_window": 7}))
+    cache.save(path)
+    with pytest.raises(
+        ValueError,
+        match=f"holds rows with 2 settings of K and d \\(trunc_len={K}, sliding_window=7; trunc_len={K}, sliding_window={D}\\).*pass them",
+    ):
+        run_without_window(path)
+    assert_same_results(run_without_window(path, sliding_window=D), built["cached"])  # K from the cache

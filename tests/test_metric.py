@@ -9,7 +9,7 @@ import warnings
 import evaluate
 import pytest
 from helpers import SlowByteTokenizer, byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
-from reference import longppl_document
+from reference import full_log_probs, longppl_document
 from transformers import LlamaConfig, LlamaModel
 
 import longppl
@@ -60,7 +60,10 @@ def test_compute_keeps_its_keyword_interface(metric):
         assert documented, f"{name} is not documented"
     defaults = {name: parameter.default for name, parameter in keywords.items()}
     window, rule = module.WindowSettings(), module.KeyTokenRule()
-    assert (defaults["trunc_len"], defaults["sliding_window"]) == (window.trunc_len, window.sliding_window)
+    # K and d default to None: the settings' defaults, or a key-token cache's own setting
+    assert (defaults["trunc_len"], defaults["sliding_window"]) == (None, None)
+    request = module._Request.from_kwargs(**dict(defaults, predictions=["a text"], model_id="m", self_evaluation=True))
+    assert (request.window.trunc_len, request.window.sliding_window) == (window.trunc_len, window.sliding_window)
     assert [defaults[name] for name in ("alpha", "beta", "use_lcl", "soft", "gamma")] == [
         rule.alpha,
         rule.beta,
@@ -72,7 +75,7 @@ def test_compute_keeps_its_keyword_interface(metric):
 
 
 def test_load_from_checkout_and_from_installed_path(metric, tmp_path, monkeypatch):
-    assert type(metric).__name__ == "LongPPL"
+    assert type(metric).__name__ == "LongPPL" and metric.name == "longppl"  # evaluate's own: "long_ppl"
     assert list(metric.features) == ["predictions"]
     assert "fang2025wrong" in metric.citation and "trunc_len" in metric.inputs_description
     monkeypatch.chdir(tmp_path)  # another directory: the installed package's folder loads too
@@ -104,7 +107,18 @@ def test_values_equal_the_official_algorithm(metric, setup):
         "n_tokens",
         "perplexities",
         "ppl",
+        "settings",
     ]
+    assert result["settings"] == dict(
+        trunc_len=K,
+        sliding_window=D,
+        alpha=ALPHA,
+        beta=BETA,
+        use_lcl=True,
+        soft=False,
+        gamma=longppl.settings.DEFAULT_GAMMA,
+        window_from="arguments",
+    )
     assert result["n_key_tokens"] == [r["n_key"] for r in refs]
     assert result["n_tokens"] == [r["n_tokens"] for r in refs]
     assert all(r["n_key"] > 5 for r in refs)
@@ -443,16 +457,30 @@ def test_batch_size_is_the_token_budget_of_batch_size_windows(metric, setup):
         run(metric, setup, batch_size=0)
 
 
-def test_add_start_token_is_add_special_tokens(metric, setup):
+def test_add_start_token_prepends_the_bos_as_evaluate_perplexity_does(metric, setup):
     base = run(metric, setup)
     with_start = run(metric, setup, add_start_token=True)
-    assert with_start == run(metric, setup, add_special_tokens=True)
+    assert with_start == run(metric, setup, add_special_tokens=True)  # this tokenizer adds exactly its BOS
     assert with_start["n_tokens"] == [n + 1 for n in base["n_tokens"]]  # the BOS, so the first word is scored
     assert run(metric, setup, add_start_token=False) == base
-    with pytest.raises(ValueError, match="add_start_token=True and add_special_tokens=False disagree"):
-        run(metric, setup, add_start_token=True, add_special_tokens=False)
-    no_bos = metaspace_bpe(add_bos=False)
-    with pytest.raises(ValueError, match="add_start_token=True asks for a start .BOS. token.*adds none"):
+    assert run(metric, setup, add_start_token=True, add_special_tokens=False) == with_start
+    with pytest.raises(ValueError, match="add_start_token=True puts the tokenizer's BOS token .* pass only one"):
+        run(metric, setup, add_start_token=True, add_special_tokens=True)
+    # A tokenizer with a BOS that it does not add (GPT-2, Qwen): the BOS is put first all the same,
+    # and the perplexity is that of [BOS] + the text's tokens (plain reference: one forward, full logits).
+    gpt2_like = metaspace_bpe(add_bos=False)
+    assert gpt2_like("a text")["input_ids"][0] != gpt2_like.bos_token_id
+    out = run(metric, setup, tokenizer=gpt2_like, add_start_token=True, return_key_spans=True)
+    for text, ppl, n in zip(setup["texts"], out["perplexities"], out["n_tokens"]):
+        ids = [gpt2_like.bos_token_id] + gpt2_like(text, add_special_tokens=False)["input_ids"]
+        lp = full_log_probs(setup["model"], ids)
+        nll = -sum(float(lp[i - 1, ids[i]]) for i in range(1, len(ids))) / (len(ids) - 1)
+        assert n == len(ids) and ppl == pytest.approx(math.exp(nll), rel=1e-5)
+    no_bos = copy.deepcopy(gpt2_like)
+    no_bos.bos_token = None
+    with pytest.raises(
+        ValueError, match="add_start_token=True puts .* but [A-Za-z]+ has no BOS token .bos_token_id is None."
+    ):
         run(metric, setup, tokenizer=no_bos, add_start_token=True)
 
 

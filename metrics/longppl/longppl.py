@@ -7,7 +7,7 @@ import gc
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import datasets
 import evaluate
@@ -121,7 +121,8 @@ Args:
     soft (`bool`, default False): weight every token by min(exp(LSD), gamma) instead of the hard
         rule (paper Table 2); `n_key_tokens` then holds the total weight.
     gamma (`float`, default 5.0): cap of the soft weights.
-    trunc_len (`int`, default 4096): K, the short-context length.
+    trunc_len (`int`, default 4096): K, the short-context length. With `key_tokens` and K or d not
+        passed, a cache whose rows hold one setting gives its own (see `settings` in the output).
     sliding_window (`int`, default 1024): d, how many tokens share one short context.
     max_length (`int`, optional): keep only the first `max_length` *evaluator* tokens of each text
         (special tokens not counted), as `scripts/compute_key_tokens.py --max-length` does. Counted
@@ -150,12 +151,12 @@ Args:
         exp(total NLL / total count) over all texts.
     add_special_tokens (`bool`, default False): tokenize for the evaluated model with its special
         tokens (the official code does not).
-    add_start_token (`bool`, optional): `evaluate`'s `perplexity` name: True puts the tokenizer's
-        start (BOS) token before each text, so that the first token of the text is scored too. Here
-        that is `add_special_tokens=True` (the evaluated model's tokenizer must add a BOS token with
-        its special tokens); False is `add_special_tokens=False`. Note the defaults differ: the
-        `perplexity` metric adds it, LongPPL (like the official code) does not. Pass it or
-        `add_special_tokens`, not both with different values.
+    add_start_token (`bool`, optional): `evaluate`'s `perplexity` name: True puts the evaluated
+        model's BOS token (`tokenizer.bos_token_id`) before each text, tokenized without special
+        tokens, exactly as the `perplexity` metric does, so that the first token of the text is
+        scored too; this works for tokenizers that have a BOS but do not add it (GPT-2, Qwen).
+        Note the defaults differ: the `perplexity` metric adds it, LongPPL (like the official code)
+        does not. Not together with `add_special_tokens=True`.
     evaluator_add_special_tokens (`bool`, default True): tokenize for the evaluator with its special
         tokens (official behaviour).
     window_bos (`bool`, default False): opt-in: put the evaluator's BOS at the head of every short
@@ -180,6 +181,9 @@ Returns:
     perplexities (`list` of `float`): perplexity per text.
     n_key_tokens (`list`): key tokens per text, under the evaluated model's tokenizer.
     n_tokens (`list` of `int`): tokens per text, under the evaluated model's tokenizer.
+    settings (`dict`): what the values were computed with: `trunc_len`, `sliding_window`, `alpha`,
+        `beta`, `use_lcl`, `soft`, `gamma`, and `window_from` ("arguments", "defaults", or
+        "key_tokens" when K and d were taken from the cache).
     key_spans (`list` of `list` of `[start, end]`, with `return_key_spans=True`): per text, the
         character spans `text[start:end]` of the evaluated model's key tokens (the tokens LongPPL
         averages over), adjacent tokens merged.
@@ -193,7 +197,7 @@ Examples:
     ...     evaluator_model_id="meta-llama/Llama-3.1-8B",
     ... )  # doctest: +SKIP
     >>> sorted(results)  # doctest: +SKIP
-    ['longppl', 'longppls', 'mean_perplexity', 'n_key_tokens', 'n_tokens', 'perplexities', 'ppl']
+    ['longppl', 'longppls', 'mean_perplexity', 'n_key_tokens', 'n_tokens', 'perplexities', 'ppl', 'settings']
 """
 
 
@@ -223,9 +227,13 @@ def check_predictions(predictions, allow_empty: bool = False) -> None:
 
 def _resolve_perplexity_names(
     max_tokens_per_batch, batch_size, window: WindowSettings, add_special_tokens, add_start_token
-) -> tuple[int, bool]:
-    """``(max_tokens_per_batch, add_special_tokens)`` from our names or from the names of
-    ``evaluate``'s ``perplexity`` metric (``batch_size``, ``add_start_token``)."""
+) -> tuple[int, bool, bool]:
+    """``(max_tokens_per_batch, add_special_tokens, start_token)`` from our names or from the names of
+    ``evaluate``'s ``perplexity`` metric (``batch_size``, ``add_start_token``).
+
+    ``add_start_token=True`` means what it means there: the texts are tokenized without special
+    tokens and the tokenizer's ``bos_token_id`` is put before each (``start_token``), whether or
+    not the tokenizer would add it itself (GPT-2 and Qwen tokenizers have a BOS but do not)."""
     if batch_size is not None:
         if max_tokens_per_batch is not None:
             raise ValueError(
@@ -236,27 +244,26 @@ def _resolve_perplexity_names(
     elif max_tokens_per_batch is None:
         max_tokens_per_batch = DEFAULT_MAX_TOKENS_PER_BATCH
     max_tokens_per_batch = require_int("max_tokens_per_batch", max_tokens_per_batch)
-    if add_start_token is not None:
-        add_start_token = require_bool("add_start_token", add_start_token)
-        if add_special_tokens is not None and require_bool("add_special_tokens", add_special_tokens) != add_start_token:
-            raise ValueError(
-                f"add_start_token={add_start_token} and add_special_tokens={add_special_tokens} disagree: "
-                "add_start_token (the name of evaluate's perplexity metric) sets add_special_tokens; pass only one."
-            )
-        add_special_tokens = add_start_token
-    add_special_tokens = False if add_special_tokens is None else require_bool("add_special_tokens", add_special_tokens)
-    return max_tokens_per_batch, add_special_tokens
-
-
-def _check_start_token(tokenizer) -> None:
-    """``add_start_token=True`` needs a tokenizer that puts its BOS token first with its special tokens."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
-    if bos is None or not ids or ids[0] != bos:
+    add_start_token = False if add_start_token is None else require_bool("add_start_token", add_start_token)
+    if add_special_tokens is not None:
+        add_special_tokens = require_bool("add_special_tokens", add_special_tokens)
+    if add_start_token and add_special_tokens:
         raise ValueError(
-            f"add_start_token=True asks for a start (BOS) token before each text, but {type(tokenizer).__name__} "
-            "adds none with its special tokens; pass add_start_token=False (the official LongPPL setting)."
+            "add_start_token=True puts the tokenizer's BOS token before each text itself (as evaluate's perplexity "
+            "does), and add_special_tokens=True lets the tokenizer add its own special tokens too: pass only one."
         )
+    return max_tokens_per_batch, bool(add_special_tokens), add_start_token
+
+
+def _start_token(tokenizer) -> int:
+    """The BOS id that ``add_start_token=True`` puts before each text (a ``ValueError`` if there is none)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise ValueError(
+            f"add_start_token=True puts the tokenizer's BOS token before each text, but {type(tokenizer).__name__} "
+            "has no BOS token (bos_token_id is None); pass add_start_token=False (the official LongPPL setting)."
+        )
+    return int(bos)
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,11 +309,12 @@ class _Request:
     self_evaluation: bool
     key_tokens: str | datasets.Dataset | None
     window: WindowSettings
+    window_given: tuple[str, ...]  # which of trunc_len, sliding_window the caller passed
     rule: KeyTokenRule
     max_length: int | None  # in evaluator tokens
     max_tokens_per_batch: int
-    add_special_tokens: bool  # for the evaluated model; add_start_token already folded in
-    check_start_token: bool  # add_start_token=True: the tokenizer must put a BOS first
+    add_special_tokens: bool  # for the evaluated model
+    start_token: bool  # add_start_token=True: the evaluated model's BOS id before each text
     evaluator_add_special_tokens: bool
     window_bos: bool
     device: str | None
@@ -361,9 +369,17 @@ class _Request:
         """
         # The settings first, then the models: the order in which errors are reported.
         check_predictions(predictions)
-        window = WindowSettings(trunc_len, sliding_window)
+        # K and d left unset: the defaults, unless a key-token cache holds one setting of its own
+        # (``_Request.with_window_of``).
+        window_given = tuple(
+            name for name, value in (("trunc_len", trunc_len), ("sliding_window", sliding_window)) if value is not None
+        )
+        window = WindowSettings(
+            DEFAULT_TRUNC_LEN if trunc_len is None else trunc_len,
+            DEFAULT_SLIDING_WINDOW if sliding_window is None else sliding_window,
+        )
         rule = KeyTokenRule(alpha, beta, use_lcl, soft, gamma)
-        max_tokens_per_batch, add_special_tokens = _resolve_perplexity_names(
+        max_tokens_per_batch, add_special_tokens, start_token = _resolve_perplexity_names(
             max_tokens_per_batch, batch_size, window, add_special_tokens, add_start_token
         )
         torch_dtype = merge_dtype_arguments(torch_dtype, dtype)
@@ -425,11 +441,12 @@ class _Request:
             self_evaluation=bool(self_evaluation),
             key_tokens=key_tokens,
             window=window,
+            window_given=window_given,
             rule=rule,
             max_length=max_length,
             max_tokens_per_batch=max_tokens_per_batch,
             add_special_tokens=add_special_tokens,
-            check_start_token=bool(add_start_token),  # None or a checked bool here
+            start_token=start_token,
             evaluator_add_special_tokens=evaluator_add_special_tokens,
             window_bos=window_bos,
             device=device,
@@ -440,6 +457,31 @@ class _Request:
             torch_compile=torch_compile,
             progress_callback=progress_callback,
         )
+
+    def with_window_of(self, cache: KeyTokenCache) -> "_Request":
+        """This request with the cache's K and d where the caller left them unset and the cache's
+        rows (for this tokenization of the evaluator, and the values that were passed) hold exactly
+        one setting; ``ValueError`` listing them when they hold several."""
+        if len(self.window_given) == 2:
+            return self
+        wanted = dict(add_special_tokens=self.evaluator_add_special_tokens, window_bos=self.window_bos)
+        wanted.update({name: getattr(self.window, name) for name in self.window_given})
+        windows = sorted(
+            {
+                (c["trunc_len"], c["sliding_window"])
+                for c in cache.configurations()
+                if all(c[name] == value for name, value in wanted.items())
+            }
+        )
+        if len(windows) > 1:
+            listed = "; ".join(f"trunc_len={k}, sliding_window={d}" for k, d in windows)
+            raise ValueError(
+                f"The key-token cache holds rows with {len(windows)} settings of K and d ({listed}), and trunc_len / "
+                "sliding_window were not both passed: pass them to choose one."
+            )
+        if not windows:  # none to take: the defaults (missing rows are scored, or listed in an error)
+            return self
+        return replace(self, window=WindowSettings(*windows[0]), window_given=("trunc_len", "sliding_window"))
 
     @property
     def cache_settings(self) -> KeyTokenSettings:
@@ -462,6 +504,7 @@ class _Sources:
     model: _ModelSource
     evaluator: _ModelSource
     model_encoded: list | None  # the texts encoded for a model given as an object (checked early)
+    start_token: int | None  # the BOS id put before each text for the evaluated model (add_start_token)
 
 
 def _resolve_sources(request: _Request) -> _Sources:
@@ -473,8 +516,7 @@ def _resolve_sources(request: _Request) -> _Sources:
         model, tokenizer = load_causal_lm(model_id, request.device, request.torch_dtype)
     if tokenizer is None:
         tokenizer = load_tokenizer(model_id)  # the model itself is loaded after the evaluator is freed
-    if request.check_start_token:
-        _check_start_token(tokenizer)
+    start_token = _start_token(tokenizer) if request.start_token else None
     evaluator = request.evaluator
     if request.max_length is not None:
         cutter = tokenizer if request.self_evaluation else evaluator.tokenizer or load_tokenizer(evaluator.model_id)
@@ -483,10 +525,10 @@ def _resolve_sources(request: _Request) -> _Sources:
         texts = list(request.predictions)
     model_encoded = None
     if model is not None:
-        model_encoded = encode_texts(tokenizer, texts, request.add_special_tokens, model, "model")
+        model_encoded = encode_texts(tokenizer, texts, request.add_special_tokens, model, "model", start_token)
     if request.self_evaluation:
         evaluator = _ModelSource(model, tokenizer)
-    return _Sources(texts, _ModelSource(model, tokenizer, model_id), evaluator, model_encoded)
+    return _Sources(texts, _ModelSource(model, tokenizer, model_id), evaluator, model_encoded, start_token)
 
 
 def _release_memory() -> None:
@@ -513,13 +555,6 @@ def _run_evaluator(model, tokenizer, texts, request: _Request, *, per_document: 
     )
 
 
-def _scores(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
-    """The evaluator's scores of every text: from a live run, or from the key-token cache."""
-    if request.key_tokens is None:
-        return _score_live(request, sources)
-    return _score_from_cache(request, sources)
-
-
 def _score_live(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
     """The evaluator's scores of the texts, loading it first when given by id (and freeing it after)."""
     evaluator = sources.evaluator
@@ -532,7 +567,7 @@ def _score_live(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
     return _run_evaluator(evaluator.model, evaluator.tokenizer, sources.texts, request)
 
 
-def _score_from_cache(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
+def _score_from_cache(request: _Request, sources: _Sources, cache: KeyTokenCache) -> list[EvaluatorScores]:
     """The evaluator's scores of the texts from the key-token cache; the evaluator (if any) scores
     only the texts the cache lacks, and is loaded only then (or when its checkpoint has no
     fingerprint that can be taken without loading it)."""
@@ -542,7 +577,6 @@ def _score_from_cache(request: _Request, sources: _Sources) -> list[EvaluatorSco
         sources.evaluator.model_id,
     )
     device, torch_dtype = request.device, request.torch_dtype
-    cache = KeyTokenCache.load(request.key_tokens, create=sources.evaluator.given)
     identity = None
     if evaluator is None and evaluator_id is not None:
         identity = ModelIdentity.of_checkpoint(evaluator_id, resolve_dtype(torch_dtype, device or default_device()))
@@ -567,7 +601,8 @@ def _score_from_cache(request: _Request, sources: _Sources) -> list[EvaluatorSco
 def _model_scores(request: _Request, sources: _Sources, evaluator_scores) -> list[ModelScores]:
     """The evaluated model's log-probs of the texts; a model given by id is loaded only now, once
     the evaluator has been freed."""
-    if request.self_evaluation and request.add_special_tokens == request.evaluator_add_special_tokens:
+    same_tokens = request.add_special_tokens == request.evaluator_add_special_tokens and not request.start_token
+    if request.self_evaluation and same_tokens:
         # Same model, same tokens: the evaluator's long pass already holds the model's log-probs.
         return [ModelScores(s.input_ids, s.offsets, s.lp_long) for s in evaluator_scores]
     model = sources.model.model
@@ -583,12 +618,17 @@ def _model_scores(request: _Request, sources: _Sources, evaluator_scores) -> lis
         torch_compile=request.torch_compile,
         progress_callback=request.progress_callback,
         encoded=sources.model_encoded,
+        start_token=sources.start_token,
     )
 
 
-def _output(request: _Request, results, model_scores, weights) -> dict:
-    """The metric's return value (``summarize_results``), with ``key_spans`` when asked for."""
+def _output(request: _Request, results, model_scores, weights, window_from_cache: bool = False) -> dict:
+    """The metric's return value (``summarize_results``), the settings it was computed with
+    (``settings``: K, d, the rule, and ``window_from`` saying whether K and d were passed, left at
+    their defaults or taken from the key-token cache), with ``key_spans`` when asked for."""
     output = summarize_results(results, request.aggregation, request.rule.soft)
+    window_from = "key_tokens" if window_from_cache else "arguments" if request.window_given else "defaults"
+    output["settings"] = dict(asdict(request.window), **asdict(request.rule), window_from=window_from)
     if request.return_key_spans:  # the tokens document_result counts: key and predicted
         output["key_spans"] = [
             key_char_spans(ms.offsets, (w > 0) & ~np.isnan(ms.lp)).tolist() for ms, w in zip(model_scores, weights)
@@ -599,6 +639,11 @@ def _output(request: _Request, results, model_scores, weights) -> dict:
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class LongPPL(evaluate.Metric):
     """LongPPL (Fang et al., ICLR 2025) as an ``evaluate`` metric."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # evaluate names a module after its class in snake case ("long_ppl"); it is loaded as "longppl".
+        self._module_info.module_name = "longppl"
 
     def _info(self):
         return evaluate.MetricInfo(
@@ -644,8 +689,8 @@ class LongPPL(evaluate.Metric):
         use_lcl=True,
         soft=False,
         gamma=DEFAULT_GAMMA,
-        trunc_len=DEFAULT_TRUNC_LEN,
-        sliding_window=DEFAULT_SLIDING_WINDOW,
+        trunc_len=None,
+        sliding_window=None,
         max_length=None,
         max_tokens_per_batch=None,
         device=None,
@@ -669,12 +714,19 @@ class LongPPL(evaluate.Metric):
         # The first statement: locals() holds exactly the keyword arguments above, defaults applied.
         request = _Request.from_kwargs(**{name: value for name, value in locals().items() if name != "self"})
         sources = _resolve_sources(request)
-        evaluator_scores = _scores(request, sources)
+        window_from_cache = False
+        if request.key_tokens is None:
+            evaluator_scores = _score_live(request, sources)
+        else:  # the evaluator's scores from the cache (those it lacks scored and added)
+            cache = KeyTokenCache.load(request.key_tokens, create=sources.evaluator.given)
+            adopted = request.with_window_of(cache)
+            window_from_cache, request = adopted.window_given != request.window_given, adopted
+            evaluator_scores = _score_from_cache(request, sources, cache)
         model_scores = _model_scores(request, sources, evaluator_scores)
         weights = text_key_weights(sources.texts, evaluator_scores, model_scores, **asdict(request.rule))
         results = document_results(model_scores, weights)
         self._warn_without_key_tokens(evaluator_scores, results, request.window.trunc_len)
-        return _output(request, results, model_scores, weights)
+        return _output(request, results, model_scores, weights, window_from_cache)
 
     @staticmethod
     def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:

@@ -111,11 +111,18 @@ def vocabulary_size(model) -> int | None:
     return int(rows) if isinstance(rows, int) else None
 
 
-def encode_texts(tokenizer, texts: Sequence[str], add_special_tokens: bool, model=None, role: str = "model"):
+def encode_texts(
+    tokenizer, texts: Sequence[str], add_special_tokens: bool, model=None, role: str = "model", start_token=None
+):
     """``[(ids [n], offsets [n, 2]), ...]`` of every text, checked before any forward pass: no text
     may tokenize to nothing, and with ``model`` every id must index its embedding table
-    (:func:`settings.check_token_ids`)."""
+    (:func:`settings.check_token_ids`). ``start_token``: an id put before each text, with the empty
+    span ``(0, 0)`` (as a tokenizer's own BOS gets), e.g. ``evaluate``'s ``add_start_token``."""
     encoded = list(encode_many_with_offsets(tokenizer, texts, add_special_tokens))
+    if start_token is not None:
+        encoded = [
+            (np.concatenate([[start_token], ids]), np.concatenate([[[0, 0]], offsets])) for ids, offsets in encoded
+        ]
     vocab_size = None if model is None else vocabulary_size(model)
     for index, (ids, _) in enumerate(encoded):
         if ids.shape[0] == 0:
@@ -246,15 +253,17 @@ def score_with_model(
     torch_compile: bool = False,
     progress_callback: ProgressCallback | None = None,
     encoded: list | None = None,
+    start_token: int | None = None,
 ) -> list[ModelScores]:
     """Full-context log-probs of the evaluated model's tokens (no special tokens by default, as official).
 
     ``progress_callback``: as in :func:`score_with_evaluator`. ``encoded``: the texts as
     :func:`encode_texts` gave them for this tokenizer and model (a caller that checked them before
-    the evaluator ran passes them on, so long texts are not tokenized twice).
+    the evaluator ran passes them on, so long texts are not tokenized twice). ``start_token``: see
+    :func:`encode_texts`.
     """
     if encoded is None:
-        encoded = encode_texts(tokenizer, texts, add_special_tokens, model, "model")
+        encoded = encode_texts(tokenizer, texts, add_special_tokens, model, "model", start_token)
     reporter = Progress(progress, progress_callback).labelled("LongPPL: evaluated model", "doc")
     with _scoring(model, torch_compile), reporter.steps(len(texts)) as done:
         lp = long_context_log_probs(
