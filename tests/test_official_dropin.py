@@ -1,5 +1,6 @@
 """`from longppl import compute_longppl` behaves like the official 0.3.0 package, with safe files."""
 
+import ast
 import json
 import os
 
@@ -10,6 +11,8 @@ from reference import longppl_document
 
 import longppl.official as official
 from longppl import compute_longppl, find_key_token, load_key_token
+from longppl.atomic_files import write_file_atomically
+from longppl.fingerprints import text_fingerprint
 
 K, D, ALPHA, BETA = 41, 17, 0.005, -50.0
 
@@ -56,6 +59,34 @@ def test_same_numbers_and_keys_as_the_official_algorithm(models, text, tmp_path)
     assert out["ppl"] == pytest.approx(ref["ppl"], rel=1e-5)
 
 
+def json_payload(spans, text):
+    """A key-span file as earlier versions of this library wrote it (JSON naming its text)."""
+    return {
+        "format": official.KEY_SPANS_FORMAT,
+        "version": official.KEY_SPANS_VERSION,
+        "text_sha256": text_fingerprint(text),
+        "spans": spans,
+    }
+
+
+def official_load_key_token(save_path):
+    """The official package's ``load_key_token``: the first line split at ``;``, each entry a Python
+    literal (it calls ``eval``; ``ast.literal_eval`` accepts the same lists and runs nothing)."""
+    with open(save_path, encoding="utf-8") as f:
+        for line in f.readlines():
+            return [ast.literal_eval(key_slice) for key_slice in line.split(";")]
+
+
+def test_saved_spans_are_read_by_the_official_package_and_by_us(models, text, tmp_path):
+    path = tmp_path / "slice_0.txt"
+    spans = find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"], K, D, str(path), ALPHA, BETA)
+    assert len(spans) > 1
+    assert official_load_key_token(str(path)) == spans.tolist() == load_key_token(str(path))
+    older = tmp_path / "older.json"  # JSON written by earlier versions of this library is still read
+    older.write_text(json.dumps(json_payload(spans.tolist(), text)))
+    assert load_key_token(str(older), text) == spans.tolist()
+
+
 def test_official_positional_call_and_module_path(models, text):
     from longppl.longppl import compute_longppl as from_submodule  # the official scripts' import
 
@@ -74,16 +105,14 @@ def test_official_positional_call_and_module_path(models, text):
     assert positional == call(text, models)
 
 
-def test_saved_spans_are_json_and_reused_without_evaluator(models, text, tmp_path):
-    path = tmp_path / "key" / "slice_0.json"
+def test_saved_spans_are_reused_without_evaluator(models, text, tmp_path):
+    path = tmp_path / "key" / "slice_0.txt"
     first = call(text, models, save_path=str(path))
-    payload = json.loads(path.read_text())
-    assert payload["format"] == "longppl-key-spans" and payload["settings"]["trunc_len"] == K
     spans = find_key_token(text, models["evaluator_model"], models["evaluator_tokenizer"], K, D, None, ALPHA, BETA)
-    assert payload["spans"] == spans.tolist()
+    assert path.read_text() == ";".join(f"[{a}, {b}]" for a, b in spans.tolist())  # the official format
     again = call(text, dict(models, evaluator_model=None), save_path=str(path))
     assert again == first
-    assert os.listdir(path.parent) == ["slice_0.json"]  # no temporary files left behind
+    assert os.listdir(path.parent) == ["slice_0.txt"]  # no temporary files left behind
 
 
 def test_reads_official_span_files(models, text, tmp_path):
@@ -106,8 +135,8 @@ def test_span_files_are_never_evaluated(tmp_path):
 def test_bad_span_files_and_arguments(models, text, tmp_path):
     with pytest.raises(FileNotFoundError, match="No key-span file"):
         load_key_token(str(tmp_path / "missing.json"))
-    other = tmp_path / "other.json"
-    official.save_key_spans(str(other), np.array([[1, 4]]), "a different text", {})
+    other = tmp_path / "other.json"  # the JSON of earlier versions, which names its text
+    other.write_text(json.dumps(json_payload([[1, 4]], "a different text")))
     with pytest.raises(ValueError, match="computed for a different text"):
         call(text, dict(models, evaluator_model=None), save_path=str(other))
     foreign = tmp_path / "foreign.json"
@@ -128,9 +157,9 @@ def test_interrupted_save_keeps_previous_file(models, text, tmp_path, monkeypatc
     def broken_dump(*args, **kwargs):
         raise KeyboardInterrupt("interrupted while writing")
 
-    monkeypatch.setattr(official.json, "dump", broken_dump)
+    monkeypatch.setattr(official, "write_file_atomically", lambda path, write: write_file_atomically(path, broken_dump))
     with pytest.raises(KeyboardInterrupt):
-        official.save_key_spans(str(path), np.array([[0, 1]]), text, {})
+        official.save_key_spans(str(path), np.array([[0, 1]]))
     assert path.read_text() == before
     assert os.listdir(tmp_path) == ["spans.json"]
 
@@ -191,10 +220,7 @@ def test_official_span_files_with_numbers_that_are_not_offsets(models, text, tmp
     with pytest.raises(ValueError, match=rf"span 1 \[10, {len(text) + 5}\] ends past the text \(the text has"):
         call(text, dict(models, evaluator_model=None), save_path=str(path))
     bad_json = tmp_path / "bad.json"
-    official.save_key_spans(str(bad_json), np.zeros((0, 2)), text, {})
-    payload = json.loads(bad_json.read_text())
-    payload["spans"] = [[1, "4"]]
-    bad_json.write_text(json.dumps(payload))
+    bad_json.write_text(json.dumps(json_payload([[1, "4"]], text)))
     with pytest.raises(ValueError, match=r"span 0 \[1, '4'\] is not a pair of integers"):
         load_key_token(str(bad_json))
 

@@ -1,8 +1,10 @@
 """Drop-in replacement for the official ``longppl`` package (0.3.0): same functions, arguments and
 return keys, computed with this library's batched, chunked core.
 
-Key spans are saved as JSON (never read back with ``eval``); key-span files written by the official
-package (``[a, b];[c, d]``) are read too, parsed as integers and checked to be character spans.
+Key spans are saved in the official package's format (``[a, b];[c, d]``), so that files written
+here are read by the official package too; they are read back without ``eval`` (parsed as integers
+and checked to be character spans). JSON key-span files of earlier versions of this library are read
+as well.
 
 The arguments are checked as the metric checks them (``settings``): e.g. ``trunc_len=0`` or
 ``alpha=nan`` is an error here too, not numbers or a silent "no key tokens".
@@ -39,16 +41,12 @@ _OFFICIAL_SPAN = re.compile(r"^\[\s*(\d+)\s*,\s*(\d+)\s*\]$")
 _MAX_OFFSET = np.iinfo(np.int64).max
 
 
-def save_key_spans(path: str, spans: np.ndarray, text: str, settings: dict) -> None:
-    """Write key spans as JSON atomically (a temporary file in the same folder, then rename)."""
-    payload = {
-        "format": KEY_SPANS_FORMAT,
-        "version": KEY_SPANS_VERSION,
-        "text_sha256": text_fingerprint(text),
-        "settings": settings,
-        "spans": np.asarray(spans, dtype=np.int64).reshape(-1, 2).tolist(),
-    }
-    write_file_atomically(path, lambda handle: json.dump(payload, handle))
+def save_key_spans(path: str, spans: np.ndarray) -> None:
+    """Write key spans ``[m, 2]`` (character ``[start, end)``, text order) in the official package's
+    format, ``[a, b];[c, d]`` on one line (empty without spans), atomically (a temporary file in
+    the same folder, then rename). The official ``load_key_token`` reads it back."""
+    line = ";".join(f"[{start}, {end}]" for start, end in np.asarray(spans, dtype=np.int64).reshape(-1, 2).tolist())
+    write_file_atomically(path, lambda handle: handle.write(line))
 
 
 def load_key_token(save_path: str, text: str | None = None) -> list[list[int]]:
@@ -174,8 +172,7 @@ def find_key_token(
     )[0]
     spans = scores.key_spans(alpha, beta)
     if save_path is not None:
-        settings = dict(trunc_len=trunc_len, sliding_window=sliding_window, alpha=alpha, beta=beta)
-        save_key_spans(save_path, spans, text, settings)
+        save_key_spans(save_path, spans)
     return torch.from_numpy(spans)
 
 
@@ -199,7 +196,8 @@ def compute_longppl(
         evaluator_model (`PreTrainedModel`, `str` or `None`): the model that selects key tokens; ``None``
             reads key spans saved earlier at ``save_path``.
         tokenizer, evaluator_tokenizer: tokenizers of the two models (required for model objects).
-        save_path (`str`, optional): where the key spans are saved (JSON) or, without an evaluator, read.
+        save_path (`str`, optional): where the key spans are saved (the official `[a, b];[c, d]` format,
+            which the official package reads too) or, without an evaluator, read.
         trunc_len (`int`, default 4096): K, the length of the truncated short context.
         sliding_window (`int`, default 1024): d, the number of tokens sharing one short context.
         alpha, beta (`float`, default 2, -2): key token iff LSD > alpha and LCL > beta.
