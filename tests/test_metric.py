@@ -574,6 +574,10 @@ def test_tokenizer_of_another_model_is_named_before_any_forward_pass(metric, set
         (dict(trunc_len=-5), "trunc_len must be an integer >= 1, got -5"),
         (dict(sliding_window=-1), "sliding_window must be an integer >= 1, got -1"),
         (dict(gamma=float("nan")), "gamma must be a finite number"),
+        (
+            dict(gamma=float("inf"), soft=True),
+            r"gamma must be a finite number > 0 .*infinity would leave them unbounded",
+        ),
     ],
 )
 def test_shared_setting_checks(metric, setup, kwargs, message):
