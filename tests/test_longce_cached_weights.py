@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from helpers import (
+    SlowByteTokenizer,
     accelerate_launch_on_cpu,
     byte_level_bpe,
     govreport_texts,
@@ -78,42 +79,68 @@ def reference_soft_weights(score, gamma=GAMMA):
 
 
 def reference_column(text, score, model_offsets, gamma=GAMMA):
-    """Character-level average, one character at a time: each character takes the weight of the (last)
-    evaluator token covering it, each model token the mean over its characters (1 without any)."""
-    per_char = [1.0] * len(text)
-    for (a, b), w in zip(score.offsets.tolist(), reference_soft_weights(score, gamma)):
-        for c in range(a, b):
-            per_char[c] = w
+    """Character-level average, one character at a time: each character takes the mean weight of the
+    evaluator tokens covering it (byte tokens of one character all do), each model token the mean over
+    its characters (1 without any)."""
+    per_char = []
+    for c in range(len(text)):
+        covering = [w for (a, b), w in zip(score.offsets.tolist(), reference_soft_weights(score, gamma)) if a <= c < b]
+        per_char.append(sum(covering) / len(covering) if covering else 1.0)
     return [sum(per_char[a:b]) / (b - a) if b > a else 1.0 for a, b in model_offsets.tolist()]
 
 
+#: Emoji (a ZWJ sequence), Hebrew and Arabic (right to left), CJK and typographic dashes: byte-level
+#: BPE splits each of these characters into tokens that share its span.
+MIXED = "The report — in full 👩\u200d👩\u200d👧: שלום עולם, مرحبا بالعالم, 你好世界 and 東京 🙂 — ends."
+
+
+def mixed_texts():
+    """A plain report with one typographic dash, and excerpts with emoji, RTL and CJK characters."""
+    report = govreport_texts()[1][:600].replace("—", "-") + " — and so on."
+    return [report] + [MIXED + " " + text for text in excerpts(3)] + [MIXED * 3]
+
+
 def test_same_tokenizer_column_is_the_evaluators_soft_weights():
+    """The trained model's tokens are the evaluator's: every weight is exactly the evaluator's own
+    min(exp(lp_long - lp_short), gamma), computed here from the cache row (float32, as stored)."""
     tokenizer = byte_level_bpe()
-    texts = excerpts()
+    texts = mixed_texts()
+    assert texts[0].count("—") == 1 and texts[0].isascii() is False
     cache, scores = make_cache(tokenizer, texts)
     out = add_key_token_weights(Dataset.from_dict({"text": texts}), cache, tokenizer, gamma=GAMMA)
     assert out.column_names == ["text", "input_ids", "longce_weights"]
-    shared_chars = 0
-    for text, row, score in zip(texts, out, scores):
-        assert row["input_ids"] == score.input_ids.tolist()  # same tokenizer, same special tokens
-        np.testing.assert_allclose(row["longce_weights"], reference_column(text, score, score.offsets), rtol=1e-6)
-        # A token with characters of its own keeps its weight; byte-level tokens that split one
-        # character (e.g. an em dash) share that character's weight, the last one's.
-        starts, ends = score.offsets[:, 0], score.offsets[:, 1]
-        own = (ends > starts) & (np.append(starts[1:], len(text)) >= ends) & (np.insert(ends[:-1], 0, 0) <= starts)
-        np.testing.assert_allclose(
-            np.array(row["longce_weights"])[own], np.array(reference_soft_weights(score))[own], rtol=1e-6
-        )
-        shared_chars += int((~own & (ends > starts)).sum())
-    assert shared_chars > 0  # the texts hold multi-byte characters split across tokens
+    split_tokens = 0
+    for index, row in enumerate(out):
+        cached = cache.scores(index)
+        assert row["input_ids"] == cached.input_ids.tolist()  # same tokenizer, same special tokens
+        long, short = cached.lp_long.astype(np.float32), cached.lp_short.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = np.minimum(np.exp(long - short), np.float32(GAMMA))
+        expected[np.isnan(long) | np.isnan(short)] = 1.0
+        assert row["longce_weights"] == expected.tolist()
+        starts, ends = cached.offsets[:, 0], cached.offsets[:, 1]
+        split_tokens += int(((starts[1:] == starts[:-1]) & (ends[1:] == ends[:-1])).sum())
+    assert split_tokens > 100  # many characters split into byte tokens of their own weights
     weights = np.concatenate(out["longce_weights"])
     assert weights.max() == pytest.approx(GAMMA) and (weights > 1).mean() > 0.2 and (weights < 1).any()
 
 
+def test_same_tokenizer_without_the_evaluators_bos():
+    """The evaluator's BOS aside, the tokens are the same: each keeps its evaluator weight."""
+    evaluator_tokenizer, tokenizer = byte_level_bpe(), byte_level_bpe(add_bos=False)
+    texts = mixed_texts()
+    cache, scores = make_cache(evaluator_tokenizer, texts)
+    out = add_key_token_weights(Dataset.from_dict({"text": texts}), cache, tokenizer, gamma=GAMMA)
+    for row, score in zip(out, scores):
+        assert row["input_ids"] == score.input_ids[1:].tolist()
+        np.testing.assert_allclose(row["longce_weights"], reference_soft_weights(score)[1:], rtol=1e-6)
+
+
 @pytest.mark.parametrize("add_special_tokens", [True, False])
-def test_other_tokenizer_column_is_the_character_average(add_special_tokens):
-    evaluator_tokenizer, model_tokenizer = byte_level_bpe(), metaspace_bpe()
-    texts = excerpts()
+@pytest.mark.parametrize("model", [metaspace_bpe, SlowByteTokenizer], ids=["metaspace", "one-token-per-byte"])
+def test_other_tokenizer_column_is_the_character_average(add_special_tokens, model):
+    evaluator_tokenizer, model_tokenizer = byte_level_bpe(), model()
+    texts = mixed_texts()
     cache, scores = make_cache(evaluator_tokenizer, texts)
     out = add_key_token_weights(
         Dataset.from_dict({"text": texts}),
@@ -158,8 +185,8 @@ def test_an_evaluator_model_scores_missing_texts_and_saves_them(tmp_path):
         sliding_window=8,
     )
     live = score_with_evaluator(evaluator, tokenizer, texts, 16, 8, progress=False, per_document=True)
-    for text, row, score in zip(texts, out, live):
-        np.testing.assert_allclose(row["longce_weights"], reference_column(text, score, score.offsets), rtol=1e-5)
+    for row, score in zip(out, live):  # the evaluator's own tokens: its own weights
+        np.testing.assert_allclose(row["longce_weights"], reference_soft_weights(score), rtol=1e-5)
     assert max(max(w) for w in out["longce_weights"]) > 1  # the random evaluator's LSDs are not all 0
     assert len(KeyTokenCache.load(path)) == 3  # saved: the next run needs no evaluator
     again = add_key_token_weights(dataset, path, tokenizer, gamma=GAMMA)
