@@ -35,6 +35,7 @@ from longppl.alignment import encode_with_offsets
 from longppl.fingerprints import ModelIdentity
 from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
 from longppl.scoring import EvaluatorScores, score_with_evaluator
+from longppl.settings import DEFAULT_GAMMA
 
 GAMMA = 3.0
 K, D = 40, 16  # the synthetic evaluator's window settings: tokens i < K have no short score
@@ -191,6 +192,33 @@ def test_an_evaluator_model_scores_missing_texts_and_saves_them(tmp_path):
     assert len(KeyTokenCache.load(path)) == 3  # saved: the next run needs no evaluator
     again = add_key_token_weights(dataset, path, tokenizer, gamma=GAMMA)
     assert again["longce_weights"] == out["longce_weights"]
+
+
+@pytest.mark.parametrize(
+    "given", [{}, {"trunc_len": 24}, {"sliding_window": 8}, {"trunc_len": 24, "sliding_window": 8}], ids=str
+)
+def test_window_settings_of_an_evaluator_model_are_taken_by_name(tmp_path, given):
+    """trunc_len and sliding_window reach the scoring each in its own place, the other at its default."""
+    tokenizer = byte_level_bpe()
+    evaluator = tiny_model("llama", len(tokenizer))
+    texts = [excerpts(1)[0][:200]]
+    path = str(tmp_path / "cache")
+    out = add_key_token_weights(
+        Dataset.from_dict({"text": texts}),
+        path,
+        tokenizer,
+        evaluator_model=evaluator,
+        evaluator_tokenizer=tokenizer,
+        **given,
+    )
+    row = KeyTokenCache.load(path).row(0)
+    K, d = (
+        given.get("trunc_len", KeyTokenSettings.trunc_len),
+        given.get("sliding_window", KeyTokenSettings.sliding_window),
+    )
+    assert (row["trunc_len"], row["sliding_window"]) == (K, d)
+    (live,) = score_with_evaluator(evaluator, tokenizer, texts, K, d, progress=False, per_document=True)
+    np.testing.assert_allclose(out[0]["longce_weights"], reference_soft_weights(live, DEFAULT_GAMMA), rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- collator alignment

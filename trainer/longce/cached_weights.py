@@ -65,7 +65,9 @@ def _cache_rows(
         if evaluator_tokenizer is None:
             raise ValueError("evaluator_model is given, so pass its tokenizer too (evaluator_tokenizer).")
         identity = ModelIdentity.of_model(evaluator_model, evaluator_tokenizer)
-        settings = KeyTokenSettings(*(v for v in (trunc_len, sliding_window) if v is not None))
+        # By name: an unset trunc_len must not shift sliding_window into its place.
+        given = {"trunc_len": trunc_len, "sliding_window": sliding_window}
+        settings = KeyTokenSettings(**{name: value for name, value in given.items() if value is not None})
         fingerprint = identity.fingerprint
 
         def score_missing(missing: list[str]):
@@ -148,7 +150,8 @@ def add_key_token_weights(
         evaluator_model, evaluator_tokenizer: the evaluator itself: rows must then be its own (its
             fingerprint covers its weights and tokenizer), and texts the cache lacks are scored with
             ``trunc_len`` and ``sliding_window`` (default K=4096, d=1024), added and saved, as the
-            metric does. ``evaluator_tokenizer`` alone checks that the cached rows are its tokens.
+            metric does (each of ``trunc_len`` and ``sliding_window`` left out takes its own default).
+            ``evaluator_tokenizer`` alone checks that the cached rows are its tokens.
     Raises:
         ValueError: texts missing from the cache (named, without an evaluator model), an evaluator
             tokenizer that did not produce the cache's rows, a bad ``gamma`` or ``max_length``, a
