@@ -549,6 +549,87 @@ def test_column_of_other_length_or_bad_values():
         LongCEWeightsCollator()([{"input_ids": [1, 2, 3]}])
 
 
+def bad_weights_message(found, mode="train"):
+    return (
+        rf"The batches' longce_weights \({mode}, since the last log\) hold {found} weight\(s\) at trained positions; "
+        r"every weight must be a finite number >= 0\. Build the column with longce\.add_key_token_weights"
+    )
+
+
+BAD_WEIGHTS = [(float("nan"), "1 NaN"), (float("inf"), "1 infinite"), (-0.5, "1 negative")]
+
+
+@pytest.mark.parametrize("value, found", BAD_WEIGHTS, ids=["nan", "inf", "negative"])
+def test_bad_weights_given_to_compute_loss_fail_at_the_next_log(value, found):
+    model = tiny_model("llama", VOCAB).train()
+    trainer = LongCETrainer(model=model, args=make_args())
+    batch = LongCEWeightsCollator()(rows_with_weights([9, 8]))
+    batch["longce_weights"][0, 3] = value
+    trainer.compute_loss(model, batch)  # no check in the step: it would cost a host sync per step
+    with pytest.raises(ValueError, match=bad_weights_message(found)):
+        trainer.log({"loss": 1.0})
+    # Evaluation checks its own batches when it reports.
+    model.eval()
+    with torch.no_grad():
+        trainer.compute_loss(model, dict(batch, longce_weights=batch["longce_weights"].clone().fill_(value)))
+    with pytest.raises(ValueError, match=bad_weights_message("15 " + found.split()[1], "eval")):
+        trainer._reduced_stats("eval", "eval_")
+
+
+class UncheckedCollator(LongCEWeightsCollator):
+    """Places the weights as LongCEWeightsCollator does, without refusing bad values (a hand-made pipeline)."""
+
+    def __call__(self, features):
+        batch = dict(self.collator([{"input_ids": f["input_ids"]} for f in features]))
+        rows = [torch.tensor(f["input_ids"]) for f in features]
+        weights = [torch.tensor(f["longce_weights"], dtype=torch.float32) for f in features]
+        batch["longce_weights"] = place_weights(torch.as_tensor(batch["input_ids"]), rows, weights)
+        return batch
+
+
+@pytest.mark.parametrize("value, found", BAD_WEIGHTS, ids=["nan", "inf", "negative"])
+def test_bad_weights_stop_training_at_the_first_log(value, found):
+    rows = rows_with_weights([9, 8])
+    rows[1]["longce_weights"][4] = value
+    with pytest.raises(ValueError, match=bad_weights_message(found)):
+        train_once(rows, data_collator=UncheckedCollator(DataCollatorWithFlattening()), logging_steps=1)
+
+
+def test_weights_are_checked_at_log_time_only(monkeypatch):
+    """Valid weights: no host sync in LongCE's code during compute_loss (no .item(), .tolist() or bool()
+    of a tensor from the longce package: the model's own forward may have some), and the counts reach the
+    host only when the statistics are logged."""
+    import longce.trainer as trainer_module
+
+    checks, syncs = [], []
+    check = trainer_module._refuse_bad_weights
+    monkeypatch.setattr(trainer_module, "_refuse_bad_weights", lambda *counts: (checks.append(counts), check(*counts)))
+    model = tiny_model("llama", VOCAB).train()
+    trainer = LongCETrainer(model=model, args=make_args())
+    batch = LongCEWeightsCollator()(rows_with_weights([9, 8]))
+    package = os.path.dirname(trainer_module.__file__)
+
+    def counted(name, original):
+        def call(self, *args, **kwargs):
+            if sys._getframe(1).f_code.co_filename.startswith(package):
+                syncs.append(name)
+            return original(self, *args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+            patched.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+        for _ in range(3):
+            trainer.compute_loss(model, batch)
+    assert syncs == [] and checks == []
+    trainer.log({"loss": 1.0})
+    assert checks == [("train", 0.0, 0.0, 0.0)]
+    rows = rows_with_weights([9, 8, 7, 6, 5, 4])
+    log = train_once(rows, max_steps=3, logging_steps=2)[0]
+    assert log["longce_mean_weight"] > 1 and len(checks) == 3  # steps 2 and 3 (the last), not every step
+
+
 def test_texts_missing_from_the_cache_are_named():
     tokenizer = byte_level_bpe()
     texts = excerpts()
