@@ -7,6 +7,7 @@ from reference import official_overlap
 
 from longppl import encode_with_offsets, key_char_spans, tokens_within_spans, transfer_token_weights
 from longppl.alignment import decode_offsets
+from longppl.scoring import EvaluatorScores, ModelScores, text_key_weights
 
 MULTIBYTE = "Café déjà vu — naïve 北京 façade 🙂 end. Ünïcödé “quotes” ok"
 
@@ -86,21 +87,84 @@ def test_cross_tokenizer_key_tokens_cover_the_same_text():
     assert len(covered) > 0.8 * (end - start)
 
 
-def test_transfer_token_weights_is_the_character_average():
-    text = govreport_texts()[6][:3000] + MULTIBYTE
-    _, ev_offsets = encode_with_offsets(byte_level_bpe(), text, True)
+#: Emoji (a ZWJ sequence), Hebrew and Arabic (right to left), CJK and a typographic dash: characters
+#: that byte-level BPE splits into several tokens sharing one character span.
+MIXED = "Report — 👩\u200d👩\u200d👧 family; שלום עולם; مرحبا بالعالم; 你好世界 and 東京 — end 🙂."
+
+
+def naive_character_average(text, source_offsets, source_weights, target_offsets):
+    """One character at a time: the mean weight of the source tokens covering it (1 if none), then
+    per target token the mean over its characters (1 if it has none)."""
+    per_char = []
+    for c in range(len(text)):
+        covering = [w for (a, b), w in zip(source_offsets.tolist(), source_weights) if a <= c < b]
+        per_char.append(sum(covering) / len(covering) if covering else 1.0)
+    return [sum(per_char[a:b]) / (b - a) if b > a else 1.0 for a, b in target_offsets.tolist()], per_char
+
+
+@pytest.mark.parametrize("source_bos", [True, False])
+def test_transfer_token_weights_is_the_character_average(source_bos):
+    text = govreport_texts()[6][:3000] + MULTIBYTE + MIXED
+    _, ev_offsets = encode_with_offsets(byte_level_bpe(add_bos=source_bos), text, True)
     _, model_offsets = encode_with_offsets(SlowByteTokenizer(), text, False)
     _, model2_offsets = encode_with_offsets(metaspace_bpe(), text, False)
     weights = np.random.default_rng(2).uniform(0.2, 5.0, len(ev_offsets))
-    per_char = [1.0] * len(text)
-    for (a, b), w in zip(ev_offsets.tolist(), weights):
-        for c in range(a, b):
-            per_char[c] = w
     for target in (model_offsets, model2_offsets):
         got = transfer_token_weights(len(text), ev_offsets, weights, target)
-        for (a, b), g in zip(target.tolist(), got):
-            expected = sum(per_char[a:b]) / (b - a) if b > a else 1.0
-            assert g == pytest.approx(expected)
+        expected, per_char = naive_character_average(text, ev_offsets, weights, target)
+        np.testing.assert_allclose(got, expected, rtol=1e-9)
+    # One token per byte: every byte token of a character has that character's value, not a neighbour's.
+    got = transfer_token_weights(len(text), ev_offsets, weights, model_offsets)
+    for (a, b), g in zip(model_offsets.tolist(), got):
+        assert b == a + 1 and g == pytest.approx(per_char[a], rel=1e-9)
+    split = [c for c in range(len(text)) if sum(a <= c < b for a, b in ev_offsets.tolist()) > 1]
+    assert len(split) > 30  # the source splits many characters into byte tokens with different weights
+
+
+@pytest.mark.parametrize("bos", [(True, True), (True, False), (False, True)], ids=["both", "source", "target"])
+def test_the_same_tokens_keep_their_weights(bos):
+    """Equal tokenizations (a BOS on either side aside) give each token its source token's weight."""
+    text = govreport_texts()[2][:400] + MIXED
+    source_ids, source_offsets = encode_with_offsets(byte_level_bpe(), text, bos[0])
+    target_ids, target_offsets = encode_with_offsets(byte_level_bpe(), text, bos[1])
+    weights = np.random.default_rng(3).uniform(0.2, 5.0, len(source_ids)).astype(np.float32)
+    got = transfer_token_weights(len(text), source_offsets, weights, target_offsets, source_ids, target_ids)
+    source_text = weights[1:] if bos[0] else weights
+    target_bos = [1.0] if bos[1] else []
+    assert got.tolist() == target_bos + source_text.tolist()
+    # Without the ids (or with other ids) it is the character average, which differs on split characters.
+    averaged = transfer_token_weights(len(text), source_offsets, weights, target_offsets)
+    assert (averaged != got).sum() > 30
+    other_ids = target_ids.copy()
+    other_ids[-3] += 1
+    changed = transfer_token_weights(len(text), source_offsets, weights, target_offsets, source_ids, other_ids)
+    assert changed.tolist() == averaged.tolist()
+
+
+def test_soft_key_weights_of_the_metric_carry_the_same_way():
+    """The metric's soft path (scoring.text_key_weights, with the evaluated model's ids) gives an
+    evaluated model with the evaluator's tokenizer (without its BOS, as the metric tokenizes) the
+    evaluator's own weights, and another tokenizer the character average."""
+    gamma = 3.0
+    text = govreport_texts()[5][:600] + MIXED
+    ev_ids, ev_offsets = encode_with_offsets(byte_level_bpe(), text, True)
+    rng = np.random.default_rng(4)
+    lp_long = (-rng.exponential(2.0, len(ev_ids))).astype(np.float32)
+    lp_short = (lp_long - rng.normal(0.5, 1.5, len(ev_ids))).astype(np.float32)
+    lp_long[0], lp_short[:50] = np.nan, np.nan
+    evaluator = EvaluatorScores(ev_ids, ev_offsets, lp_long, lp_short)
+    expected = [
+        1.0 if np.isnan(long) or np.isnan(short) else float(min(np.exp(long - short), np.float32(gamma)))
+        for long, short in zip(lp_long, lp_short)
+    ]
+    for tokenizer, same in ((byte_level_bpe(), True), (metaspace_bpe(), False), (SlowByteTokenizer(), False)):
+        ids, offsets = encode_with_offsets(tokenizer, text, False)
+        model = ModelScores(ids, offsets, np.zeros(len(ids), dtype=np.float32))
+        (got,) = text_key_weights([text], [evaluator], [model], 2.0, -2.0, soft=True, gamma=gamma)
+        if same:
+            assert got.tolist() == expected[1:]
+        else:
+            np.testing.assert_allclose(got, naive_character_average(text, ev_offsets, expected, offsets)[0], rtol=1e-9)
 
 
 def test_tokenizer_that_cannot_decode_or_map_is_refused():

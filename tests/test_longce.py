@@ -447,7 +447,8 @@ def test_all_labels_ignored():
     [
         ("longce_gamma", 0.0, "longce_gamma must be > 0"),
         ("longce_gamma", -1.0, "longce_gamma must be > 0"),
-        ("longce_gamma", float("nan"), "longce_gamma must be > 0"),
+        ("longce_gamma", float("nan"), "longce_gamma must be a finite number > 0"),
+        ("longce_gamma", float("inf"), "longce_gamma must be a finite number > 0"),
         ("longce_trunc_len", 0, r"longce_trunc_len \(K\) must be an integer >= 1"),
         ("longce_sliding_window", 0, r"longce_sliding_window \(d\) must be an integer >= 1"),
         ("longce_max_tokens_per_batch", 0, "longce_max_tokens_per_batch must be"),
@@ -463,6 +464,29 @@ def test_bad_settings(setting, value, message):
     # The same check where the settings come from another object (LongCETrainer with other arguments).
     with pytest.raises(ValueError, match=message):
         LongCESettings.from_args(SimpleNamespace(**{setting: value}))
+
+
+def test_infinite_gamma_is_refused_by_the_trainer_and_the_metric_alike():
+    """One rule (longppl.settings.require_gamma): the trainer's settings, its dataset step and the
+    metric's key-token rule refuse an infinite cap with the same message, under their own names."""
+    from longce import add_key_token_weights
+    from longppl.settings import KeyTokenRule
+
+    def message(name):
+        return (
+            rf"^{name} must be a finite number > 0 \(it caps the soft weights min\(exp\(LSD\), {name}\); infinity "
+            r"would leave them unbounded: use a large finite cap instead\), got inf\.$"
+        )
+
+    for build in (lambda: make_args(longce_gamma=math.inf), lambda: LongCESettings(gamma=math.inf)):
+        with pytest.raises(ValueError, match=message("longce_gamma")):
+            build()
+    for build in (
+        lambda: KeyTokenRule(soft=True, gamma=math.inf),
+        lambda: add_key_token_weights(Dataset.from_dict({"text": ["a"]}), None, None, gamma=math.inf),
+    ):
+        with pytest.raises(ValueError, match=message("gamma")):
+            build()
 
 
 def test_model_without_causal_lm_head():

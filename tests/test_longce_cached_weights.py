@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from helpers import (
+    SlowByteTokenizer,
     accelerate_launch_on_cpu,
     byte_level_bpe,
     govreport_texts,
@@ -34,6 +35,7 @@ from longppl.alignment import encode_with_offsets
 from longppl.fingerprints import ModelIdentity
 from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
 from longppl.scoring import EvaluatorScores, score_with_evaluator
+from longppl.settings import DEFAULT_GAMMA
 
 GAMMA = 3.0
 K, D = 40, 16  # the synthetic evaluator's window settings: tokens i < K have no short score
@@ -78,42 +80,68 @@ def reference_soft_weights(score, gamma=GAMMA):
 
 
 def reference_column(text, score, model_offsets, gamma=GAMMA):
-    """Character-level average, one character at a time: each character takes the weight of the (last)
-    evaluator token covering it, each model token the mean over its characters (1 without any)."""
-    per_char = [1.0] * len(text)
-    for (a, b), w in zip(score.offsets.tolist(), reference_soft_weights(score, gamma)):
-        for c in range(a, b):
-            per_char[c] = w
+    """Character-level average, one character at a time: each character takes the mean weight of the
+    evaluator tokens covering it (byte tokens of one character all do), each model token the mean over
+    its characters (1 without any)."""
+    per_char = []
+    for c in range(len(text)):
+        covering = [w for (a, b), w in zip(score.offsets.tolist(), reference_soft_weights(score, gamma)) if a <= c < b]
+        per_char.append(sum(covering) / len(covering) if covering else 1.0)
     return [sum(per_char[a:b]) / (b - a) if b > a else 1.0 for a, b in model_offsets.tolist()]
 
 
+#: Emoji (a ZWJ sequence), Hebrew and Arabic (right to left), CJK and typographic dashes: byte-level
+#: BPE splits each of these characters into tokens that share its span.
+MIXED = "The report — in full 👩\u200d👩\u200d👧: שלום עולם, مرحبا بالعالم, 你好世界 and 東京 🙂 — ends."
+
+
+def mixed_texts():
+    """A plain report with one typographic dash, and excerpts with emoji, RTL and CJK characters."""
+    report = govreport_texts()[1][:600].replace("—", "-") + " — and so on."
+    return [report] + [MIXED + " " + text for text in excerpts(3)] + [MIXED * 3]
+
+
 def test_same_tokenizer_column_is_the_evaluators_soft_weights():
+    """The trained model's tokens are the evaluator's: every weight is exactly the evaluator's own
+    min(exp(lp_long - lp_short), gamma), computed here from the cache row (float32, as stored)."""
     tokenizer = byte_level_bpe()
-    texts = excerpts()
+    texts = mixed_texts()
+    assert texts[0].count("—") == 1 and texts[0].isascii() is False
     cache, scores = make_cache(tokenizer, texts)
     out = add_key_token_weights(Dataset.from_dict({"text": texts}), cache, tokenizer, gamma=GAMMA)
     assert out.column_names == ["text", "input_ids", "longce_weights"]
-    shared_chars = 0
-    for text, row, score in zip(texts, out, scores):
-        assert row["input_ids"] == score.input_ids.tolist()  # same tokenizer, same special tokens
-        np.testing.assert_allclose(row["longce_weights"], reference_column(text, score, score.offsets), rtol=1e-6)
-        # A token with characters of its own keeps its weight; byte-level tokens that split one
-        # character (e.g. an em dash) share that character's weight, the last one's.
-        starts, ends = score.offsets[:, 0], score.offsets[:, 1]
-        own = (ends > starts) & (np.append(starts[1:], len(text)) >= ends) & (np.insert(ends[:-1], 0, 0) <= starts)
-        np.testing.assert_allclose(
-            np.array(row["longce_weights"])[own], np.array(reference_soft_weights(score))[own], rtol=1e-6
-        )
-        shared_chars += int((~own & (ends > starts)).sum())
-    assert shared_chars > 0  # the texts hold multi-byte characters split across tokens
+    split_tokens = 0
+    for index, row in enumerate(out):
+        cached = cache.scores(index)
+        assert row["input_ids"] == cached.input_ids.tolist()  # same tokenizer, same special tokens
+        long, short = cached.lp_long.astype(np.float32), cached.lp_short.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = np.minimum(np.exp(long - short), np.float32(GAMMA))
+        expected[np.isnan(long) | np.isnan(short)] = 1.0
+        assert row["longce_weights"] == expected.tolist()
+        starts, ends = cached.offsets[:, 0], cached.offsets[:, 1]
+        split_tokens += int(((starts[1:] == starts[:-1]) & (ends[1:] == ends[:-1])).sum())
+    assert split_tokens > 100  # many characters split into byte tokens of their own weights
     weights = np.concatenate(out["longce_weights"])
     assert weights.max() == pytest.approx(GAMMA) and (weights > 1).mean() > 0.2 and (weights < 1).any()
 
 
+def test_same_tokenizer_without_the_evaluators_bos():
+    """The evaluator's BOS aside, the tokens are the same: each keeps its evaluator weight."""
+    evaluator_tokenizer, tokenizer = byte_level_bpe(), byte_level_bpe(add_bos=False)
+    texts = mixed_texts()
+    cache, scores = make_cache(evaluator_tokenizer, texts)
+    out = add_key_token_weights(Dataset.from_dict({"text": texts}), cache, tokenizer, gamma=GAMMA)
+    for row, score in zip(out, scores):
+        assert row["input_ids"] == score.input_ids[1:].tolist()
+        np.testing.assert_allclose(row["longce_weights"], reference_soft_weights(score)[1:], rtol=1e-6)
+
+
 @pytest.mark.parametrize("add_special_tokens", [True, False])
-def test_other_tokenizer_column_is_the_character_average(add_special_tokens):
-    evaluator_tokenizer, model_tokenizer = byte_level_bpe(), metaspace_bpe()
-    texts = excerpts()
+@pytest.mark.parametrize("model", [metaspace_bpe, SlowByteTokenizer], ids=["metaspace", "one-token-per-byte"])
+def test_other_tokenizer_column_is_the_character_average(add_special_tokens, model):
+    evaluator_tokenizer, model_tokenizer = byte_level_bpe(), model()
+    texts = mixed_texts()
     cache, scores = make_cache(evaluator_tokenizer, texts)
     out = add_key_token_weights(
         Dataset.from_dict({"text": texts}),
@@ -158,12 +186,39 @@ def test_an_evaluator_model_scores_missing_texts_and_saves_them(tmp_path):
         sliding_window=8,
     )
     live = score_with_evaluator(evaluator, tokenizer, texts, 16, 8, progress=False, per_document=True)
-    for text, row, score in zip(texts, out, live):
-        np.testing.assert_allclose(row["longce_weights"], reference_column(text, score, score.offsets), rtol=1e-5)
+    for row, score in zip(out, live):  # the evaluator's own tokens: its own weights
+        np.testing.assert_allclose(row["longce_weights"], reference_soft_weights(score), rtol=1e-5)
     assert max(max(w) for w in out["longce_weights"]) > 1  # the random evaluator's LSDs are not all 0
     assert len(KeyTokenCache.load(path)) == 3  # saved: the next run needs no evaluator
     again = add_key_token_weights(dataset, path, tokenizer, gamma=GAMMA)
     assert again["longce_weights"] == out["longce_weights"]
+
+
+@pytest.mark.parametrize(
+    "given", [{}, {"trunc_len": 24}, {"sliding_window": 8}, {"trunc_len": 24, "sliding_window": 8}], ids=str
+)
+def test_window_settings_of_an_evaluator_model_are_taken_by_name(tmp_path, given):
+    """trunc_len and sliding_window reach the scoring each in its own place, the other at its default."""
+    tokenizer = byte_level_bpe()
+    evaluator = tiny_model("llama", len(tokenizer))
+    texts = [excerpts(1)[0][:200]]
+    path = str(tmp_path / "cache")
+    out = add_key_token_weights(
+        Dataset.from_dict({"text": texts}),
+        path,
+        tokenizer,
+        evaluator_model=evaluator,
+        evaluator_tokenizer=tokenizer,
+        **given,
+    )
+    row = KeyTokenCache.load(path).row(0)
+    K, d = (
+        given.get("trunc_len", KeyTokenSettings.trunc_len),
+        given.get("sliding_window", KeyTokenSettings.sliding_window),
+    )
+    assert (row["trunc_len"], row["sliding_window"]) == (K, d)
+    (live,) = score_with_evaluator(evaluator, tokenizer, texts, K, d, progress=False, per_document=True)
+    np.testing.assert_allclose(out[0]["longce_weights"], reference_soft_weights(live, DEFAULT_GAMMA), rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- collator alignment
@@ -492,6 +547,87 @@ def test_column_of_other_length_or_bad_values():
         LongCEWeightsCollator()(rows)
     with pytest.raises(ValueError, match="Example 0 of the batch has no 'longce_weights'"):
         LongCEWeightsCollator()([{"input_ids": [1, 2, 3]}])
+
+
+def bad_weights_message(found, mode="train"):
+    return (
+        rf"The batches' longce_weights \({mode}, since the last log\) hold {found} weight\(s\) at trained positions; "
+        r"every weight must be a finite number >= 0\. Build the column with longce\.add_key_token_weights"
+    )
+
+
+BAD_WEIGHTS = [(float("nan"), "1 NaN"), (float("inf"), "1 infinite"), (-0.5, "1 negative")]
+
+
+@pytest.mark.parametrize("value, found", BAD_WEIGHTS, ids=["nan", "inf", "negative"])
+def test_bad_weights_given_to_compute_loss_fail_at_the_next_log(value, found):
+    model = tiny_model("llama", VOCAB).train()
+    trainer = LongCETrainer(model=model, args=make_args())
+    batch = LongCEWeightsCollator()(rows_with_weights([9, 8]))
+    batch["longce_weights"][0, 3] = value
+    trainer.compute_loss(model, batch)  # no check in the step: it would cost a host sync per step
+    with pytest.raises(ValueError, match=bad_weights_message(found)):
+        trainer.log({"loss": 1.0})
+    # Evaluation checks its own batches when it reports.
+    model.eval()
+    with torch.no_grad():
+        trainer.compute_loss(model, dict(batch, longce_weights=batch["longce_weights"].clone().fill_(value)))
+    with pytest.raises(ValueError, match=bad_weights_message("15 " + found.split()[1], "eval")):
+        trainer._reduced_stats("eval", "eval_")
+
+
+class UncheckedCollator(LongCEWeightsCollator):
+    """Places the weights as LongCEWeightsCollator does, without refusing bad values (a hand-made pipeline)."""
+
+    def __call__(self, features):
+        batch = dict(self.collator([{"input_ids": f["input_ids"]} for f in features]))
+        rows = [torch.tensor(f["input_ids"]) for f in features]
+        weights = [torch.tensor(f["longce_weights"], dtype=torch.float32) for f in features]
+        batch["longce_weights"] = place_weights(torch.as_tensor(batch["input_ids"]), rows, weights)
+        return batch
+
+
+@pytest.mark.parametrize("value, found", BAD_WEIGHTS, ids=["nan", "inf", "negative"])
+def test_bad_weights_stop_training_at_the_first_log(value, found):
+    rows = rows_with_weights([9, 8])
+    rows[1]["longce_weights"][4] = value
+    with pytest.raises(ValueError, match=bad_weights_message(found)):
+        train_once(rows, data_collator=UncheckedCollator(DataCollatorWithFlattening()), logging_steps=1)
+
+
+def test_weights_are_checked_at_log_time_only(monkeypatch):
+    """Valid weights: no host sync in LongCE's code during compute_loss (no .item(), .tolist() or bool()
+    of a tensor from the longce package: the model's own forward may have some), and the counts reach the
+    host only when the statistics are logged."""
+    import longce.trainer as trainer_module
+
+    checks, syncs = [], []
+    check = trainer_module._refuse_bad_weights
+    monkeypatch.setattr(trainer_module, "_refuse_bad_weights", lambda *counts: (checks.append(counts), check(*counts)))
+    model = tiny_model("llama", VOCAB).train()
+    trainer = LongCETrainer(model=model, args=make_args())
+    batch = LongCEWeightsCollator()(rows_with_weights([9, 8]))
+    package = os.path.dirname(trainer_module.__file__)
+
+    def counted(name, original):
+        def call(self, *args, **kwargs):
+            if sys._getframe(1).f_code.co_filename.startswith(package):
+                syncs.append(name)
+            return original(self, *args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+            patched.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+        for _ in range(3):
+            trainer.compute_loss(model, batch)
+    assert syncs == [] and checks == []
+    trainer.log({"loss": 1.0})
+    assert checks == [("train", 0.0, 0.0, 0.0)]
+    rows = rows_with_weights([9, 8, 7, 6, 5, 4])
+    log = train_once(rows, max_steps=3, logging_steps=2)[0]
+    assert log["longce_mean_weight"] > 1 and len(checks) == 3  # steps 2 and 3 (the last), not every step
 
 
 def test_texts_missing_from_the_cache_are_named():

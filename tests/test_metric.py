@@ -205,11 +205,13 @@ def test_soft_weights_match_character_average_reference(metric, setup):
     ids, offsets, lp_long, lp_short = evaluator_scores(
         setup["evaluator_model"], setup["evaluator_tokenizer"], text, K, D
     )
-    per_char = [1.0] * len(text)
+    # Each character: the mean weight of the evaluator tokens covering it (byte tokens of one character all do).
+    covering = [[] for _ in text]
     for (a, b), lo, sh in zip(offsets, lp_long, lp_short):
         weight = 1.0 if math.isnan(sh) else min(math.exp(lo - sh), gamma)
         for c in range(a, b):
-            per_char[c] = weight
+            covering[c].append(weight)
+    per_char = [sum(ws) / len(ws) if ws else 1.0 for ws in covering]
     enc = setup["tokenizer"](text, add_special_tokens=False, return_offsets_mapping=True)
     full = full_log_probs(setup["model"], enc["input_ids"])
     num = den = 0.0
@@ -602,6 +604,10 @@ def test_tokenizer_of_another_model_is_named_before_any_forward_pass(metric, set
         (dict(trunc_len=-5), "trunc_len must be an integer >= 1, got -5"),
         (dict(sliding_window=-1), "sliding_window must be an integer >= 1, got -1"),
         (dict(gamma=float("nan")), "gamma must be a finite number"),
+        (
+            dict(gamma=float("inf"), soft=True),
+            r"gamma must be a finite number > 0 .*infinity would leave them unbounded",
+        ),
     ],
 )
 def test_shared_setting_checks(metric, setup, kwargs, message):

@@ -2,8 +2,10 @@
 
 Key tokens found under the evaluator's tokenizer become character spans of the text (adjacent
 spans merged); a token of the evaluated model is key iff its character span lies inside one merged
-key span. Soft weights move by the character-level average: each character takes the weight of the
-evaluator token that covers it, and a model token takes the mean over its characters.
+key span. Soft weights move by the character-level average: each character takes the mean weight
+of the evaluator tokens that cover it (several where byte-level tokens split it), and a model token
+takes the mean over its characters; a model tokenization equal to the evaluator's keeps the
+evaluator's weights token for token.
 
 Offsets are ``[n, 2]`` int64 ``(start, end)`` character spans into the text (``end`` exclusive);
 special tokens that are not in the text get a zero-width span.
@@ -192,28 +194,63 @@ def official_span_overlap(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
     return marked
 
 
+def _text_tokens(offsets: np.ndarray) -> slice:
+    """The tokens of ``offsets`` ``[n, 2]`` without the zero-width ones at either end (a BOS or EOS)."""
+    covering = np.flatnonzero(offsets[:, 1] > offsets[:, 0])
+    return slice(int(covering[0]), int(covering[-1]) + 1) if covering.size else slice(0, 0)
+
+
 def transfer_token_weights(
-    text_length: int, source_offsets: np.ndarray, source_weights: np.ndarray, target_offsets: np.ndarray
+    text_length: int,
+    source_offsets: np.ndarray,
+    source_weights: np.ndarray,
+    target_offsets: np.ndarray,
+    source_ids: np.ndarray | None = None,
+    target_ids: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Character-level average of per-token weights from one tokenization to another.
+    """Character-level average of per-token weights from one tokenization to another (paper App. A.1).
 
-    Each character gets the weight of the source token covering it (1 where none does; where
-    several byte-level tokens share one character, the last of them); each target token gets the
-    mean over its characters, or 1 if it spans no character.
+    Each character's value is the mean weight of the source tokens whose spans cover it (1 where
+    none does): byte-level tokens that split one multi-byte character all carry that character's
+    span, so the character gets their mean. Each target token gets the mean over its characters
+    (so a target byte token inside a character gets that character's value), or 1 if it spans no
+    character.
 
+    The same tokens keep their weights: when ``source_ids`` and ``target_ids`` are given and the
+    target's tokens are the source's (equal ids and offsets once the zero-width tokens at either end,
+    such as a BOS only one side adds, are set aside), target token ``k`` takes its source token's
+    weight exactly, and those end tokens of the target get 1. Averaging would there blur the byte
+    tokens of one character into one value.
+
+    Args:
+        text_length: characters of the text.
+        source_offsets: ``[n_source, 2]`` character spans; source_weights: ``[n_source]``.
+        target_offsets: ``[n_target, 2]`` character spans.
+        source_ids, target_ids: ``[n_source]`` and ``[n_target]`` token ids, or ``None``.
     Returns:
         ``[n_target]`` float64 weights.
     """
     source_offsets = np.asarray(source_offsets, dtype=np.int64).reshape(-1, 2)
     target_offsets = np.asarray(target_offsets, dtype=np.int64).reshape(-1, 2)
-    per_char = np.ones(text_length, dtype=np.float64)
+    source_weights = np.asarray(source_weights, dtype=np.float64)
+    if source_ids is not None and target_ids is not None:
+        source_text, target_text = _text_tokens(source_offsets), _text_tokens(target_offsets)
+        if np.array_equal(np.asarray(source_ids)[source_text], np.asarray(target_ids)[target_text]) and np.array_equal(
+            source_offsets[source_text], target_offsets[target_text]
+        ):
+            weights = np.ones(target_offsets.shape[0], dtype=np.float64)
+            weights[target_text] = source_weights[source_text]
+            return weights
     widths = source_offsets[:, 1] - source_offsets[:, 0]
     covering = widths > 0
     starts, widths = source_offsets[covering, 0], widths[covering]
     # The characters of every covering token in token order, without a Python loop over tokens:
     # token j's run begins at position (cumsum - width)[j] of the concatenation and at starts[j] in the text.
     chars = np.arange(int(widths.sum())) + np.repeat(starts - (np.cumsum(widths) - widths), widths)
-    per_char[chars] = np.repeat(np.asarray(source_weights, dtype=np.float64)[covering], widths)
+    total = np.bincount(chars, weights=np.repeat(source_weights[covering], widths), minlength=text_length)
+    count = np.bincount(chars, minlength=text_length)
+    per_char = np.ones(text_length, dtype=np.float64)
+    np.divide(total, count, out=per_char, where=count > 0)
     cumulative = np.concatenate([[0.0], np.cumsum(per_char)])
     a, b = target_offsets[:, 0], target_offsets[:, 1]
     width = b - a

@@ -281,12 +281,20 @@ def model_key_weights(
     use_lcl: bool = True,
     soft: bool = False,
     gamma: float = DEFAULT_GAMMA,
+    model_ids: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per model token: 1.0 / 0.0 for key / not key (hard rule), or the transferred soft weight."""
+    """Per model token ``[n_model]``: 1.0 / 0.0 for key / not key (hard rule), or the transferred soft weight.
+
+    ``model_ids`` (``[n_model]``, the tokens of ``model_offsets``) lets the soft weights stay the
+    evaluator's own, token for token, where the model's tokens are the evaluator's
+    (``alignment.transfer_token_weights``); without them they are always the character-level average.
+    """
     KeyTokenRule(alpha, beta, use_lcl, soft, gamma)  # refuse NaN thresholds: they silently give no key tokens
     if soft:
         weights = soft_weights(evaluator_scores.lp_long, evaluator_scores.lp_short, gamma)
-        return transfer_token_weights(text_length, evaluator_scores.offsets, weights, model_offsets)
+        return transfer_token_weights(
+            text_length, evaluator_scores.offsets, weights, model_offsets, evaluator_scores.input_ids, model_ids
+        )
     spans = evaluator_scores.key_spans(alpha, beta, use_lcl)
     return tokens_within_spans(model_offsets, spans).astype(np.float64)
 
@@ -326,7 +334,7 @@ def text_key_weights(
     can change without a forward pass.
     """
     return [
-        model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma)
+        model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma, ms.input_ids)
         for text, ev, ms in zip(texts, evaluator_scores, model_scores)
     ]
 

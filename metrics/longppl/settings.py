@@ -35,6 +35,24 @@ def require_finite(name: str, value) -> float:
     return float(value)
 
 
+def require_gamma(name: str, value) -> float:
+    """``value`` as a ``float`` if it is a finite number ``> 0``, else ``ValueError``: the one rule for the
+    cap ``gamma`` of the soft weights ``min(exp(LSD), gamma)``, the metric's and LongCE's alike.
+
+    Infinity is refused: it leaves the weights uncapped, so one token with a large LSD outweighs the
+    rest (``exp(LSD)`` overflows float32 past LSD ≈ 88.7, an infinite weight and loss), which is not the
+    paper's bounded weight ``[0, gamma]``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(
+            f"{name} must be a finite number > 0 (it caps the soft weights min(exp(LSD), {name}); infinity would "
+            f"leave them unbounded: use a large finite cap instead), got {value!r}."
+        )
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0 (it caps the soft weights min(exp(LSD), {name})), got {value!r}.")
+    return float(value)
+
+
 def require_bool(name: str, value) -> bool:
     """``value`` as a ``bool`` if it is ``True``/``False`` (NumPy's too), else ``ValueError``.
 
@@ -72,7 +90,7 @@ class KeyTokenRule:
         beta: and, if ``use_lcl``, ``LCL > beta`` (finite).
         use_lcl: keep the LCL condition (``False``: the paper's ablation).
         soft: weight every token by ``min(exp(LSD), gamma)`` instead of the hard rule.
-        gamma: cap of the soft weights, finite and ``> 0``.
+        gamma: cap of the soft weights, finite and ``> 0`` (:func:`require_gamma`).
 
     A NaN threshold would compare false for every token and so silently give "no key tokens":
     it is refused here instead.
@@ -89,10 +107,7 @@ class KeyTokenRule:
         object.__setattr__(self, "beta", require_finite("beta", self.beta))
         object.__setattr__(self, "use_lcl", require_bool("use_lcl", self.use_lcl))
         object.__setattr__(self, "soft", require_bool("soft", self.soft))
-        gamma = require_finite("gamma", self.gamma)
-        if gamma <= 0:
-            raise ValueError(f"gamma must be > 0 (it caps the soft weights min(exp(LSD), gamma)), got {gamma!r}.")
-        object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "gamma", require_gamma("gamma", self.gamma))
 
 
 DEFAULT_TRUNC_LEN = WindowSettings.trunc_len

@@ -9,7 +9,8 @@ fixed per token and can live in the dataset:
   ``longce_weights`` column, one float per token of ``input_ids``: the evaluator's
   ``min(exp(LSD), gamma)`` (1 where the evaluator has no short score), carried to the trained
   model's tokens by the character-level average of the soft LongPPL variant
-  (``longppl.scoring.model_key_weights``, ``longppl.alignment.transfer_token_weights``);
+  (``longppl.scoring.model_key_weights``, ``longppl.alignment.transfer_token_weights``), or taken
+  token for token where the trained model's tokens are the evaluator's;
 - :class:`LongCEWeightsCollator` wraps any collator that pads rows or packs them
   (``DataCollatorWithFlattening``, which drops unknown keys) and returns the weights as a
   ``[B, T]`` float32 tensor aligned with the batch's ``input_ids`` (1 at padding);
@@ -38,6 +39,8 @@ from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyToke
 
 #: The dataset column (and batch key) holding the per-token weights.
 WEIGHTS_COLUMN = "longce_weights"
+#: The rule that carries the evaluator's weights to the trained model's tokens (part of the map's fingerprint).
+_TRANSFER = "same tokens keep their weights, else the mean over characters of the covering tokens' mean"
 _HOW_TO_BUILD = "Build it with longce.add_key_token_weights(dataset, key_tokens=..., tokenizer=...)"
 
 
@@ -62,7 +65,9 @@ def _cache_rows(
         if evaluator_tokenizer is None:
             raise ValueError("evaluator_model is given, so pass its tokenizer too (evaluator_tokenizer).")
         identity = ModelIdentity.of_model(evaluator_model, evaluator_tokenizer)
-        settings = KeyTokenSettings(*(v for v in (trunc_len, sliding_window) if v is not None))
+        # By name: an unset trunc_len must not shift sliding_window into its place.
+        given = {"trunc_len": trunc_len, "sliding_window": sliding_window}
+        settings = KeyTokenSettings(**{name: value for name, value in given.items() if value is not None})
         fingerprint = identity.fingerprint
 
         def score_missing(missing: list[str]):
@@ -127,7 +132,9 @@ def add_key_token_weights(
 
     ``longce_weights[k]`` (float32, one per token of ``input_ids``) is the evaluator's soft weight
     ``min(exp(LSD), gamma)`` carried to token ``k`` by the character-level average (1 where the
-    evaluator has no short score, and for tokens without characters: special tokens, the EOS).
+    evaluator has no short score, and for tokens without characters: special tokens, the EOS); where
+    ``tokenizer`` gives the evaluator's tokens (a BOS only one side adds aside), token ``k`` keeps its
+    evaluator weight exactly.
 
     Args:
         dataset: a ``datasets.Dataset`` with a string column ``text_column``; other columns are kept
@@ -143,7 +150,8 @@ def add_key_token_weights(
         evaluator_model, evaluator_tokenizer: the evaluator itself: rows must then be its own (its
             fingerprint covers its weights and tokenizer), and texts the cache lacks are scored with
             ``trunc_len`` and ``sliding_window`` (default K=4096, d=1024), added and saved, as the
-            metric does. ``evaluator_tokenizer`` alone checks that the cached rows are its tokens.
+            metric does (each of ``trunc_len`` and ``sliding_window`` left out takes its own default).
+            ``evaluator_tokenizer`` alone checks that the cached rows are its tokens.
     Raises:
         ValueError: texts missing from the cache (named, without an evaluator model), an evaluator
             tokenizer that did not produce the cache's rows, a bad ``gamma`` or ``max_length``, a
@@ -183,7 +191,7 @@ def add_key_token_weights(
             if check_tokens:
                 _check_evaluator_tokens(score, text, index, evaluator_tokenizer, add_evaluator_bos)
             weights = model_key_weights(
-                score, offsets, len(text), DEFAULT_ALPHA, DEFAULT_BETA, soft=True, gamma=gamma
+                score, offsets, len(text), DEFAULT_ALPHA, DEFAULT_BETA, soft=True, gamma=gamma, model_ids=ids
             ).astype(np.float32)
             if append_eos:
                 ids, weights = np.append(ids, eos), np.append(weights, np.float32(1.0))
@@ -192,7 +200,14 @@ def add_key_token_weights(
         return out
 
     # datasets would hash the closure (the cache, the tokenizer) to fingerprint this step: name its inputs instead.
-    inputs = [getattr(dataset, "_fingerprint", ""), evaluator_key, tokenizer_fingerprint(tokenizer), text_column]
+    # _TRANSFER names how weights move between tokenizers: datasets' cache files of an older rule are not reused.
+    inputs = [
+        getattr(dataset, "_fingerprint", ""),
+        evaluator_key,
+        tokenizer_fingerprint(tokenizer),
+        text_column,
+        _TRANSFER,
+    ]
     inputs += [repr(value) for value in (gamma, max_length, add_special_tokens, append_eos, check_tokens)]
     fingerprint = hashlib.sha256("\0".join(map(str, inputs)).encode()).hexdigest()
     return dataset.map(

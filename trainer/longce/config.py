@@ -24,6 +24,7 @@ from longppl.settings import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
     require_bool,
+    require_gamma,
     require_int,
 )
 
@@ -44,7 +45,7 @@ class LongCESettings:
     Attributes:
         trunc_len: ``K``, tokens of context of the short-context pass.
         sliding_window: ``d``, stride of the short-context windows.
-        gamma: cap of the token weights ``min(exp(LSD), gamma)``, > 0.
+        gamma: cap of the token weights ``min(exp(LSD), gamma)``, finite and > 0 (``longppl.settings.require_gamma``).
         max_tokens_per_batch: token budget of one short-context forward pass.
         plain_ce: all weights 1, no short-context pass (the CE baseline).
         weights: where the weights come from, one of ``WEIGHT_SOURCES`` ("cache": the batch's
@@ -72,7 +73,7 @@ class LongCESettings:
                 f"longce_weights must be one of {WEIGHT_SOURCES} ('self': the trained model scores each batch; "
                 f"'cache': the dataset's longce_weights column), got {self.weights!r}."
             )
-        # The integer and boolean checks are the metric's own (longppl.settings), under the trainer's field names.
+        # The integer, boolean and gamma checks are the metric's own (longppl.settings), under the trainer's field names.
         checked = {
             "trunc_len": require_int("longce_trunc_len (K)", self.trunc_len),
             "sliding_window": require_int("longce_sliding_window (d)", self.sliding_window),
@@ -81,9 +82,7 @@ class LongCESettings:
             "plain_ce": require_bool("longce_plain_ce", self.plain_ce),
             "compile_windows": require_bool("longce_compile_windows", self.compile_windows),
         }
-        if not self.gamma > 0:  # also catches NaN
-            raise ValueError(f"longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got {self.gamma!r}.")
-        checked["gamma"] = float(self.gamma)
+        checked["gamma"] = require_gamma("longce_gamma", self.gamma)
         if self.weights == "cache" and checked["plain_ce"]:
             raise ValueError(
                 "longce_plain_ce=True trains with all weights 1, but longce_weights='cache' asks for the dataset's "
@@ -123,7 +122,7 @@ class LongCEConfig(TrainingArguments):
     )
     longce_gamma: float = field(
         default=LongCESettings.gamma,
-        metadata={"help": "gamma: cap of the token weight min(exp(LSD), gamma); must be > 0."},
+        metadata={"help": "gamma: cap of the token weight min(exp(LSD), gamma); a finite number > 0."},
     )
     longce_max_tokens_per_batch: int = field(
         default=LongCESettings.max_tokens_per_batch,

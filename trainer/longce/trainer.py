@@ -76,6 +76,18 @@ def _to_positions(values: torch.Tensor, fill: float) -> torch.Tensor:
     return shifted
 
 
+def _refuse_bad_weights(mode: str, nan: float, infinite: float, negative: float) -> None:
+    """Raise ``ValueError`` if given weights of ``mode``'s batches were NaN, infinite or negative (counts)."""
+    found = [f"{int(n)} {what}" for n, what in ((nan, "NaN"), (infinite, "infinite"), (negative, "negative")) if n]
+    if found:
+        raise ValueError(
+            f"The batches' {WEIGHTS_COLUMN} ({mode}, since the last log) hold {', '.join(found)} weight(s) at trained "
+            "positions; every weight must be a finite number >= 0. Build the column with longce.add_key_token_weights "
+            "and collate with longce.LongCEWeightsCollator (both refuse such values), or fix the weights passed to "
+            "compute_loss."
+        )
+
+
 class LongCETrainer(Trainer):
     """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` get the defaults).
 
@@ -89,7 +101,8 @@ class LongCETrainer(Trainer):
     Batches need ``input_ids`` and ``labels`` (``-100`` = ignored; the model predicts ``labels[t+1]``
     from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
     ``attention_mask`` and ``position_ids``; with ``longce_weights="cache"``, ``longce_weights``
-    (``[B, T]`` float32, one weight per token, ``cached_weights.LongCEWeightsCollator``).
+    (``[B, T]`` float32, one weight per token, ``cached_weights.LongCEWeightsCollator``); NaN, infinite
+    or negative ones are counted on the device and refused with a ``ValueError`` at the next log.
 
     Context parallelism (accelerate's ``ParallelismConfig(cp_size=...)`` with FSDP2) runs with
     ``longce_weights="cache"``: the Trainer shards ``input_ids``, ``shift_labels`` and
@@ -276,7 +289,7 @@ class LongCETrainer(Trainer):
             # Mirror Trainer: num_items_in_batch counts every process's tokens (tensor-parallel ranks share
             # one batch), and DDP averages gradients. (nn.DataParallel is refused in __init__.)
             loss = loss * (self.accelerator.num_processes // max(self.get_tp_size(), 1))
-        self._record_stats(model.training, result["nll"], result["weight"])
+        self._record_stats(model.training, result["nll"], result["weight"], weights)
         return (loss, outputs) if return_outputs else loss
 
     @staticmethod
@@ -391,9 +404,18 @@ class LongCETrainer(Trainer):
 
     # --------------------------------------------------------------- logging
 
-    def _record_stats(self, training: bool, nll: torch.Tensor, weight: torch.Tensor) -> None:
-        """Accumulate on the device (no host sync per step): sums of nll, weight, count, weight > 1; max weight."""
+    def _record_stats(
+        self, training: bool, nll: torch.Tensor, weight: torch.Tensor, given: torch.Tensor | None = None
+    ) -> None:
+        """Accumulate on the device (no host sync per step): sums of nll, weight, count, weight > 1; max
+        weight; and the NaN, infinite and negative values among the ``given`` weights ``[N]`` of the
+        trained positions (``longce_weights="cache"``), which ``_reduced_stats`` refuses at the next log.
+
+        The collator refuses such weights row by row on the host; batches that reach ``compute_loss``
+        another way are checked here, folded into statistics that are synced at log time anyway.
+        """
         mode = "train" if training else "eval"
+        given = weight.new_zeros(0) if given is None else given.detach()
         step = torch.stack(
             [
                 nll.sum(),
@@ -401,6 +423,9 @@ class LongCETrainer(Trainer):
                 torch.tensor(float(nll.numel()), device=nll.device),
                 (weight > 1).sum().float(),
                 weight.max() if weight.numel() else weight.new_zeros(()),
+                torch.isnan(given).sum().float(),
+                torch.isinf(given).sum().float(),
+                (given < 0).sum().float(),
             ]
         )
         previous = self._longce_stats.get(mode)
@@ -416,8 +441,9 @@ class LongCETrainer(Trainer):
         stats = self._longce_stats.pop(mode, None)
         if stats is None:
             return {}
-        gathered = self.accelerator.gather(stats[None].to(self.accelerator.device))  # [processes, 5]
-        nll_sum, weight_sum, count, above_one = gathered[:, :4].sum(0).tolist()
+        gathered = self.accelerator.gather(stats[None].to(self.accelerator.device))  # [processes, 8]
+        nll_sum, weight_sum, count, above_one, _, nan, infinite, negative = gathered.sum(0).tolist()
+        _refuse_bad_weights(mode, nan, infinite, negative)  # every process gathered the same counts: all raise
         values = (nll_sum / count, weight_sum / count, above_one / count, gathered[:, 4].max().item())
         return {prefix + key: round(value, 6) for key, value in zip(_STAT_KEYS, values)}
 
