@@ -439,3 +439,37 @@ def test_compute_key_tokens_refuses_what_the_metric_refuses(tools, tmp_path, cap
         )
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_small_print_of_reports():
+    """The soft variant's column is a weight (it can exceed the token count); a correlation that
+    prints as nan says why; a recorded command names a console script, not the venv's path to it."""
+    import sys
+
+    from longppl.tools.cli import command_line
+    from longppl.tools.correlation import undefined_because
+    from longppl.tools.reports import format_table
+
+    result = dict(longppl=1.5, ppl=9.0, n_key_tokens=[1540.5], n_tokens=[1536])
+    assert "key tokens" in format_table([("m", result)]) and "key weight" not in format_table([("m", result)])
+    assert "| key weight |" in format_table([("m", result)], soft=True)
+    assert undefined_because({"accuracy": [0.5, 0.5, 0.5], "LongPPL": [1.0, 2.0, 3.0]}) == (
+        "accuracy take one value across all 3 models, so no correlation with them is defined"
+    )
+    assert undefined_because({"accuracy": [0.1, 0.5], "LongPPL": [1.0, 2.0]}) is None
+    assert math.isnan(pearson([0.5, 0.5, 0.5], [1.0, 2.0, 3.0]))  # what the sentence explains
+    argv = sys.argv
+    try:
+        sys.argv = ["/home/me/venv/bin/longppl-reproduce", "--config", "c.yaml"]
+        assert command_line("x") == "longppl-reproduce --config c.yaml"
+        sys.argv = [os.path.abspath("scripts/reproduce_longppl.py"), "--stages", "report"]
+        assert command_line("x") == f"{os.path.relpath(sys.argv[0])} --stages report"
+    finally:
+        sys.argv = argv
+
+
+def test_a_cache_says_what_it_holds(cache):
+    loaded = KeyTokenCache.load(cache)
+    assert repr(loaded) == f"KeyTokenCache({os.path.realpath(cache)!r}, 4 rows: {loaded.describe()})"
+    assert loaded.describe().startswith("it holds 4 rows from evaluator ")
+    assert repr(KeyTokenCache()) == "KeyTokenCache(in memory, 0 rows: it is empty)"

@@ -93,6 +93,11 @@ def test_smoke_pipeline_writes_every_artefact_with_finite_values_and_resumes(tmp
     report = (out / "report.md").read_text()
     for name in names:
         assert f"| {name} |" in report
+    # a correlation that cannot be computed says why (here every model answers the same share)
+    undefined = [label for label, found in results["correlations"].items() if math.isnan(found["longppl"]["pearson"])]
+    if undefined:
+        assert "take one value across all" in report and f"`{undefined[0]}`" in report.split("| n/a |")[-1]
+    assert results["command"].startswith("longppl-reproduce ") or ".py" in results["command"].split()[0]
 
     # A second call finds everything done: no model is retrained, no stage redoes its work.
     stamps = {name: os.stat(out / "models" / name / "training.json").st_mtime_ns for name in names}

@@ -568,6 +568,10 @@ class KeyTokenCache:
                 )
             return cls(_read_directory(path), path)
 
+    def __repr__(self) -> str:
+        where = f"{self.path!r}" if self.path is not None else "in memory"
+        return f"KeyTokenCache({where}, {len(self)} rows: {self.describe()})"
+
     @property
     def dataset(self) -> datasets.Dataset:
         """The rows as a ``datasets.Dataset`` (e.g. for ``push_to_hub``)."""

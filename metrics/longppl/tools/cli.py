@@ -20,6 +20,18 @@ def invoked_name() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "longppl"
 
 
+def command_line(default: str) -> str:
+    """The command this process was started with, to record in a report: a console script by its
+    name (``longppl-reproduce``, not the virtual environment's absolute path to it), a script by its
+    path relative to the working directory, then the arguments as given."""
+    program = sys.argv[0] if sys.argv and sys.argv[0] else default
+    if not program.endswith(".py"):
+        program = os.path.basename(program)
+    elif os.path.isabs(program):
+        program = os.path.relpath(program)
+    return " ".join([program, *sys.argv[1:]])
+
+
 def run_command(main: Callable[..., object], argv: list[str] | None = None) -> int:
     """Run a tool's ``main(argv, prog=...)`` as a command; returns the exit status, 0.
 

@@ -5,6 +5,8 @@ Plain numpy: Spearman's rho is Pearson's r of the ranks, ties sharing their aver
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -56,3 +58,13 @@ def least_squares_line(x, y) -> tuple[float, float]:
         return float("nan"), float("nan")
     slope = float((dx * (y - y.mean())).sum() / spread)
     return slope, float(y.mean() - slope * x.mean())
+
+
+def undefined_because(sides: dict[str, Sequence[float]], what: str = "models") -> str | None:
+    """Why correlations between these sides (name -> one value per item) print as NaN: a side whose
+    values are all equal has no spread to divide by. ``None`` when every side varies."""
+    equal = [name for name, values in sides.items() if len(set(values)) == 1]
+    if not equal:
+        return None
+    count = len(next(iter(sides.values())))
+    return f"{' and '.join(equal)} take one value across all {count} {what}, so no correlation with them is defined"

@@ -203,7 +203,7 @@ def main(argv=None, prog: str = PROG) -> dict:
         )
         per_text = document_results(model_scores, weights)
         results.append((name, summarize_results(per_text, args.aggregation, args.soft)))
-    print("\n" + format_table(results))
+    print("\n" + format_table(results, soft=args.soft))
     keyless = [name for name, r in results if not math.isfinite(r["longppl"])]
     if keyless:
         reason = explain_missing_key_tokens(
@@ -240,6 +240,18 @@ def main(argv=None, prog: str = PROG) -> dict:
             for metric in ("longppl", "ppl"):
                 values = found[metric]
                 print(f"  {metric:<8} Pearson {values['pearson']:+.3f}   Spearman {values['spearman']:+.3f}")
+            from longppl.tools.correlation import undefined_because
+
+            chosen = dict(results)
+            why = undefined_because(
+                {
+                    "the benchmark scores": [scores[name] for name in found["models"]],
+                    "LongPPL": [chosen[name]["longppl"] for name in found["models"]],
+                    "PPL": [chosen[name]["ppl"] for name in found["models"]],
+                }
+            )
+            if why:
+                print(f"  (nan: {why})")
             if len(found["models"]) < 3:
                 print("  (fewer than 3 models: a correlation is not meaningful)")
             from longppl.tools.figures import correlation_scatter

@@ -21,11 +21,14 @@ def _totals(result: dict) -> tuple[float, int]:
     return sum(result["n_key_tokens"]), int(sum(result["n_tokens"]))
 
 
-def format_table(rows: Sequence[tuple[str, dict]]) -> str:
-    """Markdown table: model, corpus LongPPL, PPL, key tokens and tokens (summed over texts)."""
+def format_table(rows: Sequence[tuple[str, dict]], soft: bool = False) -> str:
+    """Markdown table: model, corpus LongPPL, PPL, key tokens and tokens (summed over texts). With
+    ``soft`` every token carries a weight ``min(exp(LSD), gamma)``, which can sum past the token
+    count: that column is the total "key weight"."""
     width = max([34] + [len(name) for name, _ in rows])
+    key_column = "key weight" if soft else "key tokens"
     lines = [
-        f"| {'model':<{width}} | {'LongPPL':>9} | {'PPL':>9} | {'key tokens':>10} | {'tokens':>7} |",
+        f"| {'model':<{width}} | {'LongPPL':>9} | {'PPL':>9} | {key_column:>10} | {'tokens':>7} |",
         f"|{'-' * (width + 2)}|{'-' * 11}|{'-' * 11}|{'-' * 12}|{'-' * 9}|",
     ]
     for name, result in rows:

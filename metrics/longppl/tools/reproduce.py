@@ -61,6 +61,8 @@ from ..settings import (
     require_finite,
     require_int,
 )
+from .cli import command_line
+from .correlation import undefined_because
 
 #: The two rules of the answer-token analysis (``answer_tokens.RULES``, which imports torch).
 RULES = ("lsd", "lsd+lcl")
@@ -952,9 +954,7 @@ class Run:
         timings = read_json(self.path("timings.json")) if os.path.isfile(self.path("timings.json")) else {}
         answer = read_json(self.path("eval", "answer_tokens.json"))
         results = {
-            "command": " ".join(
-                [os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "reproduce", *sys.argv[1:]]
-            ),
+            "command": command_line("longppl-reproduce"),
             "config": self.config,
             "seeds": {"run": self.config["seed"], **{v.name: v.training["seed"] for v in self.family}},
             "device": family[0]["device"] if family else None,
@@ -1127,6 +1127,13 @@ def format_report(results: dict) -> str:
             lines.append(
                 f"| {label} | {metric} | {_fmt(found[metric]['pearson'], 3)} | {_fmt(found[metric]['spearman'], 3)} | {len(found['models'])} |"
             )
+    accuracies = {f["name"]: results["lines"][f["name"]]["mean_accuracy"] for f in results["family"]}
+    reasons: dict[str, list[str]] = {}  # why a row reads n/a, with the views it holds for
+    for label, found in results["correlations"].items():
+        why = undefined_because({"the mean lines accuracies": [accuracies[name] for name in found["models"]]})
+        if why:
+            reasons.setdefault(why, []).append(f"`{label}`")
+    lines += ["", *(f"n/a ({', '.join(labels)}): {why}." for why, labels in reasons.items())] if reasons else []
     answer = results["answer_tokens"]
     lines += [
         "",

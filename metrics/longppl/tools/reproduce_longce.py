@@ -53,6 +53,7 @@ import time
 from ..atomic_files import replace_directory_atomically, write_file_atomically
 from ..settings import DEFAULT_GAMMA, require_finite, require_int
 from . import reproduce
+from .cli import command_line
 from .reproduce import Run, _jsonable, _merge, _number, _totals, read_json, resolve_config_path, write_jsonl
 
 STAGES = ("tokenizer", "data", "train", "extend", "cache", "finetune", "evaluate", "report")
@@ -786,9 +787,7 @@ class LongCERun(Run):
         drawn = draw_curves(os.path.join(figures, "accuracy_vs_steps.png"), runs)
         timings = read_json(self.path("timings.json")) if os.path.isfile(self.path("timings.json")) else {}
         results = {
-            "command": " ".join(
-                [os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "reproduce_longce", *sys.argv[1:]]
-            ),
+            "command": command_line("longppl-reproduce-longce"),
             "config": self.config,
             "seeds": {"run": self.config["seed"], "finetune": list(self.tuning["seeds"])},
             "device": next((r["device"] for r in runs if "device" in r), None),
