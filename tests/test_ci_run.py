@@ -18,7 +18,7 @@ echo python -m pytest -q tests >> "$LOG"
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason=".ci/run lists the files to copy with git")
-def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_root, tmp_path):
+def test_space_and_browser_extras_are_installed_after_the_install_and_before_the_tests(repo_root, tmp_path):
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(os.path.join(repo_root, ".ci", "run"), repo / ".ci" / "run")
@@ -32,6 +32,10 @@ def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_ro
     python = shims / "python"  # records the lint step
     python.write_text('#!/usr/bin/env bash\necho "python $*" >> "$LOG"\n')
     python.chmod(0o755)
+    for name, script in (("chromium", "exit 0"), ("apt-get", 'echo "apt-get $*" >> "$LOG"')):
+        shim = shims / name  # Chromium is there, so apt-get must not be called (the shim records it if it is)
+        shim.write_text(f"#!/usr/bin/env bash\n{script}\n")
+        shim.chmod(0o755)
     log = tmp_path / "log"
     env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
     done = subprocess.run(
@@ -41,7 +45,7 @@ def test_space_extra_is_installed_after_the_install_and_before_the_tests(repo_ro
     lines = log.read_text().splitlines()
     assert lines[0] == "first-command"
     assert lines.pop(1) == "true"  # the copy is a git work tree: tests and the Space's upload list files with git
-    assert lines[1].startswith("pip install -e .[space] (in tmp.")  # in the isolated copy, not the checkout
+    assert lines[1].startswith("pip install -e .[space,browser] (in tmp.")  # in the isolated copy, not the checkout
     assert lines[2:4] == ["python -m ruff format --check .", "python -m ruff check ."]
     assert lines[4] == "python -m pytest -q tests"
     assert len(lines) == 5

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import longppl
+from longppl.key_token_html import MAX_OPACITY, key_token_html
 from longppl.tools.correlation import least_squares_line, pearson
 from longppl.tools.figures import correlation_figure, correlation_scatter, short_model_names
-from longppl.tools.key_token_html import MAX_OPACITY, key_token_html
 from longppl.tools.reports import explain_missing_key_tokens
 
 NAN = float("nan")

@@ -2,7 +2,9 @@
 requirements, and the push script."""
 
 import configparser
+import contextlib
 import dataclasses
+import html
 import importlib.metadata
 import importlib.util
 import os
@@ -14,6 +16,7 @@ import time
 
 import huggingface_hub
 import pytest
+import torch
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
@@ -71,13 +74,23 @@ def space(app, tiny_models, monkeypatch):
     monkeypatch.setattr(app, "SETTINGS", app.SpaceSettings(models=(MODEL, EVALUATOR)))
     loaded = []
 
-    def load_model(model_id):
+    def load_model(model_id, local=False, hub_timeout_s=None):
         loaded.append(model_id)
         return tiny_models[model_id]
 
     monkeypatch.setattr(app, "load_model", load_model)
     app.loaded = loaded
     return app
+
+
+@contextlib.contextmanager
+def shows_error(pattern: str):
+    """Like ``pytest.raises(gr.Error, match=pattern)``, on the message as the page shows it (the app
+    escapes it, since gradio renders a message as HTML)."""
+    with pytest.raises(gr.Error) as raised:
+        yield raised
+    shown = html.unescape(raised.value.message)
+    assert re.search(pattern, shown), f"{pattern!r} not found in {shown!r}"
 
 
 def limit(app, monkeypatch, **settings):
@@ -105,6 +118,7 @@ def test_blocks_build_without_loading_models(app, monkeypatch):
         "beta (LCL threshold)",
     ]
     assert [block.label for block in handler.outputs[:3]] == ["LongPPL", "PPL", "Key tokens"]
+    assert all(not block.value for block in handler.outputs)  # empty before a run (not "0")
     defaults = {block.label: block.value for block in handler.inputs}
     assert (defaults["K (short-context length)"], defaults["d (sliding window)"]) == (4096, 1024)
     assert (defaults["alpha (LSD threshold)"], defaults["beta (LCL threshold)"]) == (2.0, -2.0)
@@ -171,7 +185,7 @@ def test_settings_refuse_bad_limits(app, name, value, message):
 
 def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_models):
     texts = [govreport_texts()[0][1000:1900], govreport_texts()[1][1000:2400]]
-    longppl_value, ppl, segments, table = space.score(
+    longppl_value, ppl, view, table = space.score(
         f"{texts[0]}\n{space.SEPARATOR}\n{texts[1]}\n", MODEL, EVALUATOR, K, D, ALPHA, BETA
     )
     (model, tok), (evaluator, ev_tok) = tiny_models[MODEL], tiny_models[EVALUATOR]
@@ -185,17 +199,34 @@ def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_model
         sliding_window=D,
         alpha=ALPHA,
         beta=BETA,
-        return_key_spans=True,
         progress=False,
     )
-    assert longppl_value == pytest.approx(expected["longppl"], abs=1e-4)
-    assert ppl == pytest.approx(expected["ppl"], abs=1e-4)
-    shown = "".join(piece for piece, _ in segments)
-    assert shown == f"{texts[0]}\n\n{space.SEPARATOR}\n\n{texts[1]}"
-    keys = [piece for piece, label in segments if label == space.KEY_LABEL]
-    spans = [texts[i][a:b] for i in range(2) for a, b in expected["key_spans"][i]]
-    assert keys == spans and len(keys) > 0
+    assert float(longppl_value) == pytest.approx(expected["longppl"], abs=1e-4)
+    assert float(ppl) == pytest.approx(expected["ppl"], abs=1e-4)
     assert f"| 2 | {expected['longppls'][1]:.3f} | {expected['perplexities'][1]:.3f} |" in table
+    # The key-token view holds each text, numbered from 1, with the evaluator's key tokens (LSD >
+    # alpha and LCL > beta, from the evaluator's own log-probs here) marked inline.
+    assert view.startswith('<div class="longppl-keys"><div class="legend">')
+    documents = re.findall(r'<h3>Text (\d+)</h3><p class="meta">.*?</p><div class="doc">(.*?)</div>', view, re.S)
+    assert [number for number, _ in documents] == ["1", "2"]
+    for text, (_, document) in zip(texts, documents):
+        assert html.unescape(re.sub(r"<[^>]*>", "", document)) == text
+        ids = ev_tok(text, return_offsets_mapping=True)
+        with torch.no_grad():
+            logits = evaluator(torch.tensor([ids["input_ids"]])).logits[0].float()
+        lp_long = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids["input_ids"][1:])[:, None])[:, 0]
+        keys = []
+        for i in range(K, len(ids["input_ids"])):  # a short window per token, as the paper defines it
+            s = (i - K) // D * D
+            window = torch.tensor([ids["input_ids"][s:i]])
+            with torch.no_grad():
+                lp_short = torch.log_softmax(evaluator(window).logits[0, -1].float(), -1)[ids["input_ids"][i]]
+            lcl = lp_long[i - 1].item()
+            if lcl - lp_short.item() > ALPHA and lcl > BETA:
+                start, end = ids["offset_mapping"][i]
+                keys.append(text[start:end])
+        shown = [html.unescape(t) for t in re.findall(r'<span class="t key"[^>]*>(.*?)</span>', document, re.S)]
+        assert shown == keys and len(keys) > 0
     assert sorted(space.loaded) == [EVALUATOR, MODEL]
 
 
@@ -203,12 +234,47 @@ def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_model
     "texts, trunc_len, message",
     [
         ("  \n---\n  ", K, "Paste at least one long text"),
-        ("some text", 0, "trunc_len must be an integer >= 1"),
+        ("some text", 0, r"^K must be an integer >= 1, got 0\.$"),  # the metric's trunc_len, in the UI's name
+        ("some text", None, r"^K must be an integer >= 1, got None\.$"),  # an emptied box
     ],
 )
 def test_bad_input_is_shown_in_the_ui(space, texts, trunc_len, message):
-    with pytest.raises(gr.Error, match=message):
+    with shows_error(message):
         space.score(texts, MODEL, EVALUATOR, trunc_len, D, ALPHA, BETA)
+
+
+def test_the_metrics_words_become_the_uis():
+    from longppl import app
+
+    assert app.in_ui_terms("sliding_window must be an integer >= 1, got 0.") == "d must be an integer >= 1, got 0."
+    assert app.in_ui_terms("predictions[2] is an empty string") == "text 3 is an empty string"
+    assert app.in_ui_terms("Texts [0, 2] have no key tokens") == "Texts 1, 3 have no key tokens"
+    assert app.in_ui_terms("Texts [4] have no key tokens") == "Text 5 has no key tokens"
+
+
+def test_warnings_number_texts_from_1_and_say_k(space):
+    long_text, short_text = govreport_texts()[0][1000:1900], "A short text."
+    with pytest.warns(UserWarning) as caught:
+        longppl_value, _, view, table = space.score(
+            f"{long_text}\n---\n{short_text}", MODEL, EVALUATOR, K, D, ALPHA, BETA
+        )
+    messages = [str(w.message) for w in caught]
+    assert any(
+        m.startswith(f"Text 2 has at most K={K} evaluator tokens, so no token has a short context")
+        and "smaller K." in m
+        for m in messages
+    ), messages
+    assert not any("trunc_len" in m or "[1]" in m for m in messages)
+    assert "| 2 | – |" in table and "<h3>Text 2</h3>" in view and float(longppl_value) > 0
+
+
+def test_a_lone_surrogate_is_refused_with_a_message(space):
+    with shows_error(
+        r"^Text 2 holds a character that is not valid Unicode \(U\+D800, a lone surrogate, at character 4\); "
+        r"remove it",
+    ):
+        space.score("fine\n---\nabc\ud800def", MODEL, EVALUATOR, K, D, ALPHA, BETA)
+    assert space.loaded == []
 
 
 REFUSED_MODEL = rf"The (evaluated|evaluator) model must be one of the models this Space offers: {MODEL}, {EVALUATOR}\."
@@ -218,7 +284,7 @@ REFUSED_MODEL = rf"The (evaluated|evaluator) model must be one of the models thi
 @pytest.mark.parametrize("model_id", ["meta-llama/Llama-3.1-8B", "gpt2", "", None, f"{MODEL}-x"])
 def test_a_model_outside_the_allow_list_is_refused_before_loading(space, role, model_id):
     ids = [model_id, EVALUATOR] if role == "evaluated" else [MODEL, model_id]
-    with pytest.raises(gr.Error, match=REFUSED_MODEL.replace("(evaluated|evaluator)", role)):
+    with shows_error(REFUSED_MODEL.replace("(evaluated|evaluator)", role)):
         space.score("some text", *ids, K, D, ALPHA, BETA)
     assert space.loaded == []
 
@@ -233,7 +299,7 @@ def test_a_local_path_is_refused_without_looking_at_it(space, monkeypatch, saved
         with monkeypatch.context() as patch:
             for name in ("exists", "isdir", "isfile"):
                 patch.setattr(space.os.path, name, no_file_system)
-            with pytest.raises(gr.Error, match=REFUSED_MODEL) as refused:
+            with shows_error(REFUSED_MODEL) as refused:
                 space.score("some text", MODEL, model_id, K, D, ALPHA, BETA)
         assert model_id not in str(refused.value) and "etc" not in str(refused.value)
     assert space.loaded == []
@@ -241,11 +307,10 @@ def test_a_local_path_is_refused_without_looking_at_it(space, monkeypatch, saved
 
 def test_too_many_characters_are_refused_before_loading(space, monkeypatch):
     limit(space, monkeypatch, max_chars=100)
-    with pytest.raises(gr.Error, match=REFUSED_MODEL):  # 100 characters pass on to the next check
+    with shows_error(REFUSED_MODEL):  # 100 characters pass on to the next check
         space.score("x" * 100, "nowhere/else", EVALUATOR, K, D, ALPHA, BETA)
-    with pytest.raises(
-        gr.Error,
-        match=r"The texts have 101 characters, more than this Space scores per request "
+    with shows_error(
+        r"The texts have 101 characters, more than this Space scores per request "
         r"\(100\); score shorter texts\.",
     ):
         space.score("x" * 101, MODEL, EVALUATOR, K, D, ALPHA, BETA)
@@ -256,9 +321,8 @@ def test_too_many_tokens_are_refused(space, monkeypatch, tiny_models):
     text = govreport_texts()[0][1000:1900]
     n_evaluator = len(tiny_models[EVALUATOR][1](text)["input_ids"])  # with its BOS
     limit(space, monkeypatch, max_tokens=n_evaluator - 1)
-    with pytest.raises(
-        gr.Error,
-        match=rf"The texts have {n_evaluator} tokens for the evaluator model, more than "
+    with shows_error(
+        rf"The texts have {n_evaluator} tokens for the evaluator model, more than "
         rf"this Space scores per request \({n_evaluator - 1}\)",
     ):
         space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)
@@ -267,9 +331,8 @@ def test_too_many_tokens_are_refused(space, monkeypatch, tiny_models):
     n_evaluator = len(tiny_models[MODEL][1](text)["input_ids"])
     assert n_evaluator < n_evaluated
     limit(space, monkeypatch, max_tokens=n_evaluated - 1)
-    with pytest.raises(
-        gr.Error,
-        match=rf"The texts have {n_evaluated} tokens for the evaluated model, more than "
+    with shows_error(
+        rf"The texts have {n_evaluated} tokens for the evaluated model, more than "
         rf"this Space scores per request \({n_evaluated - 1}\)",
     ):
         space.score(text, EVALUATOR, MODEL, K, D, ALPHA, BETA)
@@ -277,7 +340,7 @@ def test_too_many_tokens_are_refused(space, monkeypatch, tiny_models):
 
 def test_k_too_large_is_refused(space, monkeypatch):
     limit(space, monkeypatch, max_trunc_len=40)
-    with pytest.raises(gr.Error, match=r"K = 47 is more than this Space allows \(40\); use K <= 40\."):
+    with shows_error(r"K = 47 is more than this Space allows \(40\); use K <= 40\."):
         space.score("some text", MODEL, EVALUATOR, K, D, ALPHA, BETA)
 
 
@@ -287,14 +350,13 @@ def test_too_much_short_window_work_is_refused(space, monkeypatch, tiny_models):
     windows = [(s, min(s + K + 1, n)) for s in range(0, n - K, 1)][1:]  # d = 1; the first comes from the long pass
     work = sum(end - start for start, end in windows)
     limit(space, monkeypatch, max_window_tokens=work - 1)
-    with pytest.raises(
-        gr.Error,
-        match=rf"With K = {K} and d = 1 the evaluator would read {work} tokens in short "
+    with shows_error(
+        rf"With K = {K} and d = 1 the evaluator would read {work} tokens in short "
         rf"windows, more than this Space allows \({work - 1}\); use a larger d",
     ):
         space.score(text, MODEL, EVALUATOR, K, 1, ALPHA, BETA)
     limit(space, monkeypatch, max_window_tokens=work)
-    assert space.score(text, MODEL, EVALUATOR, K, 1, ALPHA, BETA)[1] > 0  # at the limit: scored
+    assert float(space.score(text, MODEL, EVALUATOR, K, 1, ALPHA, BETA)[1]) > 0  # at the limit: scored
 
 
 def test_time_limit_stops_scoring_inside_a_forward_pass(space, monkeypatch, tiny_models):
@@ -305,9 +367,8 @@ def test_time_limit_stops_scoring_inside_a_forward_pass(space, monkeypatch, tiny
     limit(space, monkeypatch, time_limit_s=1e-9)
     start = time.monotonic()
     try:
-        with pytest.raises(
-            gr.Error,
-            match=r"This request took longer than this Space allows \(1e-09 s\) and was "
+        with shows_error(
+            r"This request took longer than this Space allows \(1e-09 s\) and was "
             r"stopped during: LongPPL evaluator: long context: pass of \d+ tokens\.",
         ):
             space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)
@@ -317,7 +378,7 @@ def test_time_limit_stops_scoring_inside_a_forward_pass(space, monkeypatch, tiny
     assert evaluated_layers == []  # stopped in the evaluator's first pass: the evaluated model never ran
     assert time.monotonic() - start < 30
     limit(space, monkeypatch, time_limit_s=300.0)
-    assert space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)[1] > 0  # the next request is served
+    assert float(space.score(text, MODEL, EVALUATOR, K, D, ALPHA, BETA)[1]) > 0  # the next request is served
 
 
 def test_models_are_loaded_from_the_hub_without_remote_code(app, monkeypatch, tiny_models):
@@ -335,11 +396,116 @@ def test_models_are_loaded_from_the_hub_without_remote_code(app, monkeypatch, ti
     model, tok = tiny_models[MODEL]
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", record("model", model))
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record("tokenizer", tok))
-    assert app.load_model.__wrapped__("HuggingFaceTB/SmolLM2-135M") == (model, tok)
+    monkeypatch.setattr(app, "_check_hub", lambda model_id, timeout_s: calls.append(("hub", model_id, timeout_s)))
+    assert app.load_model.__wrapped__("HuggingFaceTB/SmolLM2-135M", False, 3.0) == (model, tok)
     assert sorted(calls) == [
+        ("hub", "HuggingFaceTB/SmolLM2-135M", 3.0),  # asked once, with the short timeout, before loading
         ("model", "HuggingFaceTB/SmolLM2-135M", False),
         ("tokenizer", "HuggingFaceTB/SmolLM2-135M", False),
     ]
+
+
+def _gated_error():
+    """What transformers raises for a gated model: an OSError raised from the Hub's GatedRepoError."""
+    import httpx2
+    from huggingface_hub.errors import GatedRepoError
+
+    response = httpx2.Response(401, request=httpx2.Request("GET", "https://hub.example/tiny-org/model"))
+    try:
+        raise GatedRepoError("401 Client Error: access to model tiny-org/model is restricted", response=response)
+    except GatedRepoError as err:
+        try:
+            raise OSError("You are trying to access a gated repo.\nMake sure to have access to it.") from err
+        except OSError as wrapped:
+            return wrapped
+
+
+@pytest.mark.parametrize(
+    "failure, message",
+    [
+        (
+            lambda: OSError(
+                "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them"
+            ),
+            r"^Could not reach the Hub for tiny-org/model: We couldn't connect to 'https://huggingface\.co' to load "
+            r"the files, and couldn't find them; try again later\.$",
+        ),
+        (
+            lambda: RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+            r"^Not enough memory to load tiny-org/model \(CUDA out of memory\. Tried to allocate 2\.00 GiB\); "
+            r"try again later, or pick a smaller model\.$",
+        ),
+        (_gated_error, r"^tiny-org/model is a gated model and this Space has no access to it; pick another model"),
+        (
+            lambda: OSError("tiny-org/model does not appear to have a file named config.json."),
+            r"^Could not load tiny-org/model: tiny-org/model does not appear to have a file named config\.json\.; "
+            r"try again later, or pick another model\.$",
+        ),
+    ],
+    ids=["hub-unreachable", "out-of-memory", "gated", "other"],
+)
+def test_a_model_that_cannot_be_loaded_says_why(app, monkeypatch, failure, message):
+    import transformers
+
+    def fail(*args, **kwargs):
+        raise failure()
+
+    monkeypatch.setattr(app, "SETTINGS", app.SpaceSettings(models=(MODEL, EVALUATOR)))
+    monkeypatch.setattr(app, "_check_hub", lambda model_id, timeout_s: None)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fail)
+    app.load_model.cache_clear()
+    with shows_error(message):
+        app.score("some text", MODEL, EVALUATOR, K, D, ALPHA, BETA)
+
+
+@pytest.fixture
+def silent_hub(monkeypatch):
+    """A "Hub" at 127.0.0.1 that accepts connections and never answers."""
+    import socket
+
+    from huggingface_hub import constants
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield
+    listener.close()
+
+
+def test_a_hub_that_does_not_answer_fails_in_seconds(app, monkeypatch, silent_hub):
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("from_pretrained was called: it would retry for a minute")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    start = time.monotonic()
+    with shows_error(r"^Could not reach the Hub for tiny-org/model: .*; try again later\.$"):
+        app.load_model.__wrapped__(MODEL, False, 1.0)
+    assert time.monotonic() - start < 10
+
+
+def test_local_model_folders_are_served_only_when_the_settings_allow_them(app, saved_model, monkeypatch):
+    settings = app.SpaceSettings.from_env(
+        {"LONGPPL_SPACE_MODELS": f"{saved_model},a-org/one", "LONGPPL_SPACE_LOCAL_MODELS": "1"}
+    )
+    assert settings.models == (saved_model, "a-org/one") and settings.local_models
+    with pytest.raises(ValueError, match="which is not a Hub model id"):
+        app.SpaceSettings.from_env({"LONGPPL_SPACE_MODELS": saved_model})  # not without the switch
+    for entry in ("./model", "model", os.path.join(saved_model, "missing")):
+        with pytest.raises(ValueError, match=f"LONGPPL_SPACE_MODELS lists {re.escape(repr(entry))}"):
+            app.SpaceSettings.from_env({"LONGPPL_SPACE_MODELS": entry, "LONGPPL_SPACE_LOCAL_MODELS": "1"})
+    with pytest.raises(ValueError, match=r"LONGPPL_SPACE_LOCAL_MODELS='yes' must be 1 or 0"):
+        app.SpaceSettings.from_env({"LONGPPL_SPACE_LOCAL_MODELS": "yes"})
+
+    def no_hub(*args):
+        raise AssertionError("the Hub was asked about a local folder")
+
+    monkeypatch.setattr(app, "_check_hub", no_hub)
+    model, tokenizer = app.load_model.__wrapped__(saved_model, True)
+    assert model.config.model_type == "mistral" and len(tokenizer) > 0
 
 
 def test_an_allowed_id_that_is_also_a_local_folder_is_not_loaded(app, monkeypatch, tmp_path):
@@ -352,7 +518,7 @@ def test_an_allowed_id_that_is_also_a_local_folder_is_not_loaded(app, monkeypatc
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
     (tmp_path / "some-org" / "model").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(gr.Error, match="The Space is misconfigured: the listed model 'some-org/model' is not loaded"):
+    with shows_error("The Space is misconfigured: the listed model 'some-org/model' is not loaded"):
         app.load_model.__wrapped__("some-org/model")
 
 

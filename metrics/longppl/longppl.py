@@ -171,6 +171,8 @@ Args:
         of `compute` (e.g. to enforce a time limit).
     return_key_spans (`bool`, default False): also return `key_spans`, to see which tokens are key
         (hard rule only).
+    return_evaluator_scores (`bool`, default False): also return `evaluator_scores`, the
+        evaluator's view of each text, to show its LSD and LCL token by token (the Space does).
 
 Returns:
     longppl (`float`): corpus LongPPL (NaN if no text has key tokens).
@@ -187,6 +189,10 @@ Returns:
     key_spans (`list` of `list` of `[start, end]`, with `return_key_spans=True`): per text, the
         character spans `text[start:end]` of the evaluated model's key tokens (the tokens LongPPL
         averages over), adjacent tokens merged.
+    evaluator_scores (`list` of `EvaluatorScores`, with `return_evaluator_scores=True`): per text
+        (as scored: cut to `max_length`), the evaluator's tokens `input_ids` `[n]`, their character
+        spans `offsets` `[n, 2]`, `lp_long` `[n]` (NaN at 0) and `lp_short` `[n]` (NaN for
+        `i < trunc_len`), as numpy arrays.
 
 Examples:
     >>> import evaluate
@@ -321,6 +327,7 @@ class _Request:
     torch_dtype: object  # a str, a torch.dtype or None (merged from torch_dtype and dtype)
     aggregation: str
     return_key_spans: bool
+    return_evaluator_scores: bool
     progress: bool
     torch_compile: bool
     progress_callback: ProgressCallback | None
@@ -355,6 +362,7 @@ class _Request:
         progress,
         torch_compile,
         return_key_spans,
+        return_evaluator_scores,
         key_tokens,
         batch_size,
         add_start_token,
@@ -453,6 +461,7 @@ class _Request:
             torch_dtype=torch_dtype,
             aggregation=aggregation,
             return_key_spans=bool(return_key_spans),
+            return_evaluator_scores=bool(return_evaluator_scores),
             progress=progress,
             torch_compile=torch_compile,
             progress_callback=progress_callback,
@@ -622,10 +631,11 @@ def _model_scores(request: _Request, sources: _Sources, evaluator_scores) -> lis
     )
 
 
-def _output(request: _Request, results, model_scores, weights, window_from_cache: bool = False) -> dict:
+def _output(request: _Request, results, model_scores, weights, evaluator_scores, window_from_cache: bool) -> dict:
     """The metric's return value (``summarize_results``), the settings it was computed with
     (``settings``: K, d, the rule, and ``window_from`` saying whether K and d were passed, left at
-    their defaults or taken from the key-token cache), with ``key_spans`` when asked for."""
+    their defaults or taken from the key-token cache), with ``key_spans`` and ``evaluator_scores``
+    when asked for."""
     output = summarize_results(results, request.aggregation, request.rule.soft)
     window_from = "key_tokens" if window_from_cache else "arguments" if request.window_given else "defaults"
     output["settings"] = dict(asdict(request.window), **asdict(request.rule), window_from=window_from)
@@ -633,6 +643,8 @@ def _output(request: _Request, results, model_scores, weights, window_from_cache
         output["key_spans"] = [
             key_char_spans(ms.offsets, (w > 0) & ~np.isnan(ms.lp)).tolist() for ms, w in zip(model_scores, weights)
         ]
+    if request.return_evaluator_scores:
+        output["evaluator_scores"] = list(evaluator_scores)
     return output
 
 
@@ -702,6 +714,7 @@ class LongPPL(evaluate.Metric):
         progress=True,
         torch_compile=False,
         return_key_spans=False,
+        return_evaluator_scores=False,
         key_tokens=None,
         batch_size=None,
         add_start_token=None,
@@ -726,7 +739,7 @@ class LongPPL(evaluate.Metric):
         weights = text_key_weights(sources.texts, evaluator_scores, model_scores, **asdict(request.rule))
         results = document_results(model_scores, weights)
         self._warn_without_key_tokens(evaluator_scores, results, request.window.trunc_len)
-        return _output(request, results, model_scores, weights, window_from_cache)
+        return _output(request, results, model_scores, weights, evaluator_scores, window_from_cache)
 
     @staticmethod
     def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:

@@ -1,5 +1,8 @@
-"""An HTML page showing a document with its key tokens highlighted (like the paper's Appendix F),
-each evaluator token carrying its LSD and LCL in a tooltip.
+"""A document with its key tokens highlighted, as HTML (like the paper's Appendix F), each evaluator
+token carrying its LSD and LCL in a tooltip: a standalone page (``key_token_html``, the
+``longppl-visualize`` command) or the pieces the Space puts in its own page (``key_token_legend``,
+``key_token_document``, styled by ``STYLE``). It sits at the top of the package, not in ``tools/``,
+because the Space (which gets this folder without ``tools/``) shows the same view.
 
 Pieces of text are laid out by the evaluator tokens' character spans. Tokens that share characters
 (byte-level pieces of one multi-byte character) are shown as one piece whose tooltip lists each
@@ -16,28 +19,40 @@ from __future__ import annotations
 
 import html
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..key_tokens import key_token_mask, long_short_difference
-from ..scoring import EvaluatorScores
+from .key_tokens import key_token_mask, long_short_difference
+
+if TYPE_CHECKING:  # only for the annotations: scoring imports torch
+    from .scoring import EvaluatorScores
 
 #: Background opacity of a token whose LSD reaches the cap (text stays readable on it).
 MAX_OPACITY = 0.85
 _RGB = "255, 127, 31"  # the paper's highlight colour for key tokens
 
-_STYLE = """
-body { font-family: Georgia, serif; max-width: 60em; margin: 2em auto; line-height: 1.6; color: #222; }
-.doc { white-space: pre-wrap; }
-.t { border-radius: 2px; }
-.t:hover { outline: 1px solid #999; }
-.key { box-shadow: inset 0 0 0 1.5px #a64300; font-weight: bold; color: #000; }
-.noscore { color: #888; }
-.k-end { border-left: 2px solid #c00; }
-.k-end::after { content: attr(data-label); font: bold 0.7em sans-serif; color: #c00; vertical-align: super; }
-.meta, .legend { font-family: sans-serif; font-size: 0.9em; color: #555; }
-.legend span.swatch { display: inline-block; padding: 0 0.4em; margin: 0 0.15em; border-radius: 2px; }
+#: The classes of the document and legend; every rule sits under ``.longppl-keys`` (the class of
+#: what ``key_token_legend`` and ``key_token_document`` return), so that a page holding them
+#: (the Space's) keeps its own styles.
+STYLE = """
+.longppl-keys .doc { white-space: pre-wrap; overflow-wrap: break-word; line-height: 1.6; }
+.longppl-keys .t { border-radius: 2px; }
+.longppl-keys .t:hover { outline: 1px solid #999; }
+.longppl-keys .key { box-shadow: inset 0 0 0 1.5px #a64300; font-weight: bold; color: #000; }
+.longppl-keys .noscore { color: #888; }
+.longppl-keys .k-end { border-left: 2px solid #c00; }
+.longppl-keys .k-end::after {
+  content: attr(data-label); font: bold 0.7em sans-serif; color: #c00; vertical-align: super;
+}
+.longppl-keys .meta, .longppl-keys .legend { font-family: sans-serif; font-size: 0.9em; color: #555; }
+.longppl-keys .legend span.swatch {
+  display: inline-block; padding: 0 0.4em; margin: 0 0.15em; border-radius: 2px;
+}
 """
+_PAGE_STYLE = (
+    "body { font-family: Georgia, serif; max-width: 60em; margin: 2em auto; line-height: 1.6; color: #222; }" + STYLE
+)
 
 
 def lsd_opacity(lsd: float, lsd_cap: float) -> float:
@@ -52,13 +67,32 @@ def _background(opacity: float) -> str:
     return f"background: rgba({_RGB}, {opacity:.3f})"
 
 
-def _legend(alpha: float, beta: float, use_lcl: bool, trunc_len: int, lsd_cap: float) -> str:
+def check_lsd_cap(lsd_cap: float | None, alpha: float) -> float:
+    """``lsd_cap``, the LSD of full shading; ``None``: ``2 * alpha``, at least 1.
+
+    Raises:
+        ValueError: ``lsd_cap`` is not positive.
+    """
+    if lsd_cap is None:
+        return max(2.0 * alpha, 1.0)
+    if not lsd_cap > 0:
+        raise ValueError(f"lsd_cap={lsd_cap!r} must be a positive LSD (the value shown at full shade).")
+    return lsd_cap
+
+
+def _k(trunc_len: int) -> str:
+    return f"K={trunc_len}" if trunc_len else "K"
+
+
+def key_token_legend(alpha: float, beta: float, use_lcl: bool, trunc_len: int, lsd_cap: float) -> str:
+    """The legend of the colours and marks, as a ``<div class="legend">`` (style: ``STYLE``, inside an
+    element of class ``longppl-keys``)."""
     rule = f"LSD &gt; {alpha:g}" + (f" and LCL &gt; {beta:g}" if use_lcl else "")
     steps = "".join(
         f'<span class="swatch" style="{_background(lsd_opacity(v, lsd_cap))}">{v:g}</span>'
         for v in (0.0, lsd_cap / 4, lsd_cap / 2, 3 * lsd_cap / 4, lsd_cap)
     )
-    k = f"K={trunc_len}" if trunc_len else "K"
+    k = _k(trunc_len)
     return (
         '<div class="legend"><p><strong>Legend.</strong> Background: LSD = log P(token | long context) &minus; '
         f"log P(token | last {k} tokens), shaded in proportion to LSD clipped to [0, {lsd_cap:g}]: {steps} "
@@ -78,32 +112,20 @@ def _describe(index: int, lsd: float, lcl: float, trunc_len: int) -> str:
     return f"token {index}: LSD {lsd:.2f}, LCL {lcl:.2f}"
 
 
-def key_token_html(
+def key_token_document(
     text: str,
     scores: EvaluatorScores,
     alpha: float,
     beta: float,
     use_lcl: bool = True,
     trunc_len: int = 0,
-    title: str = "Key tokens",
-    details: str = "",
     lsd_cap: float | None = None,
-) -> str:
-    """A standalone HTML page of ``text`` with key tokens highlighted.
-
-    Args:
-        scores: the evaluator's scores of ``text`` (``offsets`` ``[n, 2]``, ``lp_long`` and
-            ``lp_short`` ``[n]``), e.g. ``KeyTokenCache.scores(row)``.
-        trunc_len: K, to explain in tooltips and the legend why early tokens have no LSD (the
-            marker is placed by the scores: before the first token that has an LSD).
-        details: a line of context shown under the title (evaluator, settings).
-        lsd_cap: LSD of full shading (default ``2 * alpha``, at least 1): shading is proportional to
-            LSD clipped to ``[0, lsd_cap]``.
+) -> tuple[str, str]:
+    """``(summary, document)``: a ``<p class="meta">`` counting the key tokens of ``text``, and the
+    text as a ``<div class="doc">`` with its tokens shaded and marked (see the module docstring;
+    style: ``STYLE``, inside an element of class ``longppl-keys``). Arguments as ``key_token_html``.
     """
-    if lsd_cap is None:
-        lsd_cap = max(2.0 * alpha, 1.0)
-    if not lsd_cap > 0:
-        raise ValueError(f"lsd_cap={lsd_cap!r} must be a positive LSD (the value shown at full shade).")
+    lsd_cap = check_lsd_cap(lsd_cap, alpha)
     offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
     lsd = long_short_difference(scores.lp_long, scores.lp_short)
     key = key_token_mask(scores.lp_long, scores.lp_short, alpha, beta, use_lcl)
@@ -123,7 +145,7 @@ def key_token_html(
             piece[4] = float(np.fmax(piece[4], value))  # fmax: NaN only if both are
         else:
             pieces.append([start, end, bool(key[index]), [line], value])
-    marker_label = f"K={trunc_len}" if trunc_len else "K"
+    marker_label = _k(trunc_len)
     marker = (
         f'<span class="k-end" data-label="{marker_label}" title="the first {html.escape(marker_label)} '
         'evaluator tokens end here: before this point, no short-context score"></span>'
@@ -151,16 +173,45 @@ def key_token_html(
         + (
             ""
             if n_scored
-            else f" No token has a short-context score: the text is at most {'K=' + str(trunc_len) if trunc_len else 'K'} "
-            "evaluator tokens long."
+            else f" No token has a short-context score: the text is at most {_k(trunc_len)} evaluator tokens long."
         )
     )
+    return f'<p class="meta">{summary}</p>', f'<div class="doc">{"".join(body)}</div>'
+
+
+def key_token_html(
+    text: str,
+    scores: EvaluatorScores,
+    alpha: float,
+    beta: float,
+    use_lcl: bool = True,
+    trunc_len: int = 0,
+    title: str = "Key tokens",
+    details: str = "",
+    lsd_cap: float | None = None,
+) -> str:
+    """A standalone HTML page of ``text`` with key tokens highlighted.
+
+    Args:
+        scores: the evaluator's scores of ``text`` (``offsets`` ``[n, 2]``, ``lp_long`` and
+            ``lp_short`` ``[n]``), e.g. ``KeyTokenCache.scores(row)``.
+        trunc_len: K, to explain in tooltips and the legend why early tokens have no LSD (the
+            marker is placed by the scores: before the first token that has an LSD).
+        details: a line of context shown under the title (evaluator, settings).
+        lsd_cap: LSD of full shading (default ``2 * alpha``, at least 1): shading is proportional to
+            LSD clipped to ``[0, lsd_cap]``.
+
+    Raises:
+        ValueError: ``lsd_cap`` is not positive.
+    """
+    lsd_cap = check_lsd_cap(lsd_cap, alpha)
+    summary, document = key_token_document(text, scores, alpha, beta, use_lcl, trunc_len, lsd_cap)
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
-        f"<h1>{html.escape(title)}</h1>\n"
+        f"<title>{html.escape(title)}</title><style>{_PAGE_STYLE}</style></head>"
+        f'<body class="longppl-keys">\n<h1>{html.escape(title)}</h1>\n'
         + (f'<p class="meta">{html.escape(details)}</p>\n' if details else "")
-        + f'<p class="meta">{summary}</p>\n'
-        + _legend(alpha, beta, use_lcl, trunc_len, lsd_cap)
-        + f'<div class="doc">{"".join(body)}</div>\n</body></html>\n'
+        + f"{summary}\n"
+        + key_token_legend(alpha, beta, use_lcl, trunc_len, lsd_cap)
+        + f"{document}\n</body></html>\n"
     )

@@ -1,0 +1,239 @@
+"""The Space in a real browser: the app started as the Space runs it (the uploaded files alone, in a
+folder of their own, ``python app.py``) on 127.0.0.1 with tiny local models, driven by headless
+Chromium (Debian's package) through Playwright: one computation, read off the page, and one model
+that cannot be loaded, whose message must appear on the page.
+
+CI (``.ci/run``) installs Chromium and Playwright, and there a missing browser fails the test; on a
+developer's machine without them it is skipped with the reason.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import evaluate
+import numpy as np
+import pytest
+from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+
+import longppl
+
+pytest.importorskip("gradio", reason="the Space's tests need gradio: pip install -e '.[space]'")
+
+K, D, ALPHA, BETA = 47, 13, 0.005, -50.0  # as test_space: random tiny models have small LSDs
+UNREACHABLE = "tiny-org/unreachable"  # a Hub id, served by a "Hub" that refuses connections
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def _missing(what: str):
+    """Fail in CI, which must have installed it (``.ci/run``); skip, saying why, elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what}: .ci/run installs it (apt-get install chromium, pip install playwright)")
+    pytest.skip(f"{what}: apt-get install chromium && pip install playwright to run the browser test")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def playwright_browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("Playwright's Python package is not installed")
+    if not os.path.exists(CHROMIUM):
+        _missing(f"no Chromium at {CHROMIUM}")
+    with sync_playwright() as playwright:
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny evaluated model and evaluator saved as folders (absolute paths)."""
+    root = tmp_path_factory.mktemp("space_models")
+    ev_tok, tok = byte_level_bpe(), metaspace_bpe()
+    tiny_model("mistral", len(tok), seed=2).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    tiny_model("llama", len(ev_tok), seed=1).save_pretrained(root / "evaluator")
+    ev_tok.save_pretrained(root / "evaluator")
+    return str(root / "model"), str(root / "evaluator")
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory, repo_root):
+    """``python app.py`` in a copy of the Space's files, serving the tiny models and an unreachable
+    Hub id; yields its URL."""
+    spec = importlib.util.spec_from_file_location("push", os.path.join(repo_root, "scripts", "push_metric_to_hub.py"))
+    push = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(push)
+    space = tmp_path_factory.mktemp("space")
+    for name in push.space_files():
+        (space / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(os.path.join(longppl.METRIC_PATH, name), space / name)
+    port = _free_port()
+    model, evaluator = models
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # nothing of ours installed
+    env.update(
+        LONGPPL_SPACE_MODELS=f"{model},{UNREACHABLE},{evaluator}",
+        LONGPPL_SPACE_LOCAL_MODELS="1",
+        LONGPPL_SPACE_HUB_TIMEOUT_S="5",
+        HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}",  # nothing listens there: the Hub is down
+        HF_HOME=str(space / "hf_home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        GRADIO_ANALYTICS_ENABLED="False",
+        GRADIO_SERVER_NAME="127.0.0.1",
+        GRADIO_SERVER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    log = open(space / "server.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "app.py"], cwd=space, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the app exited ({process.returncode}):\n{(space / 'server.log').read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the app did not answer within 180 s:\n{(space / 'server.log').read_text()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@pytest.fixture
+def page(playwright_browser, server):
+    context = playwright_browser.new_context(viewport={"width": 1280, "height": 900})
+    # Only the app itself: the test must not reach out (fonts, analytics) and must not wait for it.
+    context.route(
+        "**/*",
+        lambda route: route.continue_() if route.request.url.startswith(server) else route.abort(),
+    )
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(server, wait_until="domcontentloaded")
+    page.get_by_role("button", name="Compute").wait_for()
+    yield page
+    context.close()
+
+
+def _screenshot(page, tmp_path, name: str) -> str:
+    path = str(tmp_path / name)
+    page.screenshot(path=path, full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+def _choose(page, label: str, option: str) -> None:
+    page.get_by_label(label).click()
+    page.get_by_role("option", name=option).click()
+
+
+def test_a_computation_shows_longppl_the_table_and_the_key_tokens(page, models, tmp_path):
+    model, evaluator = models
+    longppl_box, ppl_box = page.get_by_label("LongPPL", exact=True), page.get_by_label("PPL", exact=True)
+    assert longppl_box.input_value() == "" and ppl_box.input_value() == ""  # no "0" before a run
+    texts_box = page.get_by_label("Texts", exact=False)
+    # An example fills the texts and its K and d.
+    examples = json.load(open(os.path.join(longppl.METRIC_PATH, "space_examples.json"), encoding="utf-8"))
+    page.get_by_text(examples["examples"][1]["title"]).click()
+    page.wait_for_function(
+        "value => document.querySelector('textarea').value === value", arg=examples["examples"][1]["text"]
+    )
+    assert page.get_by_label("K (short-context length)").input_value() == str(examples["K"])
+
+    text = govreport_texts()[0][1000:1900]
+    texts_box.fill(text)
+    for label, value in [("K (short-context length)", K), ("d (sliding window)", D)]:
+        page.get_by_label(label).fill(str(value))
+    page.get_by_label("alpha (LSD threshold)").fill(str(ALPHA))
+    page.get_by_label("beta (LCL threshold)").fill(str(BETA))
+    page.get_by_role("button", name="Compute").click()
+    page.locator(".longppl-keys .doc").wait_for()
+    page.wait_for_function("() => document.querySelector('table') !== null")
+    screenshot = _screenshot(page, tmp_path, "space_result.png")
+
+    expected = evaluate.load(os.path.join(longppl.METRIC_PATH, "longppl.py")).compute(
+        predictions=[text],
+        model_id=model,
+        evaluator_model_id=evaluator,
+        trunc_len=K,
+        sliding_window=D,
+        alpha=ALPHA,
+        beta=BETA,
+        return_evaluator_scores=True,
+        progress=False,
+    )
+    assert float(longppl_box.input_value()) == pytest.approx(expected["longppl"], abs=1e-4)
+    assert float(ppl_box.input_value()) == pytest.approx(expected["ppl"], abs=1e-4)
+    cells = page.locator("table tbody tr").first.locator("td").all_inner_texts()
+    assert cells == [
+        "1",
+        f"{expected['longppls'][0]:.3f}",
+        f"{expected['perplexities'][0]:.3f}",
+        str(expected["n_key_tokens"][0]),
+        str(expected["n_tokens"][0]),
+    ]
+    # The key-token view: the text as it is, its evaluator key tokens marked (LSD > alpha and LCL >
+    # beta, computed here from the evaluator's log-probs), LSD and LCL on hover, the K marker, a legend.
+    scores = expected["evaluator_scores"][0]
+    lsd = scores.lp_long - scores.lp_short
+    with np.errstate(invalid="ignore"):
+        key = (lsd > ALPHA) & (scores.lp_long > BETA)
+    key_texts = [text[start:end] for (start, end), is_key in zip(scores.offsets.tolist(), key) if is_key]
+    view = page.locator(".longppl-keys")
+    assert view.locator(".doc").inner_text() == text
+    assert view.locator(".t.key").all_inner_texts() == key_texts and len(key_texts) > 0
+    index = int(np.flatnonzero(key)[0])
+    assert view.locator(".t.key").first.get_attribute("title") == (
+        f"token {index}: LSD {lsd[index]:.2f}, LCL {scores.lp_long[index]:.2f}"
+    )
+    assert view.locator(f'.doc .k-end[data-label="K={K}"]').count() == 1
+    assert "Legend." in view.locator(".legend").inner_text()
+    # The key tokens are coloured inline, in the text's flow (not one badge per token).
+    assert view.locator(".t.key").first.evaluate("e => getComputedStyle(e).display") == "inline"
+    assert os.path.getsize(screenshot) > 10_000
+
+
+def test_a_model_that_cannot_be_loaded_says_why_on_the_page(page, tmp_path):
+    page.get_by_label("Texts", exact=False).fill(govreport_texts()[0][1000:1900])
+    _choose(page, "Evaluator model (Hub id)", UNREACHABLE)
+    start = time.monotonic()
+    page.get_by_role("button", name="Compute").click()
+    message = page.get_by_text(f"Could not reach the Hub for {UNREACHABLE}:")
+    message.wait_for()
+    elapsed = time.monotonic() - start
+    print(f"the failing load reached the page in {elapsed:.1f} s")
+    page.wait_for_timeout(1000)  # the message fades in
+    _screenshot(page, tmp_path, "space_error.png")
+    assert "try again later" in message.inner_text()
+    assert elapsed < 30, f"the failure took {elapsed:.0f} s to reach the page"
+    assert page.get_by_label("LongPPL", exact=True).input_value() == ""
