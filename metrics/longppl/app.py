@@ -482,6 +482,10 @@ def _score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, a
     if not texts:
         raise _error(f"Paste at least one long text (separate several with a line holding only {SEPARATOR}).")
     _check_unicode(texts)
+    try:  # K and d as the metric checks them, here too: an emptied box (None) is not "the default"
+        _settings.WindowSettings(trunc_len, sliding_window)
+    except ValueError as err:
+        raise _error(in_ui_terms(str(err))) from None
     model_id = _allowed_model(model_id, "evaluated model", settings)
     evaluator_model_id = _allowed_model(evaluator_model_id, "evaluator model", settings)
     model, tokenizer = load_model(model_id, settings.local_models, settings.hub_timeout_s)
