@@ -180,6 +180,18 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0, max_positions: int = 8
     return model.eval()
 
 
+def model_and_evaluator() -> dict:
+    """The metric's four model arguments: a tiny Qwen2 under the metaspace tokenizer, evaluated with
+    a tiny Llama under the byte-level one (two tokenizers, so alignment is exercised)."""
+    ev_tok, tok = byte_level_bpe(), metaspace_bpe()
+    return dict(
+        model=tiny_model("qwen2", len(tok), seed=2),
+        tokenizer=tok,
+        evaluator_model=tiny_model("llama", len(ev_tok), seed=1),
+        evaluator_tokenizer=ev_tok,
+    )
+
+
 @contextlib.contextmanager
 def one_torch_thread():
     """Run the block on one torch intra-op thread, then restore the count. On two shared cores a

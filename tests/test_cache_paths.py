@@ -16,7 +16,7 @@ import evaluate
 import numpy as np
 import pytest
 from cache_writer_worker import synthetic_rows
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, tiny_model
 
 import longppl
 from longppl import key_token_cache
@@ -114,13 +114,7 @@ def test_a_save_replaces_only_a_cache(work, monkeypatch):
 
 @pytest.fixture(scope="module")
 def models():
-    ev_tok, tok = byte_level_bpe(), metaspace_bpe()
-    return dict(
-        model=tiny_model("qwen2", len(tok), seed=2),
-        tokenizer=tok,
-        evaluator_model=tiny_model("llama", len(ev_tok), seed=1),
-        evaluator_tokenizer=ev_tok,
-    )
+    return model_and_evaluator()
 
 
 @pytest.mark.parametrize("value", ["", ".", "~"])

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import govreport_texts, model_and_evaluator, tiny_model
 from reference import evaluator_scores as reference_evaluator_scores
 
 import longppl
@@ -29,14 +29,8 @@ def metric():
 
 @pytest.fixture(scope="module")
 def setup():
-    ev_tok, tok = byte_level_bpe(), metaspace_bpe()
-    return dict(
-        model=tiny_model("qwen2", len(tok), seed=2),
-        tokenizer=tok,
-        evaluator_model=tiny_model("llama", len(ev_tok), seed=1),
-        evaluator_tokenizer=ev_tok,
-        texts=[t[1000 : 1000 + size] for t, size in zip(govreport_texts()[:3], (900, 1400, 650))],
-    )
+    texts = [t[1000 : 1000 + size] for t, size in zip(govreport_texts()[:3], (900, 1400, 650))]
+    return dict(model_and_evaluator(), texts=texts)
 
 
 def run(metric, setup, **kwargs):
@@ -334,17 +328,9 @@ def test_packed_documents_share_passes_and_keep_each_alone_result_up_to_rounding
 
 
 def test_the_cache_setting_is_used_when_k_and_d_are_not_passed(metric, setup, built, tmp_path):
-    def run_without_window(key_tokens, **kwargs):
-        return metric.compute(
-            predictions=setup["texts"],
-            model=setup["model"],
-            tokenizer=setup["tokenizer"],
-            key_tokens=key_tokens,
-            alpha=ALPHA,
-            beta=BETA,
-            progress=False,
-            **kwargs,
-        )
+    def run_without_window(key_tokens, **kwargs):  # no evaluator, and K, d not passed
+        args = dict(predictions=setup["texts"], model=setup["model"], tokenizer=setup["tokenizer"])
+        return metric.compute(**args, key_tokens=key_tokens, alpha=ALPHA, beta=BETA, progress=False, **kwargs)
 
     out = run_without_window(built["path"])  # the cache holds one setting (K, D): it is used, and said
     assert_same_results(out, built["cached"])
