@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where a fresh machine has nothing yet; each is unset so that the libraries fall back to HOME.
 CACHE_VARIABLES = (
@@ -37,6 +39,7 @@ def loading_lines(block: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # a fresh interpreter per snippet
 def test_every_readme_snippet_loads_in_a_fresh_home(tmp_path):
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
         blocks = python_blocks(handle.read())
