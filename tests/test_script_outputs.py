@@ -321,6 +321,28 @@ def test_run_command_turns_a_bad_input_into_one_line_and_status_1(monkeypatch, c
         run_command(crashes)
 
 
+def test_run_command_reports_a_missing_input_file_in_one_line_and_longppl_debug_shows_the_traceback(
+    monkeypatch,
+):
+    from longppl.tools.cli import run_command
+
+    def missing(argv, prog):
+        raise FileNotFoundError("No key-token cache at 'keys' (score a corpus into it first).")
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/longppl-evaluate"])
+    monkeypatch.delenv("LONGPPL_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        run_command(missing)
+    assert stop.value.code == "longppl-evaluate: error: No key-token cache at 'keys' (score a corpus into it first)."
+    for value in ("1", "true"):
+        monkeypatch.setenv("LONGPPL_DEBUG", value)  # the same variable for every command, longce-train's too
+        with pytest.raises(FileNotFoundError, match="No key-token cache at 'keys'"):
+            run_command(missing)
+    monkeypatch.setenv("LONGPPL_DEBUG", "0")
+    with pytest.raises(SystemExit):
+        run_command(missing)
+
+
 def test_the_installed_command_says_what_was_wrong_without_a_traceback(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('["text"]\n', encoding="utf-8")

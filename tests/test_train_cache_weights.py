@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -305,3 +306,20 @@ def test_texts_missing_from_the_cache_are_named(tmp_path):
         ValueError, match=r"training data .*docs.jsonl from key_tokens.*no rows for 1 of 3 texts.*rows 2"
     ):
         cli.train(argv(tmp_path, data, tmp_path / "keys"))
+
+
+def test_texts_missing_from_the_cache_are_one_line_of_the_command(tmp_path, monkeypatch):
+    """The command reports it as `longce-train: error: ...`, not as a chained traceback."""
+    tokenizer = byte_level_tokenizer()
+    texts = ascii_texts(3)
+    write_cache(tmp_path / "keys", tokenizer, texts[:2])
+    data = write_jsonl(tmp_path / "docs.jsonl", texts)
+    monkeypatch.setattr("sys.argv", ["/venv/bin/longce-train"])
+    monkeypatch.delenv("LONGPPL_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv(tmp_path, data, tmp_path / "keys"))
+    assert "\n" not in stop.value.code
+    assert re.fullmatch(
+        r"longce-train: error: LongCE weights of the training data .*docs.jsonl from key_tokens.*no rows for 1 of 3 texts.*rows 2.*",
+        stop.value.code,
+    )

@@ -18,7 +18,7 @@ from helpers import DATA, one_torch_thread
 from safetensors.torch import load_file
 
 from longce import LongCEConfig, LongCETrainer, apply_context_extension, cli
-from longce.arguments import DataArguments, ModelArguments, parse_args
+from longce.arguments import DataArguments, ModelArguments, RecipeConfig, parse_args
 from longce.data import build_train_dataset, byte_level_tokenizer, load_datasets, load_text_dataset, load_tokenizer
 from longce.documents import batch_documents
 
@@ -653,7 +653,8 @@ def option_names(help_text: str) -> list[str]:
 
 def recipe_fields() -> list[str]:
     longce = [f.name for f in dataclasses.fields(LongCEConfig) if f.name.startswith("longce_")]
-    return [f.name for cls in (ModelArguments, DataArguments) for f in dataclasses.fields(cls)] + longce
+    own = ["overwrite_output_dir", "torch_threads"]  # the command's own fields (RecipeConfig), after LongCE's
+    return [f.name for cls in (ModelArguments, DataArguments) for f in dataclasses.fields(cls)] + longce + own
 
 
 def show_help(capsys, *argv) -> str:
@@ -668,14 +669,15 @@ def test_help_shows_the_recipe_fields_config_first(capsys):
     names = option_names(text)
     assert names[:3] == ["-h", "--config", "--help-all"]
     assert names[3:] == [f"--{name}" for name in recipe_fields()]  # and nothing else: no TrainingArguments field
-    assert "--adam_beta1" not in text and len(text.splitlines()) < 200
+    # short: no TrainingArguments field (the recipe fields, LongCE's and the command's own: about 210 lines)
+    assert "--adam_beta1" not in text and len(text.splitlines()) < 220
     assert "`--help-all` lists them all" in text
 
 
 def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
     names = option_names(show_help(capsys, "--help-all"))
     assert names[:3] == ["-h", "--config", "--help-all"]
-    every = {f.name for cls in (ModelArguments, DataArguments, LongCEConfig) for f in dataclasses.fields(cls) if f.init}
+    every = {f.name for cls in (ModelArguments, DataArguments, RecipeConfig) for f in dataclasses.fields(cls) if f.init}
     # HfArgumentParser adds --no_X for boolean fields that default to True.
     assert {f"--{name}" for name in every} == {name.replace("--no_", "--") for name in names[3:]}
     text = show_help(capsys, "--config", TINY, "--help")
@@ -683,7 +685,7 @@ def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
 
 
 def test_every_recipe_field_has_help_text():
-    specs = {f.name: f for cls in (ModelArguments, DataArguments, LongCEConfig) for f in dataclasses.fields(cls)}
+    specs = {f.name: f for cls in (ModelArguments, DataArguments, RecipeConfig) for f in dataclasses.fields(cls)}
     missing = [name for name in recipe_fields() if len(specs[name].metadata.get("help", "")) < 10]
     assert not missing, missing
 
@@ -732,3 +734,187 @@ def test_import_longce_leaves_the_command_modules_out():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ------------------------------------------------------------------ (j) errors as one line, like the longppl-* commands
+
+
+def command_error(monkeypatch, argv: list[str]) -> str:
+    """What `longce-train argv` exits with (run_command's one line), started as the installed command."""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/longce-train", *argv])
+    monkeypatch.delenv("LONGPPL_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    return stop.value.code
+
+
+def test_missing_config_is_one_line(tmp_path, monkeypatch):
+    message = command_error(monkeypatch, ["--config", str(tmp_path / "nope.yaml")])
+    assert message == (
+        f"longce-train: error: Config file '{tmp_path / 'nope.yaml'}' not found (--config takes a YAML recipe, "
+        "e.g. configs/tiny_cpu.yaml)."
+    )
+
+
+def test_bad_value_is_one_line_naming_the_field_and_value(tmp_path, monkeypatch):
+    message = command_error(monkeypatch, tiny_argv(tmp_path, "--longce_gamma", "-1"))
+    assert message == "longce-train: error: longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got -1.0."
+
+
+def test_mistyped_option_names_the_closest_field(tmp_path, monkeypatch):
+    message = command_error(monkeypatch, tiny_argv(tmp_path, "--max_stesp", "5"))
+    assert message == (
+        "longce-train: error: unknown option(s) --max_stesp (did you mean --max_steps?); "
+        "`longce-train --help-all` lists every field."
+    )
+    message = command_error(monkeypatch, tiny_argv(tmp_path, "--learnig-rate=1e-4", "stray"))
+    assert message.startswith("longce-train: error: unknown option(s) --learnig-rate (did you mean --learning-rate?)")
+    with pytest.raises(ValueError, match=r"unexpected argument\(s\) stray: a value follows the --FIELD it sets"):
+        parse_args(tiny_argv(tmp_path, "stray"))
+
+
+def test_torch_threads_below_one_is_refused(tmp_path, monkeypatch):
+    message = command_error(monkeypatch, tiny_argv(tmp_path, "--torch_threads", "0"))
+    assert (
+        message
+        == "longce-train: error: torch_threads must be >= 1 (CPU threads of torch's operations) or unset, got 0."
+    )
+
+
+@pytest.mark.slow
+def test_the_installed_command_prints_one_line_and_the_traceback_on_request(tmp_path):
+    command = os.path.join(os.path.dirname(sys.executable), "longce-train")
+    argv = [command, "--config", str(tmp_path / "nope.yaml")]
+    env = {k: v for k, v in os.environ.items() if k != "LONGPPL_DEBUG"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"longce-train: error: Config file '{tmp_path / 'nope.yaml'}' not found (--config takes a YAML recipe, "
+        "e.g. configs/tiny_cpu.yaml)."
+    ]
+    debug = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=dict(env, LONGPPL_DEBUG="1"))
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.rstrip().endswith(
+        f"FileNotFoundError: Config file '{tmp_path / 'nope.yaml'}' not found (--config takes a YAML recipe, e.g. configs/tiny_cpu.yaml)."
+    )
+
+
+# ------------------------------------------------------------------ (k) torch threads from the recipe
+
+
+def test_the_tiny_recipe_trains_on_one_thread_unless_omp_num_threads_says(tmp_path, monkeypatch):
+    assert read_recipe()["torch_threads"] == 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)  # torch's default on a two-core machine
+    cli.train(tiny_argv(tmp_path, "--max_steps", "1", "--save_strategy", "no"))
+    assert torch.get_num_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice wins over the recipe's
+    torch.set_num_threads(1)
+    _, _, args = parse_args(tiny_argv(tmp_path))
+    from longppl.tools.threads import choose_torch_threads
+
+    assert args.torch_threads == 1 and choose_torch_threads(args.torch_threads) == 2
+
+
+# ------------------------------------------------------------------ (l) an output_dir that holds files; results and card
+
+
+def test_rerun_into_a_folder_with_checkpoints_resumes_from_the_last(tmp_path, monkeypatch, capsys):
+    common = ("--max_steps", "4", "--save_steps", "2", "--logging_steps", "2")
+    cli.train(tiny_argv(tmp_path, *common))
+    capsys.readouterr()
+    calls = []
+    compute_loss = LongCETrainer.compute_loss
+    monkeypatch.setattr(
+        LongCETrainer, "compute_loss", lambda self, *a, **k: calls.append(1) or compute_loss(self, *a, **k)
+    )
+    again = cli.train(tiny_argv(tmp_path, "--max_steps", "6", "--save_steps", "2", "--logging_steps", "2"))
+    assert len(calls) == 2 and again.state.global_step == 6  # steps 5 and 6 only: resumed at checkpoint-4
+    err = capsys.readouterr().err
+    assert (
+        f"longce-train: output_dir '{tmp_path / 'run'}' holds checkpoints of an earlier run: resuming from checkpoint-4"
+        in err
+    )
+
+
+def test_non_empty_folder_without_checkpoint_is_refused_unless_overwrite(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's file")
+    message = command_error(monkeypatch, tiny_argv(tmp_path, "--max_steps", "1"))
+    assert message == (
+        f"longce-train: error: output_dir '{out}' is not empty and holds no checkpoint-* folder to resume from. "
+        "Choose a new or empty output_dir, or add --overwrite_output_dir to train afresh into it (files of the "
+        "same names are replaced, others kept)."
+    )
+    trainer = cli.train(tiny_argv(tmp_path, "--max_steps", "1", "--save_strategy", "no", "--overwrite_output_dir"))
+    assert trainer.state.global_step == 1 and (out / "model.safetensors").is_file()
+    assert (out / "notes.txt").read_text() == "the user's file"  # kept
+
+
+def test_overwrite_refuses_a_folder_with_an_earlier_runs_checkpoints_and_deletes_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    (out / "checkpoint-30").mkdir(parents=True)
+    (out / "checkpoint-30" / "trainer_state.json").write_text("{}")
+    message = command_error(monkeypatch, tiny_argv(tmp_path, "--overwrite_output_dir", "true"))
+    assert message == (
+        f"longce-train: error: overwrite_output_dir trains afresh into output_dir '{out}', but it holds the "
+        "checkpoint folders of an earlier run (the newest: checkpoint-30), which a later resume_from_checkpoint "
+        "'last' would pick; longce-train deletes nothing it did not write. Move or delete them, or choose another "
+        "output_dir."
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-30"]
+
+
+def test_help_says_what_happens_to_a_folder_that_holds_files(capsys):
+    text = " ".join(show_help(capsys, "--help").split())
+    assert "--overwrite_output_dir" in text and "--torch_threads" in text
+    assert "a folder with checkpoint-* folders resumes from its last checkpoint" in text
+    assert "any other non-empty folder is refused" in text and "LONGPPL_DEBUG=1 shows its traceback" in text
+
+
+def test_all_results_and_model_card(tmp_path):
+    trainer = cli.train(
+        tiny_argv(
+            tmp_path,
+            "--max_steps",
+            "2",
+            "--save_strategy",
+            "no",
+            "--validation_split_percentage",
+            "20",
+            "--max_eval_samples",
+            "4",
+        )
+    )
+    out = tmp_path / "run"
+    results = json.loads((out / "all_results.json").read_text())
+    history = trainer.state.log_history
+    summary = next(entry for entry in history if "train_loss" in entry)  # the Trainer's end-of-training record
+    assert results["train_loss"] == pytest.approx(summary["train_loss"])
+    assert results["train_runtime"] == pytest.approx(summary["train_runtime"])
+    assert results["train_samples"] == len(trainer.train_dataset)
+    evaluation = [entry for entry in history if "eval_loss" in entry]
+    assert len(evaluation) == 1 and evaluation[0]["step"] == 2  # one evaluation, of the final model
+    for key in ("eval_loss", "eval_ce_loss", "eval_longce_mean_weight"):
+        assert results[key] == pytest.approx(evaluation[0][key]), key
+    assert results["eval_samples"] == len(trainer.eval_dataset) == 4
+
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(out / "README.md")
+    assert "longce" in card.data.tags and card.data.library_name == "transformers"
+    assert "learning_rate: 0.003" in card.text  # transformers' hyperparameters section
+    bibtex = re.search(r"```bibtex\n(.*?)```", card.text, re.S).group(1)
+    assert bibtex.startswith("@inproceedings{fang2025wrong,")
+    assert "What is Wrong with Perplexity for Long-context Language Modeling?" in bibtex
+
+
+def test_model_card_of_a_lora_run_keeps_peft_metadata(tmp_path):
+    cli.train(tiny_argv(tmp_path, "--lora_r", "2", "--max_steps", "1", "--save_strategy", "no"))
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(tmp_path / "run" / "README.md")
+    assert card.data.library_name == "peft" and "longce" in card.data.tags
+    assert "@inproceedings{fang2025wrong," in card.text

@@ -1,12 +1,13 @@
 """The arguments of ``longce-train``: ``ModelArguments``, ``DataArguments`` and the parser of YAML recipes.
 
 A recipe (``--config recipe.yaml``) sets fields of ``ModelArguments``, ``DataArguments`` and
-``LongCEConfig`` (``TrainingArguments`` plus ``longce_*``); its values become the parser's defaults (as
+``RecipeConfig`` (``LongCEConfig``, i.e. ``TrainingArguments`` plus ``longce_*``, plus the command's own
+``overwrite_output_dir`` and ``torch_threads``); its values become the parser's defaults (as
 TRL's ``TrlParser`` does), so the command line always wins. Unknown recipe keys are an error. A recipe's
 ``data_files`` / ``eval_data_files`` / ``key_tokens`` are relative to the recipe's folder (``resolve_recipe_paths``), so it
 runs from any directory; paths on the command line stay relative to the current directory. Renamed
 fields take either name (``ALIASES``). ``--help`` lists the model, data and LongCE fields, ``--help-all``
-every ``TrainingArguments`` field too.
+every ``TrainingArguments`` field too. A mistyped option is an error that names the closest field.
 
 Nothing here loads data or models: ``datasets`` and the model classes load after parsing
 (``longce.data``, ``longce.cli``), so ``--help`` answers at once after transformers is imported.
@@ -15,6 +16,7 @@ Nothing here loads data or models: ``datasets`` and the model classes load after
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -327,6 +329,38 @@ class DataArguments:
         return replace(self, dataset_split=self.eval_split, eval_split=None)
 
 
+@dataclass
+class RecipeConfig(LongCEConfig):
+    """``LongCEConfig`` plus the fields of the ``longce-train`` command itself (not of the trainer):
+    what to do with an ``output_dir`` that holds files, and torch's CPU threads.
+
+    ``longce.cli.train`` passes it to ``LongCETrainer`` as its ``args`` (it is a ``LongCEConfig``).
+    """
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "An output_dir holding files: by default (as run_clm) a folder with checkpoint-* folders "
+            "resumes from its last checkpoint and any other non-empty folder is refused. With this flag, train "
+            "afresh into it (same-named files replaced); checkpoint-* folders are still refused (never deleted)."
+        },
+    )
+    torch_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch's CPU threads (unset: one per core); OMP_NUM_THREADS wins. Tiny models train fastest "
+            "on 1 (configs/tiny_cpu.yaml): extra threads only wait."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(
+                f"torch_threads must be >= 1 (CPU threads of torch's operations) or unset, got {self.torch_threads}."
+            )
+        super().__post_init__()
+
+
 def check_weight_source(data_args: DataArguments, training_args: LongCEConfig) -> None:
     """``key_tokens`` is given exactly when ``longce_weights`` is 'cache' (a ``ValueError`` says what to set)."""
     if training_args.longce_weights == "cache" and data_args.key_tokens is None:
@@ -410,8 +444,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser(full: bool = True) -> HfArgumentParser:
     """The parser of the three argument dataclasses, ``--config`` first.
 
-    ``full=False`` is what ``--help`` prints: ``ModelArguments``, ``DataArguments`` and the
-    ``longce_*`` fields of ``LongCEConfig``, with a pointer to ``--help-all`` for every field.
+    ``full=False`` is what ``--help`` prints: ``ModelArguments``, ``DataArguments``, the ``longce_*``
+    fields of ``LongCEConfig`` and the command's own fields of ``RecipeConfig``, with a pointer to
+    ``--help-all`` for every field.
     """
     parser = HfArgumentParser(
         [],
@@ -419,13 +454,14 @@ def build_parser(full: bool = True) -> HfArgumentParser:
         formatter_class=_HelpFormatter,
         description="Fine-tune a causal LM with LongCE from a YAML recipe; every field below can be set in the "
         "recipe or overridden on the command line.",
-        epilog=None
-        if full
-        else (
-            "Every TrainingArguments field (output_dir, max_steps, learning_rate, per_device_train_batch_size, "
+        epilog=(
+            ""
+            if full
+            else "Every TrainingArguments field (output_dir, max_steps, learning_rate, per_device_train_batch_size, "
             "gradient_accumulation_steps, eval_strategy, eval_steps, bf16, activation_checkpointing, save_steps, "
-            "report_to, ...) can be set too, in the recipe or as --FIELD VALUE: `--help-all` lists them all."
-        ),
+            "report_to, ...) can be set too, in the recipe or as --FIELD VALUE: `--help-all` lists them all. "
+        )
+        + "A bad input ends with one error line; LONGPPL_DEBUG=1 shows its traceback.",
     )
     parser.add_argument(
         "--config",
@@ -440,9 +476,24 @@ def build_parser(full: bool = True) -> HfArgumentParser:
     )
     groups = [(ModelArguments, "Model (ModelArguments)"), (DataArguments, "Data (DataArguments)")]
     if full:
-        groups.append((LongCEConfig, "Training (LongCEConfig: TrainingArguments plus the longce_* fields)"))
+        groups.append(
+            (
+                RecipeConfig,
+                "Training (RecipeConfig: TrainingArguments, the longce_* fields of LongCEConfig, and "
+                "overwrite_output_dir, torch_threads)",
+            )
+        )
     else:
-        groups.append((_longce_fields(), "LongCE (the longce_* fields of LongCEConfig)"))
+        own = {f.name for f in fields(RecipeConfig)} - {f.name for f in fields(LongCEConfig)}
+        groups.append(
+            (
+                _fields_of(RecipeConfig, lambda name: name.startswith(LONGCE_PREFIX)),
+                "LongCE (the longce_* fields of LongCEConfig)",
+            )
+        )
+        groups.append(
+            (_fields_of(RecipeConfig, own.__contains__), "Command (the fields longce-train adds: RecipeConfig)")
+        )
     for cls, title in groups:
         group = parser.add_argument_group(title)
         hints = get_type_hints(cls)
@@ -454,21 +505,18 @@ def build_parser(full: bool = True) -> HfArgumentParser:
     return parser
 
 
-def _longce_fields() -> type:
-    """A dataclass of the ``longce_*`` fields of ``LongCEConfig`` alone (for the short ``--help``)."""
-    hints = get_type_hints(LongCEConfig)
-    spec = [
-        (f.name, hints[f.name], field(default=f.default, metadata=f.metadata))
-        for f in fields(LongCEConfig)
-        if f.name.startswith(LONGCE_PREFIX)
-    ]
-    return make_dataclass("LongCEFields", spec)
+def _fields_of(cls: type, keep) -> type:
+    """A dataclass of the fields of ``cls`` whose names ``keep(name)`` accepts (for the short ``--help``)."""
+    hints = get_type_hints(cls)
+    spec = [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata)) for f in fields(cls) if keep(f.name)]
+    return make_dataclass(f"{cls.__name__}Fields", spec)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, LongCEConfig]:
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeConfig]:
     """Parse ``--config recipe.yaml`` plus command-line overrides into the three argument dataclasses.
 
     ``-h``/``--help`` and ``--help-all`` print the help (with the recipe's values as defaults) and exit.
+    An option that is no field (``--max_stesp 5``) is a ``ValueError`` naming the closest field.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -480,7 +528,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     recipe: dict[str, Any] = {}
     if known.config is not None:
         recipe = load_recipe(known.config)
-        valid = {f.name for cls in (ModelArguments, DataArguments, LongCEConfig) for f in fields(cls) if f.init}
+        valid = {f.name for cls in (ModelArguments, DataArguments, RecipeConfig) for f in fields(cls) if f.init}
         unknown = sorted(set(recipe) - valid)
         if unknown:
             raise ValueError(
@@ -502,8 +550,30 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     if known.help or known.help_all:
         parser.print_help()
         raise SystemExit(0)
-    model_args, data_args, training_args, _ = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    *parsed, remaining = parser.parse_args_into_dataclasses(
+        args=argv, look_for_args_file=False, return_remaining_strings=True
+    )
+    if remaining:
+        raise ValueError(_unknown_arguments(remaining, parser))
+    model_args, data_args, training_args = parsed[:3]
     return model_args, data_args, training_args
+
+
+def _unknown_arguments(remaining: list[str], parser: argparse.ArgumentParser) -> str:
+    """The error for arguments no field takes: each unknown option with the closest field's option."""
+    options = sorted({name for action in parser._actions for name in action.option_strings})
+    named = []
+    for arg in remaining:
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, options, n=1)
+            named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    if not named:
+        return (
+            f"unexpected argument(s) {' '.join(remaining)}: a value follows the --FIELD it sets; "
+            f"`{PROG} --help` lists the fields."
+        )
+    return f"unknown option(s) {', '.join(named)}; `{PROG} --help-all` lists every field."
 
 
 def _destinations(parser: argparse.ArgumentParser) -> set[str]:

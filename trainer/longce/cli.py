@@ -22,7 +22,20 @@ processed like the training data; ``--eval_strategy steps --eval_steps N`` then 
 (``longce.data``, ``longce.add_key_token_weights``).
 
 ``resume_from_checkpoint`` takes a checkpoint folder, or ``last`` for the newest
-``checkpoint-*`` folder of ``output_dir``.
+``checkpoint-*`` folder of ``output_dir``. Without it, an ``output_dir`` that holds files is treated as
+transformers' run_clm treats it (``checkpoint_to_resume``): checkpoints there are resumed from, any other
+non-empty folder is refused unless ``--overwrite_output_dir``; nothing in it is ever deleted.
+
+At the end the output folder holds the model (and tokenizer), ``trainer_state.json``,
+``all_results.json`` (the training metrics, and the final evaluation's when there is evaluation data)
+and a model card, ``README.md``, tagged ``longce`` and citing the paper.
+
+``torch_threads`` sets torch's CPU threads (``OMP_NUM_THREADS`` wins), as the quickstart does for its toy
+model: ``configs/tiny_cpu.yaml`` uses 1.
+
+A bad input (a missing recipe, a bad value, a mistyped option, a cache without the training texts)
+ends the command with one ``longce-train: error: ...`` line, as the ``longppl-*`` commands do
+(``longppl.tools.cli.run_command``); ``LONGPPL_DEBUG=1`` shows the traceback.
 
 torch's model classes, ``datasets`` and the trainer load after the arguments are parsed, so ``--help``
 and argument errors come without them.
@@ -30,13 +43,16 @@ and argument errors come without them.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 import time
 from typing import TYPE_CHECKING
 
-from .arguments import ModelArguments, build_parser, check_weight_source, parse_args
+from longppl.tools.cli import run_command
+
+from .arguments import PROG, ModelArguments, RecipeConfig, build_parser, check_weight_source, parse_args
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +60,10 @@ if TYPE_CHECKING:
     from .config import LongCEConfig
     from .trainer import LongCETrainer
 
-__all__ = ["build_parser", "load_model", "main", "parse_args", "train"]
+__all__ = ["build_parser", "checkpoint_to_resume", "load_model", "main", "parse_args", "train"]
+
+#: Tags of the model card (besides those transformers adds); the hub finds LongCE models by them.
+MODEL_CARD_TAGS = ("longce", "long-context")
 
 
 # ------------------------------------------------------------------ model
@@ -124,11 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     """The ``longce-train`` command: ``train(argv)``, then the process group closed; returns the exit status 0.
 
     ``argv``: the arguments after the command (default ``sys.argv[1:]``). ``-h`` / ``--help`` and
-    ``--help-all`` print the help and exit (``SystemExit(0)``).
+    ``--help-all`` print the help and exit (``SystemExit(0)``). A bad input exits with one
+    ``<prog>: error: ...`` line and status 1 (``run_command``; ``LONGPPL_DEBUG=1``: the traceback).
     """
+    return run_command(_train_and_close, argv)
+
+
+def _train_and_close(argv: list[str] | None, prog: str) -> None:
+    # prog: run_command's name for the command; the parser's usage line takes it from sys.argv[0] too.
     train(argv)
     close_process_group()
-    return 0
 
 
 def close_process_group() -> None:
@@ -144,15 +168,16 @@ def close_process_group() -> None:
 
 
 def train(argv: list[str] | None = None) -> LongCETrainer:
-    """Parse the arguments, train (resuming if asked), evaluate, save the model; returns the trainer.
+    """Parse the arguments, train (resuming as ``checkpoint_to_resume`` says), evaluate, save the model,
+    ``all_results.json`` and the model card; returns the trainer.
 
-    With evaluation data, ``eval_strategy`` steps/epoch evaluates during training; with
-    ``eval_strategy`` no, once after training.
+    With evaluation data, ``eval_strategy`` steps/epoch evaluates during training, and the final model
+    is evaluated once more unless the last of those ran at the last step; with ``eval_strategy`` no,
+    once after training.
     """
     model_args, data_args, training_args = parse_args(argv)
     # After parsing: `--help` and argument errors come without datasets and the trainer.
     from transformers import DataCollatorWithFlattening, default_data_collator
-    from transformers.trainer_utils import get_last_checkpoint
 
     from .data import load_datasets, load_tokenizer
     from .trainer import LongCETrainer
@@ -164,6 +189,11 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
             "'validation') or validation_split_percentage (hold out a share of the training documents)."
         )
     check_weight_source(data_args, training_args)
+    resume = checkpoint_to_resume(training_args)
+    if training_args.torch_threads is not None:
+        from longppl.tools.threads import choose_torch_threads
+
+        choose_torch_threads(training_args.torch_threads)
     tokenizer = load_tokenizer(model_args)
     # Rank 0 tokenizes first and fills the datasets cache; the other ranks then read it.
     with training_args.main_process_first(desc="dataset preparation"):
@@ -181,20 +211,16 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
         data_collator=collator,
         processing_class=tokenizer,
     )
-    resume = training_args.resume_from_checkpoint
-    if isinstance(resume, str) and resume.lower() in ("last", "true"):
-        resume = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
-        if resume is None:
-            raise ValueError(
-                f"resume_from_checkpoint='last' but {training_args.output_dir!r} holds no checkpoint-* folder."
-            )
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
-    if eval_dataset is not None and training_args.eval_strategy == "no":
-        trainer.evaluate()
+    metrics = {**result.metrics, "train_samples": len(train_dataset)}
+    if eval_dataset is not None:
+        metrics.update(final_evaluation(trainer), eval_samples=len(eval_dataset))
     trainer.save_model()
     trainer.save_state()  # trainer_state.json: the logged losses and LongCE statistics of every step
     if trainer.is_world_process_zero():
+        write_results(training_args.output_dir, metrics)
+        write_model_card(trainer, model_args, data_args)
         print_summary(
             trainer,
             model_args,
@@ -206,6 +232,105 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
             resume,
         )
     return trainer
+
+
+def checkpoint_to_resume(args: RecipeConfig) -> str | None:
+    """The checkpoint folder training resumes from, or ``None`` to train afresh; the rules of run_clm.
+
+    - ``resume_from_checkpoint``: that folder; ``last`` (or ``true``): the newest ``checkpoint-*`` of
+      ``output_dir`` (none there is a ``ValueError``).
+    - otherwise an ``output_dir`` that is missing or empty trains afresh; one holding ``checkpoint-*``
+      folders resumes from the newest (a line on stderr says so); any other non-empty one is refused.
+    - ``overwrite_output_dir``: train afresh into a non-empty ``output_dir``, unless it holds
+      ``checkpoint-*`` folders: refused, since a later ``resume_from_checkpoint last`` would pick the
+      earlier run's, and this command deletes nothing it did not write.
+
+    Runs on every process before any of them writes into ``output_dir``, so they all decide alike.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder, resume = args.output_dir, args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("last", "true"):
+        last = get_last_checkpoint(folder) if os.path.isdir(folder) else None
+        if last is None:
+            raise ValueError(f"resume_from_checkpoint='last' but {folder!r} holds no checkpoint-* folder.")
+        return last
+    if resume is not None:
+        return resume
+    if not os.path.isdir(folder) or not os.listdir(folder):
+        return None
+    last = get_last_checkpoint(folder)
+    if args.overwrite_output_dir:
+        if last is not None:
+            raise ValueError(
+                f"overwrite_output_dir trains afresh into output_dir {folder!r}, but it holds the checkpoint "
+                f"folders of an earlier run (the newest: {os.path.basename(last)}), which a later "
+                "resume_from_checkpoint 'last' would pick; longce-train deletes nothing it did not write. Move "
+                "or delete them, or choose another output_dir."
+            )
+        return None
+    if last is None:
+        raise ValueError(
+            f"output_dir {folder!r} is not empty and holds no checkpoint-* folder to resume from. Choose a new "
+            "or empty output_dir, or add --overwrite_output_dir to train afresh into it (files of the same "
+            "names are replaced, others kept)."
+        )
+    if args.process_index == 0:
+        print(
+            f"{PROG}: output_dir {folder!r} holds checkpoints of an earlier run: resuming from "
+            f"{os.path.basename(last)} (choose another output_dir to train afresh).",
+            file=sys.stderr,
+        )
+    return last
+
+
+def final_evaluation(trainer: LongCETrainer) -> dict[str, float]:
+    """The ``eval_*`` metrics of the final model: the evaluation logged at the last step, or a new one."""
+    last = next((entry for entry in reversed(trainer.state.log_history) if "eval_loss" in entry), None)
+    if last is None or last.get("step") != trainer.state.global_step:
+        return trainer.evaluate()
+    return {key: value for key, value in last.items() if key.startswith("eval_")}
+
+
+def write_results(output_dir: str, metrics: dict[str, float]) -> None:
+    """``all_results.json`` in ``output_dir``: ``metrics`` (training's and the final evaluation's), as
+    run_clm writes it; replaced whole (an earlier run's keys do not linger), atomically."""
+    from longppl.atomic_files import write_file_atomically
+
+    write_file_atomically(
+        os.path.join(output_dir, "all_results.json"),
+        lambda handle: json.dump(metrics, handle, indent=4, sort_keys=True),
+    )
+
+
+def write_model_card(trainer: LongCETrainer, model_args: ModelArguments, data_args) -> None:
+    """``README.md`` in ``output_dir``: transformers' model card (``Trainer.create_model_card``: the
+    hyperparameters, the results, the framework versions; a PEFT adapter's metadata kept) with the
+    ``MODEL_CARD_TAGS``, and the paper's citation, as TRL's trainers cite theirs."""
+    from huggingface_hub import ModelCard
+
+    from longppl.atomic_files import write_file_atomically
+    from longppl.longppl import _CITATION  # the metric's citation: one copy of the paper's BibTeX
+
+    trainer.create_model_card(
+        model_name=os.path.basename(os.path.normpath(trainer.args.output_dir)),
+        finetuned_from=model_args.model_name_or_path,
+        tags=list(MODEL_CARD_TAGS),
+        dataset=data_args.dataset_name,
+    )
+    path = os.path.join(trainer.args.output_dir, "README.md")
+    card = ModelCard.load(path)
+    # A PEFT adapter's card is rewritten by PEFT after transformers' (create_model_card), with its own tags.
+    card.data.tags = list(dict.fromkeys([*MODEL_CARD_TAGS, *(card.data.tags or [])]))
+    card.text = (
+        card.text.rstrip()
+        + "\n\n## Training procedure: LongCE\n\nTrained with the LongCE loss (`longce-train`, `LongCETrainer`): "
+        "each token's cross-entropy is weighted by min(exp(LSD), gamma), where LSD is the gain in its "
+        "log-probability from the long context over a short one.\n\n## Citation\n\n```bibtex\n"
+        + _CITATION.strip()
+        + "\n```\n"
+    )
+    write_file_atomically(path, lambda handle: handle.write(str(card)))
 
 
 def print_summary(trainer, model_args, data_args, training_args, sequences, training_loss, seconds, resume) -> None:

@@ -4,7 +4,9 @@ the thin wrappers in ``scripts/`` all go through :func:`run_command`.
 
 Each tool module has ``build_parser(prog)`` and ``main(argv=None, prog=...)``: ``main`` is the Python
 API (it returns the tool's results and raises ``ValueError`` on bad input, as the tests use it), and
-``cli(argv=None)`` is the command, ``run_command(main, argv)``.
+``cli(argv=None)`` is the command, ``run_command(main, argv)``. ``longce-train`` (``longce.cli``) runs
+through it too, so every command reports a bad input the same way: one ``<prog>: error: ...`` line,
+and the traceback only with ``LONGPPL_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+
+#: Set to 1 (or true/yes/on) to see the traceback of a bad input instead of the one-line error. An
+#: environment variable rather than a ``--debug`` flag: ``longce-train`` takes every ``TrainingArguments``
+#: field as a flag, and ``--debug`` is one of them (transformers' debug options).
+DEBUG_VARIABLE = "LONGPPL_DEBUG"
+
+#: What a command reports in one line: bad inputs the tools explain in their message (a missing
+#: column, an unknown model in a score file, a missing input file or folder, ...).
+USER_ERRORS = (ValueError, FileNotFoundError)
 
 
 def invoked_name() -> str:
@@ -35,15 +46,24 @@ def command_line(default: str) -> str:
 def run_command(main: Callable[..., object], argv: list[str] | None = None) -> int:
     """Run a tool's ``main(argv, prog=...)`` as a command; returns the exit status, 0.
 
-    A ``ValueError`` (a bad input the tool explains: a missing column, an unknown model in a score
-    file...) ends the command with ``<prog>: error: <message>`` and status 1, like argparse's own
-    usage errors, instead of a traceback. Other exceptions are bugs or environment failures, and keep
-    their traceback. ``main``'s return value (results, for Python callers) is not an exit status, so it
-    is dropped here.
+    A ``ValueError`` or ``FileNotFoundError`` (``USER_ERRORS``: a bad input the tool explains, e.g. a
+    missing column, an unknown model in a score file, a missing input file) ends the command with
+    ``<prog>: error: <message>`` and status 1, like argparse's own usage errors, instead of a
+    traceback; with ``LONGPPL_DEBUG=1`` it propagates, traceback and all. Other exceptions are bugs or
+    environment failures, and keep their traceback. ``main``'s return value (results, for Python
+    callers) is not an exit status, so it is dropped here.
     """
     prog = invoked_name()
     try:
         main(argv, prog=prog)
-    except ValueError as err:
+    except USER_ERRORS as err:
+        if debugging():
+            raise
         sys.exit(f"{prog}: error: {err}")
     return 0
+
+
+def debugging(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``LONGPPL_DEBUG`` asks for tracebacks (1, true, yes or on)."""
+    value = (os.environ if environ is None else environ).get(DEBUG_VARIABLE, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
