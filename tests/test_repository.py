@@ -24,16 +24,20 @@ def text_files() -> list[str]:
     return [p for p in tracked_files() if p.endswith(suffixes) or p.startswith(".ci/")]
 
 
-def test_nothing_points_outside_the_checkout():
-    outside = re.compile(r"\.\./shared|(?<![\w/])shared/(data|paper)|DESIGN\.md")
-    offenders = []
-    for path in text_files():
-        if path == "tests/test_repository.py":
-            continue
+def matching_lines(pattern: re.Pattern, paths: list[str]) -> list[str]:
+    """``path:line: text`` of every line of ``paths`` that ``pattern`` finds something in."""
+    found = []
+    for path in paths:
         with open(os.path.join(REPO, path), encoding="utf-8", errors="replace") as handle:
             for number, line in enumerate(handle, 1):
-                if outside.search(line):
-                    offenders.append(f"{path}:{number}: {line.strip()[:120]}")
+                if pattern.search(line):
+                    found.append(f"{path}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def test_nothing_points_outside_the_checkout():
+    outside = re.compile(r"\.\./shared|(?<![\w/])shared/(data|paper)|DESIGN\.md")
+    offenders = matching_lines(outside, [p for p in text_files() if p != "tests/test_repository.py"])
     assert not offenders, "files that name something outside the repository:\n" + "\n".join(offenders)
 
 
@@ -67,14 +71,8 @@ PROJECT_FOLDERS = ("metrics/", "trainer/", "scripts/", "configs/", "docs/")
 
 def test_no_project_file_names_an_issue_number():
     """Code, help, configs and documents explain themselves, without pointing at a tracker's issues."""
-    offenders = []
-    for path in tracked_files():
-        if not (path.startswith(PROJECT_FOLDERS) or path == "README.md"):
-            continue
-        with open(os.path.join(REPO, path), encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, 1):
-                if ISSUE_NUMBER.search(line):
-                    offenders.append(f"{path}:{number}: {line.strip()[:120]}")
+    paths = [p for p in text_files() if p.startswith(PROJECT_FOLDERS) or p == "README.md"]
+    offenders = matching_lines(ISSUE_NUMBER, paths)
     assert not offenders, "files that name an issue number:\n" + "\n".join(offenders)
 
 
