@@ -23,6 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from longppl.scoring import score_with_evaluator
 from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH
+from longppl.tools.cli import help_text
 
 SHAPES = {
     "13.8M": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6),
@@ -44,7 +45,7 @@ def documents(tokenizer, corpus: str, count: int, tokens: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=help_text(__doc__.split("\n\n")[0]))
     parser.add_argument("--tokenizer", required=True, help="a tokenizer.json file")
     parser.add_argument("--corpus", required=True, help="JSONL (optionally gzipped) with a 'text' field")
     parser.add_argument("--docs", type=int, default=512)

@@ -20,14 +20,13 @@ LM-head loss alone (hidden states -> weighted loss + gradients): full logits, ou
 our chunked-checkpoint function and, when installed, Liger-Kernel's fused linear cross-entropy with
 ``reduction="none"`` (its gradients are checked against ours).
 
-    # the issue note's figures (one GPU):
+    # the figures of docs/benchmarks.md (one GPU):
     python scripts/bench_longce.py --lengths 32768 65536 --loss-kernels
     python scripts/bench_longce.py --tiny --lengths 300 500     # CPU smoke run
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -35,6 +34,7 @@ import tempfile
 
 from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
 from longppl.tools.benchmarking import LLAMA_SHAPES, measure
+from longppl.tools.cli import tool_parser
 
 
 def load_dependencies() -> None:
@@ -205,7 +205,7 @@ def profile_step(fn, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser(None, __doc__)
     parser.add_argument(
         "--lengths",
         type=int,

@@ -36,7 +36,6 @@ about half the tokens key, so that the character-span mapping has real work to d
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
@@ -45,6 +44,7 @@ import time
 
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH
 from longppl.tools.benchmarking import LLAMA_SHAPES, measure
+from longppl.tools.cli import tool_parser
 
 
 def load_dependencies() -> None:
@@ -306,7 +306,7 @@ def cache_benchmark(args, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser(None, __doc__)
     parser.add_argument(
         "--lengths",
         type=int,

@@ -38,7 +38,6 @@ Everything after ``--`` goes to every ``train_longce.py`` run (e.g. ``-- --max_s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -50,6 +49,7 @@ import time
 import numpy as np
 
 from longppl.tools.benchmarking import LLAMA_SHAPES
+from longppl.tools.cli import tool_parser
 
 # datasets, torch and transformers load inside the functions that use them: `--help` is immediate.
 
@@ -407,7 +407,7 @@ def main(argv=None) -> dict:
     extra: list[str] = []
     if "--" in argv:
         extra, argv = argv[argv.index("--") + 1 :], argv[: argv.index("--")]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser(None, __doc__)
     sub = parser.add_subparsers(
         dest="check",
         required=True,

@@ -16,6 +16,8 @@ import os
 import re
 import sys
 
+from longppl.tools.cli import tool_parser
+
 METRIC_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics", "longppl")
 # owner/name, each starting with a letter or digit, of the characters the Hub allows.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -88,7 +90,7 @@ def push(repo_id: str, token: str, folder: str = METRIC_FOLDER, private: bool = 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser(None, __doc__)
     parser.add_argument("--repo-id", required=True, help="the Space, owner/name (e.g. my-org/longppl; required)")
     parser.add_argument(
         "--token", help="Hugging Face token with write access (default: HF_TOKEN, then the saved login)"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from helpers import one_step_args, tiny_model
-from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments, default_data_collator
 
 from longce import LongCEConfig, LongCETrainer, batch_documents, lm_head_loss
 from longce.config import LongCESettings
@@ -537,6 +537,83 @@ def test_evaluation_logs_eval_statistics():
     assert math.isclose(metrics["eval_ce_loss"], nll.mean().item(), rel_tol=1e-5)
     assert math.isclose(metrics["eval_longce_mean_weight"], weights.mean().item(), rel_tol=1e-5)
     assert "longce_mean_weight" not in metrics and "train" not in trainer._longce_stats
+
+
+def _blocks(count, length, seed):
+    """run_clm's evaluation data: ``count`` blocks of ``length`` tokens, ``labels`` = ``input_ids``."""
+    ids = [row.tolist() for row in documents([length] * count, seed=seed)]
+    return Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+def plain_mean_nll(model, docs):
+    """Cross-entropy of each document's tokens 1.. given their prefix, averaged over all those tokens."""
+    model.eval()
+    with torch.no_grad():
+        nll = [F.cross_entropy(model(input_ids=d[None]).logits[0, :-1].float(), d[1:], reduction="sum") for d in docs]
+    return (sum(nll) / sum(len(d) - 1 for d in docs)).item()
+
+
+def test_eval_perplexity_is_plain_ce_and_matches_a_stock_trainers_exp_eval_loss():
+    """run_clm's perplexity is exp(eval_loss); ours is LongCE's loss, so eval_perplexity = exp(eval_ce_loss) is
+    the one to compare. Five blocks in eval batches of 2, 2 and 1, after a LongCE step with accumulation 2."""
+    model = tiny_model("llama", VOCAB)
+    evaluation = _blocks(5, 30, seed=5)
+    args = make_args(
+        per_device_eval_batch_size=2,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        learning_rate=0.01,
+    )
+    trainer = LongCETrainer(
+        model=model,
+        args=args,
+        train_dataset=_blocks(2, 30, seed=6),
+        eval_dataset=evaluation,
+        data_collator=default_data_collator,
+    )
+    trainer.train()
+    ours = trainer.evaluate()
+    stock = Trainer(
+        model=model,
+        args=make_args(TrainingArguments, per_device_eval_batch_size=2),
+        eval_dataset=evaluation,
+        data_collator=default_data_collator,
+    ).evaluate()
+    assert math.isclose(ours["eval_perplexity"], math.exp(stock["eval_loss"]), rel_tol=1e-5)
+    assert math.isclose(ours["eval_perplexity"], math.exp(ours["eval_ce_loss"]), rel_tol=1e-6)
+    docs = [torch.tensor(row) for row in evaluation["input_ids"]]
+    assert math.isclose(ours["eval_perplexity"], math.exp(plain_mean_nll(model, docs)), rel_tol=1e-5)
+    # not degenerate: the LongCE weights move eval_loss away from plain CE
+    assert abs(ours["eval_loss"] - stock["eval_loss"]) > 1e-3
+
+
+def test_eval_perplexity_averages_over_tokens_when_sequences_differ_in_length():
+    """Padded sequences of unequal lengths: the corpus perplexity over every label token (stock eval_loss
+    averages per-batch means there, weighted by sequences, which is another number)."""
+    model = tiny_model("llama", VOCAB)
+    docs = documents([40, 12, 33, 25, 19], seed=7)
+    common = dict(eval_dataset=_eval_dataset(docs), data_collator=collate("right"))
+    ours = LongCETrainer(model=model, args=make_args(per_device_eval_batch_size=2), **common).evaluate()
+    stock = Trainer(model=model, args=make_args(TrainingArguments, per_device_eval_batch_size=2), **common).evaluate()
+    # padded_batch leaves each document's first token unlabelled, as plain_mean_nll scores it
+    assert math.isclose(ours["eval_perplexity"], math.exp(plain_mean_nll(model, docs)), rel_tol=1e-5)
+    assert not math.isclose(ours["eval_perplexity"], math.exp(stock["eval_loss"]), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "metric, given, expected",
+    [
+        ("eval_perplexity", None, False),
+        ("eval_ce_loss", None, False),
+        ("eval_accuracy", None, True),
+        ("eval_perplexity", True, True),
+    ],
+)
+def test_metric_for_best_model_perplexity_is_minimised(metric, given, expected):
+    args = make_args(metric_for_best_model=metric, greater_is_better=given)
+    assert args.greater_is_better is expected
+    help_text = LongCEConfig.__dataclass_fields__["metric_for_best_model"].metadata["help"]
+    assert "eval_loss" in help_text and "eval_ce_loss" in help_text and "eval_perplexity" in help_text
 
 
 # --------------------------------------------------------------------------- predictions and metrics

@@ -1,6 +1,6 @@
 """The repository is self-contained and its documents hold together: nothing points outside the
-checkout, every relative link in the Markdown documents resolves, and the README stays a short front
-door."""
+checkout, every relative link in the Markdown documents resolves, the README stays a short front
+door, and nothing names an issue of a tracker."""
 
 import os
 import re
@@ -24,16 +24,20 @@ def text_files() -> list[str]:
     return [p for p in tracked_files() if p.endswith(suffixes) or p.startswith(".ci/")]
 
 
-def test_nothing_points_outside_the_checkout():
-    outside = re.compile(r"\.\./shared|(?<![\w/])shared/(data|paper)|DESIGN\.md")
-    offenders = []
-    for path in text_files():
-        if path == "tests/test_repository.py":
-            continue
+def matching_lines(pattern: re.Pattern, paths: list[str]) -> list[str]:
+    """``path:line: text`` of every line of ``paths`` that ``pattern`` finds something in."""
+    found = []
+    for path in paths:
         with open(os.path.join(REPO, path), encoding="utf-8", errors="replace") as handle:
             for number, line in enumerate(handle, 1):
-                if outside.search(line):
-                    offenders.append(f"{path}:{number}: {line.strip()[:120]}")
+                if pattern.search(line):
+                    found.append(f"{path}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def test_nothing_points_outside_the_checkout():
+    outside = re.compile(r"\.\./shared|(?<![\w/])shared/(data|paper)|DESIGN\.md")
+    offenders = matching_lines(outside, [p for p in text_files() if p != "tests/test_repository.py"])
     assert not offenders, "files that name something outside the repository:\n" + "\n".join(offenders)
 
 
@@ -58,3 +62,22 @@ def test_readme_is_a_short_front_door():
     for heading in headings[1:]:
         anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
         assert f"(#{anchor})" in readme, f"the contents do not link section {heading!r}"
+
+
+# "issue 14", "Issues #3", "issue #15": a reference to a tracker's issue by number.
+ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
+PROJECT_FOLDERS = ("metrics/", "trainer/", "scripts/", "configs/", "docs/")
+
+
+def test_no_project_file_names_an_issue_number():
+    """Code, help, configs and documents explain themselves, without pointing at a tracker's issues."""
+    paths = [p for p in text_files() if p.startswith(PROJECT_FOLDERS) or p == "README.md"]
+    offenders = matching_lines(ISSUE_NUMBER, paths)
+    assert not offenders, "files that name an issue number:\n" + "\n".join(offenders)
+
+
+def test_the_issue_number_pattern_finds_references_and_spares_other_words():
+    found = ["see issue 14", "Issues #3 and #4", "(issue #15, paper Section 5)"]
+    spared = ["tissue 14", "issued 3 licences", "open an issue with the model name", "the issue's choice"]
+    assert all(ISSUE_NUMBER.search(text) for text in found)
+    assert not any(ISSUE_NUMBER.search(text) for text in spared)

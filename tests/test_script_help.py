@@ -112,6 +112,7 @@ def test_help_is_light_and_complete(script, modules_cache):
     result = _run(RUNNER, target, *command, "--help", modules_cache=modules_cache)
     assert result["code"] in (0, None)
     assert result["heavy"] == [], f"{name} --help imported {result['heavy']}: move those imports after parsing"
+    assert "``" not in result["help"], f"{name} --help shows raw ``markup``: build its parser with tool_parser"
     helps = option_helps(result["help"])
     assert "--help" in helps and len(helps) > 1
     for option, text in helps.items():
@@ -194,3 +195,39 @@ def test_wrapper_in_scripts_runs_its_tool(wrapper, tool, modules_cache):
     description_and_options = [run["help"].split("\n\n", 1)[1] for run in (from_wrapper, from_module)]
     assert description_and_options[0] == description_and_options[1]
     assert len(option_helps(description_and_options[0])) > 2
+
+
+# Runs a console script's entry point ("module:function" of setup.cfg) with `--help`, as its
+# executable does, under the command's own name (argparse's usage line shows it).
+ENTRY_POINT = r"""
+import contextlib, importlib, io, json, sys
+command, target = sys.argv[1], sys.argv[2]
+module, function = target.split(":")
+sys.argv = [command, "--help"]
+out = io.StringIO()
+code = None
+with contextlib.redirect_stdout(out):
+    try:
+        getattr(importlib.import_module(module), function)(["--help"])
+    except SystemExit as exit_:
+        code = exit_.code
+print(json.dumps({"code": code, "help": out.getvalue(), "heavy": [m for m in HEAVY if m in sys.modules]}))
+"""
+
+
+@pytest.mark.parametrize("command, target", sorted(console_scripts().items()))
+def test_command_help_is_rendered_for_the_terminal_and_names_no_issue(command, target, modules_cache):
+    """The module docstrings behind the descriptions are reStructuredText (``x``): --help shows `x`."""
+    result = _run(ENTRY_POINT, command, target, modules_cache=modules_cache)
+    assert result["code"] in (0, None) and result["help"].startswith(f"usage: {command} ")
+    lines = result["help"].splitlines()
+    assert not [line for line in lines if "``" in line], f"{command} --help shows raw ``markup``"
+    assert not [line for line in lines if re.search(r"\bissues?\b", line, re.I)], f"{command} --help names an issue"
+
+
+def test_help_text_renders_restructuredtext_literals_and_roles():
+    from longppl.tools.cli import help_text
+
+    doc = 'Run ``longppl-score`` (see :func:`run_command`, ``a="x"``).\n\n    python x.py \\\n        --y\n'
+    assert help_text(doc) == 'Run `longppl-score` (see `run_command`, `a="x"`).\n\n    python x.py \\\n        --y\n'
+    assert help_text(None) == ""

@@ -244,7 +244,7 @@ def verify_head(head: CausalLMHead, input_ids: torch.Tensor) -> None:
         raise RuntimeError(
             f"Backbone + LM head of {type(head.model).__name__} do not reproduce its own logits "
             f"(max log-prob difference {diff:.3g}); its architecture post-processes logits in a way this "
-            "library does not know. Please open an issue with the model name."
+            "library does not know. Please report it to the library's maintainers, naming the model."
         )
     _VERIFIED[head.model] = True
 

@@ -103,7 +103,9 @@ class LongCEConfig(TrainingArguments):
     """``TrainingArguments`` with the ``longce_*`` fields of ``LongCETrainer``.
 
     Usable from ``HfArgumentParser`` (command line) and YAML like any ``TrainingArguments``. The
-    defaults are the paper's: ``K = 4096``, ``d = 1024``, ``gamma = 5``.
+    defaults are the paper's: ``K = 4096``, ``d = 1024``, ``gamma = 5``. ``eval_loss`` is the LongCE
+    loss; ``metric_for_best_model="eval_ce_loss"`` or ``"eval_perplexity"`` selects checkpoints by plain
+    cross-entropy (``greater_is_better`` then defaults to False for both).
     """
 
     longce_trunc_len: int = field(
@@ -172,6 +174,26 @@ class LongCEConfig(TrainingArguments):
         },
     )
 
+    # TrainingArguments' fields, with help that says what LongCETrainer's evaluation metrics mean.
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Metric that compares checkpoints for load_best_model_at_end=True and save_strategy='best' "
+            "(default: 'loss'). With LongCETrainer, eval_loss ('loss') is the LongCE-weighted loss being "
+            "trained, not plain cross-entropy. To select by plain CE, name eval_ce_loss (cross-entropy averaged "
+            "over every label token of the evaluation set) or eval_perplexity (exp of eval_ce_loss: what a "
+            "stock Trainer with run_clm reports as exp(eval_loss) on equal-length blocks; with sequences of "
+            "unequal lengths it stays the token-averaged value, where stock eval_loss averages per-batch means)."
+        },
+    )
+    greater_is_better: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Whether higher values of metric_for_best_model are better. Default: False for a name that "
+            "ends in 'loss' or 'perplexity' (eval_ce_loss, eval_perplexity), True otherwise."
+        },
+    )
+
     # Both names on every transformers version (see the module docstring); None = not given.
     activation_checkpointing: bool | None = field(
         default=None,
@@ -205,6 +227,9 @@ class LongCEConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         native = _resolve_checkpointing_aliases(self)
+        if self.greater_is_better is None and (self.metric_for_best_model or "").endswith("perplexity"):
+            # TrainingArguments minimises only names ending in "loss"; a perplexity is minimised too.
+            self.greater_is_better = False
         super().__post_init__()
         for names in CHECKPOINTING_ALIASES:  # mirror the resolved (and JSON-parsed) value under both names
             value = getattr(self, names[native])

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,14 @@ def _to_positions(values: torch.Tensor, fill: float) -> torch.Tensor:
     return shifted
 
 
+def _perplexity(mean_nll: float) -> float:
+    """``exp(mean_nll)``, ``inf`` past float range (as run_clm reports an overflowing perplexity)."""
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return float("inf")
+
+
 def _refuse_bad_weights(mode: str, nan: float, infinite: float, negative: float) -> None:
     """Raise ``ValueError`` if given weights of ``mode``'s batches were NaN, infinite or negative (counts)."""
     found = [f"{int(n)} {what}" for n, what in ((nan, "NaN"), (infinite, "infinite"), (negative, "negative")) if n]
@@ -97,6 +106,17 @@ class LongCETrainer(Trainer):
     cross-entropy), ``longce_mean_weight``, ``longce_weight_gt1_share`` and ``longce_max_weight``;
     ``evaluate()`` and ``predict()`` return them with their prefix (``eval_ce_loss``, ``test_ce_loss``, ...).
     Predictions (``compute_metrics``, ``predict()``) get the model's real ``[B, T, V]`` logits.
+
+    ``eval_loss`` is the loss being trained, the LongCE-weighted one (with ``longce_plain_ce=True``,
+    plain CE), so ``exp(eval_loss)`` (run_clm's "perplexity") is not a perplexity. ``eval_ce_loss`` is
+    the plain cross-entropy averaged over every label token of the evaluation set, and
+    ``eval_perplexity = exp(eval_ce_loss)``: what a stock ``Trainer`` + run_clm reports as
+    ``exp(eval_loss)`` for the same model and data. (Stock ``eval_loss`` averages per-batch token means,
+    each weighted by its batch's sequences: the same number whenever the sequences have equal label
+    counts, as run_clm's blocks do, however the last batch is cut; with sequences of unequal lengths ours
+    stays the token-averaged corpus value.) To select checkpoints by plain CE, set
+    ``metric_for_best_model`` to ``eval_ce_loss`` or ``eval_perplexity`` (``LongCEConfig`` then makes
+    ``greater_is_better`` False for the latter too).
 
     Batches need ``input_ids`` and ``labels`` (``-100`` = ignored; the model predicts ``labels[t+1]``
     from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
@@ -437,7 +457,11 @@ class LongCETrainer(Trainer):
             self._longce_stats[mode] = merged
 
     def _reduced_stats(self, mode: str, prefix: str) -> dict[str, float]:
-        """The LongCE statistics of ``mode`` since they were last taken, reduced over processes (collective)."""
+        """The LongCE statistics of ``mode`` since they were last taken, reduced over processes (collective).
+
+        Evaluation also gets ``{prefix}perplexity``: ``exp`` of the cross-entropy summed over every label
+        token of every process's batches, divided by their number (``ce_loss`` before rounding).
+        """
         stats = self._longce_stats.pop(mode, None)
         if stats is None:
             return {}
@@ -445,7 +469,11 @@ class LongCETrainer(Trainer):
         nll_sum, weight_sum, count, above_one, _, nan, infinite, negative = gathered.sum(0).tolist()
         _refuse_bad_weights(mode, nan, infinite, negative)  # every process gathered the same counts: all raise
         values = (nll_sum / count, weight_sum / count, above_one / count, gathered[:, 4].max().item())
-        return {prefix + key: round(value, 6) for key, value in zip(_STAT_KEYS, values)}
+        stats = {prefix + key: round(value, 6) for key, value in zip(_STAT_KEYS, values)}
+        if mode == "eval":
+            # `eval_loss` is the LongCE-weighted loss, so run_clm's exp(eval_loss) is not a perplexity here.
+            stats[prefix + "perplexity"] = _perplexity(nll_sum / count)
+        return stats
 
     def prediction_step(
         self,
@@ -469,7 +497,8 @@ class LongCETrainer(Trainer):
         ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval",
     ) -> Any:
-        """``Trainer.evaluation_loop`` whose metrics also hold the LongCE statistics (``{prefix}_ce_loss``, ...)."""
+        """``Trainer.evaluation_loop`` whose metrics also hold the LongCE statistics (``{prefix}_ce_loss``, ...)
+        and ``{prefix}_perplexity``, ``exp({prefix}_ce_loss)`` (the class docstring says why not ``exp(eval_loss)``)."""
         self._longce_stats.pop("eval", None)  # left over from an interrupted loop
         output = super().evaluation_loop(
             dataloader,

@@ -6,12 +6,15 @@ Each tool module has ``build_parser(prog)`` and ``main(argv=None, prog=...)``: `
 API (it returns the tool's results and raises ``ValueError`` on bad input, as the tests use it), and
 ``cli(argv=None)`` is the command, ``run_command(main, argv)``. ``longce-train`` (``longce.cli``) runs
 through it too, so every command reports a bad input the same way: one ``<prog>: error: ...`` line,
-and the traceback only with ``LONGPPL_DEBUG=1``.
+and the traceback only with ``LONGPPL_DEBUG=1``. The module docstring is the parser's description,
+rendered for the terminal by :func:`help_text`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -23,6 +26,30 @@ DEBUG_VARIABLE = "LONGPPL_DEBUG"
 #: What a command reports in one line: bad inputs the tools explain in their message (a missing
 #: column, an unknown model in a score file, a missing input file or folder, ...).
 USER_ERRORS = (ValueError, FileNotFoundError)
+
+# ``literal`` (reStructuredText inline code, as the docstrings write it) and :role:`target` (a Sphinx
+# cross-reference): both read as plain `literal` in a terminal.
+_RST_LITERAL = re.compile(r"``(.+?)``", re.S)
+_RST_ROLE = re.compile(r":[a-z]+:`([^`]+)`")
+
+
+def help_text(doc: str | None) -> str:
+    """A docstring as a command's ``--help`` shows it: reStructuredText markup rendered for a terminal.
+
+    ``x`` (inline literal) and :role:`x` (cross-reference) become `x`, as Markdown and the README
+    write code. The layout (paragraphs, indented examples, lists) is kept, so the parser shows it with
+    ``argparse.RawDescriptionHelpFormatter``. ``None`` (docstrings stripped by ``python -OO``) gives "".
+    """
+    text = _RST_LITERAL.sub(r"`\1`", doc or "")
+    return _RST_ROLE.sub(r"`\1`", text)
+
+
+def tool_parser(prog: str | None, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a tool's ``build_parser``: ``prog``, and the tool's module docstring ``doc`` as its
+    description, rendered by :func:`help_text` and shown with its layout."""
+    return argparse.ArgumentParser(
+        prog=prog, description=help_text(doc), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def invoked_name() -> str:

@@ -38,7 +38,7 @@ from longppl.settings import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
 )
-from longppl.tools.cli import run_command
+from longppl.tools.cli import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
 # were started by (tools/cli.py).
@@ -62,9 +62,7 @@ def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = tool_parser(prog, __doc__)
     parser.add_argument(
         "--corpus", required=True, help="a .jsonl file, a datasets directory or a Hub dataset name (required)"
     )

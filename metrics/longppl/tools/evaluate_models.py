@@ -29,7 +29,7 @@ import sys
 
 # Only the standard library at import time: ``--help`` must not wait for torch, transformers or
 # matplotlib, which are imported inside the functions that need them.
-from longppl.tools.cli import run_command
+from longppl.tools.cli import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
 # were started by (tools/cli.py).
@@ -41,9 +41,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
     from longppl.tools.cache_cli import add_cache_arguments
 
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = tool_parser(prog, __doc__)
     add_cache_arguments(parser)
     parser.add_argument(
         "--models", nargs="+", required=True, help="Hub ids or local paths of the models to evaluate (required)"

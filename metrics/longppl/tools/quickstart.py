@@ -25,7 +25,7 @@ import time
 # `longppl` package loads its torch-based parts on first use.
 import longppl
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
-from longppl.tools.cli import run_command
+from longppl.tools.cli import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
 # were started by (tools/cli.py).
@@ -141,9 +141,7 @@ def hub_demo(args) -> None:
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = tool_parser(prog, __doc__)
     parser.add_argument(
         "--model", help="Hub id or path of the model to evaluate (needs --evaluator and --texts; default: the toy demo)"
     )

@@ -1,4 +1,4 @@
-"""The one-command reproduction of the paper's LongPPL claims at small scale (issue 14).
+"""The one-command reproduction of the paper's LongPPL claims at small scale.
 
     python scripts/reproduce_longppl.py --config configs/reproduce/family_h200.yaml \\
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro/
@@ -61,7 +61,7 @@ from ..settings import (
     require_finite,
     require_int,
 )
-from .cli import command_line
+from .cli import command_line, run_command, tool_parser
 from .correlation import undefined_because
 
 #: The two rules of the answer-token analysis (``answer_tokens.RULES``, which imports torch).
@@ -1176,9 +1176,7 @@ def parse_stages(value: str, stages: tuple[str, ...] = STAGES) -> list[str]:
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = tool_parser(prog, __doc__)
     parser.add_argument(
         "--config",
         required=True,
@@ -1216,8 +1214,6 @@ def main(argv=None, prog: str | None = None) -> dict | None:
 def cli(argv=None) -> int:
     """The ``longppl-reproduce`` command: :func:`main`, with bad inputs (a config's wrong field, an
     empty corpus) reported as ``prog: error: ...``."""
-    from .cli import run_command
-
     return run_command(main, argv)
 
 

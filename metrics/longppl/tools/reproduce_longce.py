@@ -1,4 +1,4 @@
-"""The one-command reproduction of "LongCE beats CE" at small scale (issue 15, paper Section 5).
+"""The one-command reproduction of "LongCE beats CE" at small scale (paper Section 5).
 
     python scripts/reproduce_longce.py --config configs/reproduce/longce_h200.yaml \\
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro-longce/
@@ -53,7 +53,7 @@ import time
 from ..atomic_files import replace_directory_atomically, write_file_atomically
 from ..settings import DEFAULT_GAMMA, require_finite, require_int
 from . import reproduce
-from .cli import command_line
+from .cli import command_line, run_command, tool_parser
 from .reproduce import Run, _jsonable, _merge, _number, _totals, read_json, resolve_config_path, write_jsonl
 
 STAGES = ("tokenizer", "data", "train", "extend", "cache", "finetune", "evaluate", "report")
@@ -940,9 +940,7 @@ def format_report(results: dict) -> str:
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = tool_parser(prog, __doc__)
     parser.add_argument("--config", required=True, help="the YAML config, e.g. configs/reproduce/longce_h200.yaml")
     parser.add_argument("--output-dir", required=True, help="where every stage writes (kept between calls; required)")
     parser.add_argument(
@@ -979,8 +977,6 @@ def main(argv=None, prog: str | None = None) -> dict | None:
 
 def cli(argv=None) -> int:
     """The ``longppl-reproduce-longce`` command: :func:`main`, with bad inputs reported as ``prog: error: ...``."""
-    from .cli import run_command
-
     return run_command(main, argv)
 
 

@@ -19,7 +19,7 @@ import argparse
 
 # Only light modules at import time: ``--help`` must not wait for torch or matplotlib, which are
 # imported inside the functions that need them.
-from longppl.tools.cli import run_command
+from longppl.tools.cli import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
 # were started by (tools/cli.py).
@@ -30,9 +30,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     from longppl.tools.cache_cli import add_cache_arguments
 
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = tool_parser(prog, __doc__)
     add_cache_arguments(parser)
     parser.add_argument(
         "--document",
