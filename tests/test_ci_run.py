@@ -18,7 +18,10 @@ echo python -m pytest -q tests >> "$LOG"
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason=".ci/run lists the files to copy with git")
-def test_space_and_browser_extras_are_installed_after_the_install_and_before_the_tests(repo_root, tmp_path):
+@pytest.mark.parametrize("torch_installed", [True, False])
+def test_space_and_browser_extras_are_installed_after_the_install_and_before_the_tests(
+    repo_root, tmp_path, torch_installed
+):
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(os.path.join(repo_root, ".ci", "run"), repo / ".ci" / "run")
@@ -29,8 +32,11 @@ def test_space_and_browser_extras_are_installed_after_the_install_and_before_the
     pip = shims / "pip"  # records what CI installs, and where
     pip.write_text('#!/usr/bin/env bash\necho "pip $* (in $(basename "$PWD"))" >> "$LOG"\n')
     pip.chmod(0o755)
-    python = shims / "python"  # records the lint step
-    python.write_text('#!/usr/bin/env bash\necho "python $*" >> "$LOG"\n')
+    python = shims / "python"  # records the lint step, and says whether torch imports
+    torch_exit = 0 if torch_installed else 1
+    python.write_text(
+        f'#!/usr/bin/env bash\nif [ "$1" = -c ]; then exit {torch_exit}; fi\necho "python $*" >> "$LOG"\n'
+    )
     python.chmod(0o755)
     for name, script in (("chromium", "exit 0"), ("apt-get", 'echo "apt-get $*" >> "$LOG"')):
         shim = shims / name  # Chromium is there, so apt-get must not be called (the shim records it if it is)
@@ -43,6 +49,9 @@ def test_space_and_browser_extras_are_installed_after_the_install_and_before_the
     )
     assert done.returncode == 0, done.stderr
     lines = log.read_text().splitlines()
+    # PyTorch's CPU wheel before the README's first command, only where no torch imports
+    if not torch_installed:
+        assert lines.pop(0).startswith("pip install torch==2.13.0 (in ")
     assert lines[0] == "first-command"
     assert lines.pop(1) == "true"  # the copy is a git work tree: tests and the Space's upload list files with git
     assert lines[1].startswith("pip install -e .[space,browser] (in tmp.")  # in the isolated copy, not the checkout
