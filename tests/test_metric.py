@@ -45,7 +45,7 @@ def run(metric, setup, **kwargs):
     return metric.compute(predictions=predictions, **args)
 
 
-def test_compute_keeps_its_keyword_interface(metric):
+def test_compute_keeps_its_keyword_interface(metric, tmp_path):
     """``_compute``'s keywords are the metric's public interface (the metric card, ``_info``): the
     checked request takes exactly them, every one is documented, and the defaults are the settings'."""
     import inspect
@@ -62,7 +62,10 @@ def test_compute_keeps_its_keyword_interface(metric):
     window, rule = module.WindowSettings(), module.KeyTokenRule()
     # K and d default to None: the settings' defaults, or a key-token cache's own setting
     assert (defaults["trunc_len"], defaults["sliding_window"]) == (None, None)
-    request = module._Request.from_kwargs(**dict(defaults, predictions=["a text"], model_id="m", self_evaluation=True))
+    (tmp_path / "config.json").write_text("{}")  # a local model folder: checked, not loaded, and no Hub look-up
+    request = module._Request.from_kwargs(
+        **dict(defaults, predictions=["a text"], model_id=str(tmp_path), self_evaluation=True)
+    )
     assert (request.window.trunc_len, request.window.sliding_window) == (window.trunc_len, window.sliding_window)
     assert [defaults[name] for name in ("alpha", "beta", "use_lcl", "soft", "gamma")] == [
         rule.alpha,
@@ -571,8 +574,8 @@ def test_offline_hub_id_not_in_the_cache_fails_fast_without_network(metric, setu
     start = time.perf_counter()
     with pytest.raises(
         ValueError,
-        match=r"model_id='nobody/no-such-model' is not a local directory, and as a Hub "
-        r"id it is not in the local Hugging Face cache .*HF_HUB_OFFLINE=1",
+        match=r"model_id='nobody/no-such-model' is not an existing directory \(no such path here\), and as a Hub "
+        r"model id it is not in the local Hugging Face cache .*HF_HUB_OFFLINE=1",
     ):
         run(metric, dict(setup, model=None, tokenizer=None, model_id="nobody/no-such-model"))
     assert time.perf_counter() - start < 5

@@ -346,10 +346,14 @@ def test_run_command_reports_a_missing_input_file_in_one_line_and_longppl_debug_
 def test_the_installed_command_says_what_was_wrong_without_a_traceback(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('["text"]\n', encoding="utf-8")
+    evaluator = tmp_path / "evaluator"  # a model folder (never loaded: the corpus fails first)
+    evaluator.mkdir()
+    for name in ("config.json", "tokenizer_config.json"):
+        (evaluator / name).write_text("{}", encoding="utf-8")
     command = shutil.which("longppl-score", path=os.path.dirname(sys.executable))
     assert command is not None, "reinstall the project (pip install -e .) to get its console scripts"
     done = subprocess.run(
-        [command, "--corpus", str(corpus), "--evaluator", "unused", "--output", str(tmp_path / "out")],
+        [command, "--corpus", str(corpus), "--evaluator", str(evaluator), "--output", str(tmp_path / "out")],
         env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
         capture_output=True,
         text=True,

@@ -181,6 +181,17 @@ def _hub_commit(repo_id: str) -> str | None:
     return commit if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else None
 
 
+def saved_model_files(folder: str) -> dict[str, list[str]]:
+    """The names of the files of ``folder`` a saved model is made of: ``{"config": [...],
+    "tokenizer": [...], "weights": [...]}`` (each list empty when there are none)."""
+    names = sorted(name for name in os.listdir(folder) if os.path.isfile(os.path.join(folder, name)))
+    return {
+        "config": [name for name in names if name == "config.json"],
+        "tokenizer": [name for name in names if name in TOKENIZER_FILES or name.endswith(_TOKENIZER_FILE_SUFFIXES)],
+        "weights": [name for name in names if name.endswith(_WEIGHT_FILE_SUFFIXES)],
+    }
+
+
 def file_sha256(path: str, block_bytes: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes, read in blocks of ``block_bytes``."""
     digest = hashlib.sha256()

@@ -786,13 +786,18 @@ class KeyTokenCache:
         return path
 
 
-def open_cache(source: str, split: str = "train") -> KeyTokenCache:
+def open_cache(source: str, split: str = "train", argument: str = "key_tokens") -> KeyTokenCache:
     """A cache from a local directory or, if no such path exists, from the Hub
-    (``datasets.load_dataset(source, split=split)``, e.g. a cache shared with ``push_to_hub``)."""
-    # A swap killed between its two renames leaves only the previous copy (``.NAME.previous``):
-    # still a local cache, which load() recovers; never a name to look up on the Hub.
-    if os.path.exists(source) or swap_interrupted(source):
-        return KeyTokenCache.load(source)
+    (``datasets.load_dataset(source, split=split)``, e.g. a cache shared with ``push_to_hub``).
+
+    Which of the two is decided by ``sources.locate_cache``: a missing local path, or a
+    Hub id while offline or the Hub unreachable, fails at once with one line naming ``argument``.
+    """
+    from .sources import locate_cache
+
+    location = locate_cache(source, argument)
+    if location.local:
+        return KeyTokenCache.load(location.path)
     return KeyTokenCache.load(datasets.load_dataset(source, split=split))
 
 

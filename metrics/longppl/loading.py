@@ -1,22 +1,23 @@
 """Loading causal LMs and tokenizers from Hub ids or local paths, with device and dtype defaults.
 
 The arguments are checked before anything is loaded (:func:`check_device`,
-:func:`check_model_source`, :func:`merge_dtype_arguments`), so a typo fails at once with a message
-that says what to pass, instead of a raw error from transformers, a CUDA assertion, or a minute
-of Hub retries while offline.
+:func:`sources.check_model_source`, :func:`merge_dtype_arguments`), so a typo fails at once with a
+message that says what to pass, instead of a raw error from transformers, a CUDA assertion, or a
+minute of Hub retries.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+# check_model_source lives with the rule for every name (models, corpora, caches) and stays
+# importable from here.
+from .sources import check_model_source
 
 VALID_DEVICES = (
     "'cuda' (or 'cuda:<index>') for a GPU, 'cpu', 'mps' (Apple GPU), 'auto' (shard a large model over all "
     "GPUs) or None (a GPU when one is available, else the CPU)"
 )
-_TRUE = ("1", "on", "yes", "true")
 
 
 def default_device() -> str:
@@ -56,79 +57,6 @@ def check_device(device) -> str | None:
             f"device={device!r}, but there are only {count} {parsed.type} device(s) (indices 0..{count - 1})."
         )
     return str(parsed)
-
-
-def _hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    # Read the environment now too: huggingface_hub reads it once, at import.
-    env = any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return env or bool(constants.HF_HUB_OFFLINE)
-
-
-def _hub_cache_dirs() -> list[str]:
-    from huggingface_hub import constants
-
-    dirs = []
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(name):
-            dirs.append(os.path.expanduser(os.environ[name]))
-    if os.environ.get("HF_HOME"):
-        dirs.append(os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub"))
-    dirs.append(constants.HF_HUB_CACHE)
-    return list(dict.fromkeys(dirs))
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub.file_download import repo_folder_name
-
-    folder = repo_folder_name(repo_id=repo_id, repo_type="model")
-    for cache in _hub_cache_dirs():
-        snapshots = os.path.join(cache, folder, "snapshots")
-        if os.path.isdir(snapshots) and os.listdir(snapshots):
-            return True
-    return False
-
-
-def check_model_source(name_or_path, argument: str = "model_id") -> str:
-    """``name_or_path`` as a string, after checking, without any network access, that it can be
-    loaded: an existing local directory, or a Hub id (``"name"`` or ``"org/name"``) that, while
-    offline (``HF_HUB_OFFLINE=1``), is in the local Hugging Face cache. ``ValueError`` otherwise.
-
-    Args:
-        argument: the argument's name, for the message (e.g. ``"evaluator_model_id"``).
-    """
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
-        raise ValueError(
-            f"{argument} must be a Hub id such as 'org/name' or the path of a local model directory, "
-            f"got {name_or_path!r}."
-        )
-    name = os.fspath(name_or_path)
-    local = os.path.expanduser(name)
-    if os.path.isdir(local):
-        return name
-    if os.path.exists(local):
-        raise ValueError(
-            f"{argument}={name!r} is a file; pass the directory a model was saved to with save_pretrained."
-        )
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        raise ValueError(
-            f"{argument}={name!r} is not an existing directory (no such path here), nor a Hub id "
-            "('name' or 'org/name'): pass the directory a model was saved to with save_pretrained, "
-            "or a Hub model id."
-        ) from None
-    if _hub_offline() and not _in_hub_cache(name):
-        raise ValueError(
-            f"{argument}={name!r} is not a local directory, and as a Hub id it is not in the local Hugging "
-            f"Face cache ({_hub_cache_dirs()[0]}), which is all that can be used while offline "
-            "(HF_HUB_OFFLINE=1). Download it once with network access (e.g. `hf download "
-            f"{name}`), or pass the path of a local copy."
-        )
-    return name
 
 
 def merge_dtype_arguments(torch_dtype=None, dtype=None):
@@ -198,4 +126,4 @@ def load_tokenizer(name_or_path: str):
     """The tokenizer saved with a model (fast when available, for its offset mapping)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(check_model_source(name_or_path))
+    return AutoTokenizer.from_pretrained(check_model_source(name_or_path, tokenizer=True))

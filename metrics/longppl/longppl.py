@@ -26,7 +26,6 @@ from .key_token_cache import KeyTokenCache, KeyTokenSettings, cache_directory, c
 from .key_tokens import key_char_spans
 from .loading import (
     check_device,
-    check_model_source,
     default_device,
     load_causal_lm,
     load_model,
@@ -62,6 +61,7 @@ from .settings import (
     require_bool,
     require_int,
 )
+from .sources import check_model_source
 from .windows import window_bounds
 
 # Re-exported: the official package's scripts do `from longppl.longppl import *`.

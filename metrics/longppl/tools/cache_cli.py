@@ -48,7 +48,7 @@ def open_selected(args: argparse.Namespace) -> tuple[KeyTokenCache, KeyTokenSett
     (see :meth:`KeyTokenCache.select`)."""
     from ..key_token_cache import open_cache
 
-    cache = open_cache(args.key_tokens, args.split)
+    cache = open_cache(args.key_tokens, args.split, "--key-tokens")
     settings, fingerprint, rows = cache.select(
         args.evaluator, trunc_len=args.trunc_len, sliding_window=args.sliding_window
     )

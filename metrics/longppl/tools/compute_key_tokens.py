@@ -173,6 +173,13 @@ def main(argv=None, prog: str = PROG) -> dict:
             several processes...), with what to do; the command prints it as ``<prog>: error: ...``.
     """
     args = parse_args(argv, prog)  # before the heavy imports: `--help` and usage errors answer at once
+    # Where the corpus and the evaluator are (here, or on the Hub: asked once) is settled before torch
+    # loads, so that a wrong name fails in a second (longppl.sources).
+    from longppl.sources import check_model_source
+    from longppl.tools.corpus import locate_corpus
+
+    locate_corpus(args.corpus, "--corpus")
+    check_model_source(args.evaluator, "--evaluator", tokenizer=True)
     import torch
     from accelerate import PartialState
 
@@ -207,7 +214,7 @@ def _run(args, state, start: float) -> dict:
     # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
     cache_directory(args.output, argument="--output", create=True)
 
-    texts = read_documents(args.corpus, args.text_column, args.split)
+    texts = read_documents(args.corpus, args.text_column, args.split, "--corpus")
     if not texts:
         raise ValueError(f"{args.corpus!r} holds no documents.")
     datasets.disable_progress_bars()  # shards and the cache are small writes; ours is the bar that counts

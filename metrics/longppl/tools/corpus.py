@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
-import datasets
+from ..sources import Location, locate
+
+if TYPE_CHECKING:  # datasets loads when a dataset is read: longppl-score checks its --corpus before that
+    import datasets
 
 
 def jsonl_records(path: str, fields: tuple[str, ...], hint: str):
@@ -62,6 +66,8 @@ def _checked_text(value, where: str) -> str:
 
 def dataset_texts(dataset: datasets.Dataset, column: str, where: str) -> list[str]:
     """The texts of ``column`` of a ``datasets.Dataset``, checked to be non-empty strings."""
+    import datasets
+
     if column not in dataset.column_names:
         raise ValueError(
             f"{where} has no column {column!r} (its columns: {dataset.column_names}); name the text column "
@@ -76,26 +82,48 @@ def dataset_texts(dataset: datasets.Dataset, column: str, where: str) -> list[st
     return texts
 
 
-def read_documents(source: str, text_column: str = "text", split: str = "train") -> list[str]:
-    """Texts from a ``.jsonl`` file, a directory saved with ``save_to_disk``, or a Hub dataset name.
+CORPUS_HINT = "pass a .jsonl file, a directory written by datasets' save_to_disk, or a Hub dataset id."
 
-    Args:
-        split: the split to use when the source holds several (a ``DatasetDict`` or a Hub dataset).
+
+def locate_corpus(source: str, argument: str = "corpus") -> Location:
+    """Where the corpus ``source`` is, checked without reading it: an existing ``.jsonl`` file or
+    directory here, or a Hub dataset id (``sources.locate``; offline or with the Hub unreachable an
+    error at once).
+
+    Raises:
+        ValueError: naming ``argument`` and ``source``, and what to pass.
     """
     if source.endswith(".jsonl"):
         if not os.path.isfile(source):
             raise ValueError(f"No JSONL file at {source!r}.")
-        return read_jsonl_texts(source, text_column)
-    if os.path.isdir(source):
-        try:
-            dataset = datasets.load_from_disk(source)
-        except FileNotFoundError as err:
-            raise ValueError(f"{source!r} is not a directory written by datasets' save_to_disk ({err}).") from None
-        if isinstance(dataset, datasets.DatasetDict):
-            if split not in dataset:
-                raise ValueError(f"{source!r} has splits {list(dataset)}, not {split!r}; choose one with --split.")
-            dataset = dataset[split]
-        return dataset_texts(dataset, text_column, repr(source))
-    if os.path.exists(source):
+        return Location(source, True, source)
+    location = locate(source, "dataset", argument, CORPUS_HINT)
+    if location.local and not os.path.isdir(location.path):
         raise ValueError(f"{source!r} is neither a .jsonl file nor a datasets directory.")
-    return dataset_texts(datasets.load_dataset(source, split=split), text_column, f"Hub dataset {source!r}")
+    return location
+
+
+def read_documents(source: str, text_column: str = "text", split: str = "train", argument: str = "corpus") -> list[str]:
+    """Texts from a ``.jsonl`` file, a directory saved with ``save_to_disk``, or a Hub dataset id
+    (see :func:`locate_corpus`).
+
+    Args:
+        split: the split to use when the source holds several (a ``DatasetDict`` or a Hub dataset).
+        argument: the argument or flag that named ``source``, for messages (e.g. ``"--corpus"``).
+    """
+    import datasets
+
+    location = locate_corpus(source, argument)
+    if not location.local:
+        return dataset_texts(datasets.load_dataset(source, split=split), text_column, f"Hub dataset {source!r}")
+    if source.endswith(".jsonl"):
+        return read_jsonl_texts(source, text_column)
+    try:
+        dataset = datasets.load_from_disk(location.path)
+    except FileNotFoundError as err:
+        raise ValueError(f"{source!r} is not a directory written by datasets' save_to_disk ({err}).") from None
+    if isinstance(dataset, datasets.DatasetDict):
+        if split not in dataset:
+            raise ValueError(f"{source!r} has splits {list(dataset)}, not {split!r}; choose one with --split.")
+        dataset = dataset[split]
+    return dataset_texts(dataset, text_column, repr(source))

@@ -170,6 +170,13 @@ def main(argv=None, prog: str = PROG) -> dict:
             as ``<prog>: error: ...``.
     """
     args = parse_args(argv, prog)
+    # Where the cache and the models are (here, or on the Hub: asked once) is settled before torch
+    # loads or any model is scored, so that a wrong name fails in a second (longppl.sources).
+    from longppl.sources import check_model_source, locate_cache
+
+    locate_cache(args.key_tokens, "--key-tokens")
+    for name in args.models:
+        check_model_source(name, "--models", tokenizer=True)
     from longppl.loading import load_causal_lm
     from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
     from longppl.tools.cache_cli import open_selected
