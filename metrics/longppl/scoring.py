@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -111,23 +112,103 @@ def vocabulary_size(model) -> int | None:
     return int(rows) if isinstance(rows, int) else None
 
 
+def position_limits(model) -> tuple[int | None, str]:
+    """``(positions, kind)``: how many tokens ``model`` was built for in one sequence, and whether
+    it can run past them.
+
+    ``kind`` is ``"learned"`` when a table of learned absolute position embeddings (GPT-2's ``wpe``,
+    OPT's ``embed_positions``, ...) holds one row per position: a longer sequence indexes past the
+    table and crashes (``IndexError``, or a device-side assert on a GPU). ``"relative"`` otherwise
+    (RoPE, ALiBi, ...): ``max_position_embeddings`` is then the length the model was trained to, and
+    running past it computes (often badly: that is what long-context evaluation measures) but
+    never crashes. ``positions`` is ``None`` when the config names no limit.
+    """
+    inner = unwrap_model(model)
+    limit = getattr(getattr(inner, "config", None), "max_position_embeddings", None)  # GPT-2: n_positions
+    try:
+        token_table = inner.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        token_table = None
+    for name, module in inner.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if isinstance(module, torch.nn.Embedding) and module is not token_table and ("pos" in last or last == "wpe"):
+            return (limit if isinstance(limit, int) else module.num_embeddings), "learned"
+    return (limit if isinstance(limit, int) else None), "relative"
+
+
+def model_name(model) -> str:
+    """What messages call ``model``: the Hub id or folder it was loaded from, else its class."""
+    inner = unwrap_model(model)
+    return getattr(getattr(inner, "config", None), "_name_or_path", "") or type(inner).__name__
+
+
+def check_positions(encoded, model, role: str, text_names: Sequence[str] | None = None) -> None:
+    """Refuse texts longer than a model with learned position embeddings can take; warn (once) for
+    texts past a RoPE-style model's trained length (see :func:`position_limits`).
+
+    Args:
+        encoded: ``[(ids [n], offsets [n, 2]), ...]`` as :func:`encode_texts` makes them.
+        text_names: what messages call each text (default ``predictions[i]``).
+    Raises:
+        ValueError: naming the model, its positions, the first text too long (its index and length)
+            and ``max_length`` as the fix.
+    """
+    limit, kind = position_limits(model)
+    if limit is None:
+        return
+    longer = [(index, ids.shape[0]) for index, (ids, _) in enumerate(encoded) if ids.shape[0] > limit]
+    if not longer:
+        return
+    index, length = longer[0]
+    text = text_names[index] if text_names is not None else f"predictions[{index}]"
+    name = model_name(model)
+    if kind == "learned":
+        raise ValueError(
+            f"The {role} {name!r} has learned position embeddings for {limit} positions, but {text} "
+            f"is {length} of its tokens long ({len(longer)} text(s) are longer than {limit}): it cannot score "
+            f"past position {limit}. Cut the texts with max_length (the metric's argument; longppl-score "
+            "--max-length; it counts evaluator tokens), or use a model with more positions."
+        )
+    warnings.warn(
+        f"The {role} {name!r} was trained on {limit} positions (max_position_embeddings), but "
+        f"{len(longer)} text(s) are longer, e.g. {text} with {length} tokens: its log-probs past "
+        f"position {limit} measure extrapolation. Cut the texts with max_length if that is not intended.",
+        stacklevel=3,
+    )
+
+
 def encode_texts(
-    tokenizer, texts: Sequence[str], add_special_tokens: bool, model=None, role: str = "model", start_token=None
+    tokenizer,
+    texts: Sequence[str],
+    add_special_tokens: bool,
+    model=None,
+    role: str = "model",
+    start_token=None,
+    text_names: Sequence[str] | None = None,
 ):
     """``[(ids [n], offsets [n, 2]), ...]`` of every text, checked before any forward pass: no text
     may tokenize to nothing, and with ``model`` every id must index its embedding table
-    (:func:`settings.check_token_ids`). ``start_token``: an id put before each text, with the empty
-    span ``(0, 0)`` (as a tokenizer's own BOS gets), e.g. ``evaluate``'s ``add_start_token``."""
+    (:func:`settings.check_token_ids`) and no text may be longer than its position table
+    (:func:`check_positions`).
+
+    Args:
+        start_token: an id put before each text, with the empty span ``(0, 0)`` (as a tokenizer's
+            own BOS gets), e.g. ``evaluate``'s ``add_start_token``.
+        text_names: what messages call each text (default ``predictions[i]``, the metric's argument).
+    """
     encoded = list(encode_many_with_offsets(tokenizer, texts, add_special_tokens))
     if start_token is not None:
         encoded = [
             (np.concatenate([[start_token], ids]), np.concatenate([[[0, 0]], offsets])) for ids, offsets in encoded
         ]
+    names = text_names if text_names is not None else [f"predictions[{index}]" for index in range(len(texts))]
     vocab_size = None if model is None else vocabulary_size(model)
-    for index, (ids, _) in enumerate(encoded):
+    for name, (ids, _) in zip(names, encoded):
         if ids.shape[0] == 0:
-            raise ValueError(f"predictions[{index}] tokenizes to no tokens; pass texts with content.")
-        check_token_ids(ids, vocab_size, role, f"predictions[{index}]")
+            raise ValueError(f"{name} tokenizes to no tokens; pass texts with content.")
+        check_token_ids(ids, vocab_size, role, name)
+    if model is not None:
+        check_positions(encoded, model, role, names)
     return encoded
 
 
@@ -171,6 +252,7 @@ def score_with_evaluator(
     per_document: bool = False,
     progress_callback: ProgressCallback | None = None,
     pack_documents: bool = False,
+    text_names: Sequence[str] | None = None,
 ) -> list[EvaluatorScores]:
     """Long- and short-context log-probs of every evaluator token of every text.
 
@@ -193,9 +275,10 @@ def score_with_evaluator(
             bit-identical to one process's.
         progress_callback: ``callback(desc, done, total)`` after every step: documents, window
             batches, decoder layers and LM-head chunks (see ``progress``); raise in it to stop.
+        text_names: what error messages call each text (default ``predictions[i]``).
     """
     window = WindowSettings(trunc_len, sliding_window)
-    encoded = encode_texts(tokenizer, texts, add_special_tokens, evaluator, "evaluator")
+    encoded = encode_texts(tokenizer, texts, add_special_tokens, evaluator, "evaluator", text_names=text_names)
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
     if pack_documents and not per_document:
         raise ValueError("pack_documents=True needs per_document=True (it packs documents of one length only).")

@@ -232,6 +232,9 @@ def _run(args, state, start: float) -> dict:
     missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
     shares = assign_to_processes([len(t) for t in missing], state.num_processes)
     mine = [missing[i] for i in shares[state.process_index]]
+    first = {}
+    for index, text in enumerate(texts):
+        first.setdefault(text, index)
 
     # Named after the main process, so that a later save removes them if it dies (atomic_files).
     shards = [owned_temp_name(args.output, "shards")]
@@ -254,6 +257,7 @@ def _run(args, state, start: float) -> dict:
                 torch_compile=args.torch_compile,
                 per_document=True,
                 pack_documents=args.pack_documents,
+                text_names=[f"document {first[text]} of --corpus (counted from 0)" for text in mine],
             )
             rows = key_token_rows(mine, scores, settings, identity)
             try:
