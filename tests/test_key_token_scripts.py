@@ -170,6 +170,41 @@ def test_bad_jsonl_lines_are_named(tools, files, tmp_path, content, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            b'{"text": "fine"}\n{"text": "caf\xe9"}\n',
+            r"docs\.jsonl, line 2 is not valid UTF-8 \(byte 0xe9 at byte 14 of the line: invalid continuation byte\); "
+            r"save the file as UTF-8\.$",
+        ),
+        (
+            b'{"text": "fine"}\n\n{"text": "a \\ud800 b"}\n',
+            r"docs\.jsonl, line 3, field 'text' holds a lone surrogate '\\ud800' at character 2, which is not text",
+        ),
+    ],
+)
+def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path, content, message):
+    from longppl.tools.corpus import read_documents
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        read_documents(str(corpus))
+
+
+def test_output_dir_that_is_a_file_is_refused_before_any_model(tmp_path):
+    taken = tmp_path / "results.txt"
+    taken.write_text("x")
+    args = ["--key-tokens", str(tmp_path / "no_cache"), "--models", str(tmp_path / "no_model")]
+    with pytest.raises(ValueError, match=r"^--output-dir '.*results\.txt' is a file; pass a folder for results"):
+        evaluate_models.main([*args, "--output-dir", str(taken)])
+    with pytest.raises(
+        ValueError, match=r"^--output-dir '.*results\.txt/run' is inside '.*results\.txt', which is a file"
+    ):
+        evaluate_models.main([*args, "--output-dir", str(taken / "run")])
+
+
 def test_bad_datasets_directories(tools, files, tmp_path):
     numbers = str(tmp_path / "numbers")
     datasets.Dataset.from_dict({"text": [1, 2]}).save_to_disk(numbers)

@@ -24,11 +24,19 @@ def jsonl_records(path: str, fields: tuple[str, ...], hint: str):
         ValueError: naming the line that is not JSON, not an object, or lacks one of ``fields``
             (``hint`` ends that message: what the file needs, or which flag names the field).
     """
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    # Bytes, decoded line by line: a byte that is not UTF-8 is then reported with its line.
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            where = f"{path}, line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{where} is not valid UTF-8 (byte {raw[err.start]:#04x} at byte {err.start + 1} of the line: "
+                    f"{err.reason}); save the file as UTF-8."
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}, line {number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
@@ -61,6 +69,15 @@ def _checked_text(value, where: str) -> str:
         raise ValueError(f"{where} is a {type(value).__name__}, not a string; the text column must hold texts.")
     if not value.strip():
         raise ValueError(f"{where} is an empty text; remove it or fill it in.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        # JSON can spell half of a UTF-16 surrogate pair ("\\ud800") alone: valid JSON, but not text,
+        # and no tokenizer or cache can hold it.
+        raise ValueError(
+            f"{where} holds a lone surrogate {value[err.start]!r} at character {err.start}, which is not "
+            "text (a JSON escape such as \\ud800 without its other half); fix or remove it."
+        ) from None
     return value
 
 

@@ -157,6 +157,19 @@ def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict
     }
 
 
+def check_output_dir(path: str) -> None:
+    """Refuse an ``--output-dir`` that cannot become a folder (it, or a folder above it, is a file),
+    before the models are scored rather than when the results are written."""
+    here = os.path.abspath(path)
+    while not os.path.exists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        where = "is a file" if here == os.path.abspath(path) else f"is inside {here!r}, which is a file"
+        raise ValueError(
+            f"--output-dir {path!r} {where}; pass a folder for results.json and results.csv (created if missing)."
+        )
+
+
 def warn(prog: str, message: str) -> None:
     print(f"{prog}: warning: {message}", file=sys.stderr)
 
@@ -170,6 +183,7 @@ def main(argv=None, prog: str = PROG) -> dict:
             as ``<prog>: error: ...``.
     """
     args = parse_args(argv, prog)
+    check_output_dir(args.output_dir)
     # Where the cache and the models are (here, or on the Hub: asked once) is settled before torch
     # loads or any model is scored, so that a wrong name fails in a second (longppl.sources).
     from longppl.sources import check_model_source, locate_cache
