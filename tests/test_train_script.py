@@ -758,7 +758,10 @@ def test_missing_config_is_one_line(tmp_path, monkeypatch):
 
 def test_bad_value_is_one_line_naming_the_field_and_value(tmp_path, monkeypatch):
     message = command_error(monkeypatch, tiny_argv(tmp_path, "--longce_gamma", "-1"))
-    assert message == "longce-train: error: longce_gamma must be > 0 (the cap of min(exp(LSD), gamma)), got -1.0."
+    assert message == (
+        "longce-train: error: longce_gamma must be > 0 (it caps the soft weights "
+        "min(exp(LSD), longce_gamma)), got -1.0."
+    )
 
 
 def test_mistyped_option_names_the_closest_field(tmp_path, monkeypatch):
