@@ -535,10 +535,15 @@ def test_a_tuple_or_a_dataset_column_of_texts_is_accepted(metric, setup):
 def test_devices_are_checked_before_anything_loads(metric, setup, monkeypatch):
     import torch
 
-    with pytest.raises(
-        ValueError, match="device='gpu' is not a device: pass 'cuda' .or 'cuda:<index>'. for a GPU, 'cpu'"
-    ):
+    with pytest.raises(ValueError, match="device='tpu0' is not a device: pass 'cuda' .or 'cuda:<index>', or 'gpu'"):
+        run(metric, setup, device="tpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # evaluate's perplexity takes device="gpu": here it is CUDA (so, on this machine, no device)
+    with pytest.raises(ValueError, match=r"device='cuda', but PyTorch sees no cuda device here"):
         run(metric, setup, device="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert longppl.loading.check_device("gpu") == longppl.loading.check_device("GPU") == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"device='cuda', but PyTorch sees no cuda device here.*pass device='cpu'"):
         run(metric, setup, device="cuda")

@@ -15,7 +15,7 @@ import torch
 from .sources import check_model_source
 
 VALID_DEVICES = (
-    "'cuda' (or 'cuda:<index>') for a GPU, 'cpu', 'mps' (Apple GPU), 'auto' (shard a large model over all "
+    "'cuda' (or 'cuda:<index>', or 'gpu' as evaluate's perplexity says) for a GPU, 'cpu', 'mps' (Apple GPU), 'auto' (shard a large model over all "
     "GPUs) or None (a GPU when one is available, else the CPU)"
 )
 
@@ -34,6 +34,8 @@ def check_device(device) -> str | None:
     """
     if device is None or device == "auto":
         return device
+    if isinstance(device, str) and device.strip().lower() == "gpu":
+        device = "cuda"  # evaluate's perplexity metric takes device="gpu" for CUDA
     if not isinstance(device, (str, torch.device)):
         raise ValueError(f"device={device!r} is not a device name: pass {VALID_DEVICES}.")
     try:
