@@ -355,10 +355,11 @@ def cache_directory(path, argument: str = "key_tokens", create: bool = False) ->
 def write_failed(path: str, err: OSError, dataset: datasets.Dataset) -> ValueError:
     """A write of ``dataset`` for the cache ``path`` that the file system refused (full, over a
     size limit, read-only), as one clear line: what failed, about how much space it needs."""
-    needed = dataset.data.nbytes / 2**20
+    needed = dataset.data.nbytes
+    size = f"{needed / 2**20:,.1f} MiB" if needed >= 2**20 else f"{max(needed / 2**10, 0.1):,.1f} KiB"
     return ValueError(
         f"Could not write the key-token cache {path!r}: {err.strerror or err} (errno {err.errno}); it needs "
-        f"about {needed:,.1f} MiB beside the cache while the new copy is written. The previous cache (if "
+        f"about {size} beside the cache while the new copy is written. The previous cache (if "
         "any) is unchanged and nothing was left behind: free space or choose another folder, then run again."
     )
 
