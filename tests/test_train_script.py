@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -535,7 +536,9 @@ def test_eval_data_files_are_evaluated_after_training_without_eval_strategy(tmp_
     tokenizer = byte_level_tokenizer()
     tokens = [t for text in texts for t in tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]]
     assert trainer.eval_dataset["input_ids"] == [tokens[i : i + 128] for i in range(0, 4 * 128, 128)]
-    assert "evaluation: 1 run(s); at step 2 eval_loss" in capsys.readouterr().out
+    summary = capsys.readouterr().out
+    assert "evaluation: 1 run(s); at step 2 eval_loss" in summary
+    assert f"eval_perplexity {math.exp(evaluations[0]['eval_ce_loss']):.2f}" in summary  # plain CE's perplexity
 
 
 def test_eval_split_of_the_training_files_equals_the_percentage_split(tmp_path):

@@ -366,6 +366,7 @@ def print_summary(trainer, model_args, data_args, training_args, sequences, trai
         print(
             f"  evaluation: {len(evaluations)} run(s); at step {last['step']} eval_loss {last['eval_loss']:.4f}"
             + (f", eval_ce_loss {last['eval_ce_loss']:.4f}" if "eval_ce_loss" in last else "")
+            + (f", eval_perplexity {last['eval_perplexity']:.2f}" if "eval_perplexity" in last else "")
         )
     print(f"  saved to {training_args.output_dir}")
 
