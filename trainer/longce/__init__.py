@@ -9,8 +9,9 @@ recipes of the paper's settings (PI, ABF, YaRN, EABF).
 Modules: ``config`` (``LongCEConfig``, ``LongCESettings``), ``trainer`` (``LongCETrainer``),
 ``documents`` (documents of a batch and their short-context scores), ``lm_head_loss`` (the LM-head
 loss: one interface, its implementations and the rule choosing one), ``weighted_loss`` (the loss
-functions themselves), ``cached_weights`` (weights from an evaluator's key-token cache,
-``longce_weights="cache"``), ``context_extension``.
+functions themselves), ``weight_sources`` (where the token weights come from: one interface, the
+self-scored, cached and plain-CE sources, the rule choosing one), ``cached_weights`` (weights from
+an evaluator's key-token cache, ``longce_weights="cache"``), ``context_extension``.
 """
 
 import importlib
@@ -32,7 +33,19 @@ _EXPORTS = {
         "select_lm_head_loss",
     ),
     "trainer": ("LongCETrainer",),
-    "weighted_loss": ("chunked_weighted_cross_entropy", "fused_weighted_linear_cross_entropy", "longce_weights"),
+    "weight_sources": (
+        "CachedWeights",
+        "NoWeights",
+        "SelfScoredWeights",
+        "WeightSource",
+        "weight_source_for",
+    ),
+    "weighted_loss": (
+        "chunked_weighted_cross_entropy",
+        "fused_weighted_linear_cross_entropy",
+        "longce_weights",
+        "lsd_weights",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 # `LogitTransform` is the scoring core's (the logit post-processing the loss applies); it was

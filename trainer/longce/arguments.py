@@ -26,8 +26,9 @@ from typing import Any, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 
-from .config import LongCEConfig
+from .config import LongCEConfig, LongCESettings
 from .context_extension import METHODS
+from .weight_sources import WEIGHTS_COLUMN, weight_source_for
 
 # The command's name, for messages; the usage line names the program it was started by (sys.argv[0]:
 # longce-train, train_longce.py, ...).
@@ -362,15 +363,18 @@ class RecipeConfig(LongCEConfig):
 
 
 def check_weight_source(data_args: DataArguments, training_args: LongCEConfig) -> None:
-    """``key_tokens`` is given exactly when ``longce_weights`` is 'cache' (a ``ValueError`` says what to set)."""
-    if training_args.longce_weights == "cache" and data_args.key_tokens is None:
+    """``key_tokens`` is given exactly when the weight source reads the ``longce_weights`` column that the
+    recipe builds from it (``longce_weights: cache``); a ``ValueError`` says what to set."""
+    source = weight_source_for(LongCESettings.from_args(training_args))
+    reads_cache = WEIGHTS_COLUMN in source.batch_columns
+    if reads_cache and data_args.key_tokens is None:
         raise ValueError(
             "longce_weights='cache' weights each token from an evaluator's key-token cache, but key_tokens is not "
             "set. Score the training texts once (longppl-score --corpus <the texts> --evaluator <model> --output "
             "<folder>) and pass --key_tokens <folder>, or use longce_weights 'self' (the trained model scores "
             "each batch)."
         )
-    if training_args.longce_weights != "cache" and data_args.key_tokens is not None:
+    if not reads_cache and data_args.key_tokens is not None:
         raise ValueError(
             f"key_tokens={data_args.key_tokens!r} is read only with longce_weights 'cache', but longce_weights is "
             f"{training_args.longce_weights!r} (the trained model scores its own weights). Add --longce_weights "

@@ -37,8 +37,10 @@ from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, cached_eval
 from longppl.scoring import model_key_weights, score_with_evaluator
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule, require_int
 
-#: The dataset column (and batch key) holding the per-token weights.
-WEIGHTS_COLUMN = "longce_weights"
+# The dataset column (and batch key) holding the per-token weights; defined with the weight sources
+# (``CachedWeights`` reads it), importable from here as before.
+from .weight_sources import WEIGHTS_COLUMN
+
 #: The rule that carries the evaluator's weights to the trained model's tokens (part of the map's fingerprint).
 _TRANSFER = "same tokens keep their weights, else the mean over characters of the covering tokens' mean"
 _HOW_TO_BUILD = "Build it with longce.add_key_token_weights(dataset, key_tokens=..., tokenizer=...)"

@@ -29,13 +29,15 @@ from longppl.settings import (
 )
 
 from .lm_head_loss import LOSS_KERNELS, check_loss_kernel
+from .weight_sources import SOURCE_OF_SETTING
 from .weighted_loss import DEFAULT_LOSS_CHUNK_BYTES
 
 _PREFIX = "longce_"
 
 #: Values of ``longce_weights``: "self" = the trained model scores each batch (short-context pass);
-#: "cache" = the batch's ``longce_weights`` (an evaluator's, ``cached_weights.add_key_token_weights``).
-WEIGHT_SOURCES = ("self", "cache")
+#: "cache" = the batch's ``longce_weights`` column (an evaluator's, ``cached_weights.add_key_token_weights``).
+#: ``weight_sources.weight_source_for`` turns them (and ``plain_ce``) into the trainer's ``WeightSource``.
+WEIGHT_SOURCES = tuple(SOURCE_OF_SETTING)
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,9 @@ class LongCESettings:
         sliding_window: ``d``, stride of the short-context windows.
         gamma: cap of the token weights ``min(exp(LSD), gamma)``, finite and > 0 (``longppl.settings.require_gamma``).
         max_tokens_per_batch: token budget of one short-context forward pass.
-        plain_ce: all weights 1, no short-context pass (the CE baseline).
-        weights: where the weights come from, one of ``WEIGHT_SOURCES`` ("cache": the batch's
-            ``longce_weights``, no short-context pass; ``cached_weights``).
+        plain_ce: all weights 1, no short-context pass (the CE baseline; ``weight_sources.NoWeights``).
+        weights: the ``longce_weights`` setting, where the weights come from: one of ``WEIGHT_SOURCES``
+            ("cache": the batch's ``longce_weights`` column, no short-context pass; ``weight_sources``).
         compile_windows: ``torch.compile`` the transformer blocks for the short-context pass.
         loss_kernel: one of ``LOSS_KERNELS`` (``lm_head_loss.select_lm_head_loss``).
         loss_chunk_bytes: float32 bytes of logits computed at a time by the loss.

@@ -20,11 +20,13 @@ is set, or ``predict()``): then the head also returns the real ``[B, T, V]`` log
 model's own, which cost what they cost the stock ``Trainer``. Evaluation with loss only keeps the
 memory saving.
 
-With ``LongCEConfig(longce_weights="cache")`` step 1 is skipped: ``w`` comes from the batch's
-``longce_weights`` (an evaluator's weights from a key-token cache, ``cached_weights``), so a step
-costs what a plain cross-entropy step costs, and context parallelism is allowed (``cp_size > 1``,
-torch's ring attention under FSDP2): the weights are sharded along the sequence with the tokens
-they weigh (``_prepare_context_parallel_inputs``).
+Where ``w`` comes from is the trainer's ``WeightSource`` (``weight_sources``), chosen once from the
+settings: with ``LongCEConfig(longce_weights="cache")`` step 1 is skipped and ``w`` comes from the
+batch's ``longce_weights`` column (an evaluator's weights from a key-token cache, ``cached_weights``),
+so a step costs what a plain cross-entropy step costs, and context parallelism is allowed
+(``cp_size > 1``, torch's ring attention under FSDP2): the weights are sharded along the sequence
+with the tokens they weigh (``_prepare_context_parallel_inputs``). ``longce_plain_ce=True`` skips
+step 1 too, with every weight 1.
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ from transformers import Trainer
 from longppl.compilation import compiled_blocks
 from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
-from .cached_weights import WEIGHTS_COLUMN, LongCEWeightsCollator, check_weights_dataset
 from .config import LongCESettings
 from .documents import batch_documents, batch_short_log_probs, count_window_passes
 from .lm_head_loss import select_lm_head_loss
+from .weight_sources import WEIGHTS_COLUMN, WeightSource, aligned_weights, weight_source_for
 
 logger = logging.getLogger(__name__)
 
@@ -120,35 +122,36 @@ class LongCETrainer(Trainer):
 
     Batches need ``input_ids`` and ``labels`` (``-100`` = ignored; the model predicts ``labels[t+1]``
     from position ``t``, or ``shift_labels[t]`` when the collator provides them), optionally
-    ``attention_mask`` and ``position_ids``; with ``longce_weights="cache"``, ``longce_weights``
-    (``[B, T]`` float32, one weight per token, ``cached_weights.LongCEWeightsCollator``); NaN, infinite
-    or negative ones are counted on the device and refused with a ``ValueError`` at the next log.
+    ``attention_mask`` and ``position_ids``, and the columns of the weight source: with
+    ``longce_weights="cache"``, ``longce_weights`` (``[B, T]`` float32, one weight per token,
+    ``cached_weights.LongCEWeightsCollator``). Given weights that are NaN, infinite or negative are
+    counted on the device and refused with a ``ValueError`` at the next log.
 
-    Context parallelism (accelerate's ``ParallelismConfig(cp_size=...)`` with FSDP2) runs with
-    ``longce_weights="cache"``: the Trainer shards ``input_ids``, ``shift_labels`` and
+    Context parallelism (accelerate's ``ParallelismConfig(cp_size=...)`` with FSDP2) runs with a source
+    that allows it (``longce_weights="cache"``): the Trainer shards ``input_ids``, ``shift_labels`` and
     ``position_ids`` along the sequence, and the weights, shifted like ``shift_labels``, with them.
     ``"self"`` refuses it (its short-context windows need whole documents on one process), and
-    sequence parallelism (``sp_size``, DeepSpeed Ulysses) is refused in both modes.
+    sequence parallelism (``sp_size``, DeepSpeed Ulysses) is refused with every source.
+
+    Args:
+        weight_source: a ``WeightSource`` of one's own (a subclass, e.g. weights from another scorer);
+            ``None`` (default): the one the ``longce_weights`` / ``longce_plain_ce`` settings choose,
+            which must then be left at their defaults. Every other argument is ``Trainer``'s.
 
     Attributes:
         longce: the ``LongCESettings`` of ``args``, read once here (the defaults for plain
             ``TrainingArguments``).
         lm_head_loss: the ``LMHeadLoss`` that computes the weighted loss from the final hidden states,
             chosen by ``longce_loss_kernel`` (``lm_head_loss.select_lm_head_loss``).
+        weight_source: the ``WeightSource`` of the token weights (``weight_sources.weight_source_for``).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, weight_source: WeightSource | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.longce = LongCESettings.from_args(self.args)
         self.lm_head_loss = select_lm_head_loss(self.longce.loss_kernel, self.args.device, self.longce.loss_chunk_bytes)
-        if self.longce.weights == "cache":
-            check_weights_dataset(self.train_dataset, "training dataset")
-            for name, dataset in (
-                self.eval_dataset if isinstance(self.eval_dataset, dict) else {"": self.eval_dataset}
-            ).items():
-                check_weights_dataset(dataset, f"evaluation dataset {name}".strip())
-            if not isinstance(self.data_collator, LongCEWeightsCollator):  # padding and packing drop the column
-                self.data_collator = LongCEWeightsCollator(self.data_collator)
+        self._given_weight_source = weight_source
+        self.weight_source.prepare(self)  # also refuses a weight_source beside settings that choose one
         resolve_lm_head(self.model)  # raises a clear ValueError for models without a causal LM head
         if self.args.n_gpu > 1:
             # nn.DataParallel splits each batch inside the forward, where the intercepted LM head would
@@ -166,10 +169,16 @@ class LongCETrainer(Trainer):
         self._longce_want_logits = False  # set by prediction_step while predictions are gathered
         self._longce_warned_no_windows = False
 
-    def _refuse_context_parallelism(self) -> None:
-        """Refuse sequence parallelism, and context parallelism unless the weights are cached.
+    @property
+    def weight_source(self) -> WeightSource:
+        """The ``WeightSource`` of the token weights: the one given to ``__init__``, else the one that
+        ``self.longce`` chooses (``weight_source_for``, the one place they become a source)."""
+        return weight_source_for(self.longce, self._given_weight_source)
 
-        Cached weights only need to travel with their tokens (``_prepare_context_parallel_inputs``);
+    def _refuse_context_parallelism(self) -> None:
+        """Refuse sequence parallelism, and context parallelism unless the weight source allows it.
+
+        Given weights only need to travel with their tokens (``_prepare_context_parallel_inputs``);
         self-scored ones need each document whole on one process for its short-context windows.
         DeepSpeed's sequence parallelism shards the batch in its own data-loader adapter, which
         would have to shard the weights too; it stays refused (untried).
@@ -183,29 +192,29 @@ class LongCETrainer(Trainer):
                 "shards its weights or short-context windows with the sequence there. Use sp_size=1; with "
                 "longce_weights='cache', context parallelism (cp_size > 1, FSDP2) shards long sequences instead."
             )
-        if cp_size > 1 and self.longce.weights != "cache":
-            raise ValueError(
-                f"LongCETrainer supports context parallelism (cp_size={cp_size}) only with longce_weights='cache': "
-                "with 'self' its short-context windows need each document's tokens on one process. Use cp_size=1 "
-                "(DDP, FSDP or DeepSpeed ZeRO shard parameters, not sequences), or weights from a key-token cache "
-                "(longce_weights='cache', longce.add_key_token_weights)."
-            )
+        source = self.weight_source
+        if cp_size > 1 and not source.allows_context_parallel:
+            raise ValueError(source.context_parallel_refusal(cp_size))
 
     def _prepare_context_parallel_inputs(
         self, model: nn.Module, inputs: dict[str, Any]
     ) -> tuple[Callable[[], Any], dict[str, Any]]:
-        """``Trainer``'s context-parallel preparation, with the cached weights sharded like ``shift_labels``.
+        """``Trainer``'s context-parallel preparation, with the given weights sharded like ``shift_labels``.
 
         Under context parallelism ``Trainer`` adds ``shift_labels`` (``[B, T]``) to ``inputs`` and
         returns a context that shards its buffers (``input_ids``, ``labels``, ``shift_labels``,
         ``attention_mask``, ``position_ids``) along dim 1, in place, with one split for all. The
-        weights join those buffers as ``longce_shift_weights`` ``[B, T]`` (``[:, t]`` =
+        weight source's weights join those buffers as ``longce_shift_weights`` ``[B, T]`` (``[:, t]`` =
         ``longce_weights[:, t + 1]``, 1 at ``t = T - 1``), so each rank gets the weights of exactly
-        the predictions it makes; ``longce_weights`` leaves ``inputs``. Without context
-        parallelism ``inputs`` are returned as they are.
+        the predictions it makes; the source's columns leave ``inputs``. Without context
+        parallelism, or with a source that gives no weights, ``inputs`` are returned as they are.
         """
         cp_context, inputs = super()._prepare_context_parallel_inputs(model, inputs)
-        if cp_context is contextlib.nullcontext or self.longce.weights != "cache":
+        source = self.weight_source
+        if cp_context is contextlib.nullcontext or not source.allows_context_parallel:
+            return cp_context, inputs
+        shifted = self._position_weights(inputs, inputs["input_ids"])  # [B, T], checked, before sharding
+        if shifted is None:
             return cp_context, inputs
         keywords = getattr(cp_context, "keywords", None) or {}
         if not isinstance(cp_context, functools.partial) or "buffers" not in keywords:
@@ -214,8 +223,8 @@ class LongCETrainer(Trainer):
                 "LongCETrainer cannot add its weights to this transformers version's context-parallel buffers "
                 f"({type(cp_context).__name__}); train with cp_size=1."
             )
-        shifted = self._position_weights(inputs, inputs["input_ids"])  # [B, T], checked, before sharding
-        inputs.pop(WEIGHTS_COLUMN, None)
+        for column in source.batch_columns:
+            inputs.pop(column, None)
         inputs[SHIFT_WEIGHTS] = shifted
         return (
             functools.partial(
@@ -232,11 +241,12 @@ class LongCETrainer(Trainer):
         )
 
     def _set_signature_columns_if_needed(self) -> None:
-        """``Trainer``'s columns to keep (the model's forward arguments, labels) and, with cached weights,
-        ``longce_weights``, which ``remove_unused_columns`` would otherwise drop."""
+        """``Trainer``'s columns to keep (the model's forward arguments, labels) and the weight source's
+        (``longce_weights`` with cached weights), which ``remove_unused_columns`` would otherwise drop."""
         super()._set_signature_columns_if_needed()
-        if self.longce.weights == "cache" and WEIGHTS_COLUMN not in self._signature_columns:
-            self._signature_columns.append(WEIGHTS_COLUMN)
+        for column in self.weight_source.batch_columns:
+            if column not in self._signature_columns:
+                self._signature_columns.append(column)
 
     # ------------------------------------------------------------------ loss
 
@@ -258,9 +268,10 @@ class LongCETrainer(Trainer):
         head = resolve_lm_head(self.accelerator.unwrap_model(model))
         batch, length = input_ids.shape
 
-        given = self._position_weights(inputs, input_ids)  # [B, T] aligned with targets ("cache"), or None
+        source = self.weight_source
+        given = self._position_weights(inputs, input_ids)  # [B, T] aligned with targets, or None
         flat = rows * length + cols
-        if self.longce.plain_ce or given is not None:  # no short pass: NaN short scores give weight 1 / are unused
+        if given is not None or not source.needs_short_pass:  # NaN short scores give weight 1 / are unused
             lp_short = torch.full((flat.numel(),), float("nan"), device=input_ids.device)  # [N]
         else:
             short = self._short_context_pass(model, head, inputs)  # [B, T], per token
@@ -287,9 +298,8 @@ class LongCETrainer(Trainer):
             # default without checkpointing and for PEFT) walks back from it to find used parameters.
             return hidden.new_zeros(*hidden.shape[:-1], 0) + 0 * result["loss"]
 
-        model_inputs = {
-            k: v for k, v in inputs.items() if k not in ("labels", "shift_labels", WEIGHTS_COLUMN, SHIFT_WEIGHTS)
-        }
+        not_for_model = ("labels", "shift_labels", WEIGHTS_COLUMN, SHIFT_WEIGHTS, *source.batch_columns)
+        model_inputs = {k: v for k, v in inputs.items() if k not in not_for_model}
         with intercept_head(head, consume):
             outputs = model(**model_inputs, use_cache=False)
         if "loss" not in result:
@@ -336,44 +346,26 @@ class LongCETrainer(Trainer):
         return input_ids, targets
 
     def _position_weights(self, inputs: dict[str, Any], input_ids: torch.Tensor) -> torch.Tensor | None:
-        """``[B, T]`` float32 weight of the prediction at each position with ``longce_weights="cache"``, else ``None``.
+        """``[B, T]`` float32 weight of the prediction at each position from the weight source, or ``None``
+        (the source gives none: self-scored or plain CE).
 
-        Position ``t`` predicts token ``t + 1``: it gets ``longce_weights[:, t + 1]`` (1 at ``t = T - 1``,
-        which predicts nothing), or ``longce_shift_weights[:, t]``, shifted already (under context
-        parallelism ``_prepare_context_parallel_inputs`` shifts them before the sequence is sharded).
+        Position ``t`` predicts token ``t + 1``: it gets the source's ``token_weights[:, t + 1]`` (1 at
+        ``t = T - 1``, which predicts nothing), or ``longce_shift_weights[:, t]``, shifted already (under
+        context parallelism ``_prepare_context_parallel_inputs`` shifts them before the sequence is sharded).
         """
         if SHIFT_WEIGHTS in inputs:  # shifted before context parallelism sharded the sequence
-            return self._batch_weights(inputs, input_ids, SHIFT_WEIGHTS)
+            source = self.weight_source
+            if not source.allows_context_parallel:  # only put there for sources that allow it
+                raise ValueError(source.unread_column_refusal(SHIFT_WEIGHTS))
+            fix = "under context parallelism the weights must be sharded with the tokens"
+            return aligned_weights(inputs[SHIFT_WEIGHTS], input_ids, SHIFT_WEIGHTS, fix)
         given = self._batch_weights(inputs, input_ids)  # [B, T], indexed by the token they weigh
         return None if given is None else _to_positions(given, 1.0)
 
-    def _batch_weights(
-        self, inputs: dict[str, Any], input_ids: torch.Tensor, key: str = WEIGHTS_COLUMN
-    ) -> torch.Tensor | None:
-        """``[B, T]`` float32 weights of the batch's ``key`` with ``longce_weights="cache"``, else ``None``
-        (``longce_weights``, per token; ``longce_shift_weights``, per position, under context parallelism)."""
-        weights = inputs.get(key)
-        if self.longce.weights != "cache":
-            if weights is not None:
-                raise ValueError(
-                    f"The batch holds {key!r}, but longce_weights='self' scores the weights with the trained "
-                    "model: set longce_weights='cache' to train with the dataset's weights, or drop the column."
-                )
-            return None
-        if weights is None:
-            raise ValueError(
-                f"longce_weights='cache' takes the token weights from the batch's {WEIGHTS_COLUMN!r}, but this batch "
-                f"has none (keys {sorted(inputs)}). Build the column with longce.add_key_token_weights and collate "
-                "with longce.LongCEWeightsCollator (LongCETrainer wraps its data_collator in one)."
-            )
-        if tuple(weights.shape) != tuple(input_ids.shape):
-            fix = (
-                "under context parallelism the weights must be sharded with the tokens"
-                if key == SHIFT_WEIGHTS
-                else "one weight per token is needed (collate with longce.LongCEWeightsCollator, which keeps them aligned)"
-            )
-            raise ValueError(f"{key} has shape {tuple(weights.shape)} but input_ids {tuple(input_ids.shape)}: {fix}.")
-        return weights.to(device=input_ids.device, dtype=torch.float32)
+    def _batch_weights(self, inputs: dict[str, Any], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The weight source's ``[B, T]`` float32 weights of the batch's tokens, or ``None``
+        (``WeightSource.token_weights``, which checks the batch)."""
+        return self.weight_source.token_weights(inputs, input_ids)
 
     def _short_context_pass(self, model: nn.Module, head: CausalLMHead, inputs: dict[str, Any]) -> torch.Tensor:
         """``[B, T]`` short-context log-probs (NaN where none), same number of forwards on every process."""
@@ -429,7 +421,8 @@ class LongCETrainer(Trainer):
     ) -> None:
         """Accumulate on the device (no host sync per step): sums of nll, weight, count, weight > 1; max
         weight; and the NaN, infinite and negative values among the ``given`` weights ``[N]`` of the
-        trained positions (``longce_weights="cache"``), which ``_reduced_stats`` refuses at the next log.
+        trained positions (a weight source's, e.g. ``longce_weights="cache"``), which ``_reduced_stats``
+        refuses at the next log.
 
         The collator refuses such weights row by row on the host; batches that reach ``compute_loss``
         another way are checked here, folded into statistics that are synced at log time anyway.

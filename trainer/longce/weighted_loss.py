@@ -46,8 +46,9 @@ from longppl.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, rows_pe
 DEFAULT_LOSS_CHUNK_BYTES = DEFAULT_LOGITS_CHUNK_BYTES
 
 
-def longce_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``min(exp(lp_long - lp_short), gamma)``, and 1 where ``lp_short`` is NaN (no short score).
+def lsd_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``min(exp(lp_long - lp_short), gamma)`` (``min(exp(LSD), gamma)``), and 1 where ``lp_short`` is NaN
+    (no short score).
 
     Shapes: any, broadcastable; float32 result. ``gamma=None`` would be unbounded: always pass one.
     """
@@ -55,11 +56,15 @@ def longce_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) 
     return torch.where(torch.isnan(lp_short), torch.ones_like(weight), weight)
 
 
+#: The name ``lsd_weights`` had first (kept): ``longce_weights`` is also the setting and the column.
+longce_weights = lsd_weights
+
+
 def _token_weights(
     lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float, given: torch.Tensor | None
 ) -> torch.Tensor:
-    """The rows' weights: ``given`` (float32) when the caller has them, else :func:`longce_weights`."""
-    return longce_weights(lp_long, lp_short, gamma) if given is None else given.float()
+    """The rows' weights: ``given`` (float32) when the caller has them, else :func:`lsd_weights`."""
+    return lsd_weights(lp_long, lp_short, gamma) if given is None else given.float()
 
 
 class _FusedWeightedLinearCE(torch.autograd.Function):
