@@ -266,3 +266,19 @@ def one_step_args(cls, **overrides):
     )
     settings.update(overrides)
     return cls(**settings)
+
+
+def assert_same_cache(a: str, b: str) -> None:
+    """The key-token caches saved in folders ``a`` and ``b`` have the same columns and rows; the
+    log-probability columns (``lp_*``) are compared as arrays, NaN equal to NaN."""
+    import datasets
+    import numpy as np
+
+    a, b = datasets.load_from_disk(a), datasets.load_from_disk(b)
+    assert a.column_names == b.column_names and len(a) == len(b)
+    for name in a.column_names:
+        if name.startswith("lp_"):
+            for x, y in zip(a[name], b[name]):
+                assert np.array_equal(np.array(x), np.array(y), equal_nan=True)
+        else:
+            assert a[name] == b[name], name

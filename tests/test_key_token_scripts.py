@@ -14,7 +14,14 @@ import datasets
 import evaluate
 import numpy as np
 import pytest
-from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import (
+    accelerate_launch_on_cpu,
+    assert_same_cache,
+    byte_level_bpe,
+    govreport_texts,
+    metaspace_bpe,
+    tiny_model,
+)
 
 import longppl
 from longppl.key_token_cache import KeyTokenCache
@@ -80,17 +87,6 @@ def cache(tools, files):
     )
     assert summary["documents"] == 4 and summary["scored"] == 4 and 0 < summary["key_share"] < 1
     return output
-
-
-def assert_same_cache(a, b):
-    a, b = datasets.load_from_disk(a), datasets.load_from_disk(b)
-    assert a.column_names == b.column_names and len(a) == len(b)
-    for name in a.column_names:
-        if name.startswith("lp_"):
-            for x, y in zip(a[name], b[name]):
-                assert np.array_equal(np.array(x), np.array(y), equal_nan=True)
-        else:
-            assert a[name] == b[name], name
 
 
 @pytest.mark.slow

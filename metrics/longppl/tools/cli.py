@@ -1,6 +1,7 @@
 """How the command-line tools run as commands: the console scripts of setup.cfg (``longppl-score``,
-``longppl-evaluate``, ``longppl-visualize``, ``longppl-quickstart``), ``python -m longppl.tools.X`` and
-the thin wrappers in ``scripts/`` all go through :func:`run_command`.
+``longppl-evaluate``, ``longppl-visualize``, ``longppl-quickstart``), their subcommands of ``longppl``
+(``longppl score``, :mod:`longppl.tools.main`), ``python -m longppl.tools.X`` and the thin wrappers in
+``scripts/`` all go through :func:`run_command`.
 
 Each tool module has ``build_parser(prog)`` and ``main(argv=None, prog=...)``: ``main`` is the Python
 API (it returns the tool's results and raises ``ValueError`` on bad input, as the tests use it), and
@@ -44,12 +45,54 @@ def help_text(doc: str | None) -> str:
     return _RST_ROLE.sub(r"`\1`", text)
 
 
+def other_spelling(option: str) -> str | None:
+    """The other spelling of a long option: ``--key-tokens`` for ``--key_tokens`` and back; ``None`` for a
+    short option (``-h``) or a long one of a single word (``--alpha``), which has only one."""
+    if not option.startswith("--"):
+        return None
+    body = option[2:]
+    if "-" in body:
+        return "--" + body.replace("-", "_")
+    if "_" in body:
+        return "--" + body.replace("_", "-")
+    return None
+
+
+class ToolParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose long options take both spellings, ``--key-tokens`` and ``--key_tokens``.
+
+    The tools declare one spelling (``--a-b``); ``longce-train`` (Hugging Face's parser of dataclass
+    fields) takes both, so a user who mixes the commands need not remember which one each wants. The
+    other spelling is registered as an alias of the same action: it parses to the same destination, and
+    ``--help``, usage and error messages show the declared spelling only. An abbreviation (``--key``)
+    that matches both spellings of one option is that option, not an ambiguity.
+    """
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        for option in action.option_strings:
+            alias = other_spelling(option)
+            if alias is not None and alias not in self._option_string_actions:
+                # not in action.option_strings: help and messages show the declared spelling only
+                self._option_string_actions[alias] = action
+        return action
+
+    def _get_option_tuples(self, option_string):
+        # Both spellings of an option share one action: a prefix of both is still one option. The first
+        # item of each tuple is the action (Python 3.11's 3-tuples and 3.12's 4-tuples alike).
+        seen, unique = set(), []
+        for match in super()._get_option_tuples(option_string):
+            if id(match[0]) not in seen:
+                seen.add(id(match[0]))
+                unique.append(match)
+        return unique
+
+
 def tool_parser(prog: str | None, doc: str | None) -> argparse.ArgumentParser:
     """The parser of a tool's ``build_parser``: ``prog``, and the tool's module docstring ``doc`` as its
-    description, rendered by :func:`help_text` and shown with its layout."""
-    return argparse.ArgumentParser(
-        prog=prog, description=help_text(doc), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    description, rendered by :func:`help_text` and shown with its layout. A :class:`ToolParser`: every
+    long option takes both spellings (``--key-tokens`` and ``--key_tokens``)."""
+    return ToolParser(prog=prog, description=help_text(doc), formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def invoked_name() -> str:

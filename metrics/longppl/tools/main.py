@@ -1,0 +1,74 @@
+"""``longppl``: one command for every tool, as ``longppl <command> [options]``.
+
+    longppl score --corpus docs.jsonl --evaluator meta-llama/Llama-3.1-8B --output key_tokens/x
+    longppl evaluate --key-tokens key_tokens/x --models Qwen/Qwen2-7B
+    longppl score --help
+
+Each command is one of the console scripts, which keep their names (``longppl score`` is
+``longppl-score``, ``longppl train`` is ``longce-train``): the same parser, options, output and
+one-line errors (``LONGPPL_DEBUG=1`` shows the traceback). ``python -m longppl`` is this command too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from longppl.tools.cli import help_text
+
+#: ``{command: (the console script's entry point "module:function", one line for --help)}``. The entry
+#: points are setup.cfg's, so a command and its old name run the same function. Modules are imported
+#: when their command runs: ``longppl --help`` loads none, and only ``train`` imports ``longce``.
+COMMANDS = {
+    "score": ("longppl.tools.compute_key_tokens:cli", "score a corpus with an evaluator into a key-token cache"),
+    "evaluate": ("longppl.tools.evaluate_models:cli", "LongPPL and PPL of models against a key-token cache"),
+    "visualize": ("longppl.tools.visualize_key_tokens:cli", "HTML and a histogram of a key-token cache"),
+    "quickstart": ("longppl.tools.quickstart:cli", "LongPPL in one command, offline on a tiny model"),
+    "reproduce": ("longppl.tools.reproduce:cli", "reproduce the paper's LongPPL claims at small scale"),
+    "reproduce-longce": ("longppl.tools.reproduce_longce:cli", 'reproduce "LongCE beats CE" at small scale'),
+    "train": ("longce.cli:main", "fine-tune a causal LM with LongCE from a YAML recipe"),
+}
+
+PROG = "longppl"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The parser of ``longppl`` itself: ``--help`` (the commands, one line each) and the command's name.
+    What follows the name is the command's, parsed by its own tool."""
+    width = max(len(name) for name in COMMANDS) + 2
+    listing = "\n".join(f"  {name:<{width}}{summary}" for name, (_, summary) in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        usage="%(prog)s <command> [options]",
+        description=help_text(__doc__.split("\n\n")[0] if __doc__ else None),
+        epilog=f"commands:\n{listing}\n\n`{prog} <command> --help` shows a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", metavar="<command>", choices=list(COMMANDS), help="the tool to run (listed below)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run ``longppl <command> [options]``; returns the command's exit status (0).
+
+    ``argv``: the arguments after ``longppl`` (default ``sys.argv[1:]``). No command, ``--help`` or an
+    unknown command: argparse's help or one ``longppl: error: ...`` line naming the choices
+    (``SystemExit``). Otherwise the command's console-script function runs with the rest of ``argv``,
+    under the name ``longppl <command>``: in its usage line, its error lines and the command line a
+    report records.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # only the first argument is ours: `longppl score --help` is score's help, not this one's
+    parser = build_parser(prog)
+    command = parser.parse_args(argv[:1]).command
+    module, function = COMMANDS[command][0].split(":")
+    run = getattr(importlib.import_module(module), function)
+    saved = sys.argv
+    # The tools take their name from sys.argv[0] (run_command's `prog: error:` line, longce-train's
+    # Hugging Face parser, the command line reproduce records), as when started by their own name.
+    sys.argv = [f"{prog} {command}", *argv[1:]]
+    try:
+        return run(argv[1:])
+    finally:
+        sys.argv = saved

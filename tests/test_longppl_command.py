@@ -1,0 +1,253 @@
+"""The `longppl` command (`longppl score`, `longppl train`, ...; `python -m longppl`): each subcommand
+runs its console script's tool under the name `longppl <command>`, and the tools' long options take
+both spellings (`--key-tokens` and `--key_tokens`)."""
+
+import configparser
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import datasets
+import pytest
+from conftest import REPO
+from helpers import assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
+
+from longppl.tools import (
+    compute_key_tokens,
+    evaluate_models,
+    quickstart,
+    reproduce,
+    reproduce_longce,
+    visualize_key_tokens,
+)
+from longppl.tools import main as longppl_command
+from longppl.tools.cli import ToolParser, other_spelling
+
+# {subcommand: the old command it stands for}
+OLD_NAMES = {
+    "score": "longppl-score",
+    "evaluate": "longppl-evaluate",
+    "visualize": "longppl-visualize",
+    "quickstart": "longppl-quickstart",
+    "reproduce": "longppl-reproduce",
+    "reproduce-longce": "longppl-reproduce-longce",
+    "train": "longce-train",
+}
+
+
+def console_scripts() -> dict[str, str]:
+    config = configparser.ConfigParser()
+    config.read(os.path.join(REPO, "setup.cfg"), encoding="utf-8")
+    lines = config["options.entry_points"]["console_scripts"].strip().splitlines()
+    return dict((part.strip() for part in line.split("=", 1)) for line in lines)
+
+
+@pytest.fixture(scope="module")
+def modules_cache(tmp_path_factory):
+    """evaluate's module cache with the metric registered: a child's `import longppl` then skips registering."""
+    from longppl import register
+
+    cache = tmp_path_factory.mktemp("modules")
+    register.register_metric(str(cache))
+    return str(cache)
+
+
+def python_m_longppl(*args, modules_cache):
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", HF_MODULES_CACHE=modules_cache)
+    return subprocess.run(
+        [sys.executable, "-m", "longppl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_setup_cfg_installs_longppl_beside_the_old_names():
+    scripts = console_scripts()
+    assert scripts["longppl"] == "longppl.tools.main:main"
+    module, function = scripts["longppl"].split(":")
+    assert callable(getattr(importlib.import_module(module), function))
+    # every subcommand runs what its old name runs
+    assert {command: scripts[old] for command, old in OLD_NAMES.items()} == {
+        command: target for command, (target, _) in longppl_command.COMMANDS.items()
+    }
+
+
+def test_help_lists_every_subcommand_on_one_line(modules_cache):
+    done = python_m_longppl("--help", modules_cache=modules_cache)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: longppl <command> ")
+    listed = done.stdout.split("commands:\n", 1)[1].split("\n\n")[0].splitlines()
+    assert [line.split()[0] for line in listed] == list(OLD_NAMES)
+    assert all(len(line.split()) > 2 for line in listed)  # a name and what it does
+
+
+@pytest.mark.parametrize("command", list(OLD_NAMES))
+def test_subcommand_help_is_the_tools_help_under_its_new_name(command, modules_cache):
+    done = python_m_longppl(command, "--help", modules_cache=modules_cache)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: longppl {command} ")
+    # the same text as the old command's help, but for the program's name in the usage line
+    module, function = console_scripts()[OLD_NAMES[command]].split(":")
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", HF_MODULES_CACHE=modules_cache)
+    code = (
+        f"import sys, importlib; sys.argv = ['{OLD_NAMES[command]}', '--help']; "
+        f"getattr(importlib.import_module('{module}'), '{function}')(['--help'])"
+    )
+    direct = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert direct.stdout.startswith(f"usage: {OLD_NAMES[command]} ")
+    assert done.stdout.split("\n\n", 1)[1] == direct.stdout.split("\n\n", 1)[1]
+
+
+def test_unknown_subcommand_is_one_error_line_naming_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        longppl_command.main(["scroe"])
+    assert exit_.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1
+    assert errors[0].startswith("longppl: error: ") and "'scroe'" in errors[0]
+    assert all(f"'{name}'" in errors[0] for name in OLD_NAMES)
+
+
+def test_bad_input_is_one_error_line_named_after_the_subcommand(tmp_path, modules_cache):
+    missing = str(tmp_path / "missing")
+    done = python_m_longppl(
+        "visualize", "--key_tokens", missing, "--html", str(tmp_path / "x.html"), modules_cache=modules_cache
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("longppl visualize: error: ") and missing in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_longppl_does_not_import_longce_until_train_runs(modules_cache):
+    code = (
+        "import sys; from longppl.tools import main\n"
+        "try:\n    main.main(['score', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print([m for m in sys.modules if m == 'longce' or m.startswith('longce.')])"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_dispatcher_restores_sys_argv(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["longppl", "quickstart", "--help"])
+    with pytest.raises(SystemExit):
+        longppl_command.main(["quickstart", "--help"])
+    assert sys.argv == ["longppl", "quickstart", "--help"]
+
+
+def test_longppl_score_writes_the_cache_longppl_score_writes(tmp_path, monkeypatch):
+    from accelerate import PartialState
+
+    texts = [t[700:1300] for t in govreport_texts()[3:5]]
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    tok = byte_level_bpe()
+    tiny_model("llama", len(tok), seed=1).save_pretrained(tmp_path / "evaluator")
+    tok.save_pretrained(tmp_path / "evaluator")
+
+    def args(output):
+        # the new spellings on one side, the declared ones on the other: the same run
+        return [
+            "--corpus",
+            str(corpus),
+            "--evaluator",
+            str(tmp_path / "evaluator"),
+            "--output",
+            str(tmp_path / output),
+            "--trunc-len" if output == "old" else "--trunc_len",
+            "47",
+            "--sliding-window" if output == "old" else "--sliding_window",
+            "13",
+        ]
+
+    try:
+        monkeypatch.setattr(sys, "argv", ["longppl-score"])
+        assert compute_key_tokens.cli(args("old")) == 0  # longppl-score's entry point
+        assert longppl_command.main(["score", *args("new")]) == 0
+    finally:
+        PartialState._reset_state()  # compute_key_tokens set up accelerate's (process-wide) state
+    assert len(datasets.load_from_disk(str(tmp_path / "old"))) == 2
+    assert_same_cache(str(tmp_path / "old"), str(tmp_path / "new"))
+
+
+# {tool: (required arguments, (multi-word option, its value or None for a flag), ...)}
+SPELLINGS = {
+    compute_key_tokens: (
+        ["--corpus", "c", "--evaluator", "e", "--output", "o"],
+        [("--text-column", "body"), ("--trunc-len", "64"), ("--max-tokens-per-batch", "9"), ("--window-bos", None)],
+    ),
+    evaluate_models: (
+        ["--models", "m"],
+        [("--key-tokens", "k"), ("--output-dir", "d"), ("--benchmark-name", "b"), ("--no-lcl", None)],
+    ),
+    visualize_key_tokens: ([], [("--key-tokens", "k"), ("--lsd-cap", "5"), ("--sliding-window", "16")]),
+    quickstart: ([], [("--max-length", "128"), ("--sliding-window", "16"), ("--trunc-len", "64")]),
+    reproduce: (["--config", "c"], [("--output-dir", "d"), ("--validation-corpus", "v")]),
+    reproduce_longce: (["--config", "c"], [("--output-dir", "d"), ("--base-model", "b")]),
+}
+
+
+def declared_options(parser):
+    """The long options of ``parser`` with two or more words, as declared (help shows these)."""
+    return sorted(
+        option for action in parser._actions for option in action.option_strings if other_spelling(option) is not None
+    )
+
+
+@pytest.mark.parametrize("tool", list(SPELLINGS), ids=lambda tool: tool.__name__.rsplit(".", 1)[1])
+def test_both_spellings_parse_to_the_same_namespace(tool):
+    required, pairs = SPELLINGS[tool]
+    parser = tool.build_parser("tool")
+    assert isinstance(parser, ToolParser)
+    options = declared_options(parser)
+    for option, _ in pairs:
+        assert option in options, option
+    declared = [*required, *(item for option, value in pairs for item in (option, value) if item is not None)]
+    other = [*required, *(item for option, value in pairs for item in (other_spelling(option), value) if item)]
+    assert other != declared
+    assert parser.parse_args(other) == parser.parse_args(declared)
+    # with `=` too
+    joined = [*required, *(f"{other_spelling(o)}={v}" if v else other_spelling(o) for o, v in pairs)]
+    assert parser.parse_args(joined) == parser.parse_args(declared)
+
+
+@pytest.mark.parametrize("tool", list(SPELLINGS), ids=lambda tool: tool.__name__.rsplit(".", 1)[1])
+def test_help_shows_each_option_once_in_its_declared_spelling(tool):
+    text = tool.build_parser("tool").format_help()
+    for option in declared_options(tool.build_parser("tool")):
+        lines = [line for line in text.split("options:", 1)[1].splitlines() if line.lstrip().startswith(option)]
+        assert len(lines) == 1, (option, lines)
+        assert f"{other_spelling(option)} " not in text and f"{other_spelling(option)}," not in text
+
+
+def test_the_other_spelling_of_an_option():
+    assert other_spelling("--key-tokens") == "--key_tokens"
+    assert other_spelling("--key_tokens") == "--key-tokens"
+    assert other_spelling("--alpha") is None and other_spelling("-h") is None
+
+
+def test_either_spelling_declared_takes_the_other_and_errors_name_the_declared_one(capsys):
+    parser = ToolParser(prog="tool")
+    parser.add_argument("--max_length", type=int, required=True)
+    parser.add_argument("--no-lcl", action="store_true")
+    assert parser.parse_args(["--max-length", "3", "--no_lcl"]) == parser.parse_args(["--max_length", "3", "--no-lcl"])
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
+    assert "the following arguments are required: --max_length" in capsys.readouterr().err
+
+
+def test_an_abbreviation_of_both_spellings_is_the_one_option(capsys):
+    parser = ToolParser(prog="tool")
+    parser.add_argument("--trunc-len", type=int)
+    parser.add_argument("--trunc-side")
+    assert parser.parse_args(["--trunc-l", "5"]).trunc_len == 5
+    assert parser.parse_args(["--trunc_l", "5"]).trunc_len == 5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--trunc", "5"])  # still ambiguous: two options
+    err = capsys.readouterr().err
+    assert "ambiguous option: --trunc could match --trunc-len, --trunc-side" in err
