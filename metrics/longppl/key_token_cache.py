@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .atomic_files import (
     directory_lock,
@@ -717,7 +718,8 @@ class KeyTokenCache:
             values("lp_long"),
             values("lp_short"),
         )
-        _check_row(row, len(table.column("text")[0].as_py()), scores)
+        # the text's length in characters from Arrow (no Python copy of a long text on this path)
+        _check_row(row, pc.utf8_length(table.column("text")).to_pylist()[0], scores)
         return scores
 
     def row(self, row: int) -> dict:
