@@ -172,8 +172,16 @@ class LongCETrainer(Trainer):
     @property
     def weight_source(self) -> WeightSource:
         """The ``WeightSource`` of the token weights: the one given to ``__init__``, else the one that
-        ``self.longce`` chooses (``weight_source_for``, the one place they become a source)."""
-        return weight_source_for(self.longce, self._given_weight_source)
+        ``self.longce`` chooses (``weight_source_for``, the one place they become a source).
+
+        Built once per (settings, given source), not on each of the several questions a training
+        step asks it; code that swaps ``self.longce`` (frozen settings) gets the new source."""
+        key = (self.longce, self._given_weight_source)
+        built = getattr(self, "_weight_source_of", None)
+        if built is None or built[0][0] is not key[0] or built[0][1] is not key[1]:
+            built = (key, weight_source_for(*key))
+            self._weight_source_of = built
+        return built[1]
 
     def _refuse_context_parallelism(self) -> None:
         """Refuse sequence parallelism, and context parallelism unless the weight source allows it.
