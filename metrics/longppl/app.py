@@ -272,9 +272,9 @@ def describe_load_failure(model_id: str, err: BaseException) -> str:
 def _check_hub(model_id: str, timeout_s: float) -> None:
     """Ask the Hub once, with a short timeout, whether ``model_id`` is there: an outage then fails in
     seconds, where ``from_pretrained`` would retry each file for a minute. Nothing to ask offline."""
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
 
-    if constants.HF_HUB_OFFLINE:
+    if _sibling("sources").hub_offline():  # the library's reading of HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE
         return
     HfApi().model_info(model_id, timeout=timeout_s)
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 #: Seconds to wait for the Hub's answer about one repository (once; there are no retries).
 HUB_TIMEOUT_S = 5.0
-_TRUE = ("1", "on", "yes", "true")
 _KINDS = {"model": "model", "dataset": "dataset"}
 # (repo_type, repo_id) of the repositories the Hub said exist, so that a name checked at a
 # command's start and again when it is loaded costs one request.
@@ -42,12 +41,17 @@ class Location:
     path: str
 
 
+def env_flag(name: str, environ=None) -> bool:
+    """Whether the environment variable ``name`` is switched on (1, true, yes or on, any case)."""
+    return (os.environ if environ is None else environ).get(name, "").strip().lower() in ("1", "on", "yes", "true")
+
+
 def hub_offline() -> bool:
     """Whether the Hub may not be used (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
     from huggingface_hub import constants
 
     # Read the environment now too: huggingface_hub reads it once, at import.
-    env = any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    env = env_flag("HF_HUB_OFFLINE") or env_flag("TRANSFORMERS_OFFLINE")
     return env or bool(constants.HF_HUB_OFFLINE)
 
 

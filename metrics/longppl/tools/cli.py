@@ -135,5 +135,6 @@ def run_command(main: Callable[..., object], argv: list[str] | None = None) -> i
 
 def debugging(environ: dict[str, str] | None = None) -> bool:
     """Whether ``LONGPPL_DEBUG`` asks for tracebacks (1, true, yes or on)."""
-    value = (os.environ if environ is None else environ).get(DEBUG_VARIABLE, "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    from longppl.sources import env_flag  # standard library only: the commands run this before torch
+
+    return env_flag(DEBUG_VARIABLE, environ)
