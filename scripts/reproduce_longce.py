@@ -6,11 +6,11 @@ measure lines accuracy, PPL, LongPPL and step time, and write results.json and a
     python scripts/reproduce_longce.py --config configs/reproduce/longce_h200.yaml \\
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro-longce/
 
-The pipeline lives in ``longppl.tools.reproduce_longce`` (its docstring describes the stages and
+The pipeline lives in ``longppl_reproduce.longce_run`` (its docstring describes the stages and
 files); ``--help`` lists the flags.
 """
 
-from longppl.tools.reproduce_longce import cli
+from longppl_reproduce.longce_run import cli
 
 if __name__ == "__main__":
     raise SystemExit(cli())

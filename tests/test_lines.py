@@ -1,5 +1,5 @@
-"""The LongEval lines benchmark (longppl.tools.lines) and the answer-token analysis
-(longppl.tools.answer_tokens), against plain references written here."""
+"""The LongEval lines benchmark (longppl_reproduce.lines) and the answer-token analysis
+(longppl_reproduce.answer_tokens), against plain references written here."""
 
 from __future__ import annotations
 
@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import byte_level_bpe, tiny_model
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-
-from longppl.settings import WindowSettings
-from longppl.tools.answer_tokens import answer_lsd_histogram, answer_token_scores, classify_answer_tokens
-from longppl.tools.lines import (
+from longppl_reproduce.answer_tokens import answer_lsd_histogram, answer_token_scores, classify_answer_tokens
+from longppl_reproduce.lines import (
     LinesCase,
     case_text,
     generate_lines_cases,
@@ -28,6 +24,10 @@ from longppl.tools.lines import (
     read_lines_cases,
     write_lines_cases,
 )
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from longppl.settings import WindowSettings
 
 # LongChat's wording, written out here independently of the module.
 HEADER = (

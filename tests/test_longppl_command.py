@@ -13,27 +13,28 @@ import datasets
 import pytest
 from conftest import REPO
 from helpers import assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
+from longppl_reproduce import longce_run as reproduce_longce
+from longppl_reproduce import longppl_run as reproduce
 
 from longppl.tools import (
     compute_key_tokens,
     evaluate_models,
     quickstart,
-    reproduce,
-    reproduce_longce,
     visualize_key_tokens,
 )
 from longppl.tools import main as longppl_command
 from longppl.tools.cli import ToolParser, other_spelling
 
-# {subcommand: the old command it stands for}
+# {subcommand: the old command it stands for}, in the order of `longppl --help`: longppl's own, then the
+# packages registered through the entry-point group in the order of their names (longce, longppl_reproduce)
 OLD_NAMES = {
     "score": "longppl-score",
     "evaluate": "longppl-evaluate",
     "visualize": "longppl-visualize",
     "quickstart": "longppl-quickstart",
+    "train": "longce-train",
     "reproduce": "longppl-reproduce",
     "reproduce-longce": "longppl-reproduce-longce",
-    "train": "longce-train",
 }
 
 
@@ -68,8 +69,26 @@ def test_setup_cfg_installs_longppl_beside_the_old_names():
     assert callable(getattr(importlib.import_module(module), function))
     # every subcommand runs what its old name runs
     assert {command: scripts[old] for command, old in OLD_NAMES.items()} == {
-        command: target for command, (target, _) in longppl_command.COMMANDS.items()
+        command: target for command, (target, _) in longppl_command.commands().items()
     }
+
+
+def test_a_package_registering_a_taken_command_is_refused(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    import longce.commands
+
+    clash = dict(longce.commands.COMMANDS, score=("longce.cli:main", "not the scorer"))
+    monkeypatch.setattr(longce.commands, "CLASH", clash, raising=False)
+    points = [EntryPoint("other", "longce.commands:CLASH", longppl_command.COMMAND_GROUP)]
+    monkeypatch.setattr(
+        "importlib.metadata.entry_points", lambda group: points if group == longppl_command.COMMAND_GROUP else []
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"entry point 'other' .* registers the command 'score', which runs longppl\.tools\.compute_key_tokens:cli",
+    ):
+        longppl_command.commands()
 
 
 def test_help_lists_every_subcommand_on_one_line(modules_cache):

@@ -1,4 +1,4 @@
-"""The reproduction pipeline (longppl.tools.reproduce, scripts/reproduce_longppl.py): the whole run on
+"""The reproduction pipeline (longppl_reproduce.longppl_run, scripts/reproduce_longppl.py): the whole run on
 the smoke config, resuming without redoing work, and the clear errors for bad configs and inputs."""
 
 import gzip
@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 from helpers import DATA, byte_level_bpe, edited_config, govreport_texts, json_leaves
-
-from longppl.tools import reproduce
-from longppl.tools.family import TrainingBatches, cut_documents, learning_rate
+from longppl_reproduce import longppl_run as reproduce
+from longppl_reproduce.family import TrainingBatches, cut_documents, learning_rate
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "family_h200.yaml")

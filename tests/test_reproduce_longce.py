@@ -1,4 +1,4 @@
-"""The LongCE-vs-CE reproduction (longppl.tools.reproduce_longce, scripts/reproduce_longce.py): the whole
+"""The LongCE-vs-CE reproduction (longppl_reproduce.longce_run, scripts/reproduce_longce.py): the whole
 run on the smoke config, resuming without redoing work, and the clear errors for bad configs."""
 
 import json
@@ -11,8 +11,7 @@ import datasets
 import pytest
 from conftest import REPO
 from helpers import DATA, edited_config, json_leaves
-
-from longppl.tools import reproduce_longce
+from longppl_reproduce import longce_run as reproduce_longce
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "longce_smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "longce_h200.yaml")
@@ -228,7 +227,7 @@ def test_the_gpu_config_is_valid_with_three_seeds_and_every_method():
     assert tuning["methods"] == ["ce", "self", "cache"] and len(tuning["seeds"]) == 3
     evaluation = config["evaluation"]
     assert evaluation["trunc_len"] < evaluation["length"] and len(evaluation["lines_lengths"]) >= 3
-    family = {v.name: v for v in reproduce_longce.reproduce.variants(config)}
+    family = {v.name: v for v in reproduce_longce.longppl_run.variants(config)}
     assert family[config["base_model"]].training["seq_len"] < evaluation["length"]
 
 

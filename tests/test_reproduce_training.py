@@ -1,4 +1,4 @@
-"""The reproduction's training loop and lines cases (longppl.tools.family, longppl.tools.reproduce):
+"""The reproduction's training loop and lines cases (longppl_reproduce.family, longppl_reproduce.longppl_run):
 torch.compile gives the eager losses, a training cut off mid-model resumes from its checkpoint to
 the weights of an uninterrupted run, and the lines prompts leave room for the generated answer
 inside the models' positions."""
@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import REPO
 from helpers import DATA, byte_level_bpe, edited_config
+from longppl_reproduce import lines
+from longppl_reproduce import longppl_run as reproduce
+from longppl_reproduce.family import CHECKPOINT, TRAINING_RECORD, TrainingBatches, Variant, train_variant
 from safetensors.torch import load_file
-
-from longppl.tools import lines, reproduce
-from longppl.tools.family import CHECKPOINT, TRAINING_RECORD, TrainingBatches, Variant, train_variant
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "family_h200.yaml")

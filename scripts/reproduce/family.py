@@ -1,9 +1,9 @@
-"""The model family of the reproduction pipeline (``longppl.tools.reproduce``): tokenizer, model
+"""The model family of the reproduction pipeline (``longppl_reproduce.longppl_run``): tokenizer, model
 configs, training data and the training loop.
 
 Every model is a small Llama-style causal LM from ``transformers`` (``LlamaConfig``, or
 ``MistralConfig`` for sliding-window attention), trained from scratch on a stream of book tokens
-mixed with synthetic LongEval "lines" documents (``longppl.tools.lines``). What varies across the
+mixed with synthetic LongEval "lines" documents (``longppl_reproduce.lines``). What varies across the
 family is what decides long-context ability (training context, attention window, RoPE base, share
 of lines documents, training tokens) while short-context quality stays comparable.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..atomic_files import replace_directory_atomically, write_file_atomically
+from longppl.atomic_files import replace_directory_atomically, write_file_atomically
 
 #: The tokenizer's special tokens: an end-of-document token that separates concatenated documents,
 #: and a padding token (batches are packed, so it is only there for ``generate``). No BOS is added:

@@ -4,7 +4,7 @@
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro-longce/
 
 takes a model trained at a short context (a member of the config's family, trained here by
-``longppl.tools.family``, or a trained model folder: ``base_model``), extends its context to the
+``longppl_reproduce.family``, or a trained model folder: ``base_model``), extends its context to the
 evaluation length ``L`` with ``longce.apply_context_extension`` (PI, ABF or YaRN), and fine-tunes
 copies of it on the training books plus LongEval "lines" documents with ``LongCETrainer``, at equal
 steps and on the same token sequences, by each method of ``finetune.methods``:
@@ -20,7 +20,7 @@ lines accuracy per record length (the curve of accuracy against steps); at the e
 PPL and LongPPL with the evaluator's key tokens (``longppl-evaluate`` on the validation documents'
 cache, hard and ``--soft``), and the step time of each method.
 
-Stages (``--stages``, comma separated, or ``all``), each resumable as in ``longppl.tools.reproduce``
+Stages (``--stages``, comma separated, or ``all``), each resumable as in ``longppl_reproduce.longppl_run``
 (whose machinery this extends: config checks, tokenizer, data, the family's training, lines cases and
 accuracy, the key-token cache and ``longppl-evaluate``):
 
@@ -50,11 +50,12 @@ import shutil
 import sys
 import time
 
-from ..atomic_files import replace_directory_atomically, write_file_atomically
-from ..settings import DEFAULT_GAMMA, require_finite, require_int
-from . import reproduce
-from .cli import command_line, run_command, tool_parser
-from .reproduce import Run, _jsonable, _merge, _number, _totals, read_json, resolve_config_path, write_jsonl
+from longppl.atomic_files import replace_directory_atomically, write_file_atomically
+from longppl.settings import DEFAULT_GAMMA, require_finite, require_int
+from longppl.tools.cli import command_line, run_command, tool_parser
+
+from . import longppl_run
+from .longppl_run import Run, _jsonable, _merge, _number, _totals, read_json, resolve_config_path, write_jsonl
 
 STAGES = ("tokenizer", "data", "train", "extend", "cache", "finetune", "evaluate", "report")
 #: The fine-tuning methods and the ``LongCEConfig`` fields that select them.
@@ -69,7 +70,7 @@ EXTENSIONS = ("pi", "abf", "yarn")
 #: The folder of the extended base model (a name no fine-tuning run or family member may take).
 EXTENDED = "extended"
 DEFAULTS = _merge(
-    reproduce.DEFAULTS,
+    longppl_run.DEFAULTS,
     {
         "family": [],
         "extension": {"method": "pi", "factor": None, "rope_theta": None},
@@ -115,7 +116,7 @@ def load_config(
     base_model: str | None = None,
     evaluator: str | None = None,
 ) -> dict:
-    """``reproduce.load_config`` with this pipeline's defaults and checks (:func:`check_config`);
+    """``longppl_run.load_config`` with this pipeline's defaults and checks (:func:`check_config`);
     ``base_model`` and ``evaluator`` (a family member or a model folder) override the config's."""
 
     def check(config: dict, where: str) -> None:
@@ -127,11 +128,11 @@ def load_config(
                 config[key] = resolve_config_path(config[key], where)
         check_config(config, where)
 
-    return reproduce.load_config(path, corpus, validation_corpus, defaults=DEFAULTS, check=check)
+    return longppl_run.load_config(path, corpus, validation_corpus, defaults=DEFAULTS, check=check)
 
 
 def check_config(config: dict, path: str) -> None:
-    """Refuse a config that would fail late, naming the field and the value (``reproduce.check_config``
+    """Refuse a config that would fail late, naming the field and the value (``longppl_run.check_config``
     for the shared parts: corpus, family, evaluation lengths, K < L, ...)."""
     where = f"{path}:"
     names = [m.get("name") for m in config.get("family") or [] if isinstance(m, dict)]
@@ -159,9 +160,9 @@ def check_config(config: dict, path: str) -> None:
         return int(_positions(found))
 
     folders = {key: folder_positions(key, config.get(key)) for key in ("base_model", "evaluator")}
-    reproduce.check_config(config, path, empty_family=True, short_context=(base,))
+    longppl_run.check_config(config, path, empty_family=True, short_context=(base,))
     length = int(config["evaluation"]["length"])
-    family = {v.name: v for v in reproduce.variants(config)}
+    family = {v.name: v for v in longppl_run.variants(config)}
 
     def positions_of(key: str, value: str) -> int:
         found = folders[key]
@@ -246,7 +247,7 @@ def check_config(config: dict, path: str) -> None:
 
 
 class LongCERun(Run):
-    """The output directory of one LongCE-vs-CE reproduction: ``reproduce.Run``'s stages plus its own."""
+    """The output directory of one LongCE-vs-CE reproduction: ``longppl_run.Run``'s stages plus its own."""
 
     def __init__(self, config: dict, output_dir: str, methods=None, seeds=None, log=print):
         """``methods`` / ``seeds``: the fine-tuning runs of this call (default: all of the config's),
@@ -504,8 +505,8 @@ class LongCERun(Run):
     def cache_weights_key(self, tokenizer) -> dict:
         """What the ``cache`` method's weights dataset depends on: the evaluator, gamma, ``L``, the
         trained model's tokenizer, and the contents of the fine-tuning pool and of its key-token cache."""
-        from ..fingerprints import file_sha256, tokenizer_fingerprint
-        from ..key_token_cache import CHECKSUM_FILE
+        from longppl.fingerprints import file_sha256, tokenizer_fingerprint
+        from longppl.key_token_cache import CHECKSUM_FILE
 
         def sha256_if_any(path: str) -> str | None:
             return file_sha256(path) if os.path.isfile(path) else None
@@ -682,7 +683,7 @@ class LongCERun(Run):
         """Lines accuracy of the base model before the extension, at the lines lengths within its own
         positions (``eval/lines/base.json``; nothing when none is): what the model could do before
         the extension, so the report shows what the extension cost and what fine-tuning won back."""
-        from ..loading import load_causal_lm
+        from longppl.loading import load_causal_lm
 
         path = self.path("eval", "lines", "base.json")
         if os.path.isfile(path):
@@ -870,7 +871,7 @@ def draw_curves(path: str, runs: list[dict]) -> list[str]:
 
 
 def _fmt(value, digits: int = 2) -> str:
-    return reproduce._fmt(value, digits)
+    return longppl_run._fmt(value, digits)
 
 
 def _pm(entry: dict, digits: int = 2) -> str:
@@ -931,7 +932,7 @@ def format_report(results: dict) -> str:
             + f" | {_pm(entry['mean_accuracy'])} | {_pm(entry['ppl'])} | {_pm(entry['longppl'])} | "
             f"{_pm(entry['soft_longppl'])} | {_pm(step, 1)} |"
         )
-    out += reproduce.report_tail(results, "Lines accuracy against steps")
+    out += longppl_run.report_tail(results, "Lines accuracy against steps")
     return "\n".join(out) + "\n"
 
 
@@ -955,7 +956,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--seeds", help="comma-separated fine-tuning seeds to run in this call (default: all)")
     parser.add_argument(
         "--stages",
-        type=lambda value: reproduce.parse_stages(value, STAGES),
+        type=lambda value: longppl_run.parse_stages(value, STAGES),
         default=list(STAGES),
         help=f"comma-separated stages of {', '.join(STAGES)}, or all (default: all)",
     )

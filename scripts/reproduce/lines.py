@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..atomic_files import write_file_atomically
-from ..progress import Progress, ProgressCallback
-from ..settings import require_int
+from longppl.atomic_files import write_file_atomically
+from longppl.progress import Progress, ProgressCallback
+from longppl.settings import require_int
 
 PROMPT_HEADER = (
     "Below is a record of lines I want you to remember. Each line begins with 'line <line index>' and "
@@ -219,7 +219,7 @@ def read_lines_cases(path: str) -> list[LinesCase]:
         ValueError: naming the file and line of a record that is not a JSON object, lacks a field,
             or holds a bad value there; or an empty file.
     """
-    from .corpus import jsonl_records
+    from longppl.tools.corpus import jsonl_records
 
     cases = []
     hint = "LongEval lines files need 'prompt' and 'expected_number' on every line."

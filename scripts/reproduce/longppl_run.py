@@ -3,7 +3,7 @@
     python scripts/reproduce_longppl.py --config configs/reproduce/family_h200.yaml \\
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro/
 
-trains a family of small Llama-style LMs from scratch (``longppl.tools.family``), then measures
+trains a family of small Llama-style LMs from scratch (``longppl_reproduce.family``), then measures
 per model the LongEval "lines" accuracy per record length, and PPL and LongPPL on long validation
 documents, with (a) one evaluator for all (the family's best model on lines, or the one the config
 names) through the key-token cache, and (b) each model as its own evaluator; the Pearson and
@@ -51,8 +51,8 @@ import subprocess
 import sys
 import time
 
-from ..atomic_files import replace_directory_atomically, write_file_atomically
-from ..settings import (
+from longppl.atomic_files import replace_directory_atomically, write_file_atomically
+from longppl.settings import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
     DEFAULT_GAMMA,
@@ -61,8 +61,8 @@ from ..settings import (
     require_finite,
     require_int,
 )
-from .cli import command_line, run_command, tool_parser
-from .correlation import undefined_because
+from longppl.tools.cli import command_line, run_command, tool_parser
+from longppl.tools.correlation import undefined_because
 
 #: The two rules of the answer-token analysis (``answer_tokens.RULES``, which imports torch).
 RULES = ("lsd", "lsd+lcl")
@@ -156,7 +156,7 @@ def load_config(
 
 
 def variants(config: dict):
-    """The family as :class:`longppl.tools.family.Variant` objects (base settings + each one's overrides)."""
+    """The family as :class:`longppl_reproduce.family.Variant` objects (base settings + each one's overrides)."""
     from .family import Variant
 
     found = []
@@ -301,7 +301,7 @@ def read_books(source: str, text_column: str = "text") -> list[str]:
                     )
                 texts.append(text)
     else:
-        from .corpus import read_documents
+        from longppl.tools.corpus import read_documents
 
         texts = read_documents(source, text_column)
     if not texts:
@@ -627,7 +627,7 @@ class Run:
 
     # ---------------------------------------------------------- evaluate
     def _load(self, name: str):
-        from ..loading import load_causal_lm
+        from longppl.loading import load_causal_lm
 
         return load_causal_lm(self.model_dir(name), self.device)
 
@@ -676,7 +676,7 @@ class Run:
 
     def evaluate_model(self, name: str, cases: dict[int, list], texts: list[str]) -> None:
         """Lines accuracy per length, and PPL / LongPPL with the model as its own evaluator."""
-        from ..scoring import (
+        from longppl.scoring import (
             document_results,
             score_with_evaluator,
             score_with_model,
@@ -878,7 +878,8 @@ class Run:
 
     # ---------------------------------------------------------- report
     def stage_report(self) -> dict:
-        from .correlation import pearson, spearman
+        from longppl.tools.correlation import pearson, spearman
+
         from .family import TRAINING_RECORD
 
         family = []
@@ -1042,8 +1043,9 @@ def draw_figures(folder: str, scatters: list, answer_scores: str, alpha: float) 
         return []
     import numpy as np
 
+    from longppl.tools.figures import correlation_scatter
+
     from .answer_tokens import answer_lsd_histogram
-    from .figures import correlation_scatter
 
     drawn = []
     for label, models, longppl, ppl, accuracy in scatters:

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..key_tokens import long_short_difference
-from ..scoring import score_with_evaluator
-from ..settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule, WindowSettings
+from longppl.key_tokens import long_short_difference
+from longppl.scoring import score_with_evaluator
+from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule, WindowSettings
+
 from .lines import ANSWER_SEPARATOR, LINE_TEMPLATE, LinesCase, case_text
 
 #: The two classification rules of :func:`classify_answer_tokens`, as the paper's Figure 5(b) names them.
@@ -229,7 +230,7 @@ def answer_lsd_histogram(
     legend. With ``beyond_short`` (``[m]`` bool, as :func:`answer_token_scores` returns it) the
     answer tokens are drawn as two groups: those whose number lies beyond the short context and the
     others. Needs matplotlib (``figures``); written atomically."""
-    from .figures import KEY_COLOR, PPL_COLOR, _figure, _save
+    from longppl.tools.figures import KEY_COLOR, PPL_COLOR, _figure, _save
 
     lsd = np.asarray(lsd, dtype=np.float64)
     is_answer = np.asarray(is_answer, dtype=bool)

@@ -1,0 +1,10 @@
+"""``longppl_reproduce``: the paper's claims reproduced at small scale, kept outside both libraries.
+
+It imports ``longppl`` (scoring, caches, command helpers) and ``longce`` (the trainer); neither of them
+imports it, as torchtune keeps its ``recipes/`` apart from the ``torchtune`` package.
+
+Modules: ``longppl_run`` (LongPPL against long-context ability over a family of small LMs,
+``longppl-reproduce``), ``longce_run`` (LongCE against CE, ``longppl-reproduce-longce``), ``family``
+(tokenizer, models, training), ``lines`` (LongEval's "lines" task), ``answer_tokens`` (the paper's
+Figure 5(b): are the answer's tokens key tokens), ``commands`` (their ``longppl`` subcommands).
+"""

@@ -1,0 +1,9 @@
+"""The reproduction's subcommands of the ``longppl`` command (``longppl reproduce``,
+``longppl reproduce-longce``), registered through setup.cfg's ``longppl.commands`` entry-point group:
+``{command: ("module:function", one line for --help)}``. Kept free of imports (``longppl --help`` reads it).
+"""
+
+COMMANDS = {
+    "reproduce": ("longppl_reproduce.longppl_run:cli", "reproduce the paper's LongPPL claims at small scale"),
+    "reproduce-longce": ("longppl_reproduce.longce_run:cli", 'reproduce "LongCE beats CE" at small scale'),
+}
