@@ -46,8 +46,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 
 from longppl.tools.cli import command_line, run_command, tool_parser
@@ -135,9 +133,7 @@ def pool_name(kind: str, seq_len: int, within: int | None) -> str:
 def training_runs(config: Population) -> list[tuple[int, object]]:
     """``(seq_len, mix)`` of every model that trains on task documents (their pools are built by ``data``)."""
     pretrained = [config.base, *(e for e in config.evaluators if e.enabled)]
-    return [(p.training.seq_len, p.mix) for p in pretrained] + [
-        (config.finetune.training.seq_len, config.finetune.mix)
-    ]
+    return [(p.training.seq_len, p.mix) for p in pretrained] + [(config.finetune.training.seq_len, config.finetune.mix)]
 
 
 # ------------------------------------------------------------------ tokenizer and data
@@ -194,7 +190,7 @@ def write_documents(config: Population, run: RunFolder, tokenizer, validation_id
     from . import corpus_chunks
 
     data = config.data
-    documents, book_of_row = corpus_chunks.body_chunks(
+    documents = corpus_chunks.body_chunks(
         validation_ids,
         data.length,
         data.validation_documents,
@@ -202,11 +198,33 @@ def write_documents(config: Population, run: RunFolder, tokenizer, validation_id
         per_book_cap=data.per_book_cap,
         seed=config.seed,
     )
+    book_of_row = books_of_rows(documents, validation_ids)
     null = corpus_chunks.null_documents(documents, validation_ids, data.null_keep, config.seed, book_of_row)
     as_text = tokenizer.batch_decode
     write_jsonl(run.path("data", "validation.jsonl"), [{"text": t} for t in as_text(documents.tolist())])
     write_jsonl(run.path("data", "null.jsonl"), [{"text": t} for t in as_text(null.tolist())])
     run.log(f"data: {len(documents)} validation documents of {data.length} tokens, and as many null documents")
+
+
+def books_of_rows(documents, books_ids: list) -> list[int]:
+    """The book each row of ``documents`` was cut from (the first book holding it), so that a null
+    document's head comes from another book."""
+
+    def holds(ids, needle: bytes) -> bool:  # at a token boundary, not a byte shifted
+        haystack, at = ids.tobytes(), -1
+        while (at := haystack.find(needle, at + 1)) >= 0:
+            if at % ids.itemsize == 0:
+                return True
+        return False
+
+    found = []
+    for row in documents:
+        needle = row.astype(books_ids[0].dtype).tobytes()
+        book = next((b for b, ids in enumerate(books_ids) if holds(ids, needle)), None)
+        if book is None:  # body_chunks cuts every row from one book: not reached
+            raise ValueError("A validation document is in no validation book.")
+        found.append(book)
+    return found
 
 
 def write_pool(config: Population, run: RunFolder, tokenizer, stream, kind: str, seq_len: int, within) -> None:
@@ -332,7 +350,12 @@ def pretrain(config: Population, run: RunFolder, spec: Pretrained) -> None:
         variant = Variant(spec.name, spec.shape.model_fields(), spec.training.settings(spec.seed))
         with run.timed("train", spec.name):
             train_variant(
-                variant, tokenizer, batches(run, spec.training.seq_len, spec.mix, spec.seed), folder, device_of(config), run.log
+                variant,
+                tokenizer,
+                batches(run, spec.training.seq_len, spec.mix, spec.seed),
+                folder,
+                device_of(config),
+                run.log,
             )
     check_gate(config, run, spec)
 
@@ -489,14 +512,6 @@ def stage_members(config: Population, run: RunFolder, members=None) -> None:
 # ------------------------------------------------------------------ key-token caches and calibration
 
 
-def run_tool(module: str, arguments: list[str], log) -> None:
-    """Run ``longppl.tools.<module>`` (the code of ``longppl-score``) in a fresh process, as a user does."""
-    command = [sys.executable, "-m", f"longppl.tools.{module}", *arguments]
-    log("$ " + " ".join(command))
-    if subprocess.run(command, check=False).returncode != 0:
-        raise RuntimeError(f"longppl.tools.{module} failed; its messages are above.")
-
-
 def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: Window, documents: str) -> str:
     """The key-token cache of ``data/<documents>.jsonl`` by ``evaluator`` with ``window`` (built once)."""
     name = f"{evaluator}-K{window.trunc_len}-d{window.sliding_window}-{documents}"
@@ -505,15 +520,15 @@ def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: 
         source = run.path("data", f"{documents}.jsonl")
         if not os.path.isfile(source):
             raise ValueError(f"No documents at {source}: run the 'data' stage first.")
+        # longppl-score's own main (what the command runs), in this process: no second start-up
+        from longppl.tools import compute_key_tokens
+
+        arguments = ["--corpus", source, "--evaluator", model_folder(run, evaluator), "--output", folder]
+        arguments += ["--device", device_of(config), "--trunc-len", str(window.trunc_len)]
+        arguments += ["--sliding-window", str(window.sliding_window), "--max-length", str(config.data.length)]
+        run.log("$ longppl-score " + " ".join(arguments))
         with run.timed("cache", name):
-            run_tool(
-                "compute_key_tokens",
-                ["--corpus", source, "--evaluator", model_folder(run, evaluator), "--output", folder]
-                + ["--device", device_of(config), "--trunc-len", str(window.trunc_len)]
-                + ["--sliding-window", str(window.sliding_window), "--max-length", str(config.data.length)]
-                + ["--no-progress"],
-                run.log,
-            )
+            compute_key_tokens.main(arguments, prog="longppl-score")
     return folder
 
 
@@ -649,7 +664,9 @@ def stage_evaluate(config: Population, run: RunFolder, members=None) -> None:
             str(n): lines_result(model, tokenizer, read_cases(run, f"lines-{n}.jsonl"), config)
             for n in evaluation.lines_lengths
         }
-        record["acc512"] = lines_result(model, tokenizer, read_cases(run, f"gate-{config.base.gate.length}.jsonl"), config)
+        record["acc512"] = lines_result(
+            model, tokenizer, read_cases(run, f"gate-{config.base.gate.length}.jsonl"), config
+        )
         needle_cases = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
         record["needle"] = needle.needle_accuracy(
             model, tokenizer, needle_cases, max_new_tokens=evaluation.max_new_tokens, batch_size=evaluation.batch_size
@@ -755,7 +772,10 @@ def statistics_of(rows: list[dict], analysis) -> dict:
 
     usable = [r for r in rows if _finite(r["longppl"]) and _finite(r["ppl"])]
     if len(usable) < 3:
-        return {"members": [r["member"] for r in usable], "skipped": f"{len(usable)} members with a finite LongPPL and PPL; 3 are needed"}
+        return {
+            "members": [r["member"] for r in usable],
+            "skipped": f"{len(usable)} members with a finite LongPPL and PPL; 3 are needed",
+        }
     longppl = [r["longppl"] for r in usable]
     ppl = [r["ppl"] for r in usable]
     accuracy = [r["primary_accuracy"] for r in usable]
@@ -767,19 +787,27 @@ def statistics_of(rows: list[dict], analysis) -> dict:
             "longppl": statistics.bootstrap_correlation(longppl, accuracy, method, **common),
             "ppl": statistics.bootstrap_correlation(ppl, accuracy, method, **common),
             "difference": statistics.paired_bootstrap_difference(longppl, ppl, accuracy, method, **common),
-            "longppl_by_method": statistics.bootstrap_correlation(longppl, accuracy, method, clusters=clusters, **common),
+            "longppl_by_method": statistics.bootstrap_correlation(
+                longppl, accuracy, method, clusters=clusters, **common
+            ),
             "ppl_by_method": statistics.bootstrap_correlation(ppl, accuracy, method, clusters=clusters, **common),
             "difference_by_method": statistics.paired_bootstrap_difference(
                 longppl, ppl, accuracy, method, clusters=clusters, **common
             ),
         }
     r_ay, r_by = found["pearson"]["longppl"]["value"], found["pearson"]["ppl"]["value"]
-    found["williams_t"] = statistics.williams_t(r_ay, r_by, statistics.correlation(longppl, ppl), len(usable))
+    r_ab = statistics.correlation(longppl, ppl)
+    if not all(_finite(r) for r in (r_ay, r_by, r_ab)):  # a side without variance (e.g. every accuracy 0)
+        found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "a correlation is undefined"}
+    elif abs(r_ab) >= 1 - 1e-12:  # the two measures rank alike: nothing to compare (the test divides by 0)
+        found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "|r(LongPPL, PPL)| = 1"}
+    else:
+        found["williams_t"] = statistics.williams_t(r_ay, r_by, r_ab, len(usable))
     found["partial_given_acc512"] = statistics.bootstrap_partial_correlation(
         longppl, accuracy, [r["acc512"] for r in usable], **common
     )
-    extreme = sum(a <= analysis.floor or a >= analysis.ceiling for a in accuracy)
-    found["inconclusive"] = extreme > analysis.inconclusive_share * len(usable)
+    extreme = int(sum(a <= analysis.floor or a >= analysis.ceiling for a in accuracy))
+    found["inconclusive"] = bool(extreme > analysis.inconclusive_share * len(usable))
     found["at_floor_or_ceiling"] = extreme
     return found
 
@@ -806,10 +834,16 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
             **{e.name: e.seed for e in config.evaluators if e.enabled},
             **{m.name: m.seed for m in config.members()},
         },
-        "gates": {spec.name: _without_outputs(run.read_json("eval", "gates", f"{spec.name}.json")) for spec in gate_specs(config)},
+        "gates": {
+            spec.name: _without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
+            for spec in gate_specs(config)
+        },
         "calibration": run.read_json("eval", "calibration.json"),
         "members": rows,
-        "statistics": {"analysed": statistics_of(analysed, config.analysis), "all": statistics_of(rows, config.analysis)},
+        "statistics": {
+            "analysed": statistics_of(analysed, config.analysis),
+            "all": statistics_of(rows, config.analysis),
+        },
         "answer_tokens": run.read_json("eval", "answer_tokens.json"),
         "timings": run.timings(),
     }
@@ -841,7 +875,12 @@ def draw_figure(run: RunFolder, rows: list[dict]) -> list[str]:
     path = run.path("figures", "correlation.png")
     names = [r["member"] for r in rows]
     correlation_scatter(
-        path, names, [r["longppl"] for r in rows], [r["ppl"] for r in rows], [r["primary_accuracy"] for r in rows], "primary lines accuracy"
+        path,
+        names,
+        [r["longppl"] for r in rows],
+        [r["ppl"] for r in rows],
+        [r["primary_accuracy"] for r in rows],
+        "primary lines accuracy",
     )
     return [os.path.relpath(path, run.root)]
 
@@ -854,7 +893,9 @@ def format_report(results: dict) -> str:
     """``report.md``: the members' table, exclusions, the statistics, the answer tokens, wall times."""
     out = ["# LongPPL over a population of context extensions", "", "```", results["command"], "```", ""]
     out += [f"Calibrated alpha: **{results['calibration']['alpha']}**.", ""]
-    out += ["| member | method | steps | seed | acc512 | primary acc | needle | PPL | LongPPL | LongPPL (K2) | key tokens | excluded |"]
+    out += [
+        "| member | method | steps | seed | acc512 | primary acc | needle | PPL | LongPPL | LongPPL (K2) | key tokens | excluded |"
+    ]
     out += ["|---" * 12 + "|"]
     for r in results["members"]:
         out.append(
@@ -870,16 +911,25 @@ def format_report(results: dict) -> str:
         out += ["| correlation with primary accuracy | LongPPL | PPL | LongPPL - PPL (p) |", "|---|---|---|---|"]
         for method in ("pearson", "spearman"):
             for suffix, label_ in (("", "members"), ("_by_method", "clusters: methods")):
-                l, p, d = (found[method][k + suffix] for k in ("longppl", "ppl", "difference"))
+                lp, p, d = (found[method][k + suffix] for k in ("longppl", "ppl", "difference"))
                 out.append(
-                    f"| {method} ({label_}) | {_fmt(l['value'])} [{_fmt(l['low'])}, {_fmt(l['high'])}] | "
+                    f"| {method} ({label_}) | {_fmt(lp['value'])} [{_fmt(lp['low'])}, {_fmt(lp['high'])}] | "
                     f"{_fmt(p['value'])} [{_fmt(p['low'])}, {_fmt(p['high'])}] | {_fmt(d['value'])} ({_fmt(d['p_two_sided'])}) |"
                 )
         w, partial = found["williams_t"], found["partial_given_acc512"]
-        out += ["", f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 {_fmt(partial['value'])}."]
-        out.append(f"Inconclusive: {found['inconclusive']} ({found['at_floor_or_ceiling']} of {found['n']} at floor or ceiling).")
+        out += [
+            "",
+            f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 {_fmt(partial['value'])}.",
+        ]
+        out.append(
+            f"Inconclusive: {found['inconclusive']} ({found['at_floor_or_ceiling']} of {found['n']} at floor or ceiling)."
+        )
     answer = results["answer_tokens"]
-    out += ["", f"## Answer tokens (E1 {answer['evaluator']}, {answer['answer_tokens']} of {answer['tokens']} tokens)", ""]
+    out += [
+        "",
+        f"## Answer tokens (E1 {answer['evaluator']}, {answer['answer_tokens']} of {answer['tokens']} tokens)",
+        "",
+    ]
     for alpha, found in answer["by_alpha"].items():
         out.append(
             f"- alpha {alpha}: balanced accuracy LSD {_fmt(found['lsd']['balanced_accuracy'])}, "
@@ -942,7 +992,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = tool_parser(prog, __doc__)
     parser.add_argument("--config", required=True, help="the experiment's YAML config (required)")
     parser.add_argument("--output-dir", required=True, help="where every stage writes (kept between calls; required)")
-    parser.add_argument("--corpus", help="training books (.jsonl, .jsonl.gz, datasets dir or Hub id); overrides the config's")
+    parser.add_argument(
+        "--corpus", help="training books (.jsonl, .jsonl.gz, datasets dir or Hub id); overrides the config's"
+    )
     parser.add_argument("--validation-corpus", help="validation books, same formats; overrides the config's")
     parser.add_argument(
         "--stages",
