@@ -376,16 +376,18 @@ def scored_answers(outputs: Sequence[str], expected_numbers: Sequence[str]) -> d
     }
 
 
-def lines_accuracy(
+def case_accuracy(
     model,
     tokenizer,
-    cases: Sequence[LinesCase],
+    cases: Sequence,
     *,
     max_new_tokens: int = 16,
     batch_size: int = 8,
     progress: bool | ProgressCallback | None = None,
+    desc: str = "LongEval lines",
 ) -> dict:
-    """Greedy answers to the cases (:func:`greedy_answers`) and their accuracy by LongChat's rule
+    """Greedy answers to cases of any task (objects with ``prompt`` and ``expected_number``, e.g.
+    :class:`LinesCase`, ``needle.NeedleCase``; :func:`greedy_answers`), scored by LongChat's rule
     (:func:`longchat_correct`: the last number of the answer equals the expected number).
 
     Returns:
@@ -394,7 +396,7 @@ def lines_accuracy(
     """
     cases = list(cases)
     if not cases:
-        raise ValueError("No cases to score; pass at least one LinesCase.")
+        raise ValueError("No cases to score; pass at least one case.")
     outputs = greedy_answers(
         model,
         tokenizer,
@@ -402,8 +404,15 @@ def lines_accuracy(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         progress=progress,
+        desc=desc,
     )
     return scored_answers(outputs, [case.expected_number for case in cases])
+
+
+def lines_accuracy(model, tokenizer, cases: Sequence[LinesCase], **options) -> dict:
+    """LongEval lines accuracy: :func:`case_accuracy` of the cases (same options
+    ``max_new_tokens=16``, ``batch_size=8``, ``progress``, same result)."""
+    return case_accuracy(model, tokenizer, cases, **{"desc": "LongEval lines", **options})
 
 
 def answer_number_span(case: LinesCase, index: int = 0) -> tuple[int, int]:

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from longppl.atomic_files import write_file_atomically
-from longppl.progress import ProgressCallback
 from longppl.settings import require_int
 
-from .lines import draw_record, expected_number_text, greedy_answers, scored_answers, token_holding
+from .lines import case_accuracy, draw_record, expected_number_text, token_holding
 
 HEADER = (
     "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
@@ -208,30 +207,11 @@ def needle_training_document(
     return list(built[5]["input_ids"])
 
 
-def needle_accuracy(
-    model,
-    tokenizer,
-    cases: Sequence[NeedleCase],
-    *,
-    max_new_tokens: int = 16,
-    batch_size: int = 8,
-    progress: bool | ProgressCallback | None = None,
-) -> dict:
-    """Greedy answers (:func:`lines.greedy_answers`) scored by LongChat's rule (the last number of
-    the answer equals the expected number); returns what :func:`lines.lines_accuracy` returns."""
-    cases = list(cases)
-    if not cases:
-        raise ValueError("No cases to score; pass at least one NeedleCase.")
-    outputs = greedy_answers(
-        model,
-        tokenizer,
-        [case.prompt for case in cases],
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        progress=progress,
-        desc="Needle in a haystack",
-    )
-    return scored_answers(outputs, [case.expected_number for case in cases])
+def needle_accuracy(model, tokenizer, cases: Sequence[NeedleCase], **options) -> dict:
+    """Greedy answers scored by LongChat's rule (the last number of the answer equals the expected
+    number): :func:`lines.case_accuracy` of the cases (options ``max_new_tokens``, ``batch_size``,
+    ``progress``), which returns what :func:`lines.lines_accuracy` returns."""
+    return case_accuracy(model, tokenizer, cases, **{"desc": "Needle in a haystack", **options})
 
 
 _FIELDS = ("prompt", "expected_number", "key", "keys", "distance")
