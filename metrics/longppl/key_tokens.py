@@ -31,12 +31,19 @@ def key_token_mask(
     use_lcl: bool = True,
 ) -> np.ndarray:
     """``[n]`` bool: ``LSD > alpha`` and (if ``use_lcl``) ``LCL > beta``."""
+    return key_rule_mask(long_short_difference(lp_long, lp_short), lp_long, alpha, beta, use_lcl)
+
+
+def key_rule_mask(
+    lsd: np.ndarray, lcl: np.ndarray, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA, use_lcl: bool = True
+) -> np.ndarray:
+    """The hard rule on given LSD and LCL arrays (any shape, the same): ``lsd > alpha`` and (if
+    ``use_lcl``) ``lcl > beta``, strict; NaN is never key."""
     KeyTokenRule(alpha, beta, use_lcl)  # a NaN threshold would silently make no token key
-    lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(invalid="ignore"):
-        mask = lsd > alpha
+        mask = np.asarray(lsd, dtype=np.float32) > alpha
         if use_lcl:
-            mask &= np.asarray(lp_long, dtype=np.float32) > beta
+            mask &= np.asarray(lcl, dtype=np.float32) > beta
     return mask
 
 

@@ -5,6 +5,9 @@ imports it, as torchtune keeps its ``recipes/`` apart from the ``torchtune`` pac
 
 Modules: ``longppl_run`` (LongPPL against long-context ability over a family of small LMs,
 ``longppl-reproduce``), ``longce_run`` (LongCE against CE, ``longppl-reproduce-longce``), ``family``
-(tokenizer, models, training), ``lines`` (LongEval's "lines" task), ``answer_tokens`` (the paper's
-Figure 5(b): are the answer's tokens key tokens), ``commands`` (their ``longppl`` subcommands).
+(tokenizer, models, training), ``lines`` (LongEval's "lines" task), ``needle`` (multi-key
+needle-in-a-haystack), ``answer_tokens`` (the paper's Figure 5(b): are the answer's tokens key
+tokens), ``corpus_chunks`` (book chunks and null documents), ``calibration`` (alpha against the
+null), ``statistics`` (bootstrap intervals, Williams' t, partial correlation), ``commands`` (their
+``longppl`` subcommands).
 """
