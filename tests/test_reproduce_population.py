@@ -137,8 +137,9 @@ def test_statistics_match_plain_references():
     longppl = 5 - 3 * accuracy + rng.normal(0, 0.1, 8)
     ppl = 20 + rng.normal(0, 1, 8)
     rows = [_row(f"m{i}", methods[i], 0.9, accuracy[i], longppl[i], ppl[i]) for i in range(8)]
-    found = population.statistics_of(rows, Analysis(resamples=200))
+    found = population.statistics_of(rows, Analysis(resamples=200, min_members=8))
     assert found["n"] == 8 and found["inconclusive"] is False
+    assert population.statistics_of(rows, Analysis(resamples=20, min_members=9))["inconclusive"] is True
     assert found["pearson"]["longppl"]["value"] == pytest.approx(np.corrcoef(longppl, accuracy)[0, 1])
     assert found["pearson"]["ppl"]["value"] == pytest.approx(np.corrcoef(ppl, accuracy)[0, 1])
     difference = np.corrcoef(longppl, accuracy)[0, 1] - np.corrcoef(ppl, accuracy)[0, 1]
@@ -149,7 +150,7 @@ def test_statistics_match_plain_references():
     assert low <= found["pearson"]["longppl"]["value"] <= high
     assert found["williams_t"]["t"] is not None
     floor = [_row(f"m{i}", "pi", 0.9, 0.0 if i < 6 else 0.5, 2 + i, 3 + i) for i in range(8)]
-    at_floor = population.statistics_of(floor, Analysis(resamples=50))
+    at_floor = population.statistics_of(floor, Analysis(resamples=50, min_members=3))
     assert at_floor["inconclusive"] is True and at_floor["williams_t"]["skipped"] == "|r(LongPPL, PPL)| = 1"
     assert "3 are needed" in population.statistics_of(rows[:2], Analysis())["skipped"]
 
@@ -202,3 +203,13 @@ def test_smoke_run_writes_every_stage_and_a_second_call_skips_the_work(tmp_path,
         assert "tokenizer.json" in files and "config.json" in files
         assert all(os.path.getsize(export / name / f) <= 16 * 2**20 for f in files)
         assert json.loads((export / name / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_document_interval_resamples_the_pooled_perplexity():
+    nll, counts = [10.0, 30.0, 5.0], [5, 10, 5]
+    found = population.document_interval(nll, counts, Analysis(resamples=500))
+    assert found["value"] == pytest.approx(math.exp(45 / 20))
+    per_document = [math.exp(n / c) for n, c in zip(nll, counts)]
+    assert min(per_document) <= found["low"] <= found["value"] <= found["high"] <= max(per_document)
+    none = population.document_interval([0.0, 0.0], [0, 0], Analysis(resamples=10))
+    assert math.isnan(none["value"]) and math.isnan(none["low"])

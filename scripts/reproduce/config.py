@@ -453,6 +453,7 @@ class Analysis:
     floor: float = checked(share, default=0.05)
     ceiling: float = checked(share, default=0.95)
     inconclusive_share: float = checked(share, default=2 / 3)
+    min_members: int = checked(positive, default=24)
 
 
 @dataclass(frozen=True)

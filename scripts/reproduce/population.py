@@ -379,11 +379,12 @@ def load_member(folder: str, device: str):
     return model, AutoTokenizer.from_pretrained(folder)
 
 
-def lines_result(model, tokenizer, cases, config: Population) -> dict:
-    """Lines accuracy (LongChat's rule) of ``cases``, with the share of outputs holding no number."""
+def lines_result(model, tokenizer, cases, config: Population, score=None) -> dict:
+    """Accuracy (LongChat's rule) of ``cases`` by ``score`` (default ``lines.lines_accuracy``), with
+    the number of outputs holding no number."""
     from . import lines
 
-    found = lines.lines_accuracy(
+    found = (score or lines.lines_accuracy)(
         model,
         tokenizer,
         cases,
@@ -605,7 +606,8 @@ def longppl_columns(config: Population, run: RunFolder, alpha: float) -> dict[st
 
 
 def longppl_of(model, tokenizer, columns: dict, caches: dict, gamma: float, budget: int) -> dict:
-    """PPL and LongPPL of ``model`` for every column, with per-document sums (for bootstraps)."""
+    """PPL and LongPPL (pooled over documents) of ``model`` for every column, with per-document
+    sums (for bootstraps)."""
     from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
 
     by_texts: dict[tuple, list] = {}
@@ -620,7 +622,8 @@ def longppl_of(model, tokenizer, columns: dict, caches: dict, gamma: float, budg
             texts, scores, model_scores, column["alpha"], column["beta"], soft=column["soft"], gamma=gamma
         )
         per_document = document_results(model_scores, weights)
-        summary = summarize_results(per_document, soft=column["soft"])
+        # pooled: exp(total NLL / total tokens), the design's corpus value, which the document bootstrap resamples
+        summary = summarize_results(per_document, "pooled", soft=column["soft"])
         found[name] = {
             "longppl": summary["longppl"],
             "ppl": summary["ppl"],
@@ -668,9 +671,7 @@ def stage_evaluate(config: Population, run: RunFolder, members=None) -> None:
             model, tokenizer, read_cases(run, f"gate-{config.base.gate.length}.jsonl"), config
         )
         needle_cases = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
-        record["needle"] = needle.needle_accuracy(
-            model, tokenizer, needle_cases, max_new_tokens=evaluation.max_new_tokens, batch_size=evaluation.batch_size
-        )
+        record["needle"] = lines_result(model, tokenizer, needle_cases, config, needle.needle_accuracy)
         record["log_likelihood"] = {
             str(n): lines.answer_log_likelihood(
                 model, tokenizer, read_cases(run, f"lines-{n}.jsonl"), batch_size=evaluation.batch_size
@@ -721,7 +722,7 @@ def stage_answer_tokens(config: Population, run: RunFolder, members=None) -> Non
 # ------------------------------------------------------------------ report
 
 
-def member_row(config: Population, member, record: dict) -> dict:
+def member_row(member, record: dict, analysis) -> dict:
     """A member's row of the results table."""
     primary = record["longppl"]["primary"]
     per_length = {n: v["accuracy"] for n, v in record["lines"].items()}
@@ -740,16 +741,46 @@ def member_row(config: Population, member, record: dict) -> dict:
         "no_number_share": sum(v["no_number"] for v in record["lines"].values()) / outputs,
         "needle": record["needle"]["accuracy"],
         "log_likelihood": {n: float(sum(v) / len(v)) for n, v in record["log_likelihood"].items()},
+        "mean_log_likelihood": float(
+            sum(sum(v) for v in record["log_likelihood"].values())
+            / sum(len(v) for v in record["log_likelihood"].values())
+        ),
         "ppl": primary["ppl"],
         "longppl": primary["longppl"],
         "longppl_secondary": record["longppl"]["secondary"]["longppl"],
         "soft_longppl": record["longppl"]["soft"]["longppl"],
         "key_tokens": primary["key_tokens"],
         "sensitivity": {k: v["longppl"] for k, v in record["longppl"].items() if k.startswith("alpha=")},
-        "other_evaluators": {k: v["longppl"] for k, v in record["longppl"].items() if k.startswith("primary:")},
+        **{
+            f"longppl:{k[len('primary:') :]}": v["longppl"]
+            for k, v in record["longppl"].items()
+            if k.startswith("primary:")
+        },
+        "intervals": {
+            "ppl": document_interval(primary["documents"]["nll"], primary["documents"]["tokens"], analysis),
+            "longppl": document_interval(primary["documents"]["key_nll"], primary["documents"]["key_tokens"], analysis),
+        },
         "seconds": record["seconds"],
     }
     return row
+
+
+def document_interval(nll, counts, analysis) -> dict:
+    """A percentile bootstrap interval over documents of the corpus perplexity
+    ``exp(sum nll / sum counts)`` (documents resampled with replacement; ``nll[i]`` and ``counts[i]``
+    are document ``i``'s summed negative log-likelihood and token count, or key-token weight)."""
+    import numpy as np
+
+    nll, counts = np.asarray(nll, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    rng = np.random.default_rng(analysis.seed)
+    picks = rng.integers(0, nll.shape[0], size=(analysis.resamples, nll.shape[0]))
+    totals = counts[picks].sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        samples = np.exp(nll[picks].sum(axis=1) / totals)[totals > 0]
+    value = math.exp(nll.sum() / counts.sum()) if counts.sum() > 0 else float("nan")
+    tail = (1 - analysis.level) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail]) if samples.size else (float("nan"), float("nan"))
+    return {"value": value, "low": float(low), "high": float(high), "level": analysis.level}
 
 
 def exclusion(row: dict, base_acc512: float, analysis) -> str | None:
@@ -764,21 +795,24 @@ def exclusion(row: dict, base_acc512: float, analysis) -> str | None:
     return None
 
 
-def statistics_of(rows: list[dict], analysis) -> dict:
-    """The plan's statistics over ``rows``: correlations of LongPPL and PPL with primary accuracy
-    (bootstrap intervals, item and clustered by extension method), their paired difference,
-    Williams' t, the partial correlation given acc512, and the inconclusive flag."""
+def statistics_of(rows: list[dict], analysis, measure: str = "longppl", benchmark: str = "primary_accuracy") -> dict:
+    """The plan's statistics over ``rows``: correlations of ``measure`` (LongPPL) and PPL with
+    ``benchmark`` (bootstrap intervals, over members and clustered by extension method), their
+    paired difference, Williams' t, the partial correlation given acc512, and the inconclusive flag
+    (more than ``analysis.inconclusive_share`` of the members at the floor or ceiling of the
+    benchmark, or fewer than ``analysis.min_members``)."""
     from . import statistics
 
-    usable = [r for r in rows if _finite(r["longppl"]) and _finite(r["ppl"])]
+    usable = [r for r in rows if _finite(r[measure]) and _finite(r["ppl"]) and _finite(r[benchmark])]
     if len(usable) < 3:
         return {
             "members": [r["member"] for r in usable],
-            "skipped": f"{len(usable)} members with a finite LongPPL and PPL; 3 are needed",
+            "skipped": f"{len(usable)} members with a finite {measure}, PPL and {benchmark}; 3 are needed",
+            "inconclusive": True,
         }
-    longppl = [r["longppl"] for r in usable]
+    longppl = [r[measure] for r in usable]
     ppl = [r["ppl"] for r in usable]
-    accuracy = [r["primary_accuracy"] for r in usable]
+    accuracy = [r[benchmark] for r in usable]
     clusters = [r["method"] for r in usable]
     common = {"resamples": analysis.resamples, "seed": analysis.seed, "level": analysis.level}
     found = {"members": [r["member"] for r in usable], "n": len(usable)}
@@ -807,7 +841,9 @@ def statistics_of(rows: list[dict], analysis) -> dict:
         longppl, accuracy, [r["acc512"] for r in usable], **common
     )
     extreme = int(sum(a <= analysis.floor or a >= analysis.ceiling for a in accuracy))
-    found["inconclusive"] = bool(extreme > analysis.inconclusive_share * len(usable))
+    found["inconclusive"] = bool(
+        extreme > analysis.inconclusive_share * len(usable) or len(usable) < analysis.min_members
+    )
     found["at_floor_or_ceiling"] = extreme
     return found
 
@@ -820,7 +856,7 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
     rows = []
     base_gate = run.read_json("eval", "gates", f"{config.base.name}.json")
     for member in config.members():
-        row = member_row(config, member, run.read_json("eval", "members", f"{member.name}.json"))
+        row = member_row(member, run.read_json("eval", "members", f"{member.name}.json"), config.analysis)
         reason = exclusion(row, base_gate["accuracy"], config.analysis)
         row.update(excluded=reason is not None, exclusion_reason=reason)
         rows.append(row)
@@ -844,7 +880,17 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
             "analysed": statistics_of(analysed, config.analysis),
             "all": statistics_of(rows, config.analysis),
         },
-        "answer_tokens": run.read_json("eval", "answer_tokens.json"),
+        # secondary: no success claim rests on these
+        "secondary_statistics": {
+            "needle": statistics_of(analysed, config.analysis, benchmark="needle"),
+            "log_likelihood": statistics_of(analysed, config.analysis, benchmark="mean_log_likelihood"),
+            **{
+                f"longppl:{e.name}": statistics_of(analysed, config.analysis, measure=f"longppl:{e.name}")
+                for e in config.evaluators[1:]
+                if e.enabled
+            },
+        },
+        "answer_tokens": with_wilson_intervals(run.read_json("eval", "answer_tokens.json"), config.analysis.level),
         "timings": run.timings(),
     }
     results["figures"] = draw_figure(run, analysed)
@@ -854,6 +900,20 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
     write_file_atomically(run.path("report.md"), lambda handle: handle.write(format_report(results)))
     run.log(f"report: {run.path('results.json')}, {run.path('report.md')}")
     return results
+
+
+def with_wilson_intervals(record: dict, level: float) -> dict:
+    """The answer-token record with Wilson intervals of each rule's recall (over the answer tokens)
+    and specificity (over the others), from the counts behind them."""
+    from .statistics import wilson_interval
+
+    for found in record["by_alpha"].values():
+        for rule in ("lsd", "lsd+lcl"):
+            for rate, total in (("recall", found["n_answer"]), ("specificity", found["n_other"])):
+                value = found[rule][rate]
+                if total and _finite(value):
+                    found[rule][f"{rate}_interval"] = wilson_interval(round(value * total), total, level)
+    return record
 
 
 def _without_outputs(record: dict) -> dict:
@@ -889,10 +949,19 @@ def _fmt(value, digits: int = 3) -> str:
     return "n/a" if not _finite(value) else f"{value:.{digits}f}"
 
 
+def _pair(bounds) -> str:
+    return f"[{_fmt(bounds[0])}, {_fmt(bounds[1])}]" if bounds else "[n/a]"
+
+
+def _interval(found: dict) -> str:
+    return f"{_fmt(found['value'], 2)} [{_fmt(found['low'], 2)}, {_fmt(found['high'], 2)}]"
+
+
 def format_report(results: dict) -> str:
     """``report.md``: the members' table, exclusions, the statistics, the answer tokens, wall times."""
     out = ["# LongPPL over a population of context extensions", "", "```", results["command"], "```", ""]
     out += [f"Calibrated alpha: **{results['calibration']['alpha']}**.", ""]
+    out += ["PPL and LongPPL with their bootstrap intervals over documents; LongPPL (K2): the secondary window.", ""]
     out += [
         "| member | method | steps | seed | acc512 | primary acc | needle | PPL | LongPPL | LongPPL (K2) | key tokens | excluded |"
     ]
@@ -900,15 +969,18 @@ def format_report(results: dict) -> str:
     for r in results["members"]:
         out.append(
             f"| {r['member']} | {r['method']} | {r['steps']} | {r['seed']} | {_fmt(r['acc512'])} | "
-            f"{_fmt(r['primary_accuracy'])} | {_fmt(r['needle'])} | {_fmt(r['ppl'], 2)} | {_fmt(r['longppl'], 2)} | "
+            f"{_fmt(r['primary_accuracy'])} | {_fmt(r['needle'])} | {_interval(r['intervals']['ppl'])} | "
+            f"{_interval(r['intervals']['longppl'])} | "
             f"{_fmt(r['longppl_secondary'], 2)} | {r['key_tokens']:.0f} | {r['exclusion_reason'] or ''} |"
         )
-    for label, found in results["statistics"].items():
-        out += ["", f"## Statistics ({label} members)", ""]
+    sections = [(f"{label} members, primary accuracy", found) for label, found in results["statistics"].items()]
+    sections += [(f"secondary: {label}", found) for label, found in results["secondary_statistics"].items()]
+    for label, found in sections:
+        out += ["", f"## Statistics ({label})", ""]
         if "skipped" in found:
             out.append(f"Skipped: {found['skipped']}.")
             continue
-        out += ["| correlation with primary accuracy | LongPPL | PPL | LongPPL - PPL (p) |", "|---|---|---|---|"]
+        out += ["| correlation | LongPPL | PPL | LongPPL - PPL (p) |", "|---|---|---|---|"]
         for method in ("pearson", "spearman"):
             for suffix, label_ in (("", "members"), ("_by_method", "clusters: methods")):
                 lp, p, d = (found[method][k + suffix] for k in ("longppl", "ppl", "difference"))
@@ -931,10 +1003,14 @@ def format_report(results: dict) -> str:
         "",
     ]
     for alpha, found in answer["by_alpha"].items():
-        out.append(
-            f"- alpha {alpha}: balanced accuracy LSD {_fmt(found['lsd']['balanced_accuracy'])}, "
-            f"LSD+LCL {_fmt(found['lsd+lcl']['balanced_accuracy'])}"
-        )
+        for rule in ("lsd", "lsd+lcl"):
+            got = found[rule]
+            recall, specificity = got.get("recall_interval"), got.get("specificity_interval")
+            out.append(
+                f"- alpha {alpha}, {rule}: balanced accuracy {_fmt(got['balanced_accuracy'])}; recall "
+                f"{_fmt(got['recall'])} {_pair(recall)}, specificity {_fmt(got['specificity'])} {_pair(specificity)} "
+                f"({found['n_answer']} answer, {found['n_other']} other tokens)"
+            )
     out += ["", "## Wall time (seconds, summed over calls)", ""]
     for group, entries in results["timings"].items():
         out.append(f"- {group}: " + ", ".join(f"{name} {e['seconds']:.1f}" for name, e in entries.items()))
