@@ -213,3 +213,21 @@ def test_document_interval_resamples_the_pooled_perplexity():
     assert min(per_document) <= found["low"] <= found["value"] <= found["high"] <= max(per_document)
     none = population.document_interval([0.0, 0.0], [0, 0], Analysis(resamples=10))
     assert math.isnan(none["value"]) and math.isnan(none["low"])
+
+
+def test_extensions_set_the_rope_each_method_names(tmp_path):
+    from longppl_reproduce.family import Variant, model_config
+
+    config = read_population(H200, corpus="x")
+    base = Variant("B", config.base.shape.model_fields(), {})
+    model_config(base, 8192).save_pretrained(tmp_path)
+    found = {}
+    for extension in config.extensions:
+        extended, attention = population.extended_config(config, str(tmp_path), extension)
+        assert extended.max_position_embeddings >= 1024
+        found[extension.name] = (dict(extended.rope_parameters), attention)
+    assert found["pi4"][0] == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+    assert found["yarn2"][0]["rope_type"] == "yarn" and found["yarn2"][0]["original_max_position_embeddings"] == 512
+    assert found["ntk4"][0]["rope_theta"] == pytest.approx(1e4 * 4 ** (64 / 62))
+    assert found["abf1e6"] == ({"rope_type": "default", "rope_theta": 1e6}, "sdpa")
+    assert found["eabf1e5"][0]["rope_theta"] == 1e5 and found["eabf1e5"][1] != "sdpa"
