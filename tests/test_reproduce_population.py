@@ -45,7 +45,13 @@ def test_the_shipped_configs_read_and_hold_the_plan():
         ({"finetune.steps": [0, -5]}, r"finetune\.steps = \[0, -5\]: item -5 must be >= 0"),
         (
             {"evaluation.lines_lengths": [640, 2048]},
-            r"evaluation\.lines_lengths = \(640, 2048\): must not pass data\.length 1024",
+            r"evaluation\.lines_lengths = \(640, 2048\): must leave evaluation\.max_new_tokens inside data\.length "
+            r"1024 \(<= 992\)",
+        ),
+        (
+            # a 1008-token prompt and its 32-token answer overflow 1024 positions
+            {"evaluation.lines_lengths": [640, 1008]},
+            r"evaluation\.lines_lengths = \(640, 1008\): must leave evaluation\.max_new_tokens inside data\.length",
         ),
         ({"calibration.window.trunc_len": 1024}, r"calibration\.window\.trunc_len = 1024: must be below data\.length"),
         ({"base.gate.enabled": True}, r"base\.gate\.enabled: unknown key"),

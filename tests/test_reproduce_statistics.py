@@ -209,3 +209,9 @@ def test_bootstrap_mean_is_the_percentile_interval_of_resampled_means():
     low, high = np.quantile(means, [0.1, 0.9])
     assert math.isclose(result["low"], low) and math.isclose(result["high"], high)
     assert result["resamples"] == 250
+
+
+@pytest.mark.parametrize("r_ab", [1.0, -1.0])
+def test_williams_t_refuses_perfectly_correlated_predictors(r_ab):
+    with pytest.raises(ValueError, match=r"r_ab=.*perfectly correlated, so Williams' t is undefined"):
+        williams_t(-0.6, -0.6 * r_ab, r_ab, 20)

@@ -490,10 +490,19 @@ class Population:
         length = self.data.length
         if self.finetune.training.seq_len > length:
             yield "finetune.training.seq_len", f"must not pass data.length {length}"
-        if max(self.evaluation.lines_lengths) > length:
-            yield "evaluation.lines_lengths", f"must not pass data.length {length}"
-        if self.evaluation.needle_length > length:
-            yield "evaluation.needle_length", f"must not pass data.length {length}"
+        # a greedy answer follows its prompt inside the members' positions: a number cut off by the
+        # end of the positions would be scored wrong under LongChat's last-number rule
+        room = length - self.evaluation.max_new_tokens
+        if max(self.evaluation.lines_lengths) > room:
+            yield (
+                "evaluation.lines_lengths",
+                f"must leave evaluation.max_new_tokens inside data.length {length} (<= {room})",
+            )
+        if self.evaluation.needle_length > room:
+            yield (
+                "evaluation.needle_length",
+                f"must leave evaluation.max_new_tokens inside data.length {length} (<= {room})",
+            )
         for index, evaluator in enumerate(self.evaluators):
             if evaluator.shape.max_position_embeddings < length:
                 yield f"evaluators[{index}].shape.max_position_embeddings", f"must be >= data.length {length}"

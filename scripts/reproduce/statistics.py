@@ -220,6 +220,13 @@ def williams_t(r_ay: float, r_by: float, r_ab: float, n: int) -> dict:
     for name, r in (("r_ay", r_ay), ("r_by", r_by), ("r_ab", r_ab)):
         if not -1 <= r <= 1:
             raise ValueError(f"{name}={r!r} is not a correlation; pass a number between -1 and 1.")
+    if abs(r_ab) == 1:
+        # a and b are one variable up to sign and scale: r_by is +-r_ay, and the variance of the
+        # difference the test divides by is 0
+        raise ValueError(
+            f"r_ab={r_ab!r}: a and b are perfectly correlated, so Williams' t is undefined; report the two "
+            "correlations without a test."
+        )
     determinant = 1 - r_ay**2 - r_by**2 - r_ab**2 + 2 * r_ay * r_by * r_ab
     mean_r = (r_ay + r_by) / 2
     denominator = 2 * (n - 1) / (n - 3) * determinant + mean_r**2 * (1 - r_ab) ** 3
