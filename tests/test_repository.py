@@ -65,6 +65,23 @@ def test_readme_is_a_short_front_door():
 
 
 # The word "issue" followed by a number, with or without "#": a reference to a tracker's issue.
+SYS_PATH_EDIT = re.compile(r"\bsys\.path\s*(\.\s*(insert|append|extend)\b|\[[^]]*\]\s*=(?!=)|[+]?=(?!=))")
+
+
+def test_no_script_edits_sys_path():
+    """Scripts import the packages as installed (``pip install -e .``), never by editing ``sys.path``."""
+    scripts = [p for p in tracked_files() if p.startswith("scripts/") and p.endswith(".py")]
+    assert scripts, "no script found under scripts/"
+    offenders = matching_lines(SYS_PATH_EDIT, scripts)
+    assert not offenders, "scripts that edit sys.path (rely on the install instead):\n" + "\n".join(offenders)
+
+
+def test_the_sys_path_pattern_finds_edits_and_spares_reads():
+    edits = ['sys.path.insert(0, "x")', "sys.path.append(x)", "sys.path[:0] = [x]", "sys.path += [x]"]
+    assert all(SYS_PATH_EDIT.search(line) for line in edits)
+    assert not any(SYS_PATH_EDIT.search(line) for line in ["print(sys.path)", "x in sys.path", "sys.path == y"])
+
+
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
 PROJECT_FOLDERS = ("metrics/", "trainer/", "scripts/", "configs/", "docs/")
 
