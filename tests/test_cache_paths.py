@@ -15,7 +15,7 @@ import datasets
 import evaluate
 import numpy as np
 import pytest
-from cache_writer_worker import synthetic_rows
+from distributed.cache_writer_worker import synthetic_rows
 from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, tiny_model
 
 import longppl

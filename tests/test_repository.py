@@ -82,6 +82,17 @@ def test_the_sys_path_pattern_finds_edits_and_spares_reads():
     assert not any(SYS_PATH_EDIT.search(line) for line in ["print(sys.path)", "x in sys.path", "sys.path == y"])
 
 
+def test_multi_process_workers_live_in_tests_distributed():
+    """A script that a test launches in several processes sits in tests/distributed/ with the tests that
+    launch it, not among the single-process tests."""
+    tests = [p for p in tracked_files() if p.startswith("tests/") and p.endswith(".py")]
+    workers = [p for p in tests if p.endswith("_worker.py")]
+    assert workers, "no *_worker.py under tests/"
+    misplaced = [p for p in workers if os.path.dirname(p) != "tests/distributed"]
+    assert not misplaced, f"move these workers into tests/distributed/: {misplaced}"
+    assert "tests/distributed/__init__.py" in tests  # `from distributed import <worker>` in the tests
+
+
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
 PROJECT_FOLDERS = ("metrics/", "trainer/", "scripts/", "configs/", "docs/")
 
