@@ -93,6 +93,26 @@ def test_multi_process_workers_live_in_tests_distributed():
     assert "tests/distributed/__init__.py" in tests  # `from distributed import <worker>` in the tests
 
 
+def test_the_design_notes_name_every_console_script_and_package_of_setup_cfg():
+    """docs/design.md's package section keeps up with setup.cfg: its console scripts, its packages and the
+    folders they come from, and the entry-point group that gathers the subcommands."""
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(REPO, "setup.cfg"), encoding="utf-8")
+    scripts = [
+        line.split("=")[0].strip() for line in setup["options.entry_points"]["console_scripts"].split("\n") if line
+    ]
+    folders = [line.split("=")[1].strip() for line in setup["options"]["package_dir"].split("\n") if line]
+    packages = [line.strip() for line in setup["options"]["packages"].split("\n") if line]
+    with open(os.path.join(REPO, "docs", "design.md"), encoding="utf-8") as handle:
+        section = handle.read().split("\n## Packages\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w./-]+?)/?`", section))
+    missing = [name for name in [*scripts, *packages, *folders, "longppl.commands"] if name not in named]
+    assert not missing, f"docs/design.md's Packages section does not name: {missing}"
+    assert f"{len(scripts)} console scripts" in section
+
+
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
 PROJECT_FOLDERS = ("metrics/", "trainer/", "scripts/", "configs/", "docs/")
 
