@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from longppl import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
+from longppl.key_tokens import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
 
 NAN = float("nan")
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-# The DEFAULT_* names live in settings and stay importable from here.
-from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule
+from .settings import KeyTokenRule
+
+# The defaults of the functions below are the rule's own (settings holds them, once).
+_DEFAULTS = KeyTokenRule()
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:
@@ -26,8 +28,8 @@ def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarr
 def key_token_mask(
     lp_long: np.ndarray,
     lp_short: np.ndarray,
-    alpha: float = DEFAULT_ALPHA,
-    beta: float = DEFAULT_BETA,
+    alpha: float = _DEFAULTS.alpha,
+    beta: float = _DEFAULTS.beta,
     use_lcl: bool = True,
 ) -> np.ndarray:
     """``[n]`` bool: ``LSD > alpha`` and (if ``use_lcl``) ``LCL > beta``."""
@@ -47,7 +49,7 @@ def key_rule_mask(
     return mask
 
 
-def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
+def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, gamma: float = _DEFAULTS.gamma) -> np.ndarray:
     """``[n]`` float32 ``min(exp(LSD), gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
     KeyTokenRule(soft=True, gamma=gamma)
     lsd = long_short_difference(lp_long, lp_short)

@@ -37,8 +37,8 @@ from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, cached_eval
 from longppl.scoring import model_key_weights, score_with_evaluator
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule, require_int
 
-# The dataset column (and batch key) holding the per-token weights; defined with the weight sources
-# (``CachedWeights`` reads it), importable from here as before.
+# The dataset column (and batch key) holding the per-token weights, defined with the weight sources
+# (``CachedWeights`` reads it).
 from .weight_sources import WEIGHTS_COLUMN
 
 #: The rule that carries the evaluator's weights to the trained model's tokens (part of the map's fingerprint).
