@@ -28,6 +28,9 @@ WORKER = os.path.join(HERE, "tensor_parallel_worker.py")
 K, D = 40, 12
 ALPHA, BETA = 0.005, -50.0  # thresholds a random tiny model's log-probs cross: some tokens key, some not
 FAMILIES = ("llama", "mistral", "qwen2")
+# name -> (family, config changes): the three families, and one with the LM head tied to the
+# embedding (its checkpoint holds no lm_head.weight; the split model must tie it again)
+EVALUATORS = {**{family: (family, {}) for family in FAMILIES}, "qwen2-tied": ("qwen2", {"tie_word_embeddings": True})}
 TOLERANCE = 1e-5
 
 
@@ -40,9 +43,9 @@ def saved(tmp_path_factory):
     corpus = root / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
     tokenizer = byte_level_bpe()
-    for family in (*FAMILIES, "gpt2"):
-        tiny_model(family, len(tokenizer), seed=3).save_pretrained(root / family)
-        tokenizer.save_pretrained(root / family)
+    for name, (family, changes) in {**EVALUATORS, "gpt2": ("gpt2", {})}.items():
+        tiny_model(family, len(tokenizer), seed=3, **changes).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
     return dict(root=root, texts=texts, corpus=str(corpus), tokenizer=tokenizer)
 
 
@@ -57,12 +60,13 @@ def launch(arguments: list[str], tmp_path) -> subprocess.CompletedProcess:
 def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path):
     root = saved["root"]
     done = launch(
-        [WORKER, str(tmp_path), str(root / "texts.json"), str(K), str(D), *(str(root / f) for f in FAMILIES)], tmp_path
+        [WORKER, str(tmp_path), str(root / "texts.json"), str(K), str(D), *(str(root / name) for name in EVALUATORS)],
+        tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for family in FAMILIES:
-        ranks = [np.load(tmp_path / f"{family}-{rank}.npz", allow_pickle=False) for rank in (0, 1)]
-        model = tiny_model(family, len(saved["tokenizer"]), seed=3).eval()
+    for name, (family, changes) in EVALUATORS.items():
+        ranks = [np.load(tmp_path / f"{name}-{rank}.npz", allow_pickle=False) for rank in (0, 1)]
+        model = tiny_model(family, len(saved["tokenizer"]), seed=3, **changes).eval()
         key_tokens = 0
         for index, text in enumerate(saved["texts"]):
             ids, _, lp_long, lp_short = evaluator_scores(model, saved["tokenizer"], text, K, D)
@@ -73,9 +77,9 @@ def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path):
                 np.testing.assert_allclose(rank[f"lp_short_{index}"], expected_short, atol=TOLERANCE, equal_nan=True)
                 got = key_token_mask(rank[f"lp_long_{index}"], rank[f"lp_short_{index}"], ALPHA, BETA)
                 want = key_token_mask(expected_long, expected_short, ALPHA, BETA)
-                assert got.tolist() == want.tolist(), (family, index)
+                assert got.tolist() == want.tolist(), (name, index)
             key_tokens += int(want.sum())
-        assert 0 < key_tokens < sum(len(text) for text in saved["texts"]), family  # the comparison has teeth
+        assert 0 < key_tokens < sum(len(text) for text in saved["texts"]), name  # the comparison has teeth
 
 
 @pytest.mark.slow
