@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-from longppl.tools.benchmarking import LLAMA_SHAPES
+from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE
 from longppl.tools.cli import tool_parser
 
 # datasets, torch and transformers load inside the functions that use them: `--help` is immediate.
@@ -57,15 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 SHAPES = {  # LlamaConfig fields; the byte-level tokenizer uses 259 rows of the vocabulary
     **LLAMA_SHAPES,
-    "tiny": dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    ),
+    "tiny": TINY_LLAMA_SHAPE,
 }
 STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
 

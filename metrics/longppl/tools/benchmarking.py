@@ -39,6 +39,18 @@ LLAMA_SHAPES = {
 }
 
 
+#: ``LlamaConfig`` fields of the tiny random model of the multi-GPU benchmarks' CPU smoke runs (gloo).
+TINY_LLAMA_SHAPE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+)
+
+
 def measure(fn: Callable[[], T], device: str) -> tuple[float, float, T]:
     """Run ``fn()`` once and time it.
 

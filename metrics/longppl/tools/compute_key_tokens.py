@@ -8,6 +8,12 @@
 
 (On a machine without GPUs the same ``--multi_gpu`` launch runs CPU processes that talk over gloo.)
 
+    # an evaluator larger than one GPU, split by tensor parallelism over 2 GPUs (one process each)
+    torchrun --nproc-per-node 2 -m longppl.tools.compute_key_tokens --tensor-parallel 2 --evaluator ...
+
+With ``--tensor-parallel N``, each group of N processes holds one split evaluator and scores one
+share of the corpus (every rank of a group the same documents; the group's first rank writes).
+
 The corpus is a ``.jsonl`` file, a directory saved with ``datasets``' ``save_to_disk`` or a Hub
 dataset name (``--split``), with the texts in ``--text-column``. Documents already in the cache
 for the same evaluator and settings are skipped, so adding documents scores only the new ones.
@@ -112,6 +118,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "(default: the process's device, a GPU if there is one)",
     )
     parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="split the evaluator over N GPUs by tensor parallelism (its family's plan in transformers: Llama, "
+        "Mistral, Qwen2...); launch N processes per group, one per GPU, with torchrun or accelerate launch "
+        "(default: 1, no split)",
+    )
+    parser.add_argument(
         "--window-bos",
         action="store_true",
         help="opt-in: BOS at the head of each short window (default: off, as the official code)",
@@ -158,6 +172,7 @@ def parse_args(argv=None, prog: str = PROG):
         WindowSettings(args.trunc_len, args.sliding_window)
         KeyTokenRule(args.alpha, args.beta)
         require_int("max_tokens_per_batch", args.max_tokens_per_batch)
+        require_int("--tensor-parallel", args.tensor_parallel)
         if args.max_length is not None:
             require_int("max_length", args.max_length, minimum=2)
     except ValueError as err:
@@ -181,6 +196,9 @@ def main(argv=None, prog: str = PROG) -> dict:
     locate_corpus(args.corpus, "--corpus")
     check_model_source(args.evaluator, "--evaluator", tokenizer=True)
     import torch
+
+    if args.tensor_parallel > 1:
+        check_tensor_parallel(args, torch)
     from accelerate import PartialState
 
     start = time.perf_counter()
@@ -191,6 +209,29 @@ def main(argv=None, prog: str = PROG) -> dict:
     finally:
         if state.use_distributed:
             state.destroy_process_group()  # a gloo group left open aborts the process at exit
+
+
+def check_tensor_parallel(args, torch) -> None:
+    """Refuse what ``--tensor-parallel`` cannot do, from the evaluator's config and the launcher's
+    environment, before any process group is joined or any weight loaded."""
+    from transformers import AutoConfig
+
+    from longppl.tensor_parallel import check_launch, tensor_parallel_plan
+
+    if args.device is not None:
+        raise ValueError(
+            f"--device {args.device} with --tensor-parallel {args.tensor_parallel}: each rank of a tensor-parallel "
+            "group uses its own GPU; leave --device out (or use --device auto alone, without --tensor-parallel)."
+        )
+    tensor_parallel_plan(AutoConfig.from_pretrained(args.evaluator), args.tensor_parallel, "--tensor-parallel")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_launch(
+        args.tensor_parallel,
+        world,
+        int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+        torch.cuda.device_count() if torch.cuda.is_available() else None,
+        "--tensor-parallel",
+    )
 
 
 def _run(args, state, start: float) -> dict:
@@ -222,6 +263,11 @@ def _run(args, state, start: float) -> dict:
     texts = truncate_texts(texts, tokenizer, args.max_length)
     identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
     evaluator = None
+    if identity is None and args.tensor_parallel > 1:
+        raise ValueError(
+            f"--evaluator {args.evaluator!r}: its Hub revision cannot be resolved to a commit (offline?), and a split "
+            "evaluator cannot be fingerprinted from its weights (each rank holds a part); pass a local copy's folder."
+        )
     if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
         evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
         identity = ModelIdentity.of_model(evaluator, tokenizer)
@@ -230,8 +276,11 @@ def _run(args, state, start: float) -> dict:
     cache = KeyTokenCache.load(args.output, create=True)
     found = cache.find(texts, settings, identity.fingerprint)
     missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
-    shares = assign_to_processes([len(t) for t in missing], state.num_processes)
-    mine = [missing[i] for i in shares[state.process_index]]
+    # A tensor-parallel group of N ranks is one worker: its ranks score the same documents, its first writes.
+    group_size = args.tensor_parallel
+    worker, writes = state.process_index // group_size, state.process_index % group_size == 0
+    shares = assign_to_processes([len(t) for t in missing], state.num_processes // group_size)
+    mine = [missing[i] for i in shares[worker]]
     first = {}
     for index, text in enumerate(texts):
         first.setdefault(text, index)
@@ -243,7 +292,7 @@ def _run(args, state, start: float) -> dict:
     try:
         if mine:
             if evaluator is None:
-                evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
+                evaluator = load_model(args.evaluator, device, args.torch_dtype, args.tensor_parallel)
             scores = score_with_evaluator(
                 evaluator,
                 tokenizer,
@@ -261,7 +310,8 @@ def _run(args, state, start: float) -> dict:
             )
             rows = key_token_rows(mine, scores, settings, identity)
             try:
-                rows.save_to_disk(f"{shards}/{state.process_index}")
+                if writes:
+                    rows.save_to_disk(f"{shards}/{worker}")
             except OSError as err:  # a full disk or a file-size limit, before the cache is touched
                 raise write_failed(args.output, err, rows) from err
         state.wait_for_everyone()
@@ -276,7 +326,8 @@ def _run(args, state, start: float) -> dict:
             summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
         state.wait_for_everyone()
     finally:  # after a failure too: no shard is left behind (a killed run's go at the next save)
-        shutil.rmtree(f"{shards}/{state.process_index}", ignore_errors=True)
+        if writes:
+            shutil.rmtree(f"{shards}/{worker}", ignore_errors=True)
         if state.is_main_process:
             shutil.rmtree(shards, ignore_errors=True)
     return summary

@@ -1,0 +1,373 @@
+#!/usr/bin/env python
+"""Evaluators larger than one GPU: one GPU vs tensor parallelism (TP) vs ``device_map="auto"``.
+
+For each ``--shapes`` shape (random bf16 weights, drawn parameter by parameter from a seed that
+depends on the parameter's name only, so every layout holds the same weights without a checkpoint
+on disk), and each layout:
+
+- ``one``: the whole evaluator on the first GPU (skipped for shapes in ``--too-big``);
+- ``device_map``: accelerate's layer split over ``--gpus`` GPUs (``dispatch_model``, what
+  ``longppl-score --device auto`` gets from ``from_pretrained(device_map="auto")``);
+- ``tp``: ``--gpus`` processes under torchrun, the evaluator split by ``longppl.tensor_parallel``
+  (built on the meta device, split, then each rank's shards drawn on its own GPU: a 72B model is
+  never whole anywhere);
+
+it times ``score_with_evaluator`` (K=4096, d=1024, per document) on one document of ``--doc-tokens``
+tokens and on a small corpus (``--corpus-docs`` documents of ``--corpus-tokens``), cut from the CRS
+reports with a byte-level tokenizer (one token per byte), and reads the peak memory of every GPU.
+The rows of each layout are compared with the ``one`` rows (else the ``device_map`` rows): largest
+log-prob difference, key tokens under the default rule, and the top 5% of tokens by LSD (a random
+model has few key tokens at alpha=2, so the second set shows how far bf16 rounding moves a threshold).
+
+    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b qwen2-72b --too-big qwen2-72b \\
+        --json bench_tp.json
+    python scripts/bench_tensor_parallel.py --cpu --shapes tiny --doc-tokens 600 --corpus-tokens 300  # smoke, gloo
+
+A shape that runs out of memory in a layout is recorded as such and, with ``--fallback SHAPE``,
+replaced by SHAPE for the remaining runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+
+from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE
+from longppl.tools.cli import tool_parser
+
+# torch, transformers and accelerate load inside the functions that use them: `--help` is immediate.
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
+K, D = 4096, 1024
+SHAPES = {  # config fields (model_type included); the byte-level tokenizer uses 259 rows of the vocabulary
+    "llama-3.1-8b": dict(model_type="llama", **LLAMA_SHAPES["llama-3.1-8b"]),
+    "qwen2-72b": dict(  # Qwen2-72B-Instruct's config
+        model_type="qwen2",
+        vocab_size=152064,
+        hidden_size=8192,
+        intermediate_size=29568,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-32b": dict(
+        model_type="qwen2",
+        vocab_size=152064,
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(model_type="llama", **TINY_LLAMA_SHAPE),
+}
+
+
+def texts(doc_tokens: int, corpus_docs: int, corpus_tokens: int, path: str = CRS) -> tuple[str, list[str]]:
+    """One document of ``doc_tokens`` tokens and ``corpus_docs`` of ``corpus_tokens`` (``<s>`` counted),
+    cut in order from the CRS reports (ASCII almost throughout: a byte is a token)."""
+    from longppl.tools.corpus import read_jsonl_texts
+
+    corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
+    cuts, start = [], 0
+    for size in [doc_tokens] + [corpus_tokens] * corpus_docs:
+        cuts.append(corpus[start : start + size - 1].decode("utf-8", errors="ignore"))
+        start += size - 1
+    if start > len(corpus):
+        raise ValueError(f"{path} holds {len(corpus):,} bytes, fewer than the {start:,} asked for.")
+    return cuts[0], cuts[1:]
+
+
+def config_of(shape: str):
+    from transformers import AutoConfig
+
+    fields = dict(SHAPES[shape], max_position_embeddings=131072, bos_token_id=256, eos_token_id=257)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def random_whole(name: str, shape, dtype, device, std: float, seed: int):
+    """The whole of parameter ``name``: ones for norms, else normal(0, std) from a seed that depends on
+    ``name`` and ``seed`` only (the same values on any GPU, whatever the layout)."""
+    import torch
+
+    if len(shape) == 1 and "norm" in name:
+        return torch.ones(shape, dtype=dtype, device=device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
+
+
+def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str):
+    """The random evaluator of ``shape`` in ``layout`` (``one``, ``device_map`` or ``tp``)."""
+    import torch
+    from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
+    from accelerate.utils import get_balanced_memory, set_module_tensor_to_device
+    from transformers import AutoModelForCausalLM
+
+    from longppl import tensor_parallel
+
+    config, dtype = config_of(shape), (torch.float32 if device == "cpu" else torch.bfloat16)
+    if layout == "tp":
+        mesh = tensor_parallel.group_mesh(gpus, torch.device(device).type)
+        model = tensor_parallel.build_sharded_model(config, mesh, dtype, device)
+        dtensor = tensor_parallel.dtensor_type()
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                whole = random_whole(name, tuple(parameter.shape), dtype, device, std, seed)
+                index = tensor_parallel.local_slice(parameter, mesh.get_local_rank())
+                local = parameter.to_local() if isinstance(parameter, dtensor) else parameter.data
+                local.copy_(whole[index] if index is not None else whole)
+                del whole
+        return model
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if layout == "one":
+        device_map = {"": device}
+    else:
+        budget = {index: f"{int(torch.cuda.get_device_properties(index).total_memory * 0.85 / 2**30)}GiB"
+                  for index in range(gpus)}  # fmt: skip
+        # "balanced", as from_pretrained(device_map="auto") spreads a model that would fit on fewer GPUs
+        budget = get_balanced_memory(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+        device_map = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+    placed = dict(device_map)
+    with torch.no_grad():
+        for name, parameter in list(model.named_parameters()):
+            owner = max((key for key in placed if key == "" or name.startswith(key + ".")), key=len)
+            target = placed[owner]
+            target = f"cuda:{target}" if isinstance(target, int) else target
+            set_module_tensor_to_device(
+                model, name, target, value=random_whole(name, tuple(parameter.shape), dtype, target, std, seed)
+            )
+    model = dispatch_model(model, device_map) if layout == "device_map" else model.to(device)
+    return model.eval()
+
+
+def peaks(devices: list[int]) -> list[float]:
+    import torch
+
+    return [round(torch.cuda.max_memory_allocated(index) / 2**30, 2) for index in devices]
+
+
+def timed(run, devices: list[int], distributed: bool):
+    """``(seconds, [peak GiB per GPU], value)`` of ``run()``, all ranks in step on both sides."""
+    import torch
+
+    for index in devices:
+        torch.cuda.synchronize(index)
+        torch.cuda.reset_peak_memory_stats(index)
+    if distributed:
+        torch.distributed.barrier()
+    start = time.perf_counter()
+    value = run()
+    for index in devices:
+        torch.cuda.synchronize(index)
+    if distributed:
+        torch.distributed.barrier()
+    return time.perf_counter() - start, peaks(devices), value
+
+
+def worker(args) -> None:
+    """One process of a layout run: every shape of ``--shapes`` in ``--layout``; results to ``--work``."""
+    import gc
+
+    import torch
+
+    from longce.data import byte_level_tokenizer
+    from longppl.scoring import score_with_evaluator
+
+    cpu = args.cpu or not torch.cuda.is_available()
+    distributed = args.layout == "tp"
+    if distributed:
+        from accelerate import PartialState
+
+        state = PartialState(cpu=cpu)
+        # "cpu", not accelerate's "cpu:0": a generator made for "cpu:0" draws other numbers than one for "cpu"
+        rank, device = state.process_index, ("cpu" if cpu else str(state.device))
+    else:
+        rank, device = 0, ("cpu" if cpu else "cuda:0")
+    devices = (
+        [] if cpu else ([torch.device(device).index] if distributed or args.layout == "one" else list(range(args.gpus)))
+    )
+    tokenizer = byte_level_tokenizer()
+    document, corpus = texts(args.doc_tokens, args.corpus_docs, args.corpus_tokens, args.data)
+    shapes = list(args.shapes)
+    for shape in shapes:
+        if args.layout == "one" and shape in args.too_big:
+            continue
+        record = dict(shape=shape, layout=args.layout, gpus=1 if args.layout == "one" else args.gpus, rank=rank)
+        try:
+            seconds, peak, model = timed(
+                lambda: build(shape, args.layout, args.gpus, args.init_std, args.seed, device), devices, distributed
+            )
+            record.update(build_seconds=round(seconds, 2), weights_gib=peak)
+            for part, part_texts in (("document", [document]), ("corpus", corpus)):
+                seconds, peak, scores = timed(
+                    lambda: score_with_evaluator(model, tokenizer, part_texts, K, D, progress=False, per_document=True),
+                    devices,
+                    distributed,
+                )
+                tokens = sum(int(row.input_ids.shape[0]) for row in scores)
+                record[part] = dict(
+                    seconds=round(seconds, 2), tokens=tokens, tokens_per_s=round(tokens / seconds, 1), peak_gib=peak
+                )
+                if rank == 0:
+                    arrays = {
+                        f"{kind}_{i}": getattr(row, kind)
+                        for i, row in enumerate(scores)
+                        for kind in ("lp_long", "lp_short")
+                    }
+                    np.savez(os.path.join(args.work, f"{shape}-{args.layout}-{part}.npz"), **arrays)
+        except torch.OutOfMemoryError as err:
+            record["out_of_memory"] = str(err).splitlines()[0][:200]
+            if args.fallback and args.fallback not in shapes:
+                shapes.append(args.fallback)
+        model = scores = None
+        gc.collect()
+        if not cpu:
+            torch.cuda.empty_cache()
+        print(json.dumps(record), flush=True)
+        with open(os.path.join(args.work, f"results-{args.layout}-{rank}.jsonl"), "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    if distributed:
+        state.destroy_process_group()
+
+
+def compare(work: str, shape: str, layout: str, reference: str) -> dict | None:
+    """Rows of ``layout`` against ``reference``'s for ``shape`` (both parts), or ``None`` if either is missing."""
+    from longppl.key_tokens import key_token_mask
+
+    out = {}
+    for part in ("document", "corpus"):
+        paths = [os.path.join(work, f"{shape}-{name}-{part}.npz") for name in (layout, reference)]
+        if not all(os.path.exists(path) for path in paths):
+            return None
+        got, want = (np.load(path, allow_pickle=False) for path in paths)
+        diff, default_same, default_keys, top_same, top_keys = 0.0, True, 0, 0, 0
+        for name in want.files:
+            if name.startswith("lp_long_"):
+                i = name[len("lp_long_") :]
+                long_a, short_a, long_b, short_b = got[name], got[f"lp_short_{i}"], want[name], want[f"lp_short_{i}"]
+                for a, b in ((long_a, long_b), (short_a, short_b)):
+                    both = ~np.isnan(a) & ~np.isnan(b)
+                    diff = max(diff, float(np.abs(a[both] - b[both]).max()) if both.any() else 0.0)
+                mask_a, mask_b = key_token_mask(long_a, short_a, 2.0, -2.0), key_token_mask(long_b, short_b, 2.0, -2.0)
+                default_same &= bool((mask_a == mask_b).all())
+                default_keys += int(mask_b.sum())
+                lsd = long_b - short_b
+                if np.isfinite(lsd).any():
+                    alpha = float(np.nanquantile(lsd, 0.95))
+                    top_a = key_token_mask(long_a, short_a, alpha, -1e9)
+                    top_b = key_token_mask(long_b, short_b, alpha, -1e9)
+                    top_same += int((top_a & top_b).sum())
+                    top_keys += int(top_b.sum())
+        out[part] = dict(
+            max_abs_logprob_diff=diff,
+            default_rule_key_tokens=default_keys,
+            default_rule_identical=default_same,
+            top5pct_lsd_tokens=top_keys,
+            top5pct_lsd_shared=top_same,
+        )
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = tool_parser(None, __doc__)
+    parser.add_argument("--gpus", type=int, default=2, help="GPUs of the device_map and TP runs (default 2)")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["llama-3.1-8b", "qwen2-72b"])
+    parser.add_argument("--too-big", nargs="*", default=["qwen2-72b"], help="shapes not run on one GPU")
+    parser.add_argument(
+        "--fallback", choices=sorted(SHAPES), default=None, help="shape run when one runs out of memory"
+    )
+    parser.add_argument(
+        "--layouts", nargs="+", choices=("one", "tp", "device_map"), default=["one", "tp", "device_map"]
+    )
+    parser.add_argument(
+        "--doc-tokens", type=int, default=32768, help="tokens of the long document (default %(default)s)"
+    )
+    parser.add_argument(
+        "--corpus-docs", type=int, default=4, help="documents of the small corpus (default %(default)s)"
+    )
+    parser.add_argument("--corpus-tokens", type=int, default=8192, help="tokens of each (default %(default)s)")
+    parser.add_argument("--data", default=CRS, help="the CRS reports' JSONL (default: tests/data/govreport_crs.jsonl)")
+    parser.add_argument("--init-std", type=float, default=0.02, help="std of the random weights (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds allowed to each layout's run")
+    parser.add_argument(
+        "--work", default=None, help="folder for rows and per-process results (default: a new temporary one)"
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--cpu", action="store_true", help="CPU processes over gloo (smoke run; no device_map)")
+    parser.add_argument("--layout", default=None, help=argparse_hidden())
+    args = parser.parse_args(argv)
+    if args.layout is not None:
+        worker(args)
+        return {}
+    import tempfile
+
+    work = args.work or tempfile.mkdtemp(prefix="bench-tp-")
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--json",)]
+    if args.json in passed:
+        passed.remove(args.json)
+    ran = {}
+    for layout in args.layouts:
+        if layout == "device_map" and args.cpu:
+            continue
+        if layout == "tp":
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(args.gpus),
+            ]
+        else:
+            command = [sys.executable]
+        command += [os.path.abspath(__file__), *passed, "--work", work, "--layout", layout]
+        start = time.perf_counter()
+        try:
+            status = subprocess.run(command, env=env, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+        ran[layout] = dict(status=status, wall_seconds=round(time.perf_counter() - start, 1))
+    records = []
+    for name in sorted(os.listdir(work)):
+        if name.startswith("results-"):
+            with open(os.path.join(work, name)) as handle:
+                records += [json.loads(line) for line in handle]
+    comparisons = {}
+    for shape in {record["shape"] for record in records}:
+        for layout, reference in (("tp", "one"), ("device_map", "one"), ("tp", "device_map")):
+            found = compare(work, shape, layout, reference)
+            if found is not None:
+                comparisons[f"{shape}: {layout} vs {reference}"] = found
+    result = dict(runs=ran, records=records, comparisons=comparisons, work=work, argv=passed)
+    print(json.dumps(dict(runs=ran, comparisons=comparisons), indent=1))
+    if args.json:
+        with open(args.json + ".tmp", "w") as handle:
+            json.dump(result, handle, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+    return result
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""One rank of a tensor-parallel group on the CPU (gloo), started by ``accelerate launch`` from
+tests/test_tensor_parallel.py: for each saved evaluator named on the command line, load it split
+over the group (``load_model(..., tensor_parallel=2)``), check that the split is real, score the
+texts, and write this rank's rows to ``<out>/<name>-<rank>.npz`` (plain arrays, read back without pickle).
+
+    python tensor_parallel_worker.py <out> <texts.json> <K> <d> <folder>...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from accelerate import PartialState
+
+from longppl.loading import load_model, load_tokenizer
+from longppl.scoring import score_with_evaluator
+
+
+def main() -> None:
+    out, texts_file, trunc_len, stride, *folders = sys.argv[1:]
+    with open(texts_file, encoding="utf-8") as handle:
+        texts = json.load(handle)
+    state = PartialState(cpu=True)
+    try:
+        for folder in folders:
+            model = load_model(folder, "cpu", "float32", tensor_parallel=2)
+            q_proj = model.model.layers[0].self_attn.q_proj.weight
+            local_rows = q_proj.to_local().shape[0]  # a DTensor: this rank's half of the heads
+            assert local_rows * 2 == model.config.hidden_size, local_rows
+            scores = score_with_evaluator(
+                model,
+                load_tokenizer(folder),
+                texts,
+                int(trunc_len),
+                int(stride),
+                256,
+                progress=False,
+                per_document=True,
+            )
+            arrays = {}
+            for index, row in enumerate(scores):
+                arrays[f"lp_long_{index}"], arrays[f"lp_short_{index}"] = row.lp_long, row.lp_short
+                arrays[f"ids_{index}"] = row.input_ids
+            name = os.path.basename(folder.rstrip("/"))
+            np.savez(os.path.join(out, f"{name}-{state.process_index}.npz"), **arrays)
+            del model
+            torch.distributed.barrier()
+    finally:
+        state.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Tensor parallelism (``longppl.tensor_parallel``, ``longppl-score --tensor-parallel N``): an
+evaluator split over two CPU processes (gloo, the same DTensor machinery as NCCL on GPUs) scores
+as the unsplit evaluator does, and what cannot be split is refused in one line before any model loads.
+
+The split rows are compared with ``reference.evaluator_scores`` (the unsplit model, full float32
+logits, one window per forward): row-wise layers sum partial products over the ranks, a different
+order of float32 additions, so log-probs agree to 1e-5, and key tokens exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, tiny_model
+from reference import evaluator_scores
+
+from longppl.key_tokens import key_token_mask
+from longppl.tools import compute_key_tokens
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "tensor_parallel_worker.py")
+K, D = 40, 12
+ALPHA, BETA = 0.005, -50.0  # thresholds a random tiny model's log-probs cross: some tokens key, some not
+FAMILIES = ("llama", "mistral", "qwen2")
+# name -> (family, config changes): the three families, and one with the LM head tied to the
+# embedding (its checkpoint holds no lm_head.weight; the split model must tie it again)
+EVALUATORS = {**{family: (family, {}) for family in FAMILIES}, "qwen2-tied": ("qwen2", {"tie_word_embeddings": True})}
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Texts, a JSONL corpus, and a saved tiny evaluator of each family (plus a GPT-2, which has no plan)."""
+    root = tmp_path_factory.mktemp("tensor_parallel")
+    texts = [text[300 : 300 + size] for text, size in zip(govreport_texts()[:3], (260, 190, 330))]
+    (root / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
+    corpus = root / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    tokenizer = byte_level_bpe()
+    for name, (family, changes) in {**EVALUATORS, "gpt2": ("gpt2", {})}.items():
+        tiny_model(family, len(tokenizer), seed=3, **changes).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return dict(root=root, texts=texts, corpus=str(corpus), tokenizer=tokenizer)
+
+
+def launch(arguments: list[str], tmp_path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(
+        [*accelerate_launch_on_cpu(2), *arguments], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path):
+    root = saved["root"]
+    done = launch(
+        [WORKER, str(tmp_path), str(root / "texts.json"), str(K), str(D), *(str(root / name) for name in EVALUATORS)],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name, (family, changes) in EVALUATORS.items():
+        ranks = [np.load(tmp_path / f"{name}-{rank}.npz", allow_pickle=False) for rank in (0, 1)]
+        model = tiny_model(family, len(saved["tokenizer"]), seed=3, **changes).eval()
+        key_tokens = 0
+        for index, text in enumerate(saved["texts"]):
+            ids, _, lp_long, lp_short = evaluator_scores(model, saved["tokenizer"], text, K, D)
+            expected_long, expected_short = np.array(lp_long), np.array(lp_short)
+            for rank in ranks:  # both ranks end with the same rows
+                assert rank[f"ids_{index}"].tolist() == ids
+                np.testing.assert_allclose(rank[f"lp_long_{index}"], expected_long, atol=TOLERANCE, equal_nan=True)
+                np.testing.assert_allclose(rank[f"lp_short_{index}"], expected_short, atol=TOLERANCE, equal_nan=True)
+                got = key_token_mask(rank[f"lp_long_{index}"], rank[f"lp_short_{index}"], ALPHA, BETA)
+                want = key_token_mask(expected_long, expected_short, ALPHA, BETA)
+                assert got.tolist() == want.tolist(), (name, index)
+            key_tokens += int(want.sum())
+        assert 0 < key_tokens < sum(len(text) for text in saved["texts"]), name  # the comparison has teeth
+
+
+@pytest.mark.slow
+def test_longppl_score_with_two_ranks_writes_the_one_process_cache(saved, tmp_path):
+    from accelerate import PartialState
+
+    arguments = ["--corpus", saved["corpus"], "--evaluator", str(saved["root"] / "llama")]
+    settings = ["--trunc-len", str(K), "--sliding-window", str(D)]
+    single = str(tmp_path / "single")
+    try:
+        compute_key_tokens.main([*arguments, "--output", single, *settings])
+    finally:
+        PartialState._reset_state()
+    split = str(tmp_path / "split")
+    done = launch(
+        ["-m", "longppl.tools.compute_key_tokens", *arguments, "--output", split, *settings, "--tensor-parallel", "2"],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "3 documents (3 scored now, 0 already cached)" in done.stdout
+    # Not bit-identical (the ranks sum partial products in another order): equal to TOLERANCE.
+    one, two = datasets.load_from_disk(single), datasets.load_from_disk(split)
+    assert one["text"] == two["text"] and one["input_ids"] == two["input_ids"]
+    for name in ("lp_long", "lp_short"):
+        for x, y in zip(one[name], two[name]):
+            np.testing.assert_allclose(np.array(y, dtype=float), np.array(x, dtype=float), atol=TOLERANCE)
+    for long_a, short_a, long_b, short_b in zip(one["lp_long"], one["lp_short"], two["lp_long"], two["lp_short"]):
+        mask_a = key_token_mask(np.array(long_a, dtype=float), np.array(short_a, dtype=float), ALPHA, BETA)
+        mask_b = key_token_mask(np.array(long_b, dtype=float), np.array(short_b, dtype=float), ALPHA, BETA)
+        assert mask_a.tolist() == mask_b.tolist()
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # no shard left behind
+
+
+def refusal(saved, tmp_path, *flags) -> str:
+    """``longppl-score``'s one-line error for ``flags`` (no traceback)."""
+    argv = ["--corpus", saved["corpus"], "--output", str(tmp_path / "out"), *flags]
+    with pytest.raises(SystemExit) as exit_info:  # run_command: sys.exit("<prog>: error: ...")
+        compute_key_tokens.cli(argv)
+    err = str(exit_info.value.code)
+    assert ": error: " in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything was made
+    return err
+
+
+def test_a_family_without_a_plan_is_refused(saved, tmp_path):
+    err = refusal(saved, tmp_path, "--evaluator", str(saved["root"] / "gpt2"), "--tensor-parallel", "2")
+    assert "--tensor-parallel=2: the evaluator's family 'gpt2' has no tensor-parallel plan" in err
+    assert "--device auto" in err
+
+
+def test_a_size_that_does_not_divide_the_heads_is_refused(saved, tmp_path):
+    err = refusal(saved, tmp_path, "--evaluator", str(saved["root"] / "qwen2"), "--tensor-parallel", "3")
+    assert "--tensor-parallel=3 does not divide the evaluator's num_attention_heads=4" in err
+
+
+def test_fewer_gpus_than_asked_is_refused(saved, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    err = refusal(saved, tmp_path, "--evaluator", str(saved["root"] / "llama"), "--tensor-parallel", "2")
+    assert "--tensor-parallel=2 asks for 2 GPUs, but this machine has 1" in err
+
+
+def test_several_processes_per_gpu_are_refused(saved, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    err = refusal(saved, tmp_path, "--evaluator", str(saved["root"] / "mistral"), "--tensor-parallel", "2")
+    assert (
+        "--tensor-parallel=2 with 4 processes on this machine's 2 GPUs: tensor parallelism needs one process per GPU"
+        in err
+    )
+
+
+def test_a_single_process_is_refused(saved, tmp_path):
+    err = refusal(saved, tmp_path, "--evaluator", str(saved["root"] / "llama"), "--tensor-parallel", "2")
+    assert "--tensor-parallel=2 needs 2 processes per group on one machine (one per GPU), but 1 were started" in err
+
+
+def test_device_with_tensor_parallel_is_refused(saved, tmp_path):
+    err = refusal(
+        saved, tmp_path, "--evaluator", str(saved["root"] / "llama"), "--tensor-parallel", "2", "--device", "cpu"
+    )
+    assert "--device cpu with --tensor-parallel 2: each rank of a tensor-parallel group uses its own GPU" in err
