@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 # The DEFAULT_* names live in settings and stay importable from here.
-from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule
+from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule  # noqa: F401
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:
@@ -23,26 +23,23 @@ def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarr
     return np.asarray(lp_long, dtype=np.float32) - np.asarray(lp_short, dtype=np.float32)
 
 
-def key_token_mask(
-    lp_long: np.ndarray,
-    lp_short: np.ndarray,
-    alpha: float = DEFAULT_ALPHA,
-    beta: float = DEFAULT_BETA,
-    use_lcl: bool = True,
-) -> np.ndarray:
-    """``[n]`` bool: ``LSD > alpha`` and (if ``use_lcl``) ``LCL > beta``."""
-    KeyTokenRule(alpha, beta, use_lcl)  # a NaN threshold would silently make no token key
+def key_token_mask(lp_long: np.ndarray, lp_short: np.ndarray, rule: KeyTokenRule = KeyTokenRule()) -> np.ndarray:
+    """``[n]`` bool: ``LSD > rule.alpha`` and (if ``rule.use_lcl``) ``LCL > rule.beta``.
+
+    ``rule`` was checked when it was built (a NaN threshold, which would silently make no token key,
+    never gets this far).
+    """
     lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(invalid="ignore"):
-        mask = lsd > alpha
-        if use_lcl:
-            mask &= np.asarray(lp_long, dtype=np.float32) > beta
+        mask = lsd > rule.alpha
+        if rule.use_lcl:
+            mask &= np.asarray(lp_long, dtype=np.float32) > rule.beta
     return mask
 
 
-def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
-    """``[n]`` float32 ``min(exp(LSD), gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
-    KeyTokenRule(soft=True, gamma=gamma)
+def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, rule: KeyTokenRule = KeyTokenRule(soft=True)) -> np.ndarray:
+    """``[n]`` float32 ``min(exp(LSD), rule.gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
+    gamma = rule.gamma
     lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(over="ignore", invalid="ignore"):
         weights = np.minimum(np.exp(lsd), np.float32(gamma))
