@@ -225,9 +225,34 @@ class _ModelSource:
         return self.model is not None or self.model_id is not None
 
 
+def _model_sources(o: LongPPLOptions) -> tuple[_ModelSource, _ModelSource]:
+    """The evaluated model's and the evaluator's sources, checked: which of them are given, and how
+    (an object with its tokenizer, or an id that must exist); ``ValueError`` saying what to pass."""
+    model = _ModelSource.checked(o.model, o.tokenizer, o.model_id, "model")
+    if not model.given:
+        raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
+    evaluator_given = o.evaluator_model is not None or o.evaluator_model_id is not None
+    if o.self_evaluation and evaluator_given:
+        raise ValueError("self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too.")
+    if not o.self_evaluation and not evaluator_given and o.key_tokens is None:
+        raise ValueError(
+            "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
+            "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
+            "evaluator_tokenizer. A model that evaluates itself gives uninformative LongPPL "
+            "(paper, Appendix B.2: all models score about the same); to run that ablation anyway, "
+            "pass self_evaluation=True."
+        )
+    evaluator = _ModelSource.checked(o.evaluator_model, o.evaluator_tokenizer, o.evaluator_model_id, "evaluator_model")
+    if model.model_id is not None:
+        check_model_source(model.model_id, "model_id")
+    if evaluator.model_id is not None:
+        check_model_source(evaluator.model_id, "evaluator_model_id")
+    return model, evaluator
+
+
 @dataclass(frozen=True, eq=False)
 class _Request:
-    """The metric's keyword arguments, checked and normalised by :meth:`from_kwargs`.
+    """The metric's keyword arguments, checked and normalised by :meth:`from_options`.
 
     Every argument is checked before any model is loaded or run, so a bad value fails at once with
     the message of ``settings`` (shared with the drop-in and the scripts), not after a long pass.
@@ -297,29 +322,7 @@ class _Request:
                 "token instead; pass soft=False to get key spans."
             )
 
-        model = _ModelSource.checked(o.model, o.tokenizer, o.model_id, "model")
-        if not model.given:
-            raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
-        evaluator_given = o.evaluator_model is not None or o.evaluator_model_id is not None
-        if o.self_evaluation and evaluator_given:
-            raise ValueError(
-                "self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too."
-            )
-        if not o.self_evaluation and not evaluator_given and o.key_tokens is None:
-            raise ValueError(
-                "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
-                "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
-                "evaluator_tokenizer. A model that evaluates itself gives uninformative LongPPL "
-                "(paper, Appendix B.2: all models score about the same); to run that ablation anyway, "
-                "pass self_evaluation=True."
-            )
-        evaluator = _ModelSource.checked(
-            o.evaluator_model, o.evaluator_tokenizer, o.evaluator_model_id, "evaluator_model"
-        )
-        if model.model_id is not None:
-            check_model_source(model.model_id, "model_id")
-        if evaluator.model_id is not None:
-            check_model_source(evaluator.model_id, "evaluator_model_id")
+        model, evaluator = _model_sources(o)
         if (
             max_length is not None
             and not o.self_evaluation
@@ -332,7 +335,7 @@ class _Request:
                 "cut the texts yourself and leave max_length unset."
             )
         if isinstance(o.key_tokens, (str, os.PathLike)):  # before any model is loaded or text scored
-            cache_directory(o.key_tokens, "key_tokens", create=evaluator_given)
+            cache_directory(o.key_tokens, "key_tokens", create=evaluator.given)
         return cls(
             predictions=predictions,
             model=model,
