@@ -23,7 +23,8 @@ import time
 
 import torch
 
-import longppl
+from longppl.batching import long_context_log_probs
+from longppl.progress import Progress
 
 SHAPES = {
     # the tests' tiny Llama (tests/helpers.py)
@@ -59,12 +60,12 @@ def measure(shape: str, n_tokens: int) -> dict:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     ids = torch.randint(3, config.vocab_size, (n_tokens,))
     steps = []
-    reporter = longppl.Progress(enabled=True, callback=lambda *event: steps.append(event), desc="long pass")
+    reporter = Progress(enabled=True, callback=lambda *event: steps.append(event), desc="long pass")
     with torch.inference_mode():
-        longppl.long_context_log_probs(model, [ids[:16]], 32768)  # warm-up, and the one-off head probe
+        long_context_log_probs(model, [ids[:16]], 32768)  # warm-up, and the one-off head probe
         before = _peak_rss_mib()
         start = time.perf_counter()
-        longppl.long_context_log_probs(model, [ids], 32768, progress=reporter)
+        long_context_log_probs(model, [ids], 32768, progress=reporter)
         seconds = time.perf_counter() - start
     return dict(
         shape=shape,

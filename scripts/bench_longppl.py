@@ -55,8 +55,10 @@ def load_dependencies() -> None:
     import torch
     import torch.nn.functional as F
 
-    from longppl import key_token_mask, long_context_log_probs, short_context_log_probs
+    from longppl import short_context_log_probs
+    from longppl.batching import long_context_log_probs
     from longppl.compilation import compiled_blocks
+    from longppl.key_tokens import key_token_mask
 
 
 def build_model(tiny: bool, device: str, seed: int):
@@ -192,16 +194,15 @@ def cache_benchmark(args, device):
     from longppl import (
         KeyTokenCache,
         KeyTokenSettings,
-        ModelIdentity,
-        cached_evaluator_scores,
-        document_result,
         document_results,
-        key_token_rows,
         score_with_evaluator,
         score_with_model,
         summarize_results,
         text_key_weights,
     )
+    from longppl.fingerprints import ModelIdentity
+    from longppl.key_token_cache import cached_evaluator_scores, key_token_rows
+    from longppl.scoring import document_result
     from longppl.tools.synthetic import word_tokenizer
 
     K, d, budget = args.trunc_len, args.sliding_window, args.budgets[0]

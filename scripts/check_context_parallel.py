@@ -21,6 +21,7 @@ load-balanced split into 2 x cp_size chunks). Nothing is downloaded: the model c
 the tokens and weights are random.
 
 ``--role single`` / ``--role cp`` with ``--work DIR`` run one side alone (what the driver starts).
+Like every script, it imports ``longppl`` and ``longce`` as installed (``pip install -e .``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ("loss", "grad_norm", "ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
 VOCAB, ROWS = 256, 16
 
@@ -88,7 +88,6 @@ def train(work: str, role: str, steps: int) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, default_data_collator
 
-    sys.path.insert(0, os.path.join(ROOT, "trainer"))  # when run from a checkout without the install
     from longce import LongCEConfig, LongCETrainer
 
     extra = {}
@@ -194,16 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(argv)
     if options.role != "driver":
         train(options.work, options.role, options.steps)
-        from longce.cli import close_process_group  # train put trainer/ on the path
+        from longce.cli import close_process_group
 
         close_process_group()  # every rank first meets the others (a lone teardown can abort at exit)
         return 0
     if options.length % 4:
         raise SystemExit(f"--length must be a multiple of 4 (got {options.length})")
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(ROOT, "trainer"), os.path.join(ROOT, "metrics"), env.get("PYTHONPATH", "")]
-    )
     with tempfile.TemporaryDirectory(prefix="longce-cp-") as work:
         prepare(work, options.length)
         me = [os.path.abspath(__file__), "--work", work, "--steps", str(options.steps)]
@@ -226,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"largest weight update: {results['largest_weight_update']:.3g}")
     print("PASSED" if results["passed"] else f"FAILED (tolerance {options.tolerance})")
     if options.json:
-        sys.path.insert(0, os.path.join(ROOT, "metrics"))  # when run from a checkout without the install
         from longppl.atomic_files import write_file_atomically
 
         write_file_atomically(options.json, lambda handle: json.dump(results, handle, indent=2))

@@ -15,10 +15,11 @@ import datasets
 import evaluate
 import numpy as np
 import pytest
-from cache_writer_worker import synthetic_rows
+from distributed.cache_writer_worker import synthetic_rows
 from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, tiny_model
 
 import longppl
+import longppl.scoring
 from longppl import key_token_cache
 from longppl.atomic_files import _lock_path
 from longppl.key_token_cache import CHECKSUM_FILE, KeyTokenCache, cache_directory, open_cache

@@ -12,7 +12,7 @@ import datasets
 import evaluate
 import numpy as np
 import pytest
-from cache_writer_worker import IDENTITY, SETTINGS, synthetic_rows
+from distributed.cache_writer_worker import IDENTITY, SETTINGS, synthetic_rows
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
@@ -21,7 +21,7 @@ from longppl.fingerprints import ModelIdentity, tokenizer_fingerprint
 from longppl.key_token_cache import CHECKSUM_FILE, CacheDamagedError, KeyTokenCache, KeyTokenSettings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "cache_writer_worker.py")
+WORKER = os.path.join(HERE, "distributed", "cache_writer_worker.py")
 K, D = 47, 13
 ALPHA, BETA = 0.005, -50.0
 

@@ -15,6 +15,7 @@ from helpers import govreport_texts, model_and_evaluator, tiny_model
 from reference import evaluator_scores as reference_evaluator_scores
 
 import longppl
+import longppl.scoring
 from longppl.fingerprints import ModelIdentity, text_fingerprint
 from longppl.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache
 

@@ -24,7 +24,9 @@ from helpers import (
 )
 
 import longppl
+from longppl.fingerprints import ModelIdentity
 from longppl.key_token_cache import KeyTokenCache
+from longppl.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
 from longppl.tools import compute_key_tokens, evaluate_models, visualize_key_tokens
 from longppl.tools.correlation import average_ranks, pearson, spearman
@@ -344,7 +346,7 @@ def test_pictures_from_the_cache(tools, files, cache, tmp_path):
 
     evaluator, tokenizer = load_causal_lm(files["evaluator"], "cpu", "float32")
     scores = longppl.score_with_evaluator(evaluator, tokenizer, [tricky], K, D, progress=False, per_document=True)
-    identity = longppl.ModelIdentity.of_checkpoint(files["evaluator"], evaluator.dtype)
+    identity = ModelIdentity.of_checkpoint(files["evaluator"], evaluator.dtype)
     one = KeyTokenCache(key_token_rows([tricky], scores, KeyTokenSettings(K, D), identity))
     one.save(str(tmp_path / "one"))
     page, png = tmp_path / "doc.html", tmp_path / "lsd.png"
@@ -387,7 +389,7 @@ def test_html_shows_tokens_sharing_a_character_as_one_piece():
     text = "Café au lait"  # "é" split into two byte-level tokens, both spanning character 3
     offsets = np.array([[0, 0], [0, 3], [3, 4], [3, 4], [4, 7], [7, 12]])
     nan = float("nan")
-    scores = longppl.EvaluatorScores(
+    scores = EvaluatorScores(
         np.arange(6),
         offsets,
         np.array([nan, -1.0, -0.5, -0.2, -3.0, -0.1]),

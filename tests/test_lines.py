@@ -12,15 +12,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, tiny_model
+from helpers import ScriptedStub, byte_level_bpe, tiny_model
 from longppl_reproduce.answer_tokens import answer_lsd_histogram, answer_token_scores, classify_answer_tokens
 from longppl_reproduce.lines import (
     LinesCase,
     case_text,
     generate_lines_cases,
+    last_number,
     lines_accuracy,
     lines_for_token_length,
     lines_training_document,
+    longchat_correct,
     read_lines_cases,
     write_lines_cases,
 )
@@ -192,11 +194,10 @@ def test_lines_accuracy_matches_a_plain_greedy_loop():
     model = tiny_model("llama", len(tok), seed=1).train()
     cases = generate_lines_cases(3, 2, seed=2) + generate_lines_cases(6, 2, seed=3)  # prompts of different lengths
     outputs = [reference_greedy(model, tok, case.prompt, 6) for case in cases]
-    # Make two cases right under the containment rule: their expected number is part of the output.
-    cases[1] = replace(cases[1], expected_number=outputs[1][1:4])
-    cases[2] = replace(cases[2], expected_number=outputs[2][-3:])
-    expected = [case.expected_number in output for case, output in zip(cases, outputs)]
-    assert expected[1] and expected[2]
+    # LongChat's rule, written out: the last run of digits, as an integer, equals the expected number.
+    outputs_digits = [re.findall(r"[0-9]+", output) for output in outputs]
+    expected = [bool(runs) and int(runs[-1]) == int(case.expected_number) for case, runs in zip(cases, outputs_digits)]
+    has_number = [bool(runs) for runs in outputs_digits]
     # A tokenizer without a pad token (falls back to EOS), sharing the trained one's vocabulary.
     no_pad = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, bos_token="<s>", eos_token="</s>")
     steps = []
@@ -211,6 +212,7 @@ def test_lines_accuracy_matches_a_plain_greedy_loop():
         )
         assert result["outputs"] == outputs
         assert result["is_correct"] == expected
+        assert result["has_number"] == has_number
         assert (result["correct"], result["total"]) == (sum(expected), 4)
         assert math.isclose(result["accuracy"], sum(expected) / 4)
         assert tokenizer.padding_side == "right"  # restored
@@ -256,6 +258,27 @@ def test_lines_accuracy_counts_answers_that_contain_the_number():
     assert all(case.expected_number in out for case, out in zip(cases, right["outputs"]))
     wrong = lines_accuracy(RetrieverStub(tok, shift=1), tok, cases, batch_size=2)
     assert (wrong["accuracy"], wrong["correct"]) == (0.0, 0)
+
+
+def test_longchat_rule_reads_the_last_number():
+    assert last_number("It is <2416> ... or <77>") == 77 and last_number("no digits") is None
+    assert last_number("x007y") == 7
+    assert not longchat_correct("24160", "2416")  # containment would count it
+    assert not longchat_correct("<2416> ... <77>", "2416")  # the last number is 77
+    assert longchat_correct("The <REGISTER_CONTENT> in line x is <2416>.", "2416")
+    assert longchat_correct("is 02416", 2416)  # compared as integers
+    assert not longchat_correct("I do not know.", "2416")
+
+
+def test_lines_accuracy_scores_by_the_last_number():
+    tok = byte_level_bpe()
+    cases = [replace(case, expected_number="2416") for case in generate_lines_cases(2, 4, seed=1)]
+    answers = [" It is 24160.", " <2416> or <77>", " It is <2416>.", " No idea."]
+    result = lines_accuracy(ScriptedStub(tok, answers), tok, cases, batch_size=3)
+    assert result["outputs"] == answers
+    assert result["is_correct"] == [False, False, True, False]
+    assert result["has_number"] == [True, True, True, False]
+    assert (result["correct"], result["total"], result["accuracy"]) == (1, 4, 0.25)
 
 
 def reference_answer_scores(model, tokenizer, case, K, d):

@@ -13,6 +13,8 @@ from reference import full_log_probs, longppl_document
 from transformers import LlamaConfig, LlamaModel
 
 import longppl
+import longppl.loading
+import longppl.settings
 
 K, D = 47, 13  # neither divides the document lengths
 ALPHA, BETA = 0.005, -50.0  # random tiny models: LSD is small, LCL is about -log(vocab)

@@ -8,7 +8,12 @@ from helpers import byte_level_bpe, govreport_texts, tiny_model
 
 import longppl
 from longppl import progress as progress_module
+from longppl.batching import long_context_log_probs
+from longppl.compilation import compiled_blocks, repeated_blocks
+from longppl.progress import Progress
 from longppl.scoring import score_with_evaluator, score_with_model
+from longppl.settings import WindowSettings
+from longppl.windows import window_bounds
 
 K, D, BUDGET = 47, 13, 256
 
@@ -42,7 +47,7 @@ def test_progress_leaves_scores_bit_identical_and_reports_layers_chunks_and_wind
     head = [(done, total) for desc, done, total in events if desc == "LongPPL evaluator: long context: LM head"]
     assert head[-1][0] == head[-1][1] >= 1
     n_windows = sum(
-        len(longppl.window_bounds(n, longppl.WindowSettings(K, D))) - 1 for n in n_tokens
+        len(window_bounds(n, WindowSettings(K, D))) - 1 for n in n_tokens
     )  # the first comes from the long pass
     window_desc = f"LongPPL evaluator: short windows (K={K}): windows"
     windows = [(done, total) for desc, done, total in events if desc == window_desc]
@@ -80,7 +85,7 @@ class Stop(Exception):
 
 def test_a_raising_callback_stops_within_one_layer_and_cleans_up(setup):
     model, tok, texts = setup
-    layers = longppl.compilation.repeated_blocks(model)
+    layers = repeated_blocks(model)
     calls = []
     counters = [layer.register_forward_hook(lambda *_: calls.append(1)) for layer in layers]
 
@@ -106,7 +111,7 @@ def test_hooks_count_only_the_thread_that_registered_them(setup):
 
     model, tok, texts = setup
     events = []
-    reporter = longppl.Progress(enabled=False, callback=lambda *e: events.append(e), desc="mine")
+    reporter = Progress(enabled=False, callback=lambda *e: events.append(e), desc="mine")
     ids = torch.tensor([tok(texts[1])["input_ids"]])
     with reporter.forward_pass(model, ids.shape[1]), torch.no_grad():
         other = threading.Thread(target=lambda: model(ids))
@@ -120,11 +125,11 @@ def test_hooks_count_only_the_thread_that_registered_them(setup):
 def test_layer_hooks_work_on_compiled_blocks(setup):
     model, tok, texts = setup
     ids = [torch.tensor(tok(text)["input_ids"]) for text in texts]
-    plain = longppl.long_context_log_probs(model, ids, BUDGET)
+    plain = long_context_log_probs(model, ids, BUDGET)
     events = []
-    reporter = longppl.Progress(enabled=False, callback=lambda *e: events.append(e), desc="compiled")
-    with torch.inference_mode(), longppl.compilation.compiled_blocks(model, backend="eager"):
-        compiled = longppl.long_context_log_probs(model, ids, BUDGET, progress=reporter)
+    reporter = Progress(enabled=False, callback=lambda *e: events.append(e), desc="compiled")
+    with torch.inference_mode(), compiled_blocks(model, backend="eager"):
+        compiled = long_context_log_probs(model, ids, BUDGET, progress=reporter)
     assert all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(plain, compiled))
     assert [e[1:] for e in events if "pass of" in e[0]][:3] == [(1, 3), (2, 3), (3, 3)]
 

@@ -1,4 +1,5 @@
-"""longppl's public API: ``__all__`` is small on purpose, and the rest stays importable."""
+"""The packages' public API: ``longppl.__all__`` is small on purpose; everything else is imported from
+its module, and neither package keeps names for older code."""
 
 import importlib
 
@@ -21,15 +22,28 @@ def test_all_is_small_and_every_name_resolves():
     assert {"compute_longppl", "KeyTokenCache", "WindowSettings", "KeyTokenRule"} <= set(public)
 
 
-def test_names_left_out_of_all_stay_importable_as_before():
-    for module_name, names in longppl._EXPORTS.items():
-        module = importlib.import_module(f"longppl.{module_name}")
-        for name in names:
-            assert getattr(longppl, name) is getattr(module, name), f"longppl.{name}"
-    from longppl import DocumentResult, ModelIdentity, Segment, key_token_mask  # noqa: F401  (not in __all__)
+def test_the_package_exports_its_public_names_only():
+    for name in longppl.__all__:
+        value = getattr(longppl, name)
+        if hasattr(value, "__module__"):  # a function or class: the one of its own module
+            assert getattr(importlib.import_module(value.__module__), name) is value, f"longppl.{name}"
+    # internals are imported from their modules (longppl.key_tokens.key_token_mask, ...), not the package
+    internals = ("key_token_mask", "ModelIdentity", "Segment", "DocumentResult", "encode_with_offsets", "Progress")
+    assert not set(internals) & set(dir(longppl))
+    for name in internals:
+        with pytest.raises(AttributeError, match=f"module 'longppl' has no attribute '{name}'"):
+            getattr(longppl, name)
 
-    assert "key_token_mask" not in longppl.__all__ and "key_token_mask" in dir(longppl)
-    assert longppl.scoring.summarize_results is longppl.summarize_results
+
+def test_no_aliases_for_older_code():
+    import longce
+    import longppl.key_tokens as key_tokens
+
+    with pytest.raises(AttributeError, match="module 'longce' has no attribute 'LogitTransform'"):
+        _ = longce.LogitTransform  # the scoring core's: longppl.logprobs.LogitTransform
+    assert "LogitTransform" not in dir(longce)
+    # the defaults are settings' (longppl.settings.DEFAULT_*), not re-exported by key_tokens
+    assert not {"DEFAULT_ALPHA", "DEFAULT_BETA", "DEFAULT_GAMMA"} & set(dir(key_tokens))
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -65,6 +65,54 @@ def test_readme_is_a_short_front_door():
 
 
 # The word "issue" followed by a number, with or without "#": a reference to a tracker's issue.
+SYS_PATH_EDIT = re.compile(r"\bsys\.path\s*(\.\s*(insert|append|extend)\b|\[[^]]*\]\s*=(?!=)|[+]?=(?!=))")
+
+
+def test_no_script_edits_sys_path():
+    """Scripts import the packages as installed (``pip install -e .``), never by editing ``sys.path``."""
+    scripts = [p for p in tracked_files() if p.startswith("scripts/") and p.endswith(".py")]
+    assert scripts, "no script found under scripts/"
+    offenders = matching_lines(SYS_PATH_EDIT, scripts)
+    assert not offenders, "scripts that edit sys.path (rely on the install instead):\n" + "\n".join(offenders)
+
+
+def test_the_sys_path_pattern_finds_edits_and_spares_reads():
+    edits = ['sys.path.insert(0, "x")', "sys.path.append(x)", "sys.path[:0] = [x]", "sys.path += [x]"]
+    assert all(SYS_PATH_EDIT.search(line) for line in edits)
+    assert not any(SYS_PATH_EDIT.search(line) for line in ["print(sys.path)", "x in sys.path", "sys.path == y"])
+
+
+def test_multi_process_workers_live_in_tests_distributed():
+    """A script that a test launches in several processes sits in tests/distributed/ with the tests that
+    launch it, not among the single-process tests."""
+    tests = [p for p in tracked_files() if p.startswith("tests/") and p.endswith(".py")]
+    workers = [p for p in tests if p.endswith("_worker.py")]
+    assert workers, "no *_worker.py under tests/"
+    misplaced = [p for p in workers if os.path.dirname(p) != "tests/distributed"]
+    assert not misplaced, f"move these workers into tests/distributed/: {misplaced}"
+    assert "tests/distributed/__init__.py" in tests  # `from distributed import <worker>` in the tests
+
+
+def test_the_design_notes_name_every_console_script_and_package_of_setup_cfg():
+    """docs/design.md's package section keeps up with setup.cfg: its console scripts, its packages and the
+    folders they come from, and the entry-point group that gathers the subcommands."""
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(REPO, "setup.cfg"), encoding="utf-8")
+    scripts = [
+        line.split("=")[0].strip() for line in setup["options.entry_points"]["console_scripts"].split("\n") if line
+    ]
+    folders = [line.split("=")[1].strip() for line in setup["options"]["package_dir"].split("\n") if line]
+    packages = [line.strip() for line in setup["options"]["packages"].split("\n") if line]
+    with open(os.path.join(REPO, "docs", "design.md"), encoding="utf-8") as handle:
+        section = handle.read().split("\n## Packages\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w./-]+?)/?`", section))
+    missing = [name for name in [*scripts, *packages, *folders, "longppl.commands"] if name not in named]
+    assert not missing, f"docs/design.md's Packages section does not name: {missing}"
+    assert f"{len(scripts)} console scripts" in section
+
+
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
 PROJECT_FOLDERS = ("metrics/", "trainer/", "scripts/", "configs/", "docs/")
 

@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-import longppl
 from longppl.key_token_html import MAX_OPACITY, key_token_html
+from longppl.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
 from longppl.tools.correlation import least_squares_line, pearson
 from longppl.tools.figures import correlation_figure, correlation_scatter, short_model_names
@@ -201,7 +201,7 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
     lsd_values = np.concatenate([[NAN] * k, np.linspace(-1.0, 5.0, n - k)])
     rng.shuffle(lsd_values[k:])
     lp_short = lp_long - lsd_values
-    scores = longppl.EvaluatorScores(np.arange(n), offsets, lp_long, lp_short)
+    scores = EvaluatorScores(np.arange(n), offsets, lp_long, lp_short)
     alpha, beta, cap = 2.0, -2.5, 4.0
     page = key_token_html(text, scores, alpha, beta, trunc_len=k, lsd_cap=cap)
     parsed = parse(page)
@@ -246,7 +246,7 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
 
 def test_html_of_a_text_within_the_first_k_tokens_has_no_marker():
     text = "short text"
-    scores = longppl.EvaluatorScores(
+    scores = EvaluatorScores(
         np.arange(3), np.array([[0, 0], [0, 5], [5, 10]]), np.array([NAN, -1.0, -2.0]), np.array([NAN, NAN, NAN])
     )
     page = key_token_html(text, scores, 2.0, -2.0, trunc_len=8)
@@ -260,15 +260,13 @@ def test_html_of_a_text_within_the_first_k_tokens_has_no_marker():
 
 
 def test_explain_missing_key_tokens_names_the_cause():
-    short = longppl.EvaluatorScores(
-        np.arange(3), np.zeros((3, 2)), np.array([NAN, -1.0, -2.0]), np.array([NAN, NAN, NAN])
-    )
+    short = EvaluatorScores(np.arange(3), np.zeros((3, 2)), np.array([NAN, -1.0, -2.0]), np.array([NAN, NAN, NAN]))
     assert explain_missing_key_tokens([short, short], KeyTokenRule(2.0, -2.0, True), 4096) == (
         "none of the 2 texts is longer than K=4096 evaluator tokens, so no token has a short-context score "
         "(LSD) to be a key token. Use longer texts, or score the cache with a smaller --trunc-len "
         "(longppl-score)."
     )
-    scored = longppl.EvaluatorScores(
+    scored = EvaluatorScores(
         np.arange(4), np.zeros((4, 2)), np.array([NAN, -1.0, -3.0, -0.5]), np.array([NAN, NAN, -6.5, -1.25])
     )
     message = explain_missing_key_tokens([short, scored], KeyTokenRule(2.0, -2.0, True), 2)

@@ -6,7 +6,6 @@ import math
 import pytest
 
 import longppl.key_token_cache as key_token_cache
-import longppl.key_tokens as key_tokens
 import longppl.scoring as scoring
 from longppl.settings import KeyTokenRule, KeyTokenSettings, WindowSettings, check_token_ids, settings_object
 
@@ -20,7 +19,6 @@ def test_defaults_live_in_settings_and_old_names_still_import():
         1024,
         32768,
     )
-    assert (key_tokens.DEFAULT_ALPHA, key_tokens.DEFAULT_BETA, key_tokens.DEFAULT_GAMMA) == (2.0, -2.0, 5.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rule.alpha = 3.0
 

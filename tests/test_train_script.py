@@ -687,6 +687,27 @@ def test_help_all_lists_every_field_and_help_shows_recipe_values(capsys):
     assert re.search(r"--longce_trunc_len LONGCE_TRUNC_LEN.*\n(.*\n)*?.*\(default: 32\)", text)
 
 
+def test_fields_take_both_spellings_and_the_recipe_stays_the_default(tmp_path):
+    for flag in ("--output_dir", "--output-dir"):
+        _, _, args = parse_args(tiny_argv(tmp_path, flag, str(tmp_path / "elsewhere"), "--learning-rate", "3e-4"))
+        assert args.output_dir == str(tmp_path / "elsewhere") and args.learning_rate == 3e-4, flag
+    model_args, data_args, args = parse_args(tiny_argv(tmp_path))
+    recipe = read_recipe()
+    assert args.learning_rate == recipe["learning_rate"] and data_args.max_seq_length == recipe["max_seq_length"]
+
+
+def test_the_recipe_parser_uses_only_public_argparse_api():
+    """HfArgumentParser's and argparse's private names change between releases: longce uses neither."""
+    private = re.compile(r"_parse_dataclass_field|_add_dataclass_arguments|\._actions\b|_get_help_string")
+    folder = os.path.join(REPO, "trainer", "longce")
+    offenders = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                offenders += [f"{name}:{n}: {line.strip()}" for n, line in enumerate(handle, 1) if private.search(line)]
+    assert not offenders, "private parser internals used:\n" + "\n".join(offenders)
+
+
 def test_every_recipe_field_has_help_text():
     specs = {f.name: f for cls in (ModelArguments, DataArguments, RecipeConfig) for f in dataclasses.fields(cls)}
     missing = [name for name in recipe_fields() if len(specs[name].metadata.get("help", "")) < 10]

@@ -2,8 +2,8 @@
 
 What users call is in ``__all__`` (small on purpose): ``evaluate.load(longppl.METRIC_PATH)``, the
 drop-in ``compute_longppl`` / ``find_key_token`` / ``load_key_token``, the key-token cache, the
-settings and the few scoring functions other tools build on. Everything else stays importable
-from its module (and, for older code, as ``longppl.<name>``), without being part of that promise.
+settings and the few scoring functions other tools build on. Everything else is imported from its
+module (``from longppl.key_tokens import key_token_mask``), without being part of that promise.
 
 The package by role, from the bottom up:
 
@@ -28,44 +28,27 @@ import os
 
 from . import register as _register
 
-# Names importable as `longppl.<name>` -> the submodule defining them: those of `__all__` and, for
-# code written before it was made small, the internals it used to list. They load on first use
-# (PEP 562), so that `import longppl` and its light submodules (register, key_tokens, ...) do not
-# import torch: a script's `--help` answers at once.
+# The names of `__all__` -> the submodule defining them. They load on first use (PEP 562), so that
+# `import longppl` and its light submodules (register, key_tokens, ...) do not import torch: a
+# script's `--help` answers at once.
 _EXPORTS = {
-    "alignment": ("encode_with_offsets", "tokens_within_spans", "transfer_token_weights"),
-    "batching": ("Segment", "long_context_log_probs", "pack_by_token_budget", "segment_log_probs"),
-    "fingerprints": ("ModelIdentity", "text_fingerprint"),
-    "key_token_cache": ("KeyTokenCache", "cached_evaluator_scores", "key_token_rows", "open_cache"),
-    "key_tokens": ("key_char_spans", "key_token_mask", "long_short_difference", "merge_adjacent_spans", "soft_weights"),
-    "logprobs": ("resolve_lm_head", "token_log_probs"),
+    "key_token_cache": ("KeyTokenCache", "open_cache"),
+    "logprobs": ("token_log_probs",),
     "official": ("compute_longppl", "find_key_token", "load_key_token"),
-    "progress": ("Progress",),
     "settings": ("KeyTokenRule", "KeyTokenSettings", "WindowSettings"),
     "scoring": (
-        "DocumentResult",
-        "EvaluatorScores",
-        "ModelScores",
-        "aggregate",
-        "document_result",
         "document_results",
-        "model_key_weights",
         "score_with_evaluator",
         "score_with_model",
         "summarize_results",
         "text_key_weights",
     ),
-    "windows": ("short_context_log_probs", "window_bounds"),
+    "windows": ("short_context_log_probs",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-# Submodules that `import longppl` used to load eagerly: `longppl.scoring` etc. still resolve without
-# an import of their own.
-_SUBMODULES = set(_EXPORTS) | {"atomic_files", "compilation", "loading"}
 
 
 def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

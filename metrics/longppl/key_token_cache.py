@@ -99,8 +99,6 @@ from .atomic_files import (
     write_file_atomically,
 )
 from .fingerprints import ModelIdentity, file_sha256, text_fingerprint
-
-# KeyTokenSettings lives in settings and stays importable from here.
 from .settings import KeyTokenSettings
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it

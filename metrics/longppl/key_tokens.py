@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# The DEFAULT_* names live in settings and stay importable from here.
-from .settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule  # noqa: F401
+from .settings import KeyTokenRule
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:
@@ -24,16 +23,21 @@ def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarr
 
 
 def key_token_mask(lp_long: np.ndarray, lp_short: np.ndarray, rule: KeyTokenRule = KeyTokenRule()) -> np.ndarray:
-    """``[n]`` bool: ``LSD > rule.alpha`` and (if ``rule.use_lcl``) ``LCL > rule.beta``.
+    """``[n]`` bool: ``LSD > rule.alpha`` and (if ``rule.use_lcl``) ``LCL > rule.beta``."""
+    return key_rule_mask(long_short_difference(lp_long, lp_short), lp_long, rule)
+
+
+def key_rule_mask(lsd: np.ndarray, lcl: np.ndarray, rule: KeyTokenRule = KeyTokenRule()) -> np.ndarray:
+    """The hard rule on given LSD and LCL arrays (any shape, the same): ``lsd > rule.alpha`` and (if
+    ``rule.use_lcl``) ``lcl > rule.beta``, strict; NaN is never key.
 
     ``rule`` was checked when it was built (a NaN threshold, which would silently make no token key,
     never gets this far).
     """
-    lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(invalid="ignore"):
-        mask = lsd > rule.alpha
+        mask = np.asarray(lsd, dtype=np.float32) > rule.alpha
         if rule.use_lcl:
-            mask &= np.asarray(lp_long, dtype=np.float32) > rule.beta
+            mask &= np.asarray(lcl, dtype=np.float32) > rule.beta
     return mask
 
 

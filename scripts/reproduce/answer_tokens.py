@@ -29,23 +29,10 @@ from longppl.settings import (
     WindowSettings,
 )
 
-from .lines import ANSWER_SEPARATOR, LINE_TEMPLATE, LinesCase, case_text
+from .lines import LINE_TEMPLATE, LinesCase, answer_number_span, case_text
 
 #: The two classification rules of :func:`classify_answer_tokens`, as the paper's Figure 5(b) names them.
 RULES = ("lsd", "lsd+lcl")
-
-
-def _number_span(case: LinesCase, index: int) -> tuple[int, int]:
-    """``[start, end)`` characters of the expected number inside the answer of ``case_text(case)``
-    (its last occurrence: the answer names the line before the number)."""
-    answer_start = len(case.prompt) + len(ANSWER_SEPARATOR)
-    at = case.answer.rfind(case.expected_number)
-    if at < 0:
-        raise ValueError(
-            f"cases[{index}]: the answer {case.answer!r} does not contain the expected number "
-            f"{case.expected_number!r}; fix the case's answer or expected_number."
-        )
-    return answer_start + at, answer_start + at + len(case.expected_number)
 
 
 def _record_number_start(case: LinesCase) -> int:
@@ -131,7 +118,7 @@ def answer_token_scores(
     for index, (case, score) in enumerate(zip(cases, scores)):
         starts, ends = score.offsets[:, 0], score.offsets[:, 1]
         answer_side = (starts >= len(case.prompt)) & (ends > starts)
-        number_start, number_end = _number_span(case, index)
+        number_start, number_end = answer_number_span(case, index)
         lsd = long_short_difference(score.lp_long, score.lp_short)[answer_side]
         if np.isnan(lsd).any():
             first = int(np.flatnonzero(answer_side)[0])

@@ -168,17 +168,40 @@ class TrainingBatches:
         lines_documents: tokenized lines documents (each shorter than ``seq_len``), drawn with
             replacement; may be empty when ``lines_share`` is 0.
         seed: seeds the sampling, so a variant always sees the same batches.
+        tasks: several pools of task documents instead of the one of lines documents:
+            ``{kind: (documents, share)}``; a sequence holds a document of pool ``kind`` with
+            probability ``share`` (the shares sum to at most 1; the rest is book text alone).
+            One pool ``{"lines": (lines_documents, lines_share)}`` draws exactly the batches of
+            ``lines_documents`` and ``lines_share``.
     """
 
-    def __init__(self, books: np.ndarray, lines_documents: list[np.ndarray], seq_len: int, lines_share: float, seed):
+    def __init__(
+        self,
+        books: np.ndarray,
+        lines_documents: list[np.ndarray],
+        seq_len: int,
+        lines_share: float,
+        seed,
+        *,
+        tasks: dict[str, tuple[list[np.ndarray], float]] | None = None,
+    ):
         if books.shape[0] <= seq_len:
             raise ValueError(
                 f"The training books hold {books.shape[0]} tokens, not enough for one sequence of {seq_len}: "
                 "give a larger corpus or a shorter training seq_len."
             )
-        if lines_share > 0 and not lines_documents:
-            raise ValueError("lines_share > 0 needs lines documents, but none were made for this seq_len.")
-        self.books, self.lines, self.seq_len, self.share = books, lines_documents, seq_len, lines_share
+        if tasks is None:
+            tasks = {"lines": (lines_documents, lines_share)}
+        for kind, (documents, share) in tasks.items():
+            if share > 0 and not documents:
+                raise ValueError(
+                    f"{kind} share {share} > 0 needs {kind} documents, but none were made for this seq_len."
+                )
+        if sum(share for _, share in tasks.values()) > 1 + 1e-9:
+            raise ValueError(f"The task documents' shares {[s for _, s in tasks.values()]} sum to more than 1.")
+        # Pools with a share, in order: a sequence takes pool i when a uniform draw falls in its slice.
+        self.pools = [(documents, share) for documents, share in tasks.values() if share > 0]
+        self.books, self.seq_len = books, seq_len
         self.rng = np.random.default_rng(seed)
 
     def state(self) -> dict:
@@ -195,9 +218,15 @@ class TrainingBatches:
         starts = self.rng.integers(0, self.books.shape[0] - self.seq_len, size=count)
         for row, start in enumerate(starts):
             out[row] = self.books[start : start + self.seq_len]
-            if self.share > 0 and self.rng.random() < self.share:
-                document = self.lines[int(self.rng.integers(len(self.lines)))][-self.seq_len :]
-                out[row, self.seq_len - document.shape[0] :] = document
+            if not self.pools:
+                continue
+            draw, edge = self.rng.random(), 0.0
+            for documents, share in self.pools:
+                edge += share
+                if draw < edge:
+                    document = documents[int(self.rng.integers(len(documents)))][-self.seq_len :]
+                    out[row, self.seq_len - document.shape[0] :] = document
+                    break
         return out
 
 
@@ -273,7 +302,16 @@ def load_checkpoint(folder: str, model, optimizer) -> dict:
     return progress
 
 
-def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder: str, device: str, log=print) -> dict:
+def train_variant(
+    variant: Variant,
+    tokenizer,
+    batches: TrainingBatches,
+    folder: str,
+    device: str,
+    log=print,
+    *,
+    start_from=None,
+) -> dict:
     """Train ``variant`` from scratch and save it (weights, config, tokenizer, training record) to
     ``folder``, atomically: a run stopped half-way leaves no folder that looks finished.
 
@@ -284,6 +322,10 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
     trained from scratch and the checkpoint replaced. With ``training.compile``, the forward pass and
     the loss run through ``torch.compile`` (the weights, the optimizer and what is saved are the same
     module's).
+
+    ``start_from``: a function returning the model to start from (fine-tuning) instead of one
+    built from ``variant.model`` with fresh weights; ``training.steps`` may then be 0 (the model
+    saved as it is).
 
     Returns:
         the training record: parameters, steps, tokens, seconds (summed over the calls that trained
@@ -300,8 +342,11 @@ def train_variant(variant: Variant, tokenizer, batches: TrainingBatches, folder:
     if on_gpu:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    config = model_config(variant, len(tokenizer), tokenizer)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    if start_from is None:
+        config = model_config(variant, len(tokenizer), tokenizer)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    else:
+        model = start_from().to(device)
     model.train()
     seq_len, steps = int(settings["seq_len"]), int(settings["steps"])
     per_step = max(1, int(settings["batch_tokens"]) // seq_len)

@@ -1,4 +1,4 @@
-"""The LongEval "lines" benchmark (LongChat, 2023), the long-context retrieval task of the paper's
+r"""The LongEval "lines" benchmark (LongChat, 2023), the long-context retrieval task of the paper's
 Sections 3 and 5: generate its test cases, read LongChat's own test-case files, score a model.
 
 A case is a record of ``N`` lines ``line <adjective-noun>: REGISTER_CONTENT is <number>``, then a
@@ -10,8 +10,15 @@ line is uniform over the record. A case's reference answer (``LinesCase.answer``
 ``The <REGISTER_CONTENT> in line swift-harbor is <42130>.``; the text a model reads when scored on
 the answer is ``prompt + ANSWER_SEPARATOR + answer`` (:func:`case_text`).
 
-Accuracy follows LongChat: a case is right when the expected number appears in the greedy
-continuation of the prompt (:func:`lines_accuracy`).
+Accuracy follows LongChat's LongEval: a case is right when the LAST run of digits in the greedy
+continuation of the prompt, read as an integer, equals the expected number
+(``int(re.findall(r"\d+", output)[-1]) == int(expected_number)``; :func:`last_number`,
+:func:`longchat_correct`, :func:`lines_accuracy`). A continuation without digits is wrong.
+
+Training documents that keep their answers (:func:`fitted_lines_document`) and test cases whose
+asked line lies beyond a given distance from the question (:func:`lines_cases_beyond`) are for the
+experiment on long-context ability; :func:`answer_log_likelihood` scores the reference answer's
+number by teacher forcing.
 """
 
 from __future__ import annotations
@@ -99,8 +106,9 @@ def _line_id(index: int) -> str:
     return f"{ADJECTIVES[index // len(NOUNS)]}-{NOUNS[index % len(NOUNS)]}"
 
 
-def _draw_record(rng: np.random.Generator, num_lines: int) -> tuple[list[str], list[str]]:
-    """``num_lines`` distinct line ids and their numbers (as text), in record order."""
+def draw_record(rng: np.random.Generator, num_lines: int) -> tuple[list[str], list[str]]:
+    """``num_lines`` distinct adjective-noun ids and their numbers (text of five digits, uniform in
+    :data:`NUMBER_RANGE`), in record order, drawn from ``rng``; also the keys of the needle task."""
     require_int("num_lines", num_lines)
     if num_lines > MAX_LINES:
         raise ValueError(
@@ -133,7 +141,7 @@ def make_lines_case(num_lines: int, rng: np.random.Generator) -> LinesCase:
     Line ids are distinct, numbers uniform in :data:`NUMBER_RANGE`, the asked line uniform over
     the record.
     """
-    lines, numbers = _draw_record(rng, num_lines)
+    lines, numbers = draw_record(rng, num_lines)
     return _case(lines, numbers, int(rng.integers(num_lines)))
 
 
@@ -159,7 +167,7 @@ def lines_for_token_length(tokenizer, target_tokens: int, seed: int = 0) -> int:
         ValueError: ``target_tokens`` is too small for a single line, or not an integer >= 1.
     """
     require_int("target_tokens", target_tokens)
-    lines, numbers = _draw_record(np.random.default_rng(seed), MAX_LINES)
+    lines, numbers = draw_record(np.random.default_rng(seed), MAX_LINES)
 
     def length(n: int) -> int:
         text = case_text(_case(lines[:n], numbers[:n], 0))
@@ -187,7 +195,7 @@ def lines_training_document(rng: np.random.Generator, num_lines: int, num_questi
     ``num_questions`` questions about distinct lines, each followed by its reference answer
     (``question + ANSWER_SEPARATOR + answer``), for training small models on the task."""
     require_int("num_questions", num_questions)
-    lines, numbers = _draw_record(rng, num_lines)
+    lines, numbers = draw_record(rng, num_lines)
     if num_questions > num_lines:
         raise ValueError(f"num_questions={num_questions} is more than the {num_lines} lines to ask about.")
     asked = rng.choice(num_lines, size=num_questions, replace=False)
@@ -199,7 +207,7 @@ def lines_training_document(rng: np.random.Generator, num_lines: int, num_questi
     )
 
 
-def _expected_number(value, where: str) -> str:
+def expected_number_text(value, where: str) -> str:
     """The ``expected_number`` field as text of digits (LongChat writes an int)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{where} is a {type(value).__name__} ({value!r}), not a number or a string of digits.")
@@ -227,7 +235,7 @@ def read_lines_cases(path: str) -> list[LinesCase]:
         prompt = record["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}, field 'prompt' is {prompt!r:.60}, not a non-empty string.")
-        expected = _expected_number(record["expected_number"], f"{where}, field 'expected_number'")
+        expected = expected_number_text(record["expected_number"], f"{where}, field 'expected_number'")
         num_lines = record.get("num_lines")
         num_lines = num_lines if isinstance(num_lines, int) and not isinstance(num_lines, bool) else None
         asked = _QUESTION.search(prompt)
@@ -262,17 +270,44 @@ def _generation_device(model):
         return "cpu"
 
 
-def lines_accuracy(
+_DIGITS = re.compile(r"\d+")
+
+
+def last_number(text: str) -> int | None:
+    """The last run of digits in ``text`` as an int (LongChat LongEval's reading of an answer:
+    ``re.findall(r"\\d+", output)[-1]``); ``None`` when the text holds no digit."""
+    runs = _DIGITS.findall(text)
+    return int(runs[-1]) if runs else None
+
+
+def longchat_correct(output: str, expected_number) -> bool:
+    """LongChat's rule: the last number of ``output`` (:func:`last_number`) equals
+    ``int(expected_number)``; an output without digits is wrong. ``"24160"`` does not answer 2416."""
+    found = last_number(output)
+    return found is not None and found == int(expected_number)
+
+
+def _pad_token_id(tokenizer) -> int:
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_token_id is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} has neither a pad token nor an EOS token, so prompts of different lengths "
+            "cannot be batched; set tokenizer.pad_token."
+        )
+    return pad_token_id
+
+
+def greedy_answers(
     model,
     tokenizer,
-    cases: Sequence[LinesCase],
+    prompts: Sequence[str],
     *,
     max_new_tokens: int = 16,
     batch_size: int = 8,
     progress: bool | ProgressCallback | None = None,
-) -> dict:
-    """Greedy answers to the cases and their accuracy (LongChat's rule: the expected number
-    appears in the generated continuation).
+    desc: str = "LongEval lines",
+) -> list[str]:
+    """The greedy continuation of every prompt, decoded without special tokens (one string per prompt).
 
     The prompt goes in as plain text with the tokenizer's special tokens (no chat template), in
     batches of ``batch_size`` left-padded prompts (the tokenizer's padding side is restored
@@ -280,26 +315,18 @@ def lines_accuracy(
     mode (restored afterwards) on its own device.
 
     Args:
-        progress: ``True`` for a bar over the cases, or a ``callback(desc, done, total)`` called
+        progress: ``True`` for a bar over the prompts, or a ``callback(desc, done, total)`` called
             after every batch; ``None``/``False`` for neither.
-    Returns:
-        ``{"accuracy": correct / total, "correct", "total", "outputs": [generated text per case],
-        "is_correct": [bool per case]}``.
     """
     import torch
 
     require_int("max_new_tokens", max_new_tokens)
     require_int("batch_size", batch_size)
-    cases = list(cases)
-    if not cases:
-        raise ValueError("No cases to score; pass at least one LinesCase.")
-    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad_token_id is None:
-        raise ValueError(
-            f"{type(tokenizer).__name__} has neither a pad token nor an EOS token, so prompts of different lengths "
-            "cannot be batched; set tokenizer.pad_token."
-        )
-    reporter = Progress(progress is True, progress if callable(progress) else None, desc="LongEval lines", unit="case")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("No cases to score; pass at least one case.")
+    pad_token_id = _pad_token_id(tokenizer)
+    reporter = Progress(progress is True, progress if callable(progress) else None, desc=desc, unit="case")
     device = _generation_device(model)
     outputs: list[str] = []
     padding_side, pad_token = tokenizer.padding_side, tokenizer.pad_token
@@ -309,10 +336,10 @@ def lines_accuracy(
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         model.eval()
-        with torch.inference_mode(), reporter.steps(len(cases)) as advance:
-            for start in range(0, len(cases), batch_size):
-                prompts = [case.prompt for case in cases[start : start + batch_size]]
-                inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)
+        with torch.inference_mode(), reporter.steps(len(prompts)) as advance:
+            for start in range(0, len(prompts), batch_size):
+                batch = prompts[start : start + batch_size]
+                inputs = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=True)
                 generated = model.generate(
                     input_ids=inputs["input_ids"].to(device),
                     attention_mask=inputs["attention_mask"].to(device),
@@ -322,16 +349,318 @@ def lines_accuracy(
                 )
                 new_tokens = generated[:, inputs["input_ids"].shape[1] :].cpu()
                 outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
-                advance(len(prompts))
+                advance(len(batch))
     finally:
         tokenizer.padding_side, tokenizer.pad_token = padding_side, pad_token
         model.train(was_training)
-    is_correct = [case.expected_number in output for case, output in zip(cases, outputs)]
+    return outputs
+
+
+def scored_answers(outputs: Sequence[str], expected_numbers: Sequence[str]) -> dict:
+    """Score generated ``outputs`` against ``expected_numbers`` by :func:`longchat_correct`.
+
+    Returns:
+        ``{"accuracy": correct / total, "correct", "total", "outputs", "is_correct": [bool per case],
+        "has_number": [bool per case: the output holds any digit]}``.
+    """
+    outputs = list(outputs)
+    is_correct = [longchat_correct(output, expected) for output, expected in zip(outputs, expected_numbers)]
     correct = sum(is_correct)
     return {
-        "accuracy": correct / len(cases),
+        "accuracy": correct / len(outputs),
         "correct": correct,
-        "total": len(cases),
+        "total": len(outputs),
         "outputs": outputs,
         "is_correct": is_correct,
+        "has_number": [last_number(output) is not None for output in outputs],
     }
+
+
+def case_accuracy(
+    model,
+    tokenizer,
+    cases: Sequence,
+    *,
+    max_new_tokens: int = 16,
+    batch_size: int = 8,
+    progress: bool | ProgressCallback | None = None,
+    desc: str = "LongEval lines",
+) -> dict:
+    """Greedy answers to cases of any task (objects with ``prompt`` and ``expected_number``, e.g.
+    :class:`LinesCase`, ``needle.NeedleCase``; :func:`greedy_answers`), scored by LongChat's rule
+    (:func:`longchat_correct`: the last number of the answer equals the expected number).
+
+    Returns:
+        ``{"accuracy": correct / total, "correct", "total", "outputs": [generated text per case],
+        "is_correct": [bool per case], "has_number": [bool per case: the output holds a number]}``.
+    """
+    cases = list(cases)
+    if not cases:
+        raise ValueError("No cases to score; pass at least one case.")
+    outputs = greedy_answers(
+        model,
+        tokenizer,
+        [case.prompt for case in cases],
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+        desc=desc,
+    )
+    return scored_answers(outputs, [case.expected_number for case in cases])
+
+
+def lines_accuracy(model, tokenizer, cases: Sequence[LinesCase], **options) -> dict:
+    """LongEval lines accuracy: :func:`case_accuracy` of the cases (same options
+    ``max_new_tokens=16``, ``batch_size=8``, ``progress``, same result)."""
+    return case_accuracy(model, tokenizer, cases, **{"desc": "LongEval lines", **options})
+
+
+def answer_number_span(case: LinesCase, index: int = 0) -> tuple[int, int]:
+    """``[start, end)`` characters of the expected number inside the answer of ``case_text(case)``
+    (its last occurrence: the answer names the line before the number); ``index`` names the case
+    in errors."""
+    answer_start = len(case.prompt) + len(ANSWER_SEPARATOR)
+    at = case.answer.rfind(case.expected_number)
+    if at < 0:
+        raise ValueError(
+            f"cases[{index}]: the answer {case.answer!r} does not contain the expected number "
+            f"{case.expected_number!r}; fix the case's answer or expected_number."
+        )
+    return answer_start + at, answer_start + at + len(case.expected_number)
+
+
+def answer_log_likelihood(model, tokenizer, cases: Sequence[LinesCase], *, batch_size: int = 8) -> list[float]:
+    """Per case, ``sum_i log P(x_i | x_<i)`` over the tokens ``x_i`` of ``case_text(case)`` (special
+    tokens added) whose character span lies inside the expected number's span in the answer
+    (:func:`answer_number_span`): the reference number's log-likelihood by teacher forcing.
+
+    Needs a fast tokenizer (character offsets). Cases run in right-padded batches of
+    ``batch_size``; the LM head runs at the scored positions only (``longppl.logprobs``).
+
+    Raises:
+        ValueError: a case without an answer, or whose number no token lies inside (e.g. a
+            tokenizer that joins the number with the ``<`` before it).
+    """
+    import torch
+
+    from longppl.logprobs import token_log_probs
+
+    require_int("batch_size", batch_size)
+    cases = list(cases)
+    if not cases:
+        raise ValueError("No cases to score; pass at least one LinesCase.")
+    pad_token_id = _pad_token_id(tokenizer)
+    encoded = []
+    for index, case in enumerate(cases):
+        text = case_text(case)
+        start, end = answer_number_span(case, index)
+        enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+        inside = [a >= start and b <= end and b > a for a, b in enc["offset_mapping"]]
+        if not any(inside):
+            raise ValueError(
+                f"cases[{index}]: no token of {type(tokenizer).__name__} lies inside the number "
+                f"{case.expected_number!r} of the answer; use a tokenizer that splits numbers from '<' and '>'."
+            )
+        encoded.append((enc["input_ids"], inside))
+    was_training = getattr(model, "training", False)
+    totals: list[float] = []
+    try:
+        model.eval()
+        with torch.inference_mode():
+            for first in range(0, len(encoded), batch_size):
+                batch = encoded[first : first + batch_size]
+                width = max(len(ids) for ids, _ in batch)
+                input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+                attention = torch.zeros((len(batch), width), dtype=torch.long)
+                scored = torch.zeros((len(batch), width), dtype=torch.bool)
+                for row, (ids, inside) in enumerate(batch):
+                    input_ids[row, : len(ids)] = torch.tensor(ids)
+                    attention[row, : len(ids)] = 1
+                    scored[row, : len(ids)] = torch.tensor(inside)
+                lp = token_log_probs(model, input_ids, attention, scored).cpu()
+                totals.extend(float(lp[row][scored[row]].double().sum()) for row in range(len(batch)))
+    finally:
+        model.train(was_training)
+    return totals
+
+
+def _tokens(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def token_holding(offsets, char: int) -> int:
+    """Index of the token whose character span holds ``char`` (the first such token)."""
+    return next(i for i, (a, b) in enumerate(offsets) if a <= char < b)
+
+
+def _number_end_chars(lines: Sequence[str], numbers: Sequence[str]) -> list[int]:
+    """One past the character of the last digit of each line's number in ``_record(lines, numbers)``."""
+    ends, at = [], len(PROMPT_HEADER)
+    for line, number in zip(lines, numbers):
+        text = LINE_TEMPLATE.format(line=line, number=number)
+        ends.append(at + text.index(f"<{number}>") + len(number))
+        at += len(text)
+    return ends
+
+
+def _question_and_answer(line: str, number: str) -> str:
+    return QUESTION_TEMPLATE.format(line=line) + ANSWER_SEPARATOR + ANSWER_TEMPLATE.format(line=line, number=number)
+
+
+def fitted_lines_document(
+    tokenizer,
+    rng: np.random.Generator,
+    seq_len: int,
+    *,
+    min_lines: int,
+    max_lines: int,
+    questions: str | int = "fill",
+    asked_within: int | None = None,
+) -> list[int]:
+    """Token ids (special tokens included) of a training document of at most ``seq_len`` tokens that
+    never loses an answer: a record of a number of lines uniform in ``[min_lines, max_lines]``
+    (fewer where the record, one question and its answer would not fit), then questions about
+    distinct lines, each with its reference answer (``question + ANSWER_SEPARATOR + answer``),
+    while they fit: ``questions="fill"`` adds them until the next would not fit, an int ``q``
+    adds at most ``q``. Nothing is cut: the document ends with a complete answer.
+
+    ``asked_within=K`` (tokens): a line is asked only if the token holding the last digit of its
+    number has index ``>= q - K``, where ``q`` is the index of the token holding the question's
+    first character, in the document's own tokenization (its number lies within the ``K`` tokens
+    before the question, so answering needs no context beyond ``K`` tokens back).
+
+    Raises:
+        ValueError: ``seq_len`` too short for the header, one line, a question and its answer
+            (naming both sizes), or ``asked_within`` too short for any line to qualify.
+    """
+    require_int("seq_len", seq_len)
+    require_int("min_lines", min_lines)
+    require_int("max_lines", max_lines)
+    if max_lines < min_lines:
+        raise ValueError(f"max_lines={max_lines} is less than min_lines={min_lines}; give max_lines >= min_lines.")
+    limit = None if questions == "fill" else require_int("questions", questions)
+    if asked_within is not None:
+        require_int("asked_within", asked_within)
+    lines, numbers = draw_record(rng, max_lines)
+    drawn = int(rng.integers(min_lines, max_lines + 1))
+
+    def asked_candidates(prefix: str, record_lines: int, asked: set[int]) -> list[tuple[list[int], int]]:
+        """(ids, line) of documents ``prefix + question/answer`` that fit, lines in random order."""
+        ends = _number_end_chars(lines[:record_lines], numbers[:record_lines])
+        near = None
+        if asked_within is not None:
+            # A cheap first cut on the prefix's own tokens (with a token of slack for the boundary),
+            # so that only lines near the question are tokenized with it.
+            offsets = tokenizer(prefix, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
+            cut = len(offsets) - asked_within - 2
+            near = {line for line in range(record_lines) if token_holding(offsets, ends[line] - 1) >= cut}
+        found = []
+        for line in (int(i) for i in rng.permutation(record_lines)):
+            if line in asked or (near is not None and line not in near):
+                continue
+            text = prefix + _question_and_answer(lines[line], numbers[line])
+            enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=asked_within is not None)
+            if len(enc["input_ids"]) > seq_len:
+                continue
+            if asked_within is not None:
+                offsets = enc["offset_mapping"]
+                if token_holding(offsets, ends[line] - 1) < token_holding(offsets, len(prefix)) - asked_within:
+                    continue
+            found.append((enc["input_ids"], line))
+            break  # one fitting question is enough: the lines were shuffled
+        return found
+
+    def fits(n: int) -> bool:  # the record of n lines and a question about its last line
+        text = _record(lines[:n], numbers[:n]) + _question_and_answer(lines[n - 1], numbers[n - 1])
+        return len(_tokens(tokenizer, text)) <= seq_len
+
+    smallest = len(_tokens(tokenizer, _record(lines[:1], numbers[:1]) + _question_and_answer(lines[0], numbers[0])))
+    if smallest > seq_len:
+        raise ValueError(
+            f"seq_len={seq_len} tokens cannot hold the header, one line, a question and its answer ({smallest} "
+            "tokens with this tokenizer); ask for a longer seq_len."
+        )
+    low, high = 1, drawn  # the most lines that fit with a question, by bisection (fits(low) holds)
+    if fits(high):
+        low = high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    for num_lines in range(low, 0, -1):  # fewer lines where no line qualifies (asked_within) or fits
+        record = _record(lines[:num_lines], numbers[:num_lines])
+        found = asked_candidates(record, num_lines, set())
+        if found:
+            break
+    else:
+        raise ValueError(
+            f"asked_within={asked_within} tokens is too short for any line's number to lie within it before the "
+            "question; ask for a larger asked_within."
+        )
+    ids, line = found[0]
+    asked = {line}
+    text = record + _question_and_answer(lines[line], numbers[line])
+    while limit is None or len(asked) < limit:
+        found = asked_candidates(text, num_lines, asked)
+        if not found:
+            break
+        ids, line = found[0]
+        asked.add(line)
+        text += _question_and_answer(lines[line], numbers[line])
+    return ids
+
+
+def lines_cases_beyond(tokenizer, length: int, count: int, beyond: int, seed: int) -> list[LinesCase]:
+    """``count`` cases whose prompt (special tokens included) takes at most ``length`` tokens, with
+    as many lines as fit, and whose asked line's number lies more than ``beyond`` tokens before the
+    prompt's end: every token of the number has index ``< P - beyond`` for a prompt of ``P``
+    tokens, so a model reading only the last ``beyond`` tokens cannot see it. The asked line is
+    uniform over the lines that qualify. The same ``seed`` gives the same cases.
+
+    Raises:
+        ValueError: ``length`` too short for a one-line prompt, or for any line to lie ``beyond``
+            tokens back (naming both).
+    """
+    require_int("length", length)
+    require_int("count", count)
+    require_int("beyond", beyond)
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(count):
+        lines, numbers = draw_record(rng, MAX_LINES)
+
+        def prompt(n: int, target: int) -> str:
+            return _record(lines[:n], numbers[:n]) + QUESTION_TEMPLATE.format(line=lines[target])
+
+        def fits(n: int) -> bool:
+            return len(_tokens(tokenizer, prompt(n, 0))) <= length
+
+        if not fits(1):
+            raise ValueError(
+                f"length={length} tokens is shorter than a one-line prompt ({len(_tokens(tokenizer, prompt(1, 0)))} "
+                "tokens with this tokenizer); ask for more tokens."
+            )
+        low, high = 1, MAX_LINES
+        if fits(high):
+            low = high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        case = None
+        for n in range(low, 0, -1):
+            ends = _number_end_chars(lines[:n], numbers[:n])
+            for target in (int(i) for i in rng.permutation(n)):
+                text = prompt(n, target)
+                enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+                size = len(enc["input_ids"])
+                if size <= length and token_holding(enc["offset_mapping"], ends[target] - 1) < size - beyond:
+                    case = _case(lines[:n], numbers[:n], target)
+                    break
+            if case is not None:
+                break
+        if case is None:
+            raise ValueError(
+                f"length={length} tokens leaves no line more than beyond={beyond} tokens before the prompt's end; "
+                "ask for a longer length or a shorter beyond."
+            )
+        cases.append(case)
+    return cases

@@ -20,7 +20,7 @@ import importlib
 # `import longce` imports neither torch nor transformers, and `from longce import LongCEConfig`
 # does not import `datasets` / `pyarrow` (transformers' Trainer does: only `LongCETrainer` needs it).
 _EXPORTS = {
-    "cached_weights": ("WEIGHTS_COLUMN", "LongCEWeightsCollator", "add_key_token_weights"),
+    "cached_weights": ("LongCEWeightsCollator", "add_key_token_weights"),
     "config": ("LongCEConfig", "LongCESettings"),
     "context_extension": ("apply_context_extension", "register_eabf_attention"),
     "documents": ("DocumentSpan", "batch_documents", "batch_short_log_probs"),
@@ -37,6 +37,7 @@ _EXPORTS = {
         "CachedWeights",
         "NoWeights",
         "SelfScoredWeights",
+        "WEIGHTS_COLUMN",
         "WeightSource",
         "weight_source_for",
     ),
@@ -48,26 +49,20 @@ _EXPORTS = {
     ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-# `LogitTransform` is the scoring core's (the logit post-processing the loss applies); it was
-# importable from here before the exports were lazy.
-_FOREIGN = {"LogitTransform": "longppl.logprobs"}
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:  # a submodule: `longce.trainer` without an import of its own
         return importlib.import_module(f".{name}", __name__)
-    if name in _MODULE_OF:
-        value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
-    elif name in _FOREIGN:
-        value = getattr(importlib.import_module(_FOREIGN[name]), name)
-    else:
+    if name not in _MODULE_OF:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE_OF) | set(_FOREIGN))
+    return sorted(set(globals()) | set(_MODULE_OF))
 
 
 # What a training script uses; the rest stays importable from here (lazily) and from its module.

@@ -20,7 +20,7 @@ import difflib
 import json
 import os
 import sys
-from dataclasses import dataclass, field, fields, make_dataclass, replace
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass, replace
 from typing import Any, get_type_hints
 
 import yaml
@@ -436,26 +436,104 @@ def merge_aliases(recipe: dict[str, Any], argv: list[str], recipe_path: str) -> 
     return recipe
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a default only where there is one (not ``None``, not a flag's ``False``)."""
+class RecipeParser(HfArgumentParser):
+    """An ``HfArgumentParser`` of argument dataclasses with ``--config`` (a YAML recipe) and ``--help-all``.
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or (action.default is False and action.nargs == 0):
-            return action.help
-        return super()._get_help_string(action)
-
-
-def build_parser(full: bool = True) -> HfArgumentParser:
-    """The parser of the three argument dataclasses, ``--config`` first.
-
-    ``full=False`` is what ``--help`` prints: ``ModelArguments``, ``DataArguments``, the ``longce_*``
-    fields of ``LongCEConfig`` and the command's own fields of ``RecipeConfig``, with a pointer to
-    ``--help-all`` for every field.
+    As TRL's ``TrlParser``: a recipe's values become the defaults of the dataclass fields
+    (:meth:`set_recipe_defaults`, argparse's ``set_defaults``), so the command line overrides them.
+    Built on ``HfArgumentParser``'s public API only (the constructor, ``parse_args_into_dataclasses``;
+    a dataclass's ``_argument_group_name`` titles its group, as ``HfArgumentParser`` documents), so it
+    works across transformers releases. Every field takes ``--a_b`` and ``--a-b`` (``HfArgumentParser``
+    declares both). ``--config`` and ``--help-all`` come first in ``--help``, with ``-h``.
     """
-    parser = HfArgumentParser(
-        [],
+
+    def __init__(self, dataclass_types: list[type], **kwargs) -> None:
+        super().__init__(dataclass_types, **kwargs)
+        self.add_argument(
+            "--config",
+            help="YAML recipe (e.g. configs/tiny_cpu.yaml) whose fields become the defaults "
+            "of the options below; the command line overrides them.",
+        )
+        self.add_argument(
+            "--help-all",
+            "--help_all",
+            action="store_true",
+            help="Show every option, TrainingArguments' included, and exit.",
+        )
+
+    @property
+    def field_names(self) -> set[str]:
+        """The names of the fields this parser sets (``init`` fields of its dataclasses)."""
+        return {spec.name for cls in self.dataclass_types for spec in fields(cls) if spec.init}
+
+    def field_options(self) -> list[str]:
+        """Every option of a field, as ``HfArgumentParser`` declares them: ``--a_b`` and ``--a-b``, and
+        ``--no_a_b`` / ``--no-a-b`` for a boolean field that defaults to ``True``."""
+        options = []
+        for cls in self.dataclass_types:
+            for spec in fields(cls):
+                if spec.init:
+                    names = [spec.name] + (["no_" + spec.name] if spec.default is True else [])
+                    options += [f"--{spelling}" for name in names for spelling in {name, name.replace("_", "-")}]
+        return sorted(options)
+
+    def set_recipe_defaults(self, recipe: dict[str, Any]) -> None:
+        """The recipe's values as the defaults of this parser's fields (other keys are left out: the short
+        ``--help`` shows only some fields). Defaults, not values: the command line still overrides, and
+        argparse converts a string default by the field's type."""
+        names = self.field_names
+        self.set_defaults(**{key: value for key, value in recipe.items() if key in names})
+
+    def parse_recipe_and_args(self, argv: list[str], recipe: dict[str, Any]) -> tuple:
+        """The dataclass instances of ``recipe`` (checked, see :func:`read_recipe`) overridden by ``argv``.
+
+        An argument no field takes is a ``ValueError`` naming the closest field's option.
+        """
+        self.set_recipe_defaults(recipe)
+        *parsed, remaining = self.parse_args_into_dataclasses(
+            args=argv, look_for_args_file=False, return_remaining_strings=True
+        )
+        if remaining:
+            raise ValueError(_unknown_arguments(remaining, self.field_options()))
+        return tuple(parsed[: len(self.dataclass_types)])
+
+
+#: The fields of each group of ``--help`` (``full``: every field; otherwise the recipe's own and LongCE's,
+#: TrainingArguments' behind ``--help-all``), as (dataclass, which fields, title).
+def _help_groups(full: bool) -> list[tuple[type, Any, str]]:
+    groups = [
+        (ModelArguments, None, "Model (ModelArguments)"),
+        (DataArguments, None, "Data (DataArguments)"),
+    ]
+    if full:
+        return groups + [
+            (
+                RecipeConfig,
+                None,
+                "Training (RecipeConfig: TrainingArguments, the longce_* fields of LongCEConfig, and "
+                "overwrite_output_dir, torch_threads)",
+            )
+        ]
+    own = {f.name for f in fields(RecipeConfig)} - {f.name for f in fields(LongCEConfig)}
+    return groups + [
+        (RecipeConfig, lambda name: name.startswith(LONGCE_PREFIX), "LongCE (the longce_* fields of LongCEConfig)"),
+        (RecipeConfig, own.__contains__, "Command (the fields longce-train adds: RecipeConfig)"),
+    ]
+
+
+def build_parser(full: bool = True, recipe: dict[str, Any] | None = None) -> RecipeParser:
+    """The parser that prints ``--help``: one titled group per argument dataclass, ``--config`` first.
+
+    ``full=False`` is the short help: ``ModelArguments``, ``DataArguments``, the ``longce_*`` fields of
+    ``LongCEConfig`` and the command's own fields of ``RecipeConfig``, with a pointer to ``--help-all``
+    for every field. Each option shows its default (``recipe``'s value where it sets one) unless that is
+    ``None``. Parsing uses the argument dataclasses themselves (:func:`parse_args`).
+    """
+    recipe = recipe or {}
+    parser = RecipeParser(
+        [_help_fields(cls, keep, title, recipe) for cls, keep, title in _help_groups(full)],
         usage="%(prog)s --config RECIPE.yaml [--FIELD VALUE ...]",
-        formatter_class=_HelpFormatter,
+        formatter_class=argparse.HelpFormatter,  # each help string carries its default (_help_fields)
         description="Fine-tune a causal LM with LongCE from a YAML recipe; every field below can be set in the "
         "recipe or overridden on the command line.",
         epilog=(
@@ -467,53 +545,61 @@ def build_parser(full: bool = True) -> HfArgumentParser:
         )
         + "A bad input ends with one error line; LONGPPL_DEBUG=1 shows its traceback.",
     )
-    parser.add_argument(
-        "--config",
-        help="YAML recipe (e.g. configs/tiny_cpu.yaml) whose fields become the defaults "
-        "of the options below; the command line overrides them.",
-    )
-    parser.add_argument(
-        "--help-all",
-        "--help_all",
-        action="store_true",
-        help="Show every option, TrainingArguments' included, and exit.",
-    )
-    groups = [(ModelArguments, "Model (ModelArguments)"), (DataArguments, "Data (DataArguments)")]
-    if full:
-        groups.append(
-            (
-                RecipeConfig,
-                "Training (RecipeConfig: TrainingArguments, the longce_* fields of LongCEConfig, and "
-                "overwrite_output_dir, torch_threads)",
-            )
-        )
-    else:
-        own = {f.name for f in fields(RecipeConfig)} - {f.name for f in fields(LongCEConfig)}
-        groups.append(
-            (
-                _fields_of(RecipeConfig, lambda name: name.startswith(LONGCE_PREFIX)),
-                "LongCE (the longce_* fields of LongCEConfig)",
-            )
-        )
-        groups.append(
-            (_fields_of(RecipeConfig, own.__contains__), "Command (the fields longce-train adds: RecipeConfig)")
-        )
-    for cls, title in groups:
-        group = parser.add_argument_group(title)
-        hints = get_type_hints(cls)
-        for spec in fields(cls):
-            if spec.init:
-                spec.type = hints[spec.name]  # what HfArgumentParser._add_dataclass_arguments does, in a titled group
-                parser._parse_dataclass_field(group, spec)
-        parser.dataclass_types.append(cls)
+    parser.set_recipe_defaults(recipe)
     return parser
 
 
-def _fields_of(cls: type, keep) -> type:
-    """A dataclass of the fields of ``cls`` whose names ``keep(name)`` accepts (for the short ``--help``)."""
+def _help_fields(cls: type, keep, title: str, recipe: dict[str, Any]) -> type:
+    """A dataclass of the fields of ``cls`` that ``keep(name)`` accepts (all for ``None``), for ``--help``:
+    titled ``title`` (``HfArgumentParser`` groups a dataclass's fields under its ``_argument_group_name``),
+    each help ending with the default (``recipe``'s value, else the field's) unless that is ``None``."""
     hints = get_type_hints(cls)
-    spec = [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata)) for f in fields(cls) if keep(f.name)]
-    return make_dataclass(f"{cls.__name__}Fields", spec)
+    specs = []
+    for spec in fields(cls):
+        if not spec.init or (keep is not None and not keep(spec.name)):
+            continue
+        if spec.name in recipe:
+            default = recipe[spec.name]
+        else:
+            default = spec.default_factory() if spec.default_factory is not MISSING else spec.default
+        help_text = spec.metadata.get("help", "")
+        if default is not None and default is not MISSING:
+            help_text += f" (default: {default})".replace("%", "%%")  # argparse formats help with %
+        metadata = {**spec.metadata, "help": help_text}
+        specs.append(
+            (
+                spec.name,
+                hints[spec.name],
+                field(default=spec.default, default_factory=spec.default_factory, metadata=metadata),
+            )
+        )
+    help_class = make_dataclass(f"{cls.__name__}Help", specs, kw_only=True)
+    help_class._argument_group_name = title
+    return help_class
+
+
+def read_recipe(path: str, argv: list[str]) -> dict[str, Any]:
+    """The recipe at ``path``, checked and ready to be the parser's defaults.
+
+    Unknown keys are a ``ValueError``; ``data_files`` / ``eval_data_files`` / ``key_tokens`` become
+    paths relative to the recipe's folder; each ``ALIASES`` group is merged (``merge_aliases``).
+    """
+    recipe = load_recipe(path)
+    valid = {f.name for cls in (ModelArguments, DataArguments, RecipeConfig) for f in fields(cls) if f.init}
+    unknown = sorted(set(recipe) - valid)
+    if unknown:
+        raise ValueError(
+            f"Unknown field(s) {unknown} in {path!r}; see `{PROG} --help-all` "
+            "for the valid ones (ModelArguments, DataArguments, LongCEConfig)."
+        )
+    # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
+    # command line stay relative to the current directory, as usual.
+    for key in ("data_files", "eval_data_files"):
+        if recipe.get(key):
+            recipe[key] = resolve_recipe_paths(recipe[key], path)
+    if isinstance(recipe.get("key_tokens"), str):
+        recipe["key_tokens"] = resolve_recipe_paths(recipe["key_tokens"], path)[0]
+    return merge_aliases(recipe, argv, path)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeConfig]:
@@ -528,44 +614,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     pre.add_argument("-h", "--help", action="store_true")
     pre.add_argument("--help-all", "--help_all", action="store_true")
     known, _ = pre.parse_known_args(argv)
-
-    recipe: dict[str, Any] = {}
-    if known.config is not None:
-        recipe = load_recipe(known.config)
-        valid = {f.name for cls in (ModelArguments, DataArguments, RecipeConfig) for f in fields(cls) if f.init}
-        unknown = sorted(set(recipe) - valid)
-        if unknown:
-            raise ValueError(
-                f"Unknown field(s) {unknown} in {known.config!r}; see `{PROG} --help-all` "
-                "for the valid ones (ModelArguments, DataArguments, LongCEConfig)."
-            )
-        # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
-        # command line stay relative to the current directory, as usual.
-        for key in ("data_files", "eval_data_files"):
-            if recipe.get(key):
-                recipe[key] = resolve_recipe_paths(recipe[key], known.config)
-        if isinstance(recipe.get("key_tokens"), str):
-            recipe["key_tokens"] = resolve_recipe_paths(recipe["key_tokens"], known.config)[0]
-        recipe = merge_aliases(recipe, argv, known.config)
-
-    parser = build_parser(full=not known.help or known.help_all)
-    # Defaults, not values: the command line still overrides (string defaults are converted by type).
-    parser.set_defaults(**{key: value for key, value in recipe.items() if key in _destinations(parser)})
+    recipe = read_recipe(known.config, argv) if known.config is not None else {}
     if known.help or known.help_all:
-        parser.print_help()
+        build_parser(full=not known.help or known.help_all, recipe=recipe).print_help()
         raise SystemExit(0)
-    *parsed, remaining = parser.parse_args_into_dataclasses(
-        args=argv, look_for_args_file=False, return_remaining_strings=True
-    )
-    if remaining:
-        raise ValueError(_unknown_arguments(remaining, parser))
-    model_args, data_args, training_args = parsed[:3]
+    parser = RecipeParser([ModelArguments, DataArguments, RecipeConfig])
+    model_args, data_args, training_args = parser.parse_recipe_and_args(argv, recipe)
     return model_args, data_args, training_args
 
 
-def _unknown_arguments(remaining: list[str], parser: argparse.ArgumentParser) -> str:
-    """The error for arguments no field takes: each unknown option with the closest field's option."""
-    options = sorted({name for action in parser._actions for name in action.option_strings})
+def _unknown_arguments(remaining: list[str], options: list[str]) -> str:
+    """The error for arguments no field takes: each unknown option with the closest of ``options``."""
     named = []
     for arg in remaining:
         if arg.startswith("-"):
@@ -578,7 +637,3 @@ def _unknown_arguments(remaining: list[str], parser: argparse.ArgumentParser) ->
             f"`{PROG} --help` lists the fields."
         )
     return f"unknown option(s) {', '.join(named)}; `{PROG} --help-all` lists every field."
-
-
-def _destinations(parser: argparse.ArgumentParser) -> set[str]:
-    return {action.dest for action in parser._actions}

@@ -37,8 +37,8 @@ from longppl.key_token_cache import KeyTokenCache, cached_evaluator_scores
 from longppl.scoring import model_key_weights, score_with_evaluator
 from longppl.settings import DEFAULT_GAMMA, KeyTokenRule, KeyTokenSettings, require_int, settings_object
 
-# The dataset column (and batch key) holding the per-token weights; defined with the weight sources
-# (``CachedWeights`` reads it), importable from here as before.
+# The dataset column (and batch key) holding the per-token weights, defined with the weight sources
+# (``CachedWeights`` reads it).
 from .weight_sources import WEIGHTS_COLUMN
 
 #: The rule that carries the evaluator's weights to the trained model's tokens (part of the map's fingerprint).

@@ -189,7 +189,8 @@ def weigh_documents(
 ) -> datasets.Dataset:
     """``input_ids`` and ``longce_weights`` of every document (``add_key_token_weights``, capped at
     ``settings.gamma``), EOS appended (weight 1), as ``tokenize_documents`` tokenizes them."""
-    from .cached_weights import WEIGHTS_COLUMN, add_key_token_weights
+    from .cached_weights import add_key_token_weights
+    from .weight_sources import WEIGHTS_COLUMN
 
     try:
         weighed = add_key_token_weights(

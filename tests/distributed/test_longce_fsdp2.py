@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp2_longce_worker.py")
+TESTS = os.path.dirname(HERE)
 GLOBAL_BATCH = 4
 KEYS = ("loss", "grad_norm", "ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
 
@@ -51,15 +51,17 @@ def test_fsdp2_two_processes_match_one_process(tmp_path, mode):
     done = subprocess.run(
         [*accelerate_launch_on_cpu(2), WORKER, mode, data, str(tmp_path / "fsdp2"), str(GLOBAL_BATCH // 2), "fsdp2"],
         cwd=HERE,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        # the worker runs as a script (its folder first on sys.path) and imports tests/helpers.py
+        env=dict(
+            os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])
+        ),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
 
-    sys.path.insert(0, HERE)
-    import fsdp2_longce_worker
+    from distributed import fsdp2_longce_worker
 
     with one_torch_thread():
         fsdp2_longce_worker.run(mode, data, str(tmp_path / "single"), GLOBAL_BATCH, fsdp2=False)

@@ -1,6 +1,6 @@
 """Worker of test_longce_fsdp2.py: LongCETrainer on a saved dataset, with or without FSDP2.
 
-    accelerate launch --multi_gpu --num_processes 2 ... tests/fsdp2_longce_worker.py MODE DATA OUTPUT_DIR PER_DEVICE_BATCH fsdp2
+    accelerate launch --multi_gpu --num_processes 2 ... tests/distributed/fsdp2_longce_worker.py MODE DATA OUTPUT_DIR PER_DEVICE_BATCH fsdp2
     (or, in the test's own process: run(MODE, DATA, OUTPUT_DIR, PER_DEVICE_BATCH, fsdp2=False))
 
 MODE is the ``longce_weights`` setting ("cache" or "self"). Writes ``OUTPUT_DIR/result.json`` (rank 0):

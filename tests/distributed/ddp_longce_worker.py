@@ -1,6 +1,6 @@
 """Worker of test_longce_ddp.py: ``longce-train`` with its forward passes counted.
 
-    python tests/ddp_longce_worker.py REPORT.json [longce-train arguments...]
+    python tests/distributed/ddp_longce_worker.py REPORT.json [longce-train arguments...]
 
 (or under ``accelerate launch``): trains through ``longce.cli.train`` and writes, per process,
 ``REPORT.json.rank<R>`` = ``{"rank", "world_size", "forwards", "own_window_passes", "steps",

@@ -1,6 +1,6 @@
 """Worker of test_cache_reliability.py: one process writing rows into a key-token cache.
 
-    python tests/cache_writer_worker.py CACHE WRITER ROWS ROUNDS BARRIER_DIR WRITERS [--die-in-save]
+    python tests/distributed/cache_writer_worker.py CACHE WRITER ROWS ROUNDS BARRIER_DIR WRITERS [--die-in-save]
 
 Per round: opens CACHE (``create=True``), waits until all WRITERS processes have opened it (a file
 barrier in BARRIER_DIR, so that every writer reads the same old cache before any writes: the race

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from helpers import DATA
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import bench_multi_gpu  # noqa: E402  (scripts/ is not a package)

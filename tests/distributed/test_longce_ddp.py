@@ -12,7 +12,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from helpers import accelerate_launch_on_cpu, one_torch_thread
 from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "ddp_longce_worker.py")
 STEPS, GLOBAL_BATCH = 3, 4
 K, D, BUDGET = 16, 8, 64
@@ -119,8 +118,7 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     assert [r["world_size"] for r in ranks] == [2, 2] and [r["steps"] for r in ranks] == [STEPS, STEPS]
 
     # The single-process reference, in this process (the worker's patches are undone afterwards).
-    sys.path.insert(0, HERE)
-    import ddp_longce_worker
+    from distributed import ddp_longce_worker
 
     with one_torch_thread():
         ddp_longce_worker.run(str(tmp_path / "single.json"), recipe_argv(tmp_path, str(data), "single", GLOBAL_BATCH))

@@ -1,0 +1,90 @@
+"""The output folder of one experiment run: its paths, atomic JSON files, stage timings, and the
+"done" checks that make every stage resumable (a stage skips what a finished file says is done)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import contextmanager
+
+from longppl.atomic_files import write_file_atomically
+
+#: Sums of wall seconds per stage and per model, over every call that did work.
+TIMINGS = "timings.json"
+
+
+def jsonable(value):
+    """``value`` with NaN / infinities as ``None`` (JSON has no NaN), tuples as lists and NumPy
+    scalars and arrays as Python numbers and lists."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunFolder:
+    """Paths below ``root`` (created if missing; nothing in it is ever deleted), atomic JSON
+    read/write, and wall-time records.
+
+    Args:
+        root: the run's output folder.
+        log: where progress lines go (``print`` by default).
+    """
+
+    def __init__(self, root: str, log=print):
+        self.root = os.path.abspath(root)
+        self.log = log
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ValueError(f"--output-dir {root!r} is a file, not a folder: give a folder (created if missing).")
+        os.makedirs(self.root, exist_ok=True)
+
+    def path(self, *parts: str) -> str:
+        """``root/parts...``, its parent folder created."""
+        path = os.path.join(self.root, *parts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return path
+
+    def has(self, *parts: str) -> bool:
+        """Whether the file ``root/parts...`` exists (files are written atomically: existing means complete)."""
+        return os.path.isfile(os.path.join(self.root, *parts))
+
+    def read_json(self, *parts: str):
+        """The JSON file ``root/parts...``; a clear error naming the stage to run when it is missing."""
+        path = os.path.join(self.root, *parts)
+        if not os.path.isfile(path):
+            raise ValueError(f"No {os.path.join(*parts)} in {self.root}: run the stage that writes it first.")
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+
+    def write_json(self, value, *parts: str) -> str:
+        """Write ``value`` (made JSON-safe by :func:`jsonable`) to ``root/parts...`` atomically."""
+        path = self.path(*parts)
+        write_file_atomically(path, lambda handle: json.dump(jsonable(value), handle, indent=1))
+        return path
+
+    def add_seconds(self, group: str, name: str, seconds: float) -> None:
+        """Add ``seconds`` to ``timings.json[group][name]`` (``seconds`` and ``calls`` summed over calls)."""
+        timings = self.read_json(TIMINGS) if self.has(TIMINGS) else {}
+        entry = timings.setdefault(group, {}).setdefault(name, {"seconds": 0.0, "calls": 0})
+        entry["seconds"] += seconds
+        entry["calls"] += 1
+        self.write_json(timings, TIMINGS)
+
+    @contextmanager
+    def timed(self, group: str, name: str):
+        """Time the block and add it to ``timings.json[group][name]`` (only when it finishes)."""
+        start = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - start
+        self.add_seconds(group, name, seconds)
+        self.log(f"[{group} {name}] {seconds:.1f}s")
+
+    def timings(self) -> dict:
+        return self.read_json(TIMINGS) if self.has(TIMINGS) else {}

@@ -1,0 +1,310 @@
+"""Statistics of the reproduction: correlations with bootstrap intervals, the test of a
+LongPPL-minus-PPL difference of correlations, partial correlation, and intervals for proportions.
+
+Plain numpy and the standard library (no scipy). Every array argument is a ``[n]`` sequence of one
+value per item (a model, a document); ``clusters`` (optional, ``[n]``) gives each item a label
+(e.g. the model's context-extension method), and the bootstraps then resample whole clusters with
+replacement instead of items, so that items sharing a label are never treated as independent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from statistics import NormalDist
+
+import numpy as np
+
+from longppl.settings import require_int
+from longppl.tools.correlation import pearson, spearman
+
+__all__ = [
+    "bootstrap_correlation",
+    "bootstrap_mean",
+    "bootstrap_partial_correlation",
+    "correlation",
+    "fisher_interval",
+    "normal_quantile",
+    "paired_bootstrap_difference",
+    "partial_correlation",
+    "pearson",
+    "spearman",
+    "student_t_cdf",
+    "wilson_interval",
+    "williams_t",
+]
+
+_METHODS = {"pearson": pearson, "spearman": spearman}
+
+
+def _method(method: str) -> Callable:
+    if method not in _METHODS:
+        raise ValueError(f"method={method!r} is not a correlation method; use one of {sorted(_METHODS)}.")
+    return _METHODS[method]
+
+
+def correlation(x, y, method: str = "pearson") -> float:
+    """Pearson's r or Spearman's rho of two ``[n]`` sequences; NaN when one of them is constant."""
+    return _method(method)(x, y)
+
+
+def normal_quantile(p: float) -> float:
+    """The ``p`` quantile of the standard normal distribution, ``0 < p < 1``."""
+    return NormalDist().inv_cdf(p)
+
+
+def _check_level(level) -> float:
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level={level!r} is not a confidence level; pass a number between 0 and 1, e.g. 0.95.")
+    return float(level)
+
+
+def _columns(names: Sequence[str], arrays: Sequence) -> list[np.ndarray]:
+    """The arrays as float64 ``[n]``, all of one length (else ``ValueError`` naming them)."""
+    columns = [np.asarray(a, dtype=np.float64) for a in arrays]
+    shapes = {name: c.shape for name, c in zip(names, columns)}
+    if any(c.ndim != 1 for c in columns) or len({c.shape for c in columns}) != 1:
+        described = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise ValueError(f"Need one-dimensional sequences of one length, got shapes {described}.")
+    return columns
+
+
+def _cluster_members(n: int, clusters) -> list[np.ndarray]:
+    """Item indices of each cluster, clusters in order of first appearance; each item its own
+    cluster when ``clusters`` is ``None`` (so the item bootstrap is the cluster bootstrap of
+    singletons, drawing the same random numbers)."""
+    if clusters is None:
+        return [np.array([i]) for i in range(n)]
+    labels = list(clusters)
+    if len(labels) != n:
+        raise ValueError(f"clusters has {len(labels)} labels for {n} items; give one label per item.")
+    members: dict = {}
+    for index, label in enumerate(labels):
+        members.setdefault(label, []).append(index)
+    return [np.array(indices) for indices in members.values()]
+
+
+def _resampled_indices(n: int, clusters, resamples: int, seed: int) -> list[np.ndarray]:
+    """``resamples`` index arrays: each draws as many clusters as there are, with replacement, and
+    takes all their items."""
+    require_int("resamples", resamples)
+    members = _cluster_members(n, clusters)
+    draws = np.random.default_rng(seed).integers(len(members), size=(resamples, len(members)))
+    return [np.concatenate([members[c] for c in row]) for row in draws]
+
+
+def _percentile_summary(value: float, samples: Sequence[float], level: float) -> dict:
+    """``value`` with the percentile interval of the defined (non-NaN) ``samples``."""
+    samples = np.asarray(samples, dtype=np.float64)
+    defined = samples[~np.isnan(samples)]
+    if defined.size == 0:
+        low = high = float("nan")
+    else:
+        low, high = (float(q) for q in np.quantile(defined, [(1 - level) / 2, (1 + level) / 2]))
+    return {
+        "value": float(value),
+        "low": low,
+        "high": high,
+        "resamples": int(defined.size),
+        "dropped": int(samples.size - defined.size),
+        "level": level,
+    }
+
+
+def bootstrap_correlation(
+    x, y, method: str = "pearson", resamples: int = 10000, seed: int = 0, level: float = 0.95, clusters=None
+) -> dict:
+    """The correlation of ``x`` and ``y`` with a percentile bootstrap interval.
+
+    Resamples whose correlation is undefined (a side without variance) are dropped and counted.
+
+    Returns:
+        ``{"value", "low", "high", "resamples": resamples with a defined correlation,
+        "dropped": the others, "level"}``.
+    """
+    function, level = _method(method), _check_level(level)
+    x, y = _columns(("x", "y"), (x, y))
+    samples = [function(x[i], y[i]) for i in _resampled_indices(x.shape[0], clusters, resamples, seed)]
+    return _percentile_summary(function(x, y), samples, level)
+
+
+def paired_bootstrap_difference(
+    a, b, y, method: str = "pearson", resamples: int = 10000, seed: int = 0, level: float = 0.95, clusters=None
+) -> dict:
+    """``r(a, y) - r(b, y)`` with a percentile bootstrap interval, both correlations computed on the
+    SAME resampled items in every resample (the difference of dependent correlations).
+
+    ``p_two_sided`` is twice the share of defined resamples on the other side of 0 from the
+    observed difference (``<= 0`` for a positive difference, ``>= 0`` for a negative one), capped
+    at 1; 1 when the observed difference is 0.
+
+    Returns:
+        ``{"value", "low", "high", "p_two_sided", "resamples", "dropped", "level"}``.
+    """
+    function, level = _method(method), _check_level(level)
+    a, b, y = _columns(("a", "b", "y"), (a, b, y))
+    samples = np.array(
+        [function(a[i], y[i]) - function(b[i], y[i]) for i in _resampled_indices(y.shape[0], clusters, resamples, seed)]
+    )
+    result = _percentile_summary(function(a, y) - function(b, y), samples, level)
+    defined = samples[~np.isnan(samples)]
+    value = result["value"]
+    if defined.size == 0 or math.isnan(value):
+        p = float("nan")
+    elif value == 0:
+        p = 1.0
+    else:
+        other_side = (defined <= 0) if value > 0 else (defined >= 0)
+        p = min(1.0, 2.0 * float(other_side.mean()))
+    return {**result, "p_two_sided": p}
+
+
+def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz), which
+    converges fast for ``x < (a + 1) / (a + b + 2)``."""
+    tiny, eps = 1e-300, 1e-15
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 10000):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < eps:
+            break
+    return result
+
+
+def _regularized_incomplete_beta(a: float, b: float, x: float) -> float:
+    """``I_x(a, b)`` for ``a, b > 0`` and ``0 <= x <= 1``."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1) / (a + b + 2):
+        return math.exp(log_front) * _incomplete_beta_fraction(a, b, x) / a
+    # The symmetry I_x(a, b) = 1 - I_{1-x}(b, a) keeps the fraction in its fast region.
+    return 1.0 - math.exp(log_front) * _incomplete_beta_fraction(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """``P(T <= t)`` for Student's t with ``df > 0`` degrees of freedom."""
+    if not df > 0:
+        raise ValueError(f"df={df!r}: Student's t needs more than 0 degrees of freedom.")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    # P(|T| > |t|) = I_{df / (df + t^2)}(df / 2, 1 / 2)
+    tail = _regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail / 2.0 if t > 0 else tail / 2.0
+
+
+def williams_t(r_ay: float, r_by: float, r_ab: float, n: int) -> dict:
+    """Williams' (1959) t for two dependent correlations ``r_ay`` and ``r_by`` sharing ``y``, in
+    Steiger's (1980, eq. 7) form, with ``r_ab`` the correlation of ``a`` and ``b`` and ``n`` items:
+
+    ``t = (r_ay - r_by) * sqrt((n-1)(1+r_ab) / (2 (n-1)/(n-3) |R| + rbar^2 (1-r_ab)^3))``,
+    ``|R| = 1 - r_ay^2 - r_by^2 - r_ab^2 + 2 r_ay r_by r_ab``, ``rbar = (r_ay + r_by) / 2``,
+    ``df = n - 3``.
+
+    Returns:
+        ``{"t", "df", "p_two_sided"}`` (p from Student's t with ``df`` degrees of freedom).
+    """
+    require_int("n", n, minimum=4)
+    for name, r in (("r_ay", r_ay), ("r_by", r_by), ("r_ab", r_ab)):
+        if not -1 <= r <= 1:
+            raise ValueError(f"{name}={r!r} is not a correlation; pass a number between -1 and 1.")
+    if abs(r_ab) == 1:
+        # a and b are one variable up to sign and scale: r_by is +-r_ay, and the variance of the
+        # difference the test divides by is 0
+        raise ValueError(
+            f"r_ab={r_ab!r}: a and b are perfectly correlated, so Williams' t is undefined; report the two "
+            "correlations without a test."
+        )
+    determinant = 1 - r_ay**2 - r_by**2 - r_ab**2 + 2 * r_ay * r_by * r_ab
+    mean_r = (r_ay + r_by) / 2
+    denominator = 2 * (n - 1) / (n - 3) * determinant + mean_r**2 * (1 - r_ab) ** 3
+    t = (r_ay - r_by) * math.sqrt((n - 1) * (1 + r_ab) / denominator)
+    df = n - 3
+    return {"t": t, "df": df, "p_two_sided": min(1.0, 2.0 * student_t_cdf(-abs(t), df))}
+
+
+def _residuals(values: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``values`` minus their least-squares fit on ``z`` (``[n]`` or ``[n, k]``) and an intercept."""
+    design = np.column_stack([np.ones(values.shape[0]), z.reshape(values.shape[0], -1)])
+    coefficients, *_ = np.linalg.lstsq(design, values, rcond=None)
+    return values - design @ coefficients
+
+
+def _partial(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> float:
+    return pearson(_residuals(x, z), _residuals(y, z))
+
+
+def _partial_inputs(x, y, z) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x, y = _columns(("x", "y"), (x, y))
+    z = np.asarray(z, dtype=np.float64)
+    if z.ndim not in (1, 2) or z.shape[0] != x.shape[0]:
+        raise ValueError(f"z has shape {z.shape}; give [n] or [n, k] values for the {x.shape[0]} items.")
+    return x, y, z
+
+
+def partial_correlation(x, y, z) -> float:
+    """Pearson's r of the residuals of ``x`` and of ``y`` after least squares on ``z`` (``[n]`` or
+    ``[n, k]``, with an intercept): the correlation of ``x`` and ``y`` with ``z`` held fixed. NaN
+    when a residual is constant."""
+    return _partial(*_partial_inputs(x, y, z))
+
+
+def bootstrap_partial_correlation(
+    x, y, z, resamples: int = 10000, seed: int = 0, level: float = 0.95, clusters=None
+) -> dict:
+    """:func:`partial_correlation` with a percentile bootstrap interval, as
+    :func:`bootstrap_correlation` (same keys; resamples with an undefined value dropped)."""
+    level = _check_level(level)
+    x, y, z = _partial_inputs(x, y, z)
+    samples = [_partial(x[i], y[i], z[i]) for i in _resampled_indices(x.shape[0], clusters, resamples, seed)]
+    return _percentile_summary(_partial(x, y, z), samples, level)
+
+
+def fisher_interval(r: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Confidence interval of a Pearson correlation ``r`` of ``n > 3`` items by Fisher's z:
+    ``tanh(atanh(r) -+ q / sqrt(n - 3))``, ``q`` the normal quantile of ``(1 + level) / 2``."""
+    require_int("n", n, minimum=4)
+    level = _check_level(level)
+    if not -1 < r < 1:
+        raise ValueError(f"r={r!r}: Fisher's interval needs a correlation strictly between -1 and 1.")
+    half = normal_quantile((1 + level) / 2) / math.sqrt(n - 3)
+    return math.tanh(math.atanh(r) - half), math.tanh(math.atanh(r) + half)
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval of a proportion ``successes / n`` (e.g. an accuracy)."""
+    require_int("n", n)
+    require_int("successes", successes, minimum=0)
+    if successes > n:
+        raise ValueError(f"successes={successes} is more than n={n}; count successes among the n trials.")
+    q = normal_quantile((1 + _check_level(level)) / 2)
+    share = successes / n
+    center = (share + q * q / (2 * n)) / (1 + q * q / n)
+    half = q / (1 + q * q / n) * math.sqrt(share * (1 - share) / n + q * q / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def bootstrap_mean(values, resamples: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
+    """The mean of ``[n]`` values (e.g. one per document) with a percentile bootstrap interval.
+
+    Returns:
+        ``{"value", "low", "high", "resamples", "dropped", "level"}``.
+    """
+    level = _check_level(level)
+    (values,) = _columns(("values",), (values,))
+    if values.shape[0] == 0:
+        raise ValueError("bootstrap_mean got no values; pass at least one.")
+    samples = [values[i].mean() for i in _resampled_indices(values.shape[0], None, resamples, seed)]
+    return _percentile_summary(values.mean(), samples, level)

@@ -1,0 +1,141 @@
+"""LongEval lines: documents that keep their answers, cases asked beyond a distance, and the answer's
+log-likelihood (longppl_reproduce.lines), measured here in tokens with plain references."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from helpers import byte_level_bpe, tiny_model
+from longppl_reproduce.lines import (
+    answer_log_likelihood,
+    case_text,
+    fitted_lines_document,
+    generate_lines_cases,
+    lines_cases_beyond,
+)
+
+LINE = re.compile(r"line ([a-z]+-[a-z]+): REGISTER_CONTENT is <(\d+)>\n")
+QA = re.compile(
+    r"\nNow the record is over\. Tell me what is the <REGISTER_CONTENT> in line (\S+)\? I need the number\. "
+    r"The <REGISTER_CONTENT> in line (\S+) is <(\d+)>\."
+)
+
+
+def token_at(offsets, char):
+    return next(i for i, (a, b) in enumerate(offsets) if a <= char < b)
+
+
+@pytest.mark.parametrize("seq_len, questions", [(700, "fill"), (1500, "fill"), (1500, 2), (3000, "fill")])
+def test_fitted_documents_fit_and_end_with_complete_answers(seq_len, questions):
+    tok = byte_level_bpe()
+    rng = np.random.default_rng(seq_len)
+    for _ in range(4):
+        ids = fitted_lines_document(tok, rng, seq_len, min_lines=5, max_lines=120, questions=questions)
+        assert len(ids) <= seq_len
+        text = tok.decode(ids, skip_special_tokens=True)
+        assert tok(text)["input_ids"] == ids  # the ids are the document's own tokenization
+        record = dict(LINE.findall(text))
+        asked = QA.findall(text)
+        assert asked and text.endswith(f"is <{asked[-1][2]}>.")
+        assert all(line == again and record[line] == number for line, again, number in asked)
+        assert len({line for line, _, _ in asked}) == len(asked)  # distinct lines
+        if questions != "fill":
+            assert len(asked) <= questions
+        # nothing was cut: the text is the record, then whole questions with answers
+        rebuilt = text[: text.index("\nNow the record")] + "".join(
+            f"\nNow the record is over. Tell me what is the <REGISTER_CONTENT> in line {line}? I need the number. "
+            f"The <REGISTER_CONTENT> in line {line} is <{number}>."
+            for line, _, number in asked
+        )
+        assert rebuilt == text
+
+
+def test_fill_adds_questions_while_they_fit():
+    tok = byte_level_bpe()
+    ids = fitted_lines_document(tok, np.random.default_rng(1), 3000, min_lines=5, max_lines=5)
+    text = tok.decode(ids, skip_special_tokens=True)
+    asked = QA.findall(text)
+    assert len(LINE.findall(text)) == 5
+    assert len(asked) == 5 or len(ids) > 3000 - 120  # all lines asked, or no room left for another
+
+
+def test_asked_within_is_respected_in_tokens():
+    tok = byte_level_bpe()
+    rng = np.random.default_rng(3)
+    K = 90
+    for _ in range(4):
+        ids = fitted_lines_document(tok, rng, 2500, min_lines=20, max_lines=80, questions="fill", asked_within=K)
+        text = tok.decode(ids, skip_special_tokens=True)
+        enc = tok(text, return_offsets_mapping=True)
+        assert enc["input_ids"] == ids and len(ids) <= 2500
+        offsets = enc["offset_mapping"]
+        for match in QA.finditer(text):
+            line, number = match.group(1), match.group(3)
+            # the asked line's number: its last occurrence in the text before the question
+            number_end = text.rindex(f"line {line}: REGISTER_CONTENT is <{number}>", 0, match.start())
+            number_end += len(f"line {line}: REGISTER_CONTENT is <{number}")
+            question_token = token_at(offsets, match.start())
+            assert token_at(offsets, number_end - 1) >= question_token - K
+
+
+def test_too_short_documents_and_distances_are_refused():
+    tok = byte_level_bpe()
+    with pytest.raises(
+        ValueError, match=r"seq_len=300 tokens cannot hold the header, one line, a question and its answer \(\d+ tokens"
+    ):
+        fitted_lines_document(tok, np.random.default_rng(0), 300, min_lines=1, max_lines=4)
+    with pytest.raises(ValueError, match="asked_within=1 tokens is too short"):
+        fitted_lines_document(tok, np.random.default_rng(0), 1500, min_lines=3, max_lines=9, asked_within=1)
+    with pytest.raises(ValueError, match="max_lines=2 is less than min_lines=3"):
+        fitted_lines_document(tok, np.random.default_rng(0), 1500, min_lines=3, max_lines=2)
+
+
+def test_cases_beyond_put_the_asked_number_out_of_the_last_tokens():
+    tok = byte_level_bpe()
+    length, beyond = 900, 300
+    cases = lines_cases_beyond(tok, length, 6, beyond, seed=2)
+    assert cases == lines_cases_beyond(tok, length, 6, beyond, seed=2)
+    for case in cases:
+        enc = tok(case.prompt, return_offsets_mapping=True)
+        size = len(enc["input_ids"])
+        assert size <= length
+        record = dict(LINE.findall(case.prompt))
+        assert record[case.target_line] == case.expected_number and len(record) == case.num_lines
+        # as many lines as fit: one more line (of the longest id and number) would not
+        longer = case.prompt.replace(
+            "\n\nNow the record", "\nline silver-mountain: REGISTER_CONTENT is <49999>\n\nNow the record"
+        )
+        assert len(tok(longer)["input_ids"]) > length - 25
+        line = f"line {case.target_line}: REGISTER_CONTENT is <{case.expected_number}"
+        number_end = case.prompt.index(line) + len(line)
+        assert token_at(enc["offset_mapping"], number_end - 1) < size - beyond
+    with pytest.raises(ValueError, match="length=900 tokens leaves no line more than beyond=890 tokens"):
+        lines_cases_beyond(tok, 900, 1, 890, seed=0)
+
+
+def test_answer_log_likelihood_matches_one_full_forward_per_case():
+    tok = byte_level_bpe()
+    model = tiny_model("llama", len(tok), seed=3)
+    cases = generate_lines_cases(2, 2, seed=1) + generate_lines_cases(5, 1, seed=2)  # different lengths
+    expected = []
+    for case in cases:
+        text = case_text(case)
+        enc = tok(text, return_offsets_mapping=True)
+        start = text.rindex(case.expected_number)
+        end = start + len(case.expected_number)
+        with torch.no_grad():
+            logp = model(torch.tensor([enc["input_ids"]])).logits[0].float().log_softmax(-1)
+        total = 0.0
+        for i, (a, b) in enumerate(enc["offset_mapping"]):
+            if a >= start and b <= end and b > a:
+                total += float(logp[i - 1, enc["input_ids"][i]])
+        assert total != 0.0
+        expected.append(total)
+    for batch_size in (1, 2):
+        got = answer_log_likelihood(model, tok, cases, batch_size=batch_size)
+        assert all(math.isclose(g, e, rel_tol=1e-4, abs_tol=1e-4) for g, e in zip(got, expected)), (got, expected)
+        assert len(got) == 3

@@ -1,0 +1,217 @@
+"""longppl_reproduce.statistics against plain references written here (explicit sums, formulas typed
+out from the textbooks, numerical integration)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from longppl_reproduce.statistics import (
+    bootstrap_correlation,
+    bootstrap_mean,
+    bootstrap_partial_correlation,
+    correlation,
+    fisher_interval,
+    normal_quantile,
+    paired_bootstrap_difference,
+    partial_correlation,
+    student_t_cdf,
+    williams_t,
+    wilson_interval,
+)
+
+
+def plain_pearson(x, y) -> float:
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    return sxy / math.sqrt(sxx * syy)
+
+
+def plain_ranks(values) -> list[float]:
+    """Average ranks by counting: rank = 1 + (number smaller) + (number of other equal ones) / 2."""
+    return [1 + sum(w < v for w in values) + (sum(w == v for w in values) - 1) / 2 for v in values]
+
+
+def data(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    y = 0.6 * x + rng.normal(size=n)
+    z = 0.5 * x + 0.5 * y + rng.normal(size=n)
+    return x.tolist(), y.tolist(), z.tolist()
+
+
+def test_correlation_methods_match_explicit_sums():
+    x, y, _ = data()
+    assert math.isclose(correlation(x, y, "pearson"), plain_pearson(x, y), rel_tol=1e-12)
+    ties = [1, 2, 2, 3, 5, 5, 5, 0, 9, 4, 4, 1]
+    assert math.isclose(correlation(ties, y, "spearman"), plain_pearson(plain_ranks(ties), plain_ranks(y)))
+    with pytest.raises(ValueError, match="method='kendall' is not a correlation method"):
+        correlation(x, y, "kendall")
+
+
+def test_bootstrap_correlation_repeats_contains_the_value_and_counts_resamples():
+    x, y, _ = data(15)
+    result = bootstrap_correlation(x, y, resamples=500, seed=3)
+    assert result == bootstrap_correlation(x, y, resamples=500, seed=3)
+    assert result != bootstrap_correlation(x, y, resamples=500, seed=4)
+    assert math.isclose(result["value"], plain_pearson(x, y))
+    assert result["low"] <= result["value"] <= result["high"]
+    assert result["resamples"] + result["dropped"] == 500 and result["level"] == 0.95
+    spearman = bootstrap_correlation(x, y, method="spearman", resamples=200, seed=3)
+    assert math.isclose(spearman["value"], plain_pearson(plain_ranks(x), plain_ranks(y)))
+
+
+def test_bootstrap_correlation_is_the_percentile_interval_of_resampled_items():
+    """Reference: the same random draws (numpy's default_rng(seed).integers(n, size=(R, n))), the
+    correlation of each resample by explicit sums, then the percentiles of the defined ones."""
+    x = [1.0, 1.0, 1.0, 4.0, 3.0]  # resamples of the first three items only have no variance in x
+    y = [2.0, 1.0, 3.0, 3.0, 6.0]
+    R = 300
+    draws = np.random.default_rng(7).integers(5, size=(R, 5))
+    values = []
+    for row in draws:
+        xs, ys = [x[i] for i in row], [y[i] for i in row]
+        if len(set(xs)) > 1 and len(set(ys)) > 1:
+            values.append(plain_pearson(xs, ys))
+    result = bootstrap_correlation(x, y, resamples=R, seed=7, level=0.9)
+    assert result["resamples"] == len(values) and result["dropped"] == R - len(values) > 0
+    low, high = np.quantile(values, [0.05, 0.95])
+    assert math.isclose(result["low"], low, rel_tol=1e-9) and math.isclose(result["high"], high, rel_tol=1e-9)
+
+
+def test_cluster_bootstrap_of_singletons_is_the_item_bootstrap_and_clusters_move_together():
+    x, y, _ = data(10)
+    items = bootstrap_correlation(x, y, resamples=300, seed=1)
+    assert bootstrap_correlation(x, y, resamples=300, seed=1, clusters=[f"m{i}" for i in range(10)]) == items
+    # Two clusters whose items are identical copies: a cluster resample holds each item 0, 1 or 2 times
+    # with its copy, so the result equals the item bootstrap of the 5 distinct items with both drawn...
+    labels = ["a", "b", "c", "d", "e"] * 2
+    doubled_x, doubled_y = x[:5] * 2, y[:5] * 2
+    clustered = bootstrap_correlation(doubled_x, doubled_y, resamples=300, seed=1, clusters=labels)
+    # ... which is the bootstrap of the 5 items (duplicating every item leaves Pearson's r unchanged).
+    items_of_five = bootstrap_correlation(x[:5], y[:5], resamples=300, seed=1)
+    assert clustered == pytest.approx(items_of_five, rel=1e-12, abs=1e-12)
+    with pytest.raises(ValueError, match="clusters has 3 labels for 10 items"):
+        bootstrap_correlation(x, y, resamples=10, clusters=["a", "b", "c"])
+
+
+def test_bootstrap_inputs_are_checked():
+    with pytest.raises(ValueError, match=r"shapes x \(3,\), y \(2,\)"):
+        bootstrap_correlation([1, 2, 3], [1, 2], resamples=10)
+    with pytest.raises(ValueError, match="level=1.5 is not a confidence level"):
+        bootstrap_correlation([1, 2, 3], [1, 2, 4], resamples=10, level=1.5)
+    with pytest.raises(ValueError, match="resamples must be an integer >= 1, got 0"):
+        bootstrap_correlation([1, 2, 3], [1, 2, 4], resamples=0)
+
+
+def test_paired_bootstrap_difference_uses_the_same_items_for_both_correlations():
+    a, y, b = data(14, seed=5)
+    R = 400
+    draws = np.random.default_rng(2).integers(14, size=(R, 14))
+    differences = []
+    for row in draws:
+        ys = [y[i] for i in row]
+        differences.append(plain_pearson([a[i] for i in row], ys) - plain_pearson([b[i] for i in row], ys))
+    result = paired_bootstrap_difference(a, b, y, resamples=R, seed=2)
+    value = plain_pearson(a, y) - plain_pearson(b, y)
+    assert math.isclose(result["value"], value)
+    low, high = np.quantile(differences, [0.025, 0.975])
+    assert math.isclose(result["low"], low, rel_tol=1e-9) and math.isclose(result["high"], high, rel_tol=1e-9)
+    other_side = sum(d <= 0 for d in differences) if value > 0 else sum(d >= 0 for d in differences)
+    assert math.isclose(result["p_two_sided"], min(1.0, 2 * other_side / R))
+    assert result["resamples"] == R and result["level"] == 0.95
+    same = paired_bootstrap_difference(a, a, y, resamples=50, seed=2)
+    assert same["value"] == 0 and same["p_two_sided"] == 1.0 and same["low"] == same["high"] == 0
+
+
+def t_density(x, df):
+    return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)) * (
+        1 + x * x / df
+    ) ** (-(df + 1) / 2)
+
+
+def integrated_t_cdf(t, df, steps=200000):
+    """P(T <= t) = 1/2 + integral of the density from 0 to t (Simpson's rule)."""
+    h = t / steps
+    total = t_density(0, df) + t_density(t, df)
+    total += sum((4 if k % 2 else 2) * t_density(k * h, df) for k in range(1, steps))
+    return 0.5 + total * h / 3
+
+
+@pytest.mark.parametrize("t, df", [(0.3, 1), (-1.7, 2), (2.1, 5), (-3.5, 9), (1.0, 30), (4.2, 17)])
+def test_student_t_cdf_matches_numerical_integration(t, df):
+    assert math.isclose(student_t_cdf(t, df), integrated_t_cdf(t, df), rel_tol=1e-8, abs_tol=1e-10)
+
+
+def test_williams_t_matches_the_formula_typed_out():
+    """Steiger (1980), eq. 7, written out with the determinant of the 3x3 correlation matrix."""
+    r_ay, r_by, r_ab, n = 0.62, 0.35, 0.48, 25
+    R = np.array([[1, r_ab, r_ay], [r_ab, 1, r_by], [r_ay, r_by, 1]])
+    det = float(np.linalg.det(R))
+    r_bar = (r_ay + r_by) / 2
+    t = (r_ay - r_by) * math.sqrt((n - 1) * (1 + r_ab) / (2 * (n - 1) / (n - 3) * det + r_bar**2 * (1 - r_ab) ** 3))
+    result = williams_t(r_ay, r_by, r_ab, n)
+    assert math.isclose(result["t"], t, rel_tol=1e-12) and result["df"] == n - 3
+    assert math.isclose(result["p_two_sided"], 2 * (1 - integrated_t_cdf(abs(t), n - 3)), rel_tol=1e-7)
+    assert williams_t(r_by, r_ay, r_ab, n)["t"] == pytest.approx(-t)
+    with pytest.raises(ValueError, match="n must be an integer >= 4, got 3"):
+        williams_t(0.5, 0.4, 0.3, 3)
+    with pytest.raises(ValueError, match="r_ab=1.2 is not a correlation"):
+        williams_t(0.5, 0.4, 1.2, 10)
+
+
+def test_partial_correlation_matches_the_recursive_formula():
+    x, y, z = data(20, seed=9)
+    rxy, rxz, ryz = plain_pearson(x, y), plain_pearson(x, z), plain_pearson(y, z)
+    expected = (rxy - rxz * ryz) / math.sqrt((1 - rxz**2) * (1 - ryz**2))
+    assert math.isclose(partial_correlation(x, y, z), expected, rel_tol=1e-10)
+    result = bootstrap_partial_correlation(x, y, z, resamples=200, seed=0)
+    assert math.isclose(result["value"], expected, rel_tol=1e-10)
+    assert result["low"] <= result["value"] <= result["high"] and result["resamples"] == 200
+    assert result == bootstrap_partial_correlation(x, y, z, resamples=200, seed=0)
+    with pytest.raises(ValueError, match=r"z has shape \(3,\)"):
+        partial_correlation(x, y, z[:3])
+
+
+def test_fisher_and_wilson_intervals_match_closed_forms():
+    q = 1.959963984540054  # the 0.975 normal quantile
+    assert math.isclose(normal_quantile(0.975), q, rel_tol=1e-12)
+    r, n = 0.55, 30
+    zr = 0.5 * math.log((1 + r) / (1 - r))
+    low, high = fisher_interval(r, n)
+    assert math.isclose(low, math.tanh(zr - q / math.sqrt(n - 3)))
+    assert math.isclose(high, math.tanh(zr + q / math.sqrt(n - 3)))
+    for successes, trials in ((0, 10), (7, 20), (20, 20), (130, 400)):
+        p = successes / trials
+        root = q * math.sqrt(p * (1 - p) / trials + q * q / (4 * trials * trials))
+        expected = (
+            (p + q * q / (2 * trials) - root) / (1 + q * q / trials),
+            (p + q * q / (2 * trials) + root) / (1 + q * q / trials),
+        )
+        got = wilson_interval(successes, trials)
+        assert got == pytest.approx(expected, abs=1e-12)
+    with pytest.raises(ValueError, match="successes=11 is more than n=10"):
+        wilson_interval(11, 10)
+    with pytest.raises(ValueError, match="r=1.0: Fisher's interval"):
+        fisher_interval(1.0, 10)
+
+
+def test_bootstrap_mean_is_the_percentile_interval_of_resampled_means():
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    draws = np.random.default_rng(4).integers(8, size=(250, 8))
+    means = [sum(values[i] for i in row) / 8 for row in draws]
+    result = bootstrap_mean(values, resamples=250, seed=4, level=0.8)
+    assert math.isclose(result["value"], sum(values) / 8)
+    low, high = np.quantile(means, [0.1, 0.9])
+    assert math.isclose(result["low"], low) and math.isclose(result["high"], high)
+    assert result["resamples"] == 250
+
+
+@pytest.mark.parametrize("r_ab", [1.0, -1.0])
+def test_williams_t_refuses_perfectly_correlated_predictors(r_ab):
+    with pytest.raises(ValueError, match=r"r_ab=.*perfectly correlated, so Williams' t is undefined"):
+        williams_t(-0.6, -0.6 * r_ab, r_ab, 20)
