@@ -42,7 +42,7 @@ import math
 import shutil
 import time
 
-from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH
+from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule
 from longppl.tools.benchmarking import LLAMA_SHAPES, measure
 from longppl.tools.cli import tool_parser
 
@@ -147,7 +147,7 @@ def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None, c
             mark()
             lp_short = short_context_log_probs(evaluator, [ids], K, d, budget, long_log_probs=lp_long)
             mark()
-        key = torch.from_numpy(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), alpha, beta))
+        key = torch.from_numpy(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), KeyTokenRule(alpha, beta)))
         with compiled_blocks(model, compile_blocks):
             lp = long_context_log_probs(model, [ids], budget)[0]
         mark()
@@ -177,7 +177,7 @@ def key_token_agreement(device: str) -> None:
             with torch.inference_mode():
                 lp_long = long_context_log_probs(m, [ids], 32768)
                 lp_short = short_context_log_probs(m, [ids], 32, 16, 32768, long_log_probs=lp_long)
-            ours = set(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), 2.0, -2.0).nonzero()[0].tolist())
+            ours = set(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy()).nonzero()[0].tolist())
             ref = set(reference_longppl(m, m, ids, 32, 16, 2.0, -2.0, vectorized=True, return_keys=True))
             ours_total, ref_total, common = ours_total + len(ours), ref_total + len(ref), common + len(ours & ref)
         print(
@@ -224,7 +224,13 @@ def cache_benchmark(args, device):
 
     def build(text, path):
         scores = score_with_evaluator(
-            evaluator, tokenizer, [text], K, d, budget, add_special_tokens=False, progress=False, per_document=True
+            evaluator,
+            tokenizer,
+            [text],
+            max_tokens_per_batch=budget,
+            settings=settings,
+            progress=False,
+            per_document=True,
         )
         KeyTokenCache(key_token_rows([text], scores, settings, identity)).save(path)
 

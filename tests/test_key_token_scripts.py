@@ -27,6 +27,7 @@ import longppl
 from longppl.fingerprints import ModelIdentity
 from longppl.key_token_cache import KeyTokenCache
 from longppl.scoring import EvaluatorScores
+from longppl.settings import KeyTokenRule
 from longppl.tools import compute_key_tokens, evaluate_models, visualize_key_tokens
 from longppl.tools.correlation import average_ranks, pearson, spearman
 
@@ -367,7 +368,7 @@ def test_pictures_from_the_cache(tools, files, cache, tmp_path):
     document = re.search(r'<div class="doc">(.*)</div>', page_text, re.S).group(1)
     assert "<b>" not in page_text and "Tom & Jerry" not in page_text
     assert html.unescape(re.sub(r'<span class="[^"]*"( [a-z-]+="[^"]*")*>|</span>', "", document)) == tricky
-    key = scores[0].key_mask(ALPHA, BETA)
+    key = scores[0].key_mask(KeyTokenRule(ALPHA, BETA))
     assert page_text.count('class="t key"') == int(key.sum()) > 0  # no two tokens of this text share a character
     first_key = int(np.flatnonzero(key)[0])
     lsd = scores[0].lp_long[first_key] - scores[0].lp_short[first_key]

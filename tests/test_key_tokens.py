@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from longppl.key_tokens import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
+from longppl.scoring import text_key_weights
+from longppl.settings import KeyTokenRule
 
 NAN = float("nan")
 
@@ -34,16 +36,16 @@ def test_hard_rule_matches_plain_loop(scores):
                 continue
             lsd = np.float32(lo) - np.float32(sh)
             expected.append(bool(lsd > alpha and (not use_lcl or lo > beta)))
-        got = key_token_mask(lp_long, lp_short, alpha, beta, use_lcl)
+        got = key_token_mask(lp_long, lp_short, KeyTokenRule(alpha, beta, use_lcl))
         assert got.tolist() == expected
-    strict = key_token_mask(lp_long, lp_short, 2.0, -2.0)
+    strict = key_token_mask(lp_long, lp_short, KeyTokenRule(2.0, -2.0))
     assert not strict[50] and not strict[51] and not strict[:40].any()
 
 
 def test_lsd_and_soft_weights(scores):
     lp_long, lp_short = scores
     lsd = long_short_difference(lp_long, lp_short)
-    weights = soft_weights(lp_long, lp_short, gamma=5.0)
+    weights = soft_weights(lp_long, lp_short, KeyTokenRule(soft=True, gamma=5.0))
     for i in range(len(lp_long)):
         if math.isnan(lp_short[i]) or math.isnan(lp_long[i]):
             assert math.isnan(lsd[i]) and weights[i] == 1.0
@@ -67,11 +69,21 @@ def test_key_char_spans():
     assert key_char_spans(offsets, mask).tolist() == [[2, 5], [6, 10]]
 
 
-def test_nan_thresholds_are_refused_not_silently_keyless(scores):
-    lp_long, lp_short = scores
+def test_bad_rules_are_refused_at_the_edges_not_silently_keyless():
+    """The rule is checked once, where it is built: ``KeyTokenRule`` and the public functions that take
+    its values one by one (``text_key_weights``); the inner functions take the checked rule."""
     with pytest.raises(ValueError, match="alpha must be a finite number, got nan"):
-        key_token_mask(lp_long, lp_short, alpha=NAN)
+        KeyTokenRule(alpha=NAN)
     with pytest.raises(ValueError, match="beta must be a finite number, got nan"):
-        key_token_mask(lp_long, lp_short, beta=NAN)
+        text_key_weights([], [], [], 2.0, NAN)
     with pytest.raises(ValueError, match="gamma must be > 0"):
-        soft_weights(lp_long, lp_short, gamma=0.0)
+        text_key_weights([], [], [], soft=True, gamma=0.0)
+    with pytest.raises(ValueError, match=r"gamma must be a finite number > 0 .* got inf"):
+        KeyTokenRule(soft=True, gamma=math.inf)
+
+
+def test_a_rule_and_its_values_together_are_refused():
+    with pytest.raises(ValueError, match=r"Got both a KeyTokenRule and alpha: pass the settings object alone"):
+        text_key_weights([], [], [], alpha=1.0, rule=KeyTokenRule())
+    with pytest.raises(ValueError, match=r"settings must be a KeyTokenRule, got \(2.0, -2.0\)"):
+        text_key_weights([], [], [], rule=(2.0, -2.0))

@@ -48,27 +48,25 @@ def run(metric, setup, **kwargs):
 
 
 def test_compute_keeps_its_keyword_interface(metric, tmp_path):
-    """``_compute``'s keywords are the metric's public interface (the metric card, ``_info``): the
-    checked request takes exactly them, every one is documented, and the defaults are the settings'."""
-    import inspect
+    """The metric's keywords are declared once (``options.LongPPLOptions``): every one is documented
+    in ``inputs_description``, and the defaults are the settings'."""
     import sys
+    from dataclasses import fields
+
+    from longppl.options import LongPPLOptions, option_names
 
     module = sys.modules[type(metric).__module__]
-    keywords = dict(inspect.signature(type(metric)._compute).parameters)
-    keywords.pop("self")
-    assert list(keywords) == list(inspect.signature(module._Request.from_kwargs).parameters)
-    for name in keywords:
-        documented = f"    {name} (`" in metric.inputs_description or f"`{name}`" in metric.inputs_description
-        assert documented, f"{name} is not documented"
-    defaults = {name: parameter.default for name, parameter in keywords.items()}
+    assert len(option_names()) == 31 and "predictions" not in option_names()
+    for name in ("predictions",) + option_names():
+        assert f"    {name} (" in metric.inputs_description, f"{name} is not documented"
+    defaults = {option.name: option.default for option in fields(LongPPLOptions)}
     window, rule = module.WindowSettings(), module.KeyTokenRule()
     # K and d default to None: the settings' defaults, or a key-token cache's own setting
     assert (defaults["trunc_len"], defaults["sliding_window"]) == (None, None)
     (tmp_path / "config.json").write_text("{}")  # a local model folder: checked, not loaded, and no Hub look-up
-    request = module._Request.from_kwargs(
-        **dict(defaults, predictions=["a text"], model_id=str(tmp_path), self_evaluation=True)
-    )
-    assert (request.window.trunc_len, request.window.sliding_window) == (window.trunc_len, window.sliding_window)
+    options = LongPPLOptions(model_id=str(tmp_path), self_evaluation=True)
+    request = module._Request.from_options(["a text"], options)
+    assert request.evaluator_settings.window == window and request.rule == rule
     assert [defaults[name] for name in ("alpha", "beta", "use_lcl", "soft", "gamma")] == [
         rule.alpha,
         rule.beta,
@@ -76,7 +74,12 @@ def test_compute_keeps_its_keyword_interface(metric, tmp_path):
         rule.soft,
         rule.gamma,
     ]
-    assert defaults["aggregation"] == module.DEFAULT_AGGREGATION == "official"
+    assert defaults["aggregation"] == longppl.settings.DEFAULT_AGGREGATION == "official"
+
+
+def test_an_unknown_keyword_is_named_with_the_valid_ones(metric, setup):
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) trunc_length; it takes predictions and model_id, "):
+        run(metric, setup, trunc_length=64)
 
 
 def test_load_from_checkout_and_from_installed_path(metric, tmp_path, monkeypatch):

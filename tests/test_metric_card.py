@@ -175,3 +175,23 @@ def card_code_blocks() -> list[str]:
     for block in blocks:
         assert block.startswith(">>> "), f"a ```python block of the card is not a doctest:\n{block}"
     return blocks
+
+
+def test_inputs_table_is_the_options_dataclass():
+    """The card's inputs table lists the fields of ``LongPPLOptions`` with their types, defaults and
+    help, as ``options_table`` renders them: a field added, renamed or re-defaulted without the card fails."""
+    from dataclasses import fields
+
+    from longppl.options import LongPPLOptions, options_table
+
+    _, body = card_parts()
+    section = body[body.index("### Inputs") : body.index("### Output Values")]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert table == options_table()
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in table.splitlines()[2:]}
+    assert list(rows) == ["`predictions`"] + [f"`{option.name}`" for option in fields(LongPPLOptions)]
+    # defaults as the settings give them, not retyped
+    from longppl import settings
+
+    assert rows["`alpha`"] == f"`{settings.DEFAULT_ALPHA}`" and rows["`gamma`"] == f"`{settings.DEFAULT_GAMMA}`"
+    assert rows["`trunc_len`"] == f"`{settings.DEFAULT_TRUNC_LEN}`" and rows["`aggregation`"] == '`"official"`'

@@ -17,6 +17,7 @@ from reference import evaluator_scores, full_log_probs
 
 from longppl import compute_longppl
 from longppl.scoring import score_with_evaluator
+from longppl.settings import KeyTokenRule
 
 K, D = 40, 16
 
@@ -36,7 +37,7 @@ def test_the_first_window_reuses_the_long_pass(evaluator):
     first = slice(K, K + D)  # the tokens scored by the window s = 0
     assert np.array_equal(scores.lp_short[first], scores.lp_long[first])  # bit for bit: LSD == 0
     lsd = scores.lp_long - scores.lp_short
-    assert not scores.key_mask(alpha=0.0, beta=-1e9)[first].any()  # LSD > 0 is never true there
+    assert not scores.key_mask(KeyTokenRule(alpha=0.0, beta=-1e9))[first].any()  # LSD > 0 is never true there
     # later windows are real short contexts: their LSDs are not all zero
     assert np.any(lsd[K + D :] != 0)
     # The official way (one forward per window, the first one too) agrees up to float noise only.

@@ -12,6 +12,7 @@ from longppl.batching import long_context_log_probs
 from longppl.compilation import compiled_blocks, repeated_blocks
 from longppl.progress import Progress
 from longppl.scoring import score_with_evaluator, score_with_model
+from longppl.settings import WindowSettings
 from longppl.windows import window_bounds
 
 K, D, BUDGET = 47, 13, 256
@@ -45,7 +46,9 @@ def test_progress_leaves_scores_bit_identical_and_reports_layers_chunks_and_wind
     assert layers == [(1, 3), (2, 3), (3, 3)]  # the longest text's pass alone: its 3 decoder layers
     head = [(done, total) for desc, done, total in events if desc == "LongPPL evaluator: long context: LM head"]
     assert head[-1][0] == head[-1][1] >= 1
-    n_windows = sum(len(window_bounds(n, K, D)) - 1 for n in n_tokens)  # the first comes from the long pass
+    n_windows = sum(
+        len(window_bounds(n, WindowSettings(K, D))) - 1 for n in n_tokens
+    )  # the first comes from the long pass
     window_desc = f"LongPPL evaluator: short windows (K={K}): windows"
     windows = [(done, total) for desc, done, total in events if desc == window_desc]
     assert windows == [(i, n_windows) for i in range(1, n_windows + 1)]

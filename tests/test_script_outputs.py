@@ -16,6 +16,7 @@ import pytest
 
 from longppl.key_token_html import MAX_OPACITY, key_token_html
 from longppl.scoring import EvaluatorScores
+from longppl.settings import KeyTokenRule
 from longppl.tools.correlation import least_squares_line, pearson
 from longppl.tools.figures import correlation_figure, correlation_scatter, short_model_names
 from longppl.tools.reports import explain_missing_key_tokens
@@ -236,7 +237,7 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
         assert value == pytest.approx(MAX_OPACITY * min(max(lsd / cap, 0.0), 1.0), abs=1e-3)
     ordered = [value for _, value, _ in sorted(shown)]
     assert ordered == sorted(ordered) and ordered[0] == 0 and ordered[-1] == pytest.approx(MAX_OPACITY)
-    key = scores.key_mask(alpha, beta)
+    key = scores.key_mask(KeyTokenRule(alpha, beta))
     assert [css == "t key" for _, _, css in shown] == list(key[k:])
     assert 0 < key.sum() < n - k
     lsd_k = lp_long[k] - lp_short[k]
@@ -260,7 +261,7 @@ def test_html_of_a_text_within_the_first_k_tokens_has_no_marker():
 
 def test_explain_missing_key_tokens_names_the_cause():
     short = EvaluatorScores(np.arange(3), np.zeros((3, 2)), np.array([NAN, -1.0, -2.0]), np.array([NAN, NAN, NAN]))
-    assert explain_missing_key_tokens([short, short], 2.0, -2.0, True, 4096) == (
+    assert explain_missing_key_tokens([short, short], KeyTokenRule(2.0, -2.0, True), 4096) == (
         "none of the 2 texts is longer than K=4096 evaluator tokens, so no token has a short-context score "
         "(LSD) to be a key token. Use longer texts, or score the cache with a smaller --trunc-len "
         "(longppl-score)."
@@ -268,7 +269,7 @@ def test_explain_missing_key_tokens_names_the_cause():
     scored = EvaluatorScores(
         np.arange(4), np.zeros((4, 2)), np.array([NAN, -1.0, -3.0, -0.5]), np.array([NAN, NAN, -6.5, -1.25])
     )
-    message = explain_missing_key_tokens([short, scored], 2.0, -2.0, True, 2)
+    message = explain_missing_key_tokens([short, scored], KeyTokenRule(2.0, -2.0, True), 2)
     assert message.startswith(
         "none of the 2 evaluator tokens with a short-context score meets the key-token rule LSD > 2 and "
         "LCL > -2 (largest LSD 3.50; 1 tokens have LSD > 2): alpha/beta are too strict"
@@ -276,8 +277,8 @@ def test_explain_missing_key_tokens_names_the_cause():
     assert message.endswith(
         "Try a lower --alpha or --beta, or --no-lcl; longppl-visualize --histogram shows the LSD distribution."
     )
-    assert "Try a lower --alpha;" in explain_missing_key_tokens([scored], 4.0, -2.0, False, 2)
-    assert explain_missing_key_tokens([scored], 2.0, -4.0, True, 2).startswith(
+    assert "Try a lower --alpha;" in explain_missing_key_tokens([scored], KeyTokenRule(4.0, -2.0, False), 2)
+    assert explain_missing_key_tokens([scored], KeyTokenRule(2.0, -4.0, True), 2).startswith(
         "the evaluator has 1 key tokens, but no token of the evaluated model lies within their character spans"
     )
 

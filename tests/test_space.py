@@ -122,6 +122,12 @@ def test_blocks_build_without_loading_models(app, monkeypatch):
     defaults = {block.label: block.value for block in handler.inputs}
     assert (defaults["K (short-context length)"], defaults["d (sliding window)"]) == (4096, 1024)
     assert (defaults["alpha (LSD threshold)"], defaults["beta (LCL threshold)"]) == (2.0, -2.0)
+    # the metric's declared defaults (options.LongPPLOptions), the card's and the metric's alike
+    from longppl.options import default_of
+
+    ui_names = {"trunc_len": "K (short-context length)", "sliding_window": "d (sliding window)"}
+    ui_names.update(alpha="alpha (LSD threshold)", beta="beta (LCL threshold)")
+    assert {name: defaults[label] for name, label in ui_names.items()} == {name: default_of(name) for name in ui_names}
 
 
 def test_the_ui_offers_only_the_allowed_models(app):

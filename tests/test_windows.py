@@ -8,6 +8,7 @@ import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
 from longppl.batching import long_context_log_probs, pack_by_token_budget
+from longppl.settings import WindowSettings
 from longppl.windows import short_context_log_probs, window_bounds
 
 
@@ -63,11 +64,11 @@ def documents(tokenizer, lengths):
 
 def test_window_bounds_follow_the_official_scheme():
     # n=23, K=5, d=4: starts 0,4,8,12,16 (16+5 < 23), last window clipped to n.
-    assert window_bounds(23, 5, 4) == [(0, 9), (4, 13), (8, 17), (12, 21), (16, 23)]
-    assert window_bounds(5, 5, 4) == []  # no token has K tokens before it
-    assert window_bounds(6, 5, 4) == [(0, 6)]
+    assert window_bounds(23, WindowSettings(5, 4)) == [(0, 9), (4, 13), (8, 17), (12, 21), (16, 23)]
+    assert window_bounds(5, WindowSettings(5, 4)) == []  # no token has K tokens before it
+    assert window_bounds(6, WindowSettings(5, 4)) == [(0, 6)]
     for n, K, d in [(100, 7, 3), (57, 10, 10), (41, 1, 1)]:
-        covered = [i for s, e in window_bounds(n, K, d) for i in range(s + K, e)]
+        covered = [i for s, e in window_bounds(n, WindowSettings(K, d)) for i in range(s + K, e)]
         assert covered == list(range(K, n))  # every token i >= K scored exactly once
 
 
@@ -114,7 +115,7 @@ def test_first_window_reuses_the_long_pass(tokenizers):
         without = short_context_log_probs(model, docs, K, d, K + d)
         plain_calls = len(calls)
     handle.remove()
-    windows = [window_bounds(len(doc), K, d) for doc in docs]
+    windows = [window_bounds(len(doc), WindowSettings(K, d)) for doc in docs]
     assert plain_calls == sum(len(w) for w in windows)  # budget K+d: one window per forward
     assert reused_calls == plain_calls - len(docs)
     for a, b in zip(with_reuse, without):
@@ -159,7 +160,22 @@ def test_bad_window_settings_are_named_not_raw_errors():
     with pytest.raises(ValueError, match="trunc_len must be an integer >= 1, got -5"):
         short_context_log_probs(model, [ids], -5, 8, 1000)
     with pytest.raises(ValueError, match="sliding_window must be an integer >= 1, got 0"):
-        window_bounds(60, 16, 0)
+        short_context_log_probs(model, [ids], 16, 0, 1000)
+    with pytest.raises(ValueError, match="sliding_window must be an integer >= 1, got 0"):
+        WindowSettings(16, 0)
+    with pytest.raises(ValueError, match="Got both a WindowSettings and trunc_len: pass the settings object alone"):
+        short_context_log_probs(model, [ids], 16, max_tokens_per_batch=1000, window=WindowSettings(16, 8))
+
+
+def test_a_window_object_gives_what_its_numbers_give(tokenizers):
+    tok = tokenizers["nobos"]
+    model = tiny_model("llama", len(tok))
+    docs = [torch.tensor(x) for x in documents(tok, [120, 75])]
+    with torch.no_grad():
+        by_numbers = short_context_log_probs(model, docs, 30, 7, 500)
+        by_object = short_context_log_probs(model, docs, max_tokens_per_batch=500, window=WindowSettings(30, 7))
+    for a, b in zip(by_numbers, by_object):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
 
 
 def test_equal_length_packing_shares_passes_across_documents_and_matches_each_alone(tokenizers):

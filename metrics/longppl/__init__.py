@@ -32,10 +32,10 @@ from . import register as _register
 # `import longppl` and its light submodules (register, key_tokens, ...) do not import torch: a
 # script's `--help` answers at once.
 _EXPORTS = {
-    "key_token_cache": ("KeyTokenCache", "KeyTokenSettings", "open_cache"),
+    "key_token_cache": ("KeyTokenCache", "open_cache"),
     "logprobs": ("token_log_probs",),
     "official": ("compute_longppl", "find_key_token", "load_key_token"),
-    "settings": ("KeyTokenRule", "WindowSettings"),
+    "settings": ("KeyTokenRule", "KeyTokenSettings", "WindowSettings"),
     "scoring": (
         "document_results",
         "score_with_evaluator",

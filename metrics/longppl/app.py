@@ -82,6 +82,7 @@ def _sibling(name: str):
 
 
 _settings = _sibling("settings")
+_options = _sibling("options")
 _views = _sibling("key_token_html")
 
 #: A line holding only this separates documents in the texts box.
@@ -578,16 +579,16 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
         with gr.Row():
             trunc_len = gr.Number(
                 label="K (short-context length)",
-                value=min(_settings.DEFAULT_TRUNC_LEN, settings.max_trunc_len),
+                value=min(_options.default_of("trunc_len"), settings.max_trunc_len),
                 precision=0,
                 minimum=1,
                 maximum=settings.max_trunc_len,
             )
             sliding_window = gr.Number(
-                label="d (sliding window)", value=_settings.DEFAULT_SLIDING_WINDOW, precision=0, minimum=1
+                label="d (sliding window)", value=_options.default_of("sliding_window"), precision=0, minimum=1
             )
-            alpha = gr.Number(label="alpha (LSD threshold)", value=_settings.DEFAULT_ALPHA)
-            beta = gr.Number(label="beta (LCL threshold)", value=_settings.DEFAULT_BETA)
+            alpha = gr.Number(label="alpha (LSD threshold)", value=_options.default_of("alpha"))
+            beta = gr.Number(label="beta (LCL threshold)", value=_options.default_of("beta"))
         examples, titles = load_examples()
         gr.Examples(
             examples,

@@ -83,7 +83,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import datasets
@@ -99,7 +99,7 @@ from .atomic_files import (
     write_file_atomically,
 )
 from .fingerprints import ModelIdentity, file_sha256, text_fingerprint
-from .settings import DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN, WindowSettings
+from .settings import KeyTokenSettings
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
     from .scoring import EvaluatorScores
@@ -363,22 +363,6 @@ def write_failed(path: str, err: OSError, dataset: datasets.Dataset) -> ValueErr
         f"about {size} beside the cache while the new copy is written. The previous cache (if "
         "any) is unchanged and nothing was left behind: free space or choose another folder, then run again."
     )
-
-
-@dataclass(frozen=True)
-class KeyTokenSettings:
-    """The evaluator settings a cached row was computed with (all part of the row's key)."""
-
-    trunc_len: int = DEFAULT_TRUNC_LEN
-    sliding_window: int = DEFAULT_SLIDING_WINDOW
-    add_special_tokens: bool = True
-    window_bos: bool = False
-
-    def __post_init__(self):
-        WindowSettings(self.trunc_len, self.sliding_window)  # the shared validation of K and d
-
-    def describe(self) -> str:
-        return ", ".join(f"{name}={value}" for name, value in asdict(self).items())
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .key_tokens import key_token_mask, long_short_difference
+from .settings import KeyTokenRule
 
 if TYPE_CHECKING:  # only for the annotations: scoring imports torch
     from .scoring import EvaluatorScores
@@ -128,7 +129,7 @@ def key_token_document(
     lsd_cap = check_lsd_cap(lsd_cap, alpha)
     offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
     lsd = long_short_difference(scores.lp_long, scores.lp_short)
-    key = key_token_mask(scores.lp_long, scores.lp_short, alpha, beta, use_lcl)
+    key = key_token_mask(scores.lp_long, scores.lp_short, KeyTokenRule(alpha, beta, use_lcl))
     n_scored = int((~np.isnan(lsd)).sum())
     # Pieces: [start, end, key, tooltip lines, largest LSD of its tokens (NaN: none has one)].
     pieces: list[list] = []

@@ -16,42 +16,34 @@ import numpy as np
 
 from .settings import KeyTokenRule
 
-# The defaults of the functions below are the rule's own (settings holds them, once).
-_DEFAULTS = KeyTokenRule()
-
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:
     """``[n]`` LSD, NaN where either log-prob is missing."""
     return np.asarray(lp_long, dtype=np.float32) - np.asarray(lp_short, dtype=np.float32)
 
 
-def key_token_mask(
-    lp_long: np.ndarray,
-    lp_short: np.ndarray,
-    alpha: float = _DEFAULTS.alpha,
-    beta: float = _DEFAULTS.beta,
-    use_lcl: bool = True,
-) -> np.ndarray:
-    """``[n]`` bool: ``LSD > alpha`` and (if ``use_lcl``) ``LCL > beta``."""
-    return key_rule_mask(long_short_difference(lp_long, lp_short), lp_long, alpha, beta, use_lcl)
+def key_token_mask(lp_long: np.ndarray, lp_short: np.ndarray, rule: KeyTokenRule = KeyTokenRule()) -> np.ndarray:
+    """``[n]`` bool: ``LSD > rule.alpha`` and (if ``rule.use_lcl``) ``LCL > rule.beta``."""
+    return key_rule_mask(long_short_difference(lp_long, lp_short), lp_long, rule)
 
 
-def key_rule_mask(
-    lsd: np.ndarray, lcl: np.ndarray, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA, use_lcl: bool = True
-) -> np.ndarray:
-    """The hard rule on given LSD and LCL arrays (any shape, the same): ``lsd > alpha`` and (if
-    ``use_lcl``) ``lcl > beta``, strict; NaN is never key."""
-    KeyTokenRule(alpha, beta, use_lcl)  # a NaN threshold would silently make no token key
+def key_rule_mask(lsd: np.ndarray, lcl: np.ndarray, rule: KeyTokenRule = KeyTokenRule()) -> np.ndarray:
+    """The hard rule on given LSD and LCL arrays (any shape, the same): ``lsd > rule.alpha`` and (if
+    ``rule.use_lcl``) ``lcl > rule.beta``, strict; NaN is never key.
+
+    ``rule`` was checked when it was built (a NaN threshold, which would silently make no token key,
+    never gets this far).
+    """
     with np.errstate(invalid="ignore"):
-        mask = np.asarray(lsd, dtype=np.float32) > alpha
-        if use_lcl:
-            mask &= np.asarray(lcl, dtype=np.float32) > beta
+        mask = np.asarray(lsd, dtype=np.float32) > rule.alpha
+        if rule.use_lcl:
+            mask &= np.asarray(lcl, dtype=np.float32) > rule.beta
     return mask
 
 
-def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, gamma: float = _DEFAULTS.gamma) -> np.ndarray:
-    """``[n]`` float32 ``min(exp(LSD), gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
-    KeyTokenRule(soft=True, gamma=gamma)
+def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, rule: KeyTokenRule = KeyTokenRule(soft=True)) -> np.ndarray:
+    """``[n]`` float32 ``min(exp(LSD), rule.gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
+    gamma = rule.gamma
     lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(over="ignore", invalid="ignore"):
         weights = np.minimum(np.exp(lsd), np.float32(gamma))

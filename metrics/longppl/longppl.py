@@ -35,6 +35,7 @@ from .loading import (
 )
 from .logprobs import resolve_lm_head
 from .official import compute_longppl, find_key_token, load_key_token
+from .options import LongPPLOptions, options_description
 from .progress import Progress, ProgressCallback
 from .scoring import (
     EvaluatorScores,
@@ -49,17 +50,12 @@ from .scoring import (
 )
 from .settings import (
     AGGREGATIONS,
-    DEFAULT_AGGREGATION,
-    DEFAULT_ALPHA,
-    DEFAULT_BETA,
-    DEFAULT_GAMMA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
-    DEFAULT_SLIDING_WINDOW,
-    DEFAULT_TRUNC_LEN,
     KeyTokenRule,
     WindowSettings,
     require_bool,
     require_int,
+    settings_object,
 )
 from .sources import check_model_source
 from .windows import window_bounds
@@ -92,87 +88,14 @@ LongBench in the paper). Use a strong long-context model (e.g. Llama-3.1-8B) as 
 evaluating itself gives uninformative values (paper, Appendix B.2).
 """
 
-_KWARGS_DESCRIPTION = """
+_KWARGS_DESCRIPTION = (
+    """
 Computes LongPPL and PPL of a causal LM on long texts.
 
 Args:
-    predictions (`list` of `str`): the texts to score (long documents; each needs more than
-        `trunc_len` evaluator tokens to have key tokens). A bare string is refused (it would be
-        scored character by character): pass one text as `[text]`.
-    model_id (`str`): Hub id or local path of the evaluated causal LM. Or pass `model` and
-        `tokenizer` objects (a PEFT-wrapped model works too). Checked before anything is loaded: a
-        path must exist, and while offline (`HF_HUB_OFFLINE=1`) a Hub id must be in the local cache.
-    evaluator_model_id (`str`): Hub id or local path of the evaluator. Or pass `evaluator_model`
-        and `evaluator_tokenizer`. Required unless `self_evaluation=True` or `key_tokens` holds
-        every text.
-    key_tokens (`str` or `datasets.Dataset`, optional): a key-token cache (directory written by
-        `scripts/compute_key_tokens.py` or by this argument, or a `Dataset` of it, e.g. from the
-        Hub). Texts found in it, for the same evaluator and `trunc_len`, `sliding_window`,
-        `evaluator_add_special_tokens`, `window_bos`, are not scored again: when all are found the
-        evaluator is neither loaded nor run, and alpha, beta, soft and gamma may differ from the
-        run that built it. Missing texts are scored by the evaluator and added (a directory is
-        created or updated atomically; a `Dataset` is only updated in memory); without an
-        evaluator they are an error that lists them.
-    self_evaluation (`bool`, default False): use the evaluated model as its own evaluator (the
-        paper's ablation; uninformative as a benchmark).
-    alpha (`float`, default 2.0): LSD threshold; key iff LSD > alpha.
-    beta (`float`, default -2.0): LCL threshold; key iff LCL > beta.
-    use_lcl (`bool`, default True): False drops the LCL condition (paper ablation).
-    soft (`bool`, default False): weight every token by min(exp(LSD), gamma) instead of the hard
-        rule (paper Table 2); `n_key_tokens` then holds the total weight.
-    gamma (`float`, default 5.0): cap of the soft weights.
-    trunc_len (`int`, default 4096): K, the short-context length. With `key_tokens` and K or d not
-        passed, a cache whose rows hold one setting gives its own (see `settings` in the output).
-    sliding_window (`int`, default 1024): d, how many tokens share one short context.
-    max_length (`int`, optional): keep only the first `max_length` *evaluator* tokens of each text
-        (special tokens not counted), as `scripts/compute_key_tokens.py --max-length` does. Counted
-        in evaluator tokens because K, d and the key tokens are, and because the cut text is then
-        the same whatever model is evaluated: models with different tokenizers are compared on the
-        same text, and a key-token cache built with `--max-length N` serves `max_length=N`. It
-        needs the evaluator's tokenizer: with `key_tokens` and no evaluator, pass
-        `evaluator_model_id` too (the evaluator itself is loaded only for texts the cache lacks).
-        The official script cuts by the evaluated model's tokens instead; to reproduce it exactly,
-        cut the texts yourself.
-    max_tokens_per_batch (`int`, default 32768): token budget of one forward pass; short windows
-        and short documents are packed up to it. Results do not depend on it.
-    batch_size (`int`, optional): the name `evaluate`'s `perplexity` metric uses (texts per forward
-        pass). Forward passes are packed by tokens here, so it sets the token budget to
-        `max_tokens_per_batch = batch_size * (trunc_len + sliding_window)`: `batch_size` full short
-        windows per pass. Pass it or `max_tokens_per_batch`, not both.
-    device (`str`, optional): where models given by id are loaded: "cuda", "cuda:1", "cpu", "mps",
-        "auto" (shard over GPUs). Default: a GPU if available. A device that is not one, or that is
-        not available here, is refused. Model objects stay where they are.
-    torch_dtype (`str` or `torch.dtype`, optional): dtype of models given by id; default bfloat16
-        on GPU, float32 on CPU.
-    dtype (`str` or `torch.dtype`, optional): transformers 5's name of `torch_dtype`; pass either
-        (both, with different values, is an error).
-    aggregation (`str`, default "official"): "official" = key-token-weighted mean of per-text
-        LongPPLs (token-weighted for PPL), as the official evaluation script; "pooled" =
-        exp(total NLL / total count) over all texts.
-    add_special_tokens (`bool`, default False): tokenize for the evaluated model with its special
-        tokens (the official code does not).
-    add_start_token (`bool`, optional): `evaluate`'s `perplexity` name: True puts the evaluated
-        model's BOS token (`tokenizer.bos_token_id`) before each text, tokenized without special
-        tokens, exactly as the `perplexity` metric does, so that the first token of the text is
-        scored too; this works for tokenizers that have a BOS but do not add it (GPT-2, Qwen).
-        Note the defaults differ: the `perplexity` metric adds it, LongPPL (like the official code)
-        does not. Not together with `add_special_tokens=True`.
-    evaluator_add_special_tokens (`bool`, default True): tokenize for the evaluator with its special
-        tokens (official behaviour).
-    window_bos (`bool`, default False): opt-in: put the evaluator's BOS at the head of every short
-        window (the official code does not).
-    torch_compile (`bool`, default False): compile the models' transformer blocks while scoring
-        (10-20% faster on GPU after a one-off compilation of 10-20 s; worth it for corpora).
-    progress (`bool`, default True): show progress bars (per text; inside a text of more than
-        32768 tokens also per batch of short windows, per decoder layer and per LM-head chunk).
-    progress_callback (`callable`, optional): called as `progress_callback(desc, done, total)`
-        after every step of scoring (texts, batches of windows, decoder layers, LM-head chunks),
-        whether bars are shown or not. An exception it raises stops scoring and propagates out
-        of `compute` (e.g. to enforce a time limit).
-    return_key_spans (`bool`, default False): also return `key_spans`, to see which tokens are key
-        (hard rule only).
-    return_evaluator_scores (`bool`, default False): also return `evaluator_scores`, the
-        evaluator's view of each text, to show its LSD and LCL token by token (the Space does).
+"""
+    + options_description()
+    + """
 
 Returns:
     longppl (`float`): corpus LongPPL (NaN if no text has key tokens).
@@ -205,6 +128,7 @@ Examples:
     >>> sorted(results)  # doctest: +SKIP
     ['longppl', 'longppls', 'mean_perplexity', 'n_key_tokens', 'n_tokens', 'perplexities', 'ppl', 'settings']
 """
+)
 
 
 def check_predictions(predictions, allow_empty: bool = False) -> None:
@@ -301,9 +225,34 @@ class _ModelSource:
         return self.model is not None or self.model_id is not None
 
 
+def _model_sources(o: LongPPLOptions) -> tuple[_ModelSource, _ModelSource]:
+    """The evaluated model's and the evaluator's sources, checked: which of them are given, and how
+    (an object with its tokenizer, or an id that must exist); ``ValueError`` saying what to pass."""
+    model = _ModelSource.checked(o.model, o.tokenizer, o.model_id, "model")
+    if not model.given:
+        raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
+    evaluator_given = o.evaluator_model is not None or o.evaluator_model_id is not None
+    if o.self_evaluation and evaluator_given:
+        raise ValueError("self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too.")
+    if not o.self_evaluation and not evaluator_given and o.key_tokens is None:
+        raise ValueError(
+            "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
+            "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
+            "evaluator_tokenizer. A model that evaluates itself gives uninformative LongPPL "
+            "(paper, Appendix B.2: all models score about the same); to run that ablation anyway, "
+            "pass self_evaluation=True."
+        )
+    evaluator = _ModelSource.checked(o.evaluator_model, o.evaluator_tokenizer, o.evaluator_model_id, "evaluator_model")
+    if model.model_id is not None:
+        check_model_source(model.model_id, "model_id")
+    if evaluator.model_id is not None:
+        check_model_source(evaluator.model_id, "evaluator_model_id")
+    return model, evaluator
+
+
 @dataclass(frozen=True, eq=False)
 class _Request:
-    """The metric's keyword arguments, checked and normalised by :meth:`from_kwargs`.
+    """The metric's keyword arguments, checked and normalised by :meth:`from_options`.
 
     Every argument is checked before any model is loaded or run, so a bad value fails at once with
     the message of ``settings`` (shared with the drop-in and the scripts), not after a long pass.
@@ -314,15 +263,13 @@ class _Request:
     evaluator: _ModelSource  # empty under self_evaluation, or when only key_tokens is given
     self_evaluation: bool
     key_tokens: str | datasets.Dataset | None
-    window: WindowSettings
+    evaluator_settings: KeyTokenSettings  # K, d and the evaluator's tokenization: what its scores depend on
     window_given: tuple[str, ...]  # which of trunc_len, sliding_window the caller passed
     rule: KeyTokenRule
     max_length: int | None  # in evaluator tokens
     max_tokens_per_batch: int
     add_special_tokens: bool  # for the evaluated model
     start_token: bool  # add_start_token=True: the evaluated model's BOS id before each text
-    evaluator_add_special_tokens: bool
-    window_bos: bool
     device: str | None
     torch_dtype: object  # a str, a torch.dtype or None (merged from torch_dtype and dtype)
     aggregation: str
@@ -333,105 +280,52 @@ class _Request:
     progress_callback: ProgressCallback | None
 
     @classmethod
-    def from_kwargs(
-        cls,
-        *,
-        predictions,
-        model_id,
-        evaluator_model_id,
-        model,
-        tokenizer,
-        evaluator_model,
-        evaluator_tokenizer,
-        self_evaluation,
-        alpha,
-        beta,
-        use_lcl,
-        soft,
-        gamma,
-        trunc_len,
-        sliding_window,
-        max_length,
-        max_tokens_per_batch,
-        device,
-        torch_dtype,
-        aggregation,
-        add_special_tokens,
-        evaluator_add_special_tokens,
-        window_bos,
-        progress,
-        torch_compile,
-        return_key_spans,
-        return_evaluator_scores,
-        key_tokens,
-        batch_size,
-        add_start_token,
-        dtype,
-        progress_callback,
-    ) -> _Request:
-        """The request of ``LongPPL._compute``'s arguments (its defaults already applied).
+    def from_options(cls, predictions, options: LongPPLOptions) -> _Request:
+        """The request of ``predictions`` and the metric's other arguments (``options``), checked.
 
         Raises:
             ValueError: an argument is invalid, or the arguments do not go together (the message
                 says which and what to pass instead).
         """
+        o = options
         # The settings first, then the models: the order in which errors are reported.
         check_predictions(predictions)
         # K and d left unset: the defaults, unless a key-token cache holds one setting of its own
         # (``_Request.with_window_of``).
-        window_given = tuple(
-            name for name, value in (("trunc_len", trunc_len), ("sliding_window", sliding_window)) if value is not None
+        window_given = tuple(name for name in ("trunc_len", "sliding_window") if getattr(o, name) is not None)
+        # Under the metric's name first: KeyTokenSettings calls it add_special_tokens.
+        require_bool("evaluator_add_special_tokens", o.evaluator_add_special_tokens)
+        evaluator_settings = settings_object(
+            KeyTokenSettings,
+            None,
+            trunc_len=o.trunc_len,
+            sliding_window=o.sliding_window,
+            add_special_tokens=o.evaluator_add_special_tokens,
+            window_bos=o.window_bos,
         )
-        window = WindowSettings(
-            DEFAULT_TRUNC_LEN if trunc_len is None else trunc_len,
-            DEFAULT_SLIDING_WINDOW if sliding_window is None else sliding_window,
-        )
-        rule = KeyTokenRule(alpha, beta, use_lcl, soft, gamma)
+        rule = KeyTokenRule(o.alpha, o.beta, o.use_lcl, o.soft, o.gamma)
         max_tokens_per_batch, add_special_tokens, start_token = _resolve_perplexity_names(
-            max_tokens_per_batch, batch_size, window, add_special_tokens, add_start_token
+            o.max_tokens_per_batch, o.batch_size, evaluator_settings, o.add_special_tokens, o.add_start_token
         )
-        torch_dtype = merge_dtype_arguments(torch_dtype, dtype)
-        device = check_device(device)
-        evaluator_add_special_tokens = require_bool("evaluator_add_special_tokens", evaluator_add_special_tokens)
-        window_bos = require_bool("window_bos", window_bos)
-        if max_length is not None:
-            max_length = require_int("max_length", max_length, minimum=2)
-        if progress_callback is not None and not callable(progress_callback):
+        torch_dtype = merge_dtype_arguments(o.torch_dtype, o.dtype)
+        device = check_device(o.device)
+        max_length = None if o.max_length is None else require_int("max_length", o.max_length, minimum=2)
+        if o.progress_callback is not None and not callable(o.progress_callback):
             raise ValueError(
-                f"progress_callback must be a function callback(desc, done, total), got {progress_callback!r}."
+                f"progress_callback must be a function callback(desc, done, total), got {o.progress_callback!r}."
             )
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be 'official' or 'pooled', got {aggregation!r}.")
-        if return_key_spans and rule.soft:
+        if o.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be 'official' or 'pooled', got {o.aggregation!r}.")
+        if o.return_key_spans and rule.soft:
             raise ValueError(
                 "return_key_spans=True lists the key tokens of the hard rule, but soft=True weights every "
                 "token instead; pass soft=False to get key spans."
             )
 
-        model = _ModelSource.checked(model, tokenizer, model_id, "model")
-        if not model.given:
-            raise ValueError("No model to evaluate: pass model_id (Hub id or path) or model and tokenizer.")
-        evaluator_given = evaluator_model is not None or evaluator_model_id is not None
-        if self_evaluation and evaluator_given:
-            raise ValueError(
-                "self_evaluation=True uses the evaluated model as evaluator; do not pass an evaluator too."
-            )
-        if not self_evaluation and not evaluator_given and key_tokens is None:
-            raise ValueError(
-                "No evaluator given. LongPPL needs a strong long-context evaluator model to pick key tokens: "
-                "pass evaluator_model_id (e.g. 'meta-llama/Llama-3.1-8B') or evaluator_model and "
-                "evaluator_tokenizer. A model that evaluates itself gives uninformative LongPPL "
-                "(paper, Appendix B.2: all models score about the same); to run that ablation anyway, "
-                "pass self_evaluation=True."
-            )
-        evaluator = _ModelSource.checked(evaluator_model, evaluator_tokenizer, evaluator_model_id, "evaluator_model")
-        if model.model_id is not None:
-            check_model_source(model.model_id, "model_id")
-        if evaluator.model_id is not None:
-            check_model_source(evaluator.model_id, "evaluator_model_id")
+        model, evaluator = _model_sources(o)
         if (
             max_length is not None
-            and not self_evaluation
+            and not o.self_evaluation
             and evaluator.tokenizer is None
             and evaluator.model_id is None
         ):
@@ -440,31 +334,29 @@ class _Request:
                 "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
                 "cut the texts yourself and leave max_length unset."
             )
-        if isinstance(key_tokens, (str, os.PathLike)):  # before any model is loaded or text scored
-            cache_directory(key_tokens, "key_tokens", create=evaluator_given)
+        if isinstance(o.key_tokens, (str, os.PathLike)):  # before any model is loaded or text scored
+            cache_directory(o.key_tokens, "key_tokens", create=evaluator.given)
         return cls(
             predictions=predictions,
             model=model,
             evaluator=evaluator,
-            self_evaluation=bool(self_evaluation),
-            key_tokens=key_tokens,
-            window=window,
+            self_evaluation=bool(o.self_evaluation),
+            key_tokens=o.key_tokens,
+            evaluator_settings=evaluator_settings,
             window_given=window_given,
             rule=rule,
             max_length=max_length,
             max_tokens_per_batch=max_tokens_per_batch,
             add_special_tokens=add_special_tokens,
             start_token=start_token,
-            evaluator_add_special_tokens=evaluator_add_special_tokens,
-            window_bos=window_bos,
             device=device,
             torch_dtype=torch_dtype,
-            aggregation=aggregation,
-            return_key_spans=bool(return_key_spans),
-            return_evaluator_scores=bool(return_evaluator_scores),
-            progress=progress,
-            torch_compile=torch_compile,
-            progress_callback=progress_callback,
+            aggregation=o.aggregation,
+            return_key_spans=bool(o.return_key_spans),
+            return_evaluator_scores=bool(o.return_evaluator_scores),
+            progress=o.progress,
+            torch_compile=o.torch_compile,
+            progress_callback=o.progress_callback,
         )
 
     def with_window_of(self, cache: KeyTokenCache) -> "_Request":
@@ -473,8 +365,9 @@ class _Request:
         one setting; ``ValueError`` listing them when they hold several."""
         if len(self.window_given) == 2:
             return self
-        wanted = dict(add_special_tokens=self.evaluator_add_special_tokens, window_bos=self.window_bos)
-        wanted.update({name: getattr(self.window, name) for name in self.window_given})
+        settings = self.evaluator_settings
+        wanted = dict(add_special_tokens=settings.add_special_tokens, window_bos=settings.window_bos)
+        wanted.update({name: getattr(settings, name) for name in self.window_given})
         windows = sorted(
             {
                 (c["trunc_len"], c["sliding_window"])
@@ -490,14 +383,8 @@ class _Request:
             )
         if not windows:  # none to take: the defaults (missing rows are scored, or listed in an error)
             return self
-        return replace(self, window=WindowSettings(*windows[0]), window_given=("trunc_len", "sliding_window"))
-
-    @property
-    def cache_settings(self) -> KeyTokenSettings:
-        """The evaluator settings that key a cached row (and that a live run uses alike)."""
-        return KeyTokenSettings(
-            self.window.trunc_len, self.window.sliding_window, self.evaluator_add_special_tokens, self.window_bos
-        )
+        adopted = replace(settings, trunc_len=windows[0][0], sliding_window=windows[0][1])
+        return replace(self, evaluator_settings=adopted, window_given=("trunc_len", "sliding_window"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -552,10 +439,7 @@ def _run_evaluator(model, tokenizer, texts, request: _Request, *, per_document: 
         model,
         tokenizer,
         texts,
-        request.window.trunc_len,
-        request.window.sliding_window,
-        add_special_tokens=request.evaluator_add_special_tokens,
-        window_bos=request.window_bos,
+        settings=request.evaluator_settings,
         per_document=per_document,
         max_tokens_per_batch=request.max_tokens_per_batch,
         progress=request.progress,
@@ -600,7 +484,7 @@ def _score_from_cache(request: _Request, sources: _Sources, cache: KeyTokenCache
             model, model_tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
         return identity, _run_evaluator(model, model_tokenizer, missing, request, per_document=True)
 
-    settings = request.cache_settings
+    settings = request.evaluator_settings
     scores = cached_evaluator_scores(cache, sources.texts, settings, identity, score_missing if identity else None)
     evaluator = None  # release the model before freeing memory (score_missing has run)
     _release_memory()
@@ -610,7 +494,9 @@ def _score_from_cache(request: _Request, sources: _Sources, cache: KeyTokenCache
 def _model_scores(request: _Request, sources: _Sources, evaluator_scores) -> list[ModelScores]:
     """The evaluated model's log-probs of the texts; a model given by id is loaded only now, once
     the evaluator has been freed."""
-    same_tokens = request.add_special_tokens == request.evaluator_add_special_tokens and not request.start_token
+    same_tokens = (
+        request.add_special_tokens == request.evaluator_settings.add_special_tokens and not request.start_token
+    )
     if request.self_evaluation and same_tokens:
         # Same model, same tokens: the evaluator's long pass already holds the model's log-probs.
         return [ModelScores(s.input_ids, s.offsets, s.lp_long) for s in evaluator_scores]
@@ -638,7 +524,9 @@ def _output(request: _Request, results, model_scores, weights, evaluator_scores,
     when asked for."""
     output = summarize_results(results, request.aggregation, request.rule.soft)
     window_from = "key_tokens" if window_from_cache else "arguments" if request.window_given else "defaults"
-    output["settings"] = dict(asdict(request.window), **asdict(request.rule), window_from=window_from)
+    output["settings"] = dict(
+        asdict(request.evaluator_settings.window), **asdict(request.rule), window_from=window_from
+    )
     if request.return_key_spans:  # the tokens document_result counts: key and predicted
         output["key_spans"] = [
             key_char_spans(ms.offsets, (w > 0) & ~np.isnan(ms.lp)).tolist() for ms, w in zip(model_scores, weights)
@@ -686,46 +574,11 @@ class LongPPL(evaluate.Metric):
             check_predictions([prediction])
         return super().add(prediction=prediction, reference=reference, **kwargs)
 
-    def _compute(
-        self,
-        predictions,
-        model_id=None,
-        evaluator_model_id=None,
-        model=None,
-        tokenizer=None,
-        evaluator_model=None,
-        evaluator_tokenizer=None,
-        self_evaluation=False,
-        alpha=DEFAULT_ALPHA,
-        beta=DEFAULT_BETA,
-        use_lcl=True,
-        soft=False,
-        gamma=DEFAULT_GAMMA,
-        trunc_len=None,
-        sliding_window=None,
-        max_length=None,
-        max_tokens_per_batch=None,
-        device=None,
-        torch_dtype=None,
-        aggregation=DEFAULT_AGGREGATION,
-        add_special_tokens=None,
-        evaluator_add_special_tokens=True,
-        window_bos=False,
-        progress=True,
-        torch_compile=False,
-        return_key_spans=False,
-        return_evaluator_scores=False,
-        key_tokens=None,
-        batch_size=None,
-        add_start_token=None,
-        dtype=None,
-        progress_callback=None,
-    ):
-        """Validate the arguments, resolve the two models' sources, get the evaluator's scores (live or
+    def _compute(self, predictions, **kwargs):
+        """Check the arguments, resolve the two models' sources, get the evaluator's scores (live or
         from the key-token cache) and the evaluated model's, weigh its tokens, and sum up (the
-        arguments are documented in ``_KWARGS_DESCRIPTION``)."""
-        # The first statement: locals() holds exactly the keyword arguments above, defaults applied.
-        request = _Request.from_kwargs(**{name: value for name, value in locals().items() if name != "self"})
+        arguments are the fields of ``options.LongPPLOptions``, listed in ``_KWARGS_DESCRIPTION``)."""
+        request = _Request.from_options(predictions, LongPPLOptions.from_kwargs(kwargs))
         sources = _resolve_sources(request)
         window_from_cache = False
         if request.key_tokens is None:
@@ -736,9 +589,9 @@ class LongPPL(evaluate.Metric):
             window_from_cache, request = adopted.window_given != request.window_given, adopted
             evaluator_scores = _score_from_cache(request, sources, cache)
         model_scores = _model_scores(request, sources, evaluator_scores)
-        weights = text_key_weights(sources.texts, evaluator_scores, model_scores, **asdict(request.rule))
+        weights = text_key_weights(sources.texts, evaluator_scores, model_scores, rule=request.rule)
         results = document_results(model_scores, weights)
-        self._warn_without_key_tokens(evaluator_scores, results, request.window.trunc_len)
+        self._warn_without_key_tokens(evaluator_scores, results, request.evaluator_settings.trunc_len)
         return _output(request, results, model_scores, weights, evaluator_scores, window_from_cache)
 
     @staticmethod

@@ -31,7 +31,7 @@ from .settings import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
     KeyTokenRule,
-    WindowSettings,
+    KeyTokenSettings,
 )
 
 KEY_SPANS_FORMAT = "longppl-key-spans"
@@ -132,13 +132,25 @@ def _checked_spans(spans: list, save_path: str, text: str | None) -> list[list[i
     return [[int(start), int(end)] for start, end in spans]
 
 
-def _checked_arguments(text, trunc_len, sliding_window, alpha, beta) -> tuple[int, int, float, float]:
-    """``(trunc_len, sliding_window, alpha, beta)`` as the metric checks them (``settings``), for a
-    non-empty ``text``; ``ValueError`` otherwise, before any model is loaded."""
+def _checked_arguments(text, trunc_len, sliding_window, alpha, beta) -> tuple[KeyTokenSettings, KeyTokenRule]:
+    """The evaluator's settings (the official ones: its special tokens, no ``window_bos``) and the rule,
+    checked as the metric checks them (``settings``), for a non-empty ``text``; ``ValueError``
+    otherwise, before any model is loaded."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text must be a non-empty string (one document), got {type(text).__name__} {text!r:.40}.")
-    window, rule = WindowSettings(trunc_len, sliding_window), KeyTokenRule(alpha, beta)
-    return window.trunc_len, window.sliding_window, rule.alpha, rule.beta
+    return KeyTokenSettings(trunc_len, sliding_window), KeyTokenRule(alpha, beta)
+
+
+def _key_spans(
+    text: str, evaluator_model, evaluator_tokenizer, settings: KeyTokenSettings, rule: KeyTokenRule, save_path
+):
+    """``[m, 2]`` int64 merged key character spans of ``text``, saved to ``save_path`` unless it is
+    ``None`` (``find_key_token`` without its checks)."""
+    scores = score_with_evaluator(evaluator_model, evaluator_tokenizer, [text], progress=False, settings=settings)
+    spans = scores[0].key_spans(rule)
+    if save_path is not None:
+        save_key_spans(save_path, spans)
+    return spans
 
 
 def _as_model(model, tokenizer, role: str):
@@ -166,14 +178,8 @@ def find_key_token(
     Returns:
         ``[m, 2]`` int64 tensor of merged ``(start, end)`` character spans.
     """
-    trunc_len, sliding_window, alpha, beta = _checked_arguments(text, trunc_len, sliding_window, alpha, beta)
-    scores = score_with_evaluator(
-        evaluator_model, evaluator_tokenizer, [text], trunc_len, sliding_window, progress=False
-    )[0]
-    spans = scores.key_spans(alpha, beta)
-    if save_path is not None:
-        save_key_spans(save_path, spans)
-    return torch.from_numpy(spans)
+    settings, rule = _checked_arguments(text, trunc_len, sliding_window, alpha, beta)
+    return torch.from_numpy(_key_spans(text, evaluator_model, evaluator_tokenizer, settings, rule, save_path))
 
 
 def compute_longppl(
@@ -210,13 +216,11 @@ def compute_longppl(
     Bad arguments (``trunc_len < 1``, a NaN threshold, ...) raise ``ValueError`` before any model
     is loaded, as in the metric.
     """
-    trunc_len, sliding_window, alpha, beta = _checked_arguments(text, trunc_len, sliding_window, alpha, beta)
+    settings, rule = _checked_arguments(text, trunc_len, sliding_window, alpha, beta)
     model, tokenizer = _as_model(model, tokenizer, "model")
     if evaluator_model is not None:
         evaluator_model, evaluator_tokenizer = _as_model(evaluator_model, evaluator_tokenizer, "evaluator_model")
-        spans = find_key_token(
-            text, evaluator_model, evaluator_tokenizer, trunc_len, sliding_window, save_path, alpha, beta
-        ).numpy()
+        spans = _key_spans(text, evaluator_model, evaluator_tokenizer, settings, rule, save_path)
     elif save_path is None:
         raise ValueError("evaluator_model is None, so key spans are read from save_path, which is None too.")
     else:

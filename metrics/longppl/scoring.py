@@ -25,15 +25,17 @@ from .logprobs import unwrap_model
 from .progress import Progress, ProgressCallback
 
 # The DEFAULT_* names live in settings and stay importable from here.
-from .settings import (
+from .settings import (  # noqa: F401
     DEFAULT_AGGREGATION,
     DEFAULT_GAMMA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
     KeyTokenRule,
+    KeyTokenSettings,
     WindowSettings,
     check_token_ids,
+    settings_object,
 )
 from .windows import short_context_log_probs
 
@@ -51,13 +53,13 @@ class EvaluatorScores:
     lp_long: np.ndarray
     lp_short: np.ndarray
 
-    def key_mask(self, alpha: float, beta: float, use_lcl: bool = True) -> np.ndarray:
+    def key_mask(self, rule: KeyTokenRule = KeyTokenRule()) -> np.ndarray:
         """``[n]`` bool hard key-token mask over evaluator tokens."""
-        return key_token_mask(self.lp_long, self.lp_short, alpha, beta, use_lcl)
+        return key_token_mask(self.lp_long, self.lp_short, rule)
 
-    def key_spans(self, alpha: float, beta: float, use_lcl: bool = True) -> np.ndarray:
+    def key_spans(self, rule: KeyTokenRule = KeyTokenRule()) -> np.ndarray:
         """``[m, 2]`` merged character spans of the key tokens."""
-        return key_char_spans(self.offsets, self.key_mask(alpha, beta, use_lcl))
+        return key_char_spans(self.offsets, self.key_mask(rule))
 
 
 @dataclass
@@ -242,24 +244,27 @@ def score_with_evaluator(
     evaluator,
     tokenizer,
     texts: Sequence[str],
-    trunc_len: int = DEFAULT_TRUNC_LEN,
-    sliding_window: int = DEFAULT_SLIDING_WINDOW,
+    trunc_len: int | None = None,
+    sliding_window: int | None = None,
     max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
-    add_special_tokens: bool = True,
-    window_bos: bool = False,
+    add_special_tokens: bool | None = None,
+    window_bos: bool | None = None,
     progress: bool = True,
     torch_compile: bool = False,
     per_document: bool = False,
     progress_callback: ProgressCallback | None = None,
     pack_documents: bool = False,
     text_names: Sequence[str] | None = None,
+    settings: KeyTokenSettings | None = None,
 ) -> list[EvaluatorScores]:
     """Long- and short-context log-probs of every evaluator token of every text.
 
     Args:
-        add_special_tokens: tokenize with the evaluator's special tokens (BOS), as the official code does.
-        window_bos: opt-in improvement over the official code: feed the evaluator's BOS token at the
-            head of every short window after the first (the first starts at the document's head).
+        settings: K, d and the evaluator's tokenization (``KeyTokenSettings``); or, as before, any of
+            ``trunc_len``, ``sliding_window`` (default 4096, 1024), ``add_special_tokens`` (default
+            True: the evaluator's special tokens, its BOS, as the official code) and ``window_bos``
+            (default False; opt-in improvement over the official code: the evaluator's BOS at the
+            head of every short window after the first, which starts at the document's head).
         torch_compile: compile the evaluator's transformer blocks while scoring (see ``compilation``).
         per_document: a document's scores are bit-for-bit the same whatever other texts are scored
             with it (what a shareable cache needs): each document gets forward passes of its own.
@@ -277,8 +282,15 @@ def score_with_evaluator(
             batches, decoder layers and LM-head chunks (see ``progress``); raise in it to stop.
         text_names: what error messages call each text (default ``predictions[i]``).
     """
-    window = WindowSettings(trunc_len, sliding_window)
-    encoded = encode_texts(tokenizer, texts, add_special_tokens, evaluator, "evaluator", text_names=text_names)
+    settings = settings_object(
+        KeyTokenSettings,
+        settings,
+        trunc_len=trunc_len,
+        sliding_window=sliding_window,
+        add_special_tokens=add_special_tokens,
+        window_bos=window_bos,
+    )
+    encoded = encode_texts(tokenizer, texts, settings.add_special_tokens, evaluator, "evaluator", text_names=text_names)
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
     if pack_documents and not per_document:
         raise ValueError("pack_documents=True needs per_document=True (it packs documents of one length only).")
@@ -289,7 +301,7 @@ def score_with_evaluator(
     reporter = Progress(progress, progress_callback)
     long_desc, short_desc = (
         "LongPPL evaluator: long context",
-        f"LongPPL evaluator: short windows (K={window.trunc_len})",
+        f"LongPPL evaluator: short windows (K={settings.trunc_len})",
     )
     with (
         _scoring(evaluator, torch_compile),
@@ -309,11 +321,10 @@ def score_with_evaluator(
             short = short_context_log_probs(
                 evaluator,
                 seqs,
-                window.trunc_len,
-                window.sliding_window,
-                max_tokens_per_batch,
+                max_tokens_per_batch=max_tokens_per_batch,
+                window=settings.window,
                 long_log_probs=long,
-                prefix_token_id=_window_prefix(tokenizer, window_bos),
+                prefix_token_id=_window_prefix(tokenizer, settings.window_bos),
                 on_sequence_done=lambda _: short_done(),
                 progress=reporter.labelled(short_desc, "window"),
                 equal_lengths=pack_documents,
@@ -359,26 +370,22 @@ def model_key_weights(
     evaluator_scores: EvaluatorScores,
     model_offsets: np.ndarray,
     text_length: int,
-    alpha: float,
-    beta: float,
-    use_lcl: bool = True,
-    soft: bool = False,
-    gamma: float = DEFAULT_GAMMA,
+    rule: KeyTokenRule,
     model_ids: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per model token ``[n_model]``: 1.0 / 0.0 for key / not key (hard rule), or the transferred soft weight.
+    """Per model token ``[n_model]``: 1.0 / 0.0 for key / not key (hard rule), or the transferred soft
+    weight (``rule.soft``).
 
     ``model_ids`` (``[n_model]``, the tokens of ``model_offsets``) lets the soft weights stay the
     evaluator's own, token for token, where the model's tokens are the evaluator's
     (``alignment.transfer_token_weights``); without them they are always the character-level average.
     """
-    KeyTokenRule(alpha, beta, use_lcl, soft, gamma)  # refuse NaN thresholds: they silently give no key tokens
-    if soft:
-        weights = soft_weights(evaluator_scores.lp_long, evaluator_scores.lp_short, gamma)
+    if rule.soft:
+        weights = soft_weights(evaluator_scores.lp_long, evaluator_scores.lp_short, rule)
         return transfer_token_weights(
             text_length, evaluator_scores.offsets, weights, model_offsets, evaluator_scores.input_ids, model_ids
         )
-    spans = evaluator_scores.key_spans(alpha, beta, use_lcl)
+    spans = evaluator_scores.key_spans(rule)
     return tokens_within_spans(model_offsets, spans).astype(np.float64)
 
 
@@ -404,20 +411,25 @@ def text_key_weights(
     texts: Sequence[str],
     evaluator_scores: Sequence[EvaluatorScores],
     model_scores: Sequence[ModelScores],
-    alpha: float,
-    beta: float,
-    use_lcl: bool = True,
-    soft: bool = False,
-    gamma: float = DEFAULT_GAMMA,
+    alpha: float | None = None,
+    beta: float | None = None,
+    use_lcl: bool | None = None,
+    soft: bool | None = None,
+    gamma: float | None = None,
+    rule: KeyTokenRule | None = None,
 ) -> list[np.ndarray]:
     """Per text, the ``[n_k]`` key weight of every evaluated-model token (see :func:`model_key_weights`).
+
+    ``rule`` (a ``KeyTokenRule``), or, as before, any of ``alpha``, ``beta``, ``use_lcl``, ``soft``,
+    ``gamma`` (the settings' defaults for those not given).
 
     The evaluator's scores may come from a live run or from a key-token cache: only the stored
     ``lp_long``, ``lp_short`` and ``offsets`` are used, so alpha, beta, the soft variant and gamma
     can change without a forward pass.
     """
+    rule = settings_object(KeyTokenRule, rule, alpha=alpha, beta=beta, use_lcl=use_lcl, soft=soft, gamma=gamma)
     return [
-        model_key_weights(ev, ms.offsets, len(text), alpha, beta, use_lcl, soft, gamma, ms.input_ids)
+        model_key_weights(ev, ms.offsets, len(text), rule, ms.input_ids)
         for text, ev, ms in zip(texts, evaluator_scores, model_scores)
     ]
 

@@ -6,8 +6,17 @@ arguments, so a bad value gets the same clear message wherever it is given, befo
 
 - :class:`WindowSettings`: ``K`` (``trunc_len``) and ``d`` (``sliding_window``) of the short
   windows, both counted in evaluator tokens (see ``windows``).
+- :class:`KeyTokenSettings`: a :class:`WindowSettings` with the evaluator's tokenization (its
+  special tokens, ``window_bos``): everything an evaluator's scores depend on, the key of a
+  key-token cache row (see ``key_token_cache``).
 - :class:`KeyTokenRule`: which evaluator tokens are key, from their long-short difference LSD and
   long-context likelihood LCL (see ``key_tokens``).
+
+The functions below the public ones (``windows``, ``batching``, ``key_tokens``, ``scoring``'s inner
+helpers) take these objects whole and trust them: a value is checked once, when its object is built
+at the public edge (the metric, the drop-in, the commands, ``LongCEConfig``, ``add_key_token_weights``).
+A public function that has always taken the numbers one by one takes the object too
+(:func:`settings_object`), so that callers holding one pass it on instead of unpacking it.
 
 This module imports nothing else from the package, so every other module may import it.
 """
@@ -16,7 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -82,6 +91,34 @@ class WindowSettings:
 
 
 @dataclass(frozen=True)
+class KeyTokenSettings(WindowSettings):
+    """The evaluator settings its scores depend on: the windows and how texts are tokenized for it.
+    A key-token cache row was computed with these (all part of its key).
+
+    Attributes:
+        trunc_len, sliding_window: as in :class:`WindowSettings` (a ``KeyTokenSettings`` is one).
+        add_special_tokens: tokenize with the evaluator's special tokens (its BOS), as the official code does.
+        window_bos: opt-in: the evaluator's BOS at the head of every short window after the first.
+    """
+
+    add_special_tokens: bool = True
+    window_bos: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "add_special_tokens", require_bool("add_special_tokens", self.add_special_tokens))
+        object.__setattr__(self, "window_bos", require_bool("window_bos", self.window_bos))
+
+    @property
+    def window(self) -> WindowSettings:
+        """K and d alone."""
+        return WindowSettings(self.trunc_len, self.sliding_window)
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in asdict(self).items())
+
+
+@dataclass(frozen=True)
 class KeyTokenRule:
     """Which evaluator tokens are key (paper Sec. 2.2, 3.1, Table 2).
 
@@ -108,6 +145,27 @@ class KeyTokenRule:
         object.__setattr__(self, "use_lcl", require_bool("use_lcl", self.use_lcl))
         object.__setattr__(self, "soft", require_bool("soft", self.soft))
         object.__setattr__(self, "gamma", require_gamma("gamma", self.gamma))
+
+
+def settings_object(cls, given, **values):
+    """The ``cls`` settings object (``WindowSettings``, ``KeyTokenSettings``, ``KeyTokenRule``) of a
+    public function that takes either the object (``given``) or, as it always has, its values one by
+    one (``values``, ``None`` where not passed: the default).
+
+    ``given`` was checked when it was built, so it is returned as it is; the values are checked by
+    building the object. Both at once is a ``ValueError`` (they could disagree).
+    """
+    passed = {name: value for name, value in values.items() if value is not None}
+    if given is None:
+        return cls(**passed)
+    if not isinstance(given, cls):
+        raise ValueError(f"settings must be a {cls.__name__}, got {given!r}; build one, e.g. {cls.__name__}().")
+    if passed:
+        raise ValueError(
+            f"Got both a {cls.__name__} and {', '.join(sorted(passed))}: pass the settings object alone "
+            f"(dataclasses.replace({cls.__name__}(...), ...) changes one of its values)."
+        )
+    return given
 
 
 DEFAULT_TRUNC_LEN = WindowSettings.trunc_len

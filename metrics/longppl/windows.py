@@ -19,22 +19,18 @@ from torch import nn
 
 from .batching import Segment, segment_log_probs
 from .progress import Progress
-from .settings import WindowSettings
+from .settings import DEFAULT_MAX_TOKENS_PER_BATCH, WindowSettings, settings_object
 
 
-def window_bounds(n: int, trunc_len: int, sliding_window: int) -> list[tuple[int, int]]:
-    """``(start, end)`` of every short window of an ``n``-token document; scored: ``[start+K, end)``.
-
-    Raises ``ValueError`` unless ``K, d >= 1`` (:class:`settings.WindowSettings`).
-    """
-    WindowSettings(trunc_len, sliding_window)
-    return [(s, min(s + trunc_len + sliding_window, n)) for s in range(0, max(n - trunc_len, 0), sliding_window)]
+def window_bounds(n: int, window: WindowSettings) -> list[tuple[int, int]]:
+    """``(start, end)`` of every short window of an ``n``-token document; scored: ``[start+K, end)``."""
+    trunc_len, stride = window.trunc_len, window.sliding_window
+    return [(s, min(s + trunc_len + stride, n)) for s in range(0, max(n - trunc_len, 0), stride)]
 
 
 def window_segments(
     sequences: Sequence[torch.Tensor],
-    trunc_len: int,
-    sliding_window: int,
+    window: WindowSettings,
     skip_first_window: bool = False,
     prefix_token_id: int | None = None,
 ) -> tuple[list[Segment], list[tuple[int, int, int]]]:
@@ -48,25 +44,25 @@ def window_segments(
     owners: list[tuple[int, int, int]] = []
     for doc, seq in enumerate(sequences):
         seq = seq.long().cpu()
-        for start, end in window_bounds(int(seq.shape[0]), trunc_len, sliding_window):
+        for start, end in window_bounds(int(seq.shape[0]), window):
             if start == 0 and skip_first_window:
                 continue
             tokens = seq[start:end]
-            first = trunc_len
+            first = window.trunc_len
             if prefix_token_id is not None and start > 0:
                 tokens = torch.cat([torch.tensor([prefix_token_id]), tokens])
                 first += 1
             segments.append(Segment(tokens, first_scored=first))
-            owners.append((doc, start + trunc_len, end))
+            owners.append((doc, start + window.trunc_len, end))
     return segments, owners
 
 
 def short_context_log_probs(
     model: nn.Module,
     sequences: Sequence[torch.Tensor],
-    trunc_len: int,
-    sliding_window: int,
-    max_tokens_per_batch: int,
+    trunc_len: int | None = None,
+    sliding_window: int | None = None,
+    max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
     long_log_probs: Sequence[torch.Tensor] | None = None,
     prefix_token_id: int | None = None,
     on_sequence_done: Callable[[int], None] | None = None,
@@ -74,11 +70,13 @@ def short_context_log_probs(
     via_forward: bool = False,
     progress: Progress | None = None,
     equal_lengths: bool = False,
+    window: WindowSettings | None = None,
 ) -> list[torch.Tensor]:
     """Short-context log-probs of every token with at least ``trunc_len`` tokens before it.
 
     Args:
         sequences: ``[n_k]`` int64 token ids per document.
+        window: K and d; or, as before, ``trunc_len`` and ``sliding_window`` (defaults 4096, 1024).
         long_log_probs: the documents' full-context log-probs, if already computed. The first window
             (``s = 0``) reads ``x[0 : K+d]``, which *is* the full context of its scored tokens, so its
             values are taken from here instead of running it again.
@@ -97,13 +95,15 @@ def short_context_log_probs(
     Returns:
         ``[n_k]`` float32 per document: ``lp_short[i]`` for ``i >= K``, NaN for ``i < K``.
     """
+    window = settings_object(WindowSettings, window, trunc_len=trunc_len, sliding_window=sliding_window)
     results = [torch.full((int(seq.shape[0]),), float("nan")) for seq in sequences]
     skip = skip_first_window or long_log_probs is not None
-    segments, owners = window_segments(sequences, trunc_len, sliding_window, skip, prefix_token_id)
+    segments, owners = window_segments(sequences, window, skip, prefix_token_id)
     if long_log_probs is not None:
+        first = window.trunc_len
         for doc, seq in enumerate(sequences):
-            end = min(trunc_len + sliding_window, int(seq.shape[0]))
-            results[doc][trunc_len:end] = long_log_probs[doc][trunc_len:end]
+            end = min(first + window.sliding_window, int(seq.shape[0]))
+            results[doc][first:end] = long_log_probs[doc][first:end]
     pending = [0] * len(sequences)
     for doc, _, _ in owners:
         pending[doc] += 1

@@ -20,7 +20,14 @@ import numpy as np
 
 from longppl.key_tokens import long_short_difference
 from longppl.scoring import score_with_evaluator
-from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule, WindowSettings
+from longppl.settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    KeyTokenRule,
+    KeyTokenSettings,
+    WindowSettings,
+)
 
 from .lines import LINE_TEMPLATE, LinesCase, answer_number_span, case_text
 
@@ -101,10 +108,8 @@ def answer_token_scores(
         model,
         tokenizer,
         texts,
-        window.trunc_len,
-        window.sliding_window,
-        max_tokens_per_batch,
-        add_special_tokens=add_special_tokens,
+        max_tokens_per_batch=max_tokens_per_batch,
+        settings=KeyTokenSettings(window.trunc_len, window.sliding_window, add_special_tokens),
         progress=progress,
         per_document=True,  # a case's scores do not depend on the cases scored with it
     )

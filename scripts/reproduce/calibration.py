@@ -13,13 +13,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from longppl.key_tokens import key_rule_mask
-from longppl.settings import require_finite
+from longppl.settings import KeyTokenRule, require_finite
 
 
 def key_token_count(lsd, lcl, alpha: float, beta: float, mask=None) -> int:
     """How many tokens are key by the library's rule (``LSD > alpha and LCL > beta``, strict; NaN is
     never key), among those where ``mask`` (bool, same shape) is True, or among all."""
-    key = key_rule_mask(lsd, lcl, alpha, beta)
+    key = key_rule_mask(lsd, lcl, KeyTokenRule(alpha, beta))
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype != bool or mask.shape != key.shape:

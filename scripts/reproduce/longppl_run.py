@@ -56,6 +56,7 @@ from longppl.settings import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
     DEFAULT_GAMMA,
+    KeyTokenSettings,
     WindowSettings,
     require_bool,
     require_finite,
@@ -698,17 +699,16 @@ class Run:
             )
         if not os.path.isfile(self_path):
             # (b): the model is its own evaluator; the scoring core is the metric's and the cache's.
-            window = WindowSettings(self.evaluation["trunc_len"], self.evaluation["sliding_window"])
+            settings = KeyTokenSettings(self.evaluation["trunc_len"], self.evaluation["sliding_window"])
             budget = int(self.evaluation["max_tokens_per_batch"])
             evaluator_scores = score_with_evaluator(
                 model,
                 tokenizer,
                 texts,
-                window.trunc_len,
-                window.sliding_window,
-                budget,
+                max_tokens_per_batch=budget,
                 progress=False,
                 per_document=True,
+                settings=settings,
             )
             model_scores = score_with_model(model, tokenizer, texts, budget, progress=False)
             alpha, beta = self.evaluation["alpha"], self.evaluation["beta"]

@@ -28,8 +28,7 @@ def run(report: str, argv: list[str]) -> LongCETrainer:
         counts["own_window_passes"] += count_window_passes(
             inputs["input_ids"].cpu(),
             documents,
-            self.longce.trunc_len,
-            self.longce.sliding_window,
+            self.longce.window,
             self.longce.max_tokens_per_batch,
         )
         counts["steps"] += 1

@@ -33,9 +33,9 @@ import torch
 
 from longppl.alignment import encode_many_with_offsets, encode_with_offsets
 from longppl.fingerprints import ModelIdentity, tokenizer_fingerprint
-from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, cached_evaluator_scores
+from longppl.key_token_cache import KeyTokenCache, cached_evaluator_scores
 from longppl.scoring import model_key_weights, score_with_evaluator
-from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, KeyTokenRule, require_int
+from longppl.settings import DEFAULT_GAMMA, KeyTokenRule, KeyTokenSettings, require_int, settings_object
 
 # The dataset column (and batch key) holding the per-token weights, defined with the weight sources
 # (``CachedWeights`` reads it).
@@ -67,21 +67,13 @@ def _cache_rows(
         if evaluator_tokenizer is None:
             raise ValueError("evaluator_model is given, so pass its tokenizer too (evaluator_tokenizer).")
         identity = ModelIdentity.of_model(evaluator_model, evaluator_tokenizer)
-        # By name: an unset trunc_len must not shift sliding_window into its place.
-        given = {"trunc_len": trunc_len, "sliding_window": sliding_window}
-        settings = KeyTokenSettings(**{name: value for name, value in given.items() if value is not None})
+        # Each of K and d left unset takes its own default.
+        settings = settings_object(KeyTokenSettings, None, trunc_len=trunc_len, sliding_window=sliding_window)
         fingerprint = identity.fingerprint
 
         def score_missing(missing: list[str]):
             return identity, score_with_evaluator(
-                evaluator_model,
-                evaluator_tokenizer,
-                missing,
-                settings.trunc_len,
-                settings.sliding_window,
-                add_special_tokens=settings.add_special_tokens,
-                per_document=True,
-                progress=False,
+                evaluator_model, evaluator_tokenizer, missing, settings=settings, per_document=True, progress=False
             )
 
     rows = cache.find(texts, settings, fingerprint)
@@ -159,7 +151,7 @@ def add_key_token_weights(
             tokenizer that did not produce the cache's rows, a bad ``gamma`` or ``max_length``, a
             missing or non-string text column.
     """
-    KeyTokenRule(soft=True, gamma=gamma)  # the shared check of gamma
+    rule = KeyTokenRule(soft=True, gamma=gamma)  # the shared check of gamma, once: the rows take the rule
     if max_length is not None:
         require_int("max_length", max_length, minimum=2)  # one token predicts nothing
     if text_column not in dataset.column_names:
@@ -192,9 +184,7 @@ def add_key_token_weights(
             score = cache.scores(rows[index])  # one row at a time: a corpus's scores never all sit in memory
             if check_tokens:
                 _check_evaluator_tokens(score, text, index, evaluator_tokenizer, add_evaluator_bos)
-            weights = model_key_weights(
-                score, offsets, len(text), DEFAULT_ALPHA, DEFAULT_BETA, soft=True, gamma=gamma, model_ids=ids
-            ).astype(np.float32)
+            weights = model_key_weights(score, offsets, len(text), rule, model_ids=ids).astype(np.float32)
             if append_eos:
                 ids, weights = np.append(ids, eos), np.append(weights, np.float32(1.0))
             out["input_ids"].append(np.ascontiguousarray(ids[:max_length], dtype=np.int64))

@@ -179,6 +179,7 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
     # After parsing: `--help` and argument errors come without datasets and the trainer.
     from transformers import DataCollatorWithFlattening, default_data_collator
 
+    from .config import LongCESettings
     from .data import load_datasets, load_tokenizer
     from .trainer import LongCETrainer
 
@@ -198,7 +199,7 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
     # Rank 0 tokenizes first and fills the datasets cache; the other ranks then read it.
     with training_args.main_process_first(desc="dataset preparation"):
         train_dataset, eval_dataset = load_datasets(
-            data_args, tokenizer, model_args.cache_dir, gamma=training_args.longce_gamma
+            data_args, tokenizer, model_args.cache_dir, LongCESettings.from_args(training_args)
         )
     model = load_model(model_args, training_args, tokenizer)
     collator = DataCollatorWithFlattening() if data_args.packing else default_data_collator

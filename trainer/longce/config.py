@@ -14,6 +14,7 @@ either name sees the same setting.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from transformers import TrainingArguments
@@ -23,6 +24,7 @@ from longppl.settings import (
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
+    WindowSettings,
     require_bool,
     require_gamma,
     require_int,
@@ -92,6 +94,11 @@ class LongCESettings:
             )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+
+    @cached_property
+    def window(self) -> WindowSettings:
+        """K and d as the scoring core takes them (``longppl.windows``)."""
+        return WindowSettings(self.trunc_len, self.sliding_window)
 
     @classmethod
     def from_args(cls, args: Any) -> LongCESettings:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from longppl.batching import pack_by_token_budget
+from longppl.settings import WindowSettings
 from longppl.windows import short_context_log_probs, window_segments
 
 
@@ -59,13 +60,12 @@ def batch_documents(
 def count_window_passes(
     input_ids: torch.Tensor,
     documents: list[DocumentSpan],
-    trunc_len: int,
-    sliding_window: int,
+    window: WindowSettings,
     max_tokens_per_batch: int,
 ) -> int:
     """How many forward passes ``batch_short_log_probs`` runs for these documents."""
     sequences = [input_ids[d.row, d.start : d.end] for d in documents]
-    segments, _ = window_segments(sequences, trunc_len, sliding_window, skip_first_window=True)
+    segments, _ = window_segments(sequences, window, skip_first_window=True)
     return len(pack_by_token_budget([int(s.tokens.shape[0]) for s in segments], max_tokens_per_batch))
 
 
@@ -73,11 +73,11 @@ def batch_short_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
     documents: list[DocumentSpan],
-    trunc_len: int,
-    sliding_window: int,
+    window: WindowSettings,
     max_tokens_per_batch: int,
 ) -> torch.Tensor:
-    """Short-context log-probs of every token of a batch, each document scored on its own.
+    """Short-context log-probs of every token of a batch, each document scored on its own, with the
+    windows of ``window`` (K, d: ``LongCESettings.window``).
 
     Windows of all documents share forward passes (``max_tokens_per_batch``); ``model`` is called
     through its own forward (FSDP / DeepSpeed safe). The first window of a document (``s = 0``)
@@ -92,7 +92,12 @@ def batch_short_log_probs(
     ids = input_ids.cpu()  # one device-to-host copy for the batch, not one per document
     sequences = [ids[d.row, d.start : d.end] for d in documents]
     scores = short_context_log_probs(
-        model, sequences, trunc_len, sliding_window, max_tokens_per_batch, skip_first_window=True, via_forward=True
+        model,
+        sequences,
+        max_tokens_per_batch=max_tokens_per_batch,
+        skip_first_window=True,
+        via_forward=True,
+        window=window,
     )
     for doc, lp in zip(documents, scores):
         out[doc.row, doc.start : doc.end] = lp

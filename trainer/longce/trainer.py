@@ -380,8 +380,8 @@ class LongCETrainer(Trainer):
         input_ids = inputs["input_ids"]
         ids = input_ids.cpu()  # windows are cut on the host: one copy, shared by counting and scoring
         documents = batch_documents(ids, inputs.get("attention_mask"), inputs.get("position_ids"))
-        K, d, budget = self.longce.trunc_len, self.longce.sliding_window, self.longce.max_tokens_per_batch
-        passes = count_window_passes(ids, documents, K, d, budget)
+        window, budget = self.longce.window, self.longce.max_tokens_per_batch
+        passes = count_window_passes(ids, documents, window, budget)
         if passes == 0:
             self._warn_no_windows(documents)
         most = passes
@@ -396,7 +396,7 @@ class LongCETrainer(Trainer):
         scorer.eval()  # no dropout in the scores; gradient checkpointing off for no_grad passes
         try:
             with torch.no_grad(), compiled_blocks(scorer, enabled=self.longce.compile_windows and passes > 0):
-                lp_short = batch_short_log_probs(scorer, ids, documents, K, d, budget).to(input_ids.device)
+                lp_short = batch_short_log_probs(scorer, ids, documents, window, budget).to(input_ids.device)
                 for _ in range(most - passes):  # idle passes keep the ranks' collectives in step
                     with intercept_head(head, lambda hidden, project: None):
                         scorer(input_ids=input_ids[:1, :1], use_cache=False)

@@ -166,11 +166,13 @@ def parse_args(argv=None, prog: str = PROG):
     args = parser.parse_args(argv)
     # The library's own checks (longppl.settings), so the script refuses what the metric refuses, with
     # the same words, before anything is loaded or scored.
-    from longppl.settings import KeyTokenRule, WindowSettings, require_int
+    from longppl.settings import KeyTokenRule, KeyTokenSettings, require_int
 
-    try:
-        WindowSettings(args.trunc_len, args.sliding_window)
-        KeyTokenRule(args.alpha, args.beta)
+    try:  # the settings travel on as objects (args.settings, args.rule), checked here once
+        args.settings = KeyTokenSettings(
+            args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos
+        )
+        args.rule = KeyTokenRule(args.alpha, args.beta)
         require_int("max_tokens_per_batch", args.max_tokens_per_batch)
         require_int("--tensor-parallel", args.tensor_parallel)
         if args.max_length is not None:
@@ -240,7 +242,7 @@ def _run(args, state, start: float) -> dict:
 
     from longppl.atomic_files import owned_temp_name
     from longppl.fingerprints import ModelIdentity
-    from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, cache_directory, key_token_rows, write_failed
+    from longppl.key_token_cache import KeyTokenCache, cache_directory, key_token_rows, write_failed
     from longppl.loading import load_model, load_tokenizer, resolve_dtype
     from longppl.scoring import score_with_evaluator, truncate_texts
     from longppl.tools.corpus import read_documents
@@ -251,7 +253,7 @@ def _run(args, state, start: float) -> dict:
     device = args.device or str(state.device)
     if device == "cpu":  # the processes share the cores (unless OMP_NUM_THREADS says otherwise)
         choose_torch_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
-    settings = KeyTokenSettings(args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos)
+    settings = args.settings
     # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
     cache_directory(args.output, argument="--output", create=True)
 
@@ -297,11 +299,8 @@ def _run(args, state, start: float) -> dict:
                 evaluator,
                 tokenizer,
                 mine,
-                args.trunc_len,
-                args.sliding_window,
-                args.max_tokens_per_batch,
-                add_special_tokens=settings.add_special_tokens,
-                window_bos=args.window_bos,
+                max_tokens_per_batch=args.max_tokens_per_batch,
+                settings=settings,
                 progress=state.is_main_process,
                 torch_compile=args.torch_compile,
                 per_document=True,
@@ -340,7 +339,7 @@ def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:
     for row in dict.fromkeys(rows):
         scores = cache.scores(row)
         n_tokens += scores.input_ids.shape[0]
-        n_key += int(scores.key_mask(args.alpha, args.beta).sum())
+        n_key += int(scores.key_mask(args.rule).sum())
     summary = dict(
         documents=len(texts),
         scored=scored,

@@ -183,6 +183,9 @@ def main(argv=None, prog: str = PROG) -> dict:
             as ``<prog>: error: ...``.
     """
     args = parse_args(argv, prog)
+    from longppl.settings import KeyTokenRule
+
+    rule = KeyTokenRule(args.alpha, args.beta, not args.no_lcl, args.soft, args.gamma)  # checked before any loading
     check_output_dir(args.output_dir)
     # Where the cache and the models are (here, or on the Hub: asked once) is settled before torch
     # loads or any model is scored, so that a wrong name fails in a second (longppl.sources).
@@ -217,17 +220,13 @@ def main(argv=None, prog: str = PROG) -> dict:
         )
         del model
         gc.collect()
-        weights = text_key_weights(
-            texts, evaluator_scores, model_scores, args.alpha, args.beta, not args.no_lcl, args.soft, args.gamma
-        )
+        weights = text_key_weights(texts, evaluator_scores, model_scores, rule=rule)
         per_text = document_results(model_scores, weights)
-        results.append((name, summarize_results(per_text, args.aggregation, args.soft)))
+        results.append((name, summarize_results(per_text, args.aggregation, rule.soft)))
     print("\n" + format_table(results, soft=args.soft))
     keyless = [name for name, r in results if not math.isfinite(r["longppl"])]
     if keyless:
-        reason = explain_missing_key_tokens(
-            evaluator_scores, args.alpha, args.beta, not args.no_lcl, settings.trunc_len
-        )
+        reason = explain_missing_key_tokens(evaluator_scores, rule, settings.trunc_len)
         warn(prog, f"no key tokens for {', '.join(keyless)}, so LongPPL is NaN: {reason}")
 
     meta = dict(
@@ -235,11 +234,7 @@ def main(argv=None, prog: str = PROG) -> dict:
         evaluator=evaluator,
         evaluator_fingerprint=fingerprint,
         **vars(settings),
-        alpha=args.alpha,
-        beta=args.beta,
-        use_lcl=not args.no_lcl,
-        soft=args.soft,
-        gamma=args.gamma,
+        **vars(rule),
         aggregation=args.aggregation,
         texts=len(texts),
     )

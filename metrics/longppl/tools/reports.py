@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 from ..atomic_files import write_file_atomically
+from ..settings import KeyTokenRule
 
 CSV_COLUMNS = ("model", "longppl", "ppl", "key_tokens", "tokens")
 
@@ -77,9 +78,7 @@ def write_results_csv(path: str, rows: Sequence[tuple[str, dict]]) -> None:
 
 def explain_missing_key_tokens(
     evaluator_scores: Sequence,
-    alpha: float,
-    beta: float,
-    use_lcl: bool = True,
+    rule: KeyTokenRule,
     trunc_len: int | None = None,
 ) -> str:
     """Why a corpus has no key tokens, and what to try, as one sentence for a warning.
@@ -87,7 +86,7 @@ def explain_missing_key_tokens(
     Args:
         evaluator_scores: per text, the evaluator's scores (``lp_long``, ``lp_short`` ``[n]``,
             ``lp_short`` NaN for the first K tokens), e.g. ``KeyTokenCache.scores(row)``.
-        alpha, beta, use_lcl: the key-token rule that found none.
+        rule: the key-token rule that found none.
         trunc_len: K, to name it in the message (``None``: not named).
 
     Tells apart three causes: no token has a short-context score (every text is at most K evaluator
@@ -98,6 +97,7 @@ def explain_missing_key_tokens(
 
     from ..key_tokens import key_token_mask, long_short_difference
 
+    alpha, beta, use_lcl = rule.alpha, rule.beta, rule.use_lcl
     k = f"K={trunc_len}" if trunc_len is not None else "K"
     lsd = [long_short_difference(s.lp_long, s.lp_short) for s in evaluator_scores]
     scored = sum(int((~np.isnan(x)).sum()) for x in lsd)
@@ -107,14 +107,14 @@ def explain_missing_key_tokens(
             f"short-context score (LSD) to be a key token. Use longer texts, or score the cache with a "
             f"smaller --trunc-len (longppl-score)."
         )
-    keys = sum(int(key_token_mask(s.lp_long, s.lp_short, alpha, beta, use_lcl).sum()) for s in evaluator_scores)
+    keys = sum(int(key_token_mask(s.lp_long, s.lp_short, rule).sum()) for s in evaluator_scores)
     if keys == 0:
         largest = max(float(np.nanmax(x)) for x in lsd if not np.isnan(x).all())
         above = sum(int((x > alpha).sum()) for x in lsd)
-        rule = f"LSD > {alpha:g}" + (f" and LCL > {beta:g}" if use_lcl else "")
+        stated = f"LSD > {alpha:g}" + (f" and LCL > {beta:g}" if use_lcl else "")
         return (
             f"none of the {scored} evaluator tokens with a short-context score meets the key-token rule "
-            f"{rule} (largest LSD {largest:.2f}; {above} tokens have LSD > {alpha:g}): alpha/beta are too "
+            f"{stated} (largest LSD {largest:.2f}; {above} tokens have LSD > {alpha:g}): alpha/beta are too "
             f"strict for this corpus and evaluator. Try a lower --alpha"
             + (" or --beta, or --no-lcl" if use_lcl else "")
             + "; longppl-visualize --histogram shows the LSD distribution."
