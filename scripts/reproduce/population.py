@@ -163,8 +163,6 @@ def stage_tokenizer(config: Population, run: RunFolder, members=None) -> None:
 
 
 def stage_data(config: Population, run: RunFolder, members=None) -> None:
-    import numpy as np
-
     from .family import encode_stream, save_token_array
 
     tokenizer = load_tokenizer(run)
@@ -178,11 +176,69 @@ def stage_data(config: Population, run: RunFolder, members=None) -> None:
         if validation is None:
             _, validation = books(config)
         write_documents(config, run, tokenizer, book_ids(tokenizer, validation))
-    stream = np.load(run.path("data", "train_tokens.npy"), allow_pickle=False)
+    run_data_jobs(config, run, data_jobs(config, run))
+    run.log("data: test cases written")
+
+
+def data_jobs(config: Population, run: RunFolder) -> list[tuple]:
+    """The task-document pools and test-case files still to write, as ``(kind, *arguments)``: each
+    one is independent, seeded by its own arguments, and written atomically to its own file."""
+    jobs = []
     for seq_len, mix in training_runs(config):
         for kind in mix.task_shares():
-            write_pool(config, run, tokenizer, stream, kind, seq_len, mix.asked_within)
-    write_cases(config, run, tokenizer)
+            if not run.has("data", "pools", pool_name(kind, seq_len, mix.asked_within)):
+                jobs.append(("pool", kind, seq_len, mix.asked_within))
+    for spec in gate_specs(config):
+        if not run.has("data", "cases", f"gate-{spec.gate.length}.jsonl"):
+            jobs.append(("gate", spec.name))
+    for length in config.evaluation.lines_lengths:
+        if not run.has("data", "cases", f"lines-{length}.jsonl"):
+            jobs.append(("lines", length))
+    if not run.has("data", "cases", "needle.jsonl"):
+        jobs.append(("needle",))
+    if not run.has("data", "cases", "answer_tokens.jsonl"):
+        jobs.append(("answer_tokens",))
+    return jobs
+
+
+def run_data_jobs(config: Population, run: RunFolder, jobs: list[tuple]) -> None:
+    """Run ``jobs`` (:func:`data_jobs`) in worker processes, one per CPU core at most: generating
+    cases and documents is tokenizer-bound Python, minutes for one process on the H200 config. The
+    files do not depend on the order the jobs run in (each job seeds its own generator)."""
+    import concurrent.futures
+    import multiprocessing
+
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        for job in jobs:
+            run_data_job(config, run.root, job)
+        return
+    # spawn, not fork: the parent holds a Rust tokenizer and may hold CUDA state
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        for message in pool.map(run_data_job, [config] * len(jobs), [run.root] * len(jobs), jobs):
+            run.log(message)
+
+
+def run_data_job(config: Population, root: str, job: tuple) -> str:
+    """Write one pool or case file of :func:`data_jobs` into the run folder at ``root``; returns the
+    line to log."""
+    import numpy as np
+
+    run = RunFolder(root, log=lambda *_: None)
+    tokenizer = load_tokenizer(run)
+    kind, arguments = job[0], job[1:]
+    if kind == "pool":
+        stream = np.load(run.path("data", "train_tokens.npy"), mmap_mode="r", allow_pickle=False)
+        return write_pool(config, run, tokenizer, stream, *arguments)
+    if kind == "gate":
+        spec = next(spec for spec in gate_specs(config) if spec.name == arguments[0])
+        return write_gate_cases(config, run, tokenizer, spec)
+    if kind == "lines":
+        return write_lines_cases_beyond(config, run, tokenizer, *arguments)
+    if kind == "needle":
+        return write_needle_cases(config, run, tokenizer)
+    return write_answer_token_cases(config, run, tokenizer)
 
 
 def write_documents(config: Population, run: RunFolder, tokenizer, validation_ids: list) -> None:
@@ -227,7 +283,7 @@ def books_of_rows(documents, books_ids: list) -> list[int]:
     return found
 
 
-def write_pool(config: Population, run: RunFolder, tokenizer, stream, kind: str, seq_len: int, within) -> None:
+def write_pool(config: Population, run: RunFolder, tokenizer, stream, kind: str, seq_len: int, within) -> str:
     """``data.task_documents`` training documents of ``kind`` (lines or needle) for ``seq_len``."""
     import numpy as np
 
@@ -235,8 +291,6 @@ def write_pool(config: Population, run: RunFolder, tokenizer, stream, kind: str,
     from .family import save_ragged, token_dtype
 
     name = pool_name(kind, seq_len, within)
-    if run.has("data", "pools", name):
-        return
     rng = np.random.default_rng([config.seed, seq_len, within or 0, 0 if kind == "lines" else 1])
     if kind == "lines":
         # Records of up to ~60% of the sequence, so the rest is questions (many retrieval targets).
@@ -256,53 +310,66 @@ def write_pool(config: Population, run: RunFolder, tokenizer, stream, kind: str,
         ]
     arrays = [np.asarray(d) for d in documents]
     save_ragged(run.path("data", "pools", name), arrays, token_dtype(len(tokenizer)))
-    run.log(f"data: {len(arrays)} {kind} documents for seq_len {seq_len} (asked within {within or 'any'})")
+    return f"data: {len(arrays)} {kind} documents for seq_len {seq_len} (asked within {within or 'any'})"
 
 
 def gate_specs(config: Population) -> list[Pretrained]:
     return [config.base, *(e for e in config.evaluators if e.enabled)]
 
 
-def write_cases(config: Population, run: RunFolder, tokenizer) -> None:
-    """Test cases: lines at each gate's length (asked line uniform), lines beyond K per length, needle
-    beyond K, and the answer-token cases."""
-    from . import lines, needle
+def write_gate_cases(config: Population, run: RunFolder, tokenizer, spec: Pretrained) -> str:
+    """Lines cases at a gate's length, the asked line uniform over the record."""
+    from . import lines
 
     evaluation, seed = config.evaluation, config.seed
-    for spec in gate_specs(config):
-        path = ("data", "cases", f"gate-{spec.gate.length}.jsonl")
-        if not run.has(*path):
-            # The greedy answer follows the prompt inside the model's positions.
-            target = spec.gate.length - evaluation.max_new_tokens
-            num_lines = lines.lines_for_token_length(tokenizer, target, seed=seed)
-            cases = lines.generate_lines_cases(num_lines, spec.gate.cases, seed + spec.gate.length)
-            lines.write_lines_cases(run.path(*path), cases)
-    for length in evaluation.lines_lengths:
-        path = ("data", "cases", f"lines-{length}.jsonl")
-        if not run.has(*path):
-            cases = lines.lines_cases_beyond(tokenizer, length, evaluation.cases, evaluation.beyond, seed + length)
-            lines.write_lines_cases(run.path(*path), cases)
-    if not run.has("data", "cases", "needle.jsonl"):
-        _, validation = books(config)
-        haystack = book_ids(tokenizer, validation)
-        import numpy as np
+    # The greedy answer follows the prompt inside the model's positions.
+    target = spec.gate.length - evaluation.max_new_tokens
+    num_lines = lines.lines_for_token_length(tokenizer, target, seed=seed)
+    cases = lines.generate_lines_cases(num_lines, spec.gate.cases, seed + spec.gate.length)
+    lines.write_lines_cases(run.path("data", "cases", f"gate-{spec.gate.length}.jsonl"), cases)
+    return f"data: {len(cases)} gate cases of {num_lines} lines for {spec.name}"
 
-        cases = needle.make_needle_cases(
-            tokenizer,
-            np.concatenate(haystack),
-            evaluation.needle_length,
-            evaluation.cases,
-            needles=config.data.needles,
-            beyond=evaluation.beyond,
-            seed=seed,
-        )
-        needle.write_needle_cases(run.path("data", "cases", "needle.jsonl"), cases)
-    if not run.has("data", "cases", "answer_tokens.jsonl"):
-        spec = config.answer_tokens
-        beyond = config.scoring.primary.trunc_len
-        cases = lines.lines_cases_beyond(tokenizer, spec.length, spec.cases, beyond, seed + 1)
-        lines.write_lines_cases(run.path("data", "cases", "answer_tokens.jsonl"), cases)
-    run.log("data: test cases written")
+
+def write_lines_cases_beyond(config: Population, run: RunFolder, tokenizer, length: int) -> str:
+    """Lines cases of ``length`` tokens whose asked line lies more than K tokens before the question."""
+    from . import lines
+
+    evaluation = config.evaluation
+    cases = lines.lines_cases_beyond(tokenizer, length, evaluation.cases, evaluation.beyond, config.seed + length)
+    lines.write_lines_cases(run.path("data", "cases", f"lines-{length}.jsonl"), cases)
+    return f"data: {len(cases)} lines cases of {length} tokens, asked beyond {evaluation.beyond}"
+
+
+def write_needle_cases(config: Population, run: RunFolder, tokenizer) -> str:
+    """Needle cases in the validation books, the asked needle more than K tokens before the question."""
+    import numpy as np
+
+    from . import needle
+
+    evaluation = config.evaluation
+    _, validation = books(config)
+    cases = needle.make_needle_cases(
+        tokenizer,
+        np.concatenate(book_ids(tokenizer, validation)),
+        evaluation.needle_length,
+        evaluation.cases,
+        needles=config.data.needles,
+        beyond=evaluation.beyond,
+        seed=config.seed,
+    )
+    needle.write_needle_cases(run.path("data", "cases", "needle.jsonl"), cases)
+    return f"data: {len(cases)} needle cases of {evaluation.needle_length} tokens"
+
+
+def write_answer_token_cases(config: Population, run: RunFolder, tokenizer) -> str:
+    """The answer-token (Figure 5(b)) cases: the asked line beyond the primary short window."""
+    from . import lines
+
+    spec = config.answer_tokens
+    beyond = config.scoring.primary.trunc_len
+    cases = lines.lines_cases_beyond(tokenizer, spec.length, spec.cases, beyond, config.seed + 1)
+    lines.write_lines_cases(run.path("data", "cases", "answer_tokens.jsonl"), cases)
+    return f"data: {len(cases)} answer-token cases of {spec.length} tokens"
 
 
 # ------------------------------------------------------------------ training
