@@ -1,15 +1,16 @@
 #!/usr/bin/env python
-"""Reproduce the paper's LongPPL claims at small scale: train a family of small LMs, measure lines
-accuracy, PPL and LongPPL, correlate them, and write results.json and a report.
+"""Reproduce the paper's LongPPL claim at small scale over a population of context extensions of one
+base model: lines / needle accuracy, PPL and LongPPL, the planned statistics, results.json and a report.
 
-    python scripts/reproduce_longppl.py --config configs/reproduce/family_h200.yaml \\
-        --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro/
+    python scripts/reproduce_longppl.py --config configs/reproduce/population_h200.yaml \\
+        --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro2/
 
-The pipeline lives in ``longppl_reproduce.longppl_run`` (its docstring describes the stages and files);
-``--help`` lists the flags.
+The pipeline lives in ``longppl_reproduce.population`` (its docstring describes the stages and files);
+``--help`` lists the flags. The first attempt (a family of models trained from scratch) still runs as
+``python -m longppl_reproduce.longppl_run``.
 """
 
-from longppl_reproduce.longppl_run import cli
+from longppl_reproduce.population import cli
 
 if __name__ == "__main__":
     raise SystemExit(cli())

@@ -282,3 +282,17 @@ def assert_same_cache(a: str, b: str) -> None:
                 assert np.array_equal(np.array(x), np.array(y), equal_nan=True)
         else:
             assert a[name] == b[name], name
+
+
+class ScriptedStub(torch.nn.Module):
+    """A "model" whose greedy answer to the i-th prompt it is asked is ``answers[i]``."""
+
+    def __init__(self, tokenizer, answers):
+        super().__init__()
+        self.tokenizer, self.answers = tokenizer, list(answers)
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        rows = [self.tokenizer(self.answers.pop(0), add_special_tokens=False)["input_ids"] for _ in input_ids]
+        width = max(len(r) for r in rows)
+        new = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+        return torch.cat([input_ids, new], dim=1)

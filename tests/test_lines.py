@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, tiny_model
+from helpers import ScriptedStub, byte_level_bpe, tiny_model
 from longppl_reproduce.answer_tokens import answer_lsd_histogram, answer_token_scores, classify_answer_tokens
 from longppl_reproduce.lines import (
     LinesCase,
@@ -258,20 +258,6 @@ def test_lines_accuracy_counts_answers_that_contain_the_number():
     assert all(case.expected_number in out for case, out in zip(cases, right["outputs"]))
     wrong = lines_accuracy(RetrieverStub(tok, shift=1), tok, cases, batch_size=2)
     assert (wrong["accuracy"], wrong["correct"]) == (0.0, 0)
-
-
-class ScriptedStub(torch.nn.Module):
-    """A "model" whose greedy answer to the i-th prompt it is asked is ``answers[i]``."""
-
-    def __init__(self, tokenizer, answers):
-        super().__init__()
-        self.tokenizer, self.answers = tokenizer, list(answers)
-
-    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
-        rows = [self.tokenizer(self.answers.pop(0), add_special_tokens=False)["input_ids"] for _ in input_ids]
-        width = max(len(r) for r in rows)
-        new = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows])
-        return torch.cat([input_ids, new], dim=1)
 
 
 def test_longchat_rule_reads_the_last_number():

@@ -4,7 +4,10 @@
 """
 
 COMMANDS = {
-    "reproduce": ("longppl_reproduce.longppl_run:cli", "reproduce the paper's LongPPL claims at small scale"),
+    "reproduce": (
+        "longppl_reproduce.population:cli",
+        "reproduce the paper's LongPPL claim over a population of context extensions",
+    ),
     "reproduce-longce": (
         "longppl_reproduce.longce_comparison:cli",
         'reproduce "LongCE beats CE" at small scale, from a base that keeps the task',

@@ -271,7 +271,10 @@ class Mix:
 
     def problems(self):
         if abs(self.books + self.lines + self.needle - 1.0) > 1e-6:
-            yield "books", f"the shares books + lines + needle must sum to 1, got {self.books + self.lines + self.needle:g}"
+            yield (
+                "books",
+                f"the shares books + lines + needle must sum to 1, got {self.books + self.lines + self.needle:g}",
+            )
 
     def task_shares(self) -> dict[str, float]:
         """``{kind: share}`` of the task documents with a share above 0."""
@@ -302,7 +305,10 @@ class Pretrained:
 
     def problems(self):
         if self.training.seq_len > self.shape.max_position_embeddings:
-            yield "training", f"seq_len must not pass shape.max_position_embeddings {self.shape.max_position_embeddings}"
+            yield (
+                "training",
+                f"seq_len must not pass shape.max_position_embeddings {self.shape.max_position_embeddings}",
+            )
         if self.gate.length > self.shape.max_position_embeddings:
             yield "gate", f"length must not pass shape.max_position_embeddings {self.shape.max_position_embeddings}"
 
@@ -447,6 +453,7 @@ class Analysis:
     floor: float = checked(share, default=0.05)
     ceiling: float = checked(share, default=0.95)
     inconclusive_share: float = checked(share, default=2 / 3)
+    min_members: int = checked(positive, default=24)
 
 
 @dataclass(frozen=True)

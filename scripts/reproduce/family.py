@@ -194,7 +194,9 @@ class TrainingBatches:
             tasks = {"lines": (lines_documents, lines_share)}
         for kind, (documents, share) in tasks.items():
             if share > 0 and not documents:
-                raise ValueError(f"{kind} share {share} > 0 needs {kind} documents, but none were made for this seq_len.")
+                raise ValueError(
+                    f"{kind} share {share} > 0 needs {kind} documents, but none were made for this seq_len."
+                )
         if sum(share for _, share in tasks.values()) > 1 + 1e-9:
             raise ValueError(f"The task documents' shares {[s for _, s in tasks.values()]} sum to more than 1.")
         # Pools with a share, in order: a sequence takes pool i when a uniform draw falls in its slice.

@@ -106,8 +106,9 @@ def _line_id(index: int) -> str:
     return f"{ADJECTIVES[index // len(NOUNS)]}-{NOUNS[index % len(NOUNS)]}"
 
 
-def _draw_record(rng: np.random.Generator, num_lines: int) -> tuple[list[str], list[str]]:
-    """``num_lines`` distinct line ids and their numbers (as text), in record order."""
+def draw_record(rng: np.random.Generator, num_lines: int) -> tuple[list[str], list[str]]:
+    """``num_lines`` distinct adjective-noun ids and their numbers (text of five digits, uniform in
+    :data:`NUMBER_RANGE`), in record order, drawn from ``rng``; also the keys of the needle task."""
     require_int("num_lines", num_lines)
     if num_lines > MAX_LINES:
         raise ValueError(
@@ -140,7 +141,7 @@ def make_lines_case(num_lines: int, rng: np.random.Generator) -> LinesCase:
     Line ids are distinct, numbers uniform in :data:`NUMBER_RANGE`, the asked line uniform over
     the record.
     """
-    lines, numbers = _draw_record(rng, num_lines)
+    lines, numbers = draw_record(rng, num_lines)
     return _case(lines, numbers, int(rng.integers(num_lines)))
 
 
@@ -166,7 +167,7 @@ def lines_for_token_length(tokenizer, target_tokens: int, seed: int = 0) -> int:
         ValueError: ``target_tokens`` is too small for a single line, or not an integer >= 1.
     """
     require_int("target_tokens", target_tokens)
-    lines, numbers = _draw_record(np.random.default_rng(seed), MAX_LINES)
+    lines, numbers = draw_record(np.random.default_rng(seed), MAX_LINES)
 
     def length(n: int) -> int:
         text = case_text(_case(lines[:n], numbers[:n], 0))
@@ -194,7 +195,7 @@ def lines_training_document(rng: np.random.Generator, num_lines: int, num_questi
     ``num_questions`` questions about distinct lines, each followed by its reference answer
     (``question + ANSWER_SEPARATOR + answer``), for training small models on the task."""
     require_int("num_questions", num_questions)
-    lines, numbers = _draw_record(rng, num_lines)
+    lines, numbers = draw_record(rng, num_lines)
     if num_questions > num_lines:
         raise ValueError(f"num_questions={num_questions} is more than the {num_lines} lines to ask about.")
     asked = rng.choice(num_lines, size=num_questions, replace=False)
@@ -206,7 +207,7 @@ def lines_training_document(rng: np.random.Generator, num_lines: int, num_questi
     )
 
 
-def _expected_number(value, where: str) -> str:
+def expected_number_text(value, where: str) -> str:
     """The ``expected_number`` field as text of digits (LongChat writes an int)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{where} is a {type(value).__name__} ({value!r}), not a number or a string of digits.")
@@ -234,7 +235,7 @@ def read_lines_cases(path: str) -> list[LinesCase]:
         prompt = record["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}, field 'prompt' is {prompt!r:.60}, not a non-empty string.")
-        expected = _expected_number(record["expected_number"], f"{where}, field 'expected_number'")
+        expected = expected_number_text(record["expected_number"], f"{where}, field 'expected_number'")
         num_lines = record.get("num_lines")
         num_lines = num_lines if isinstance(num_lines, int) and not isinstance(num_lines, bool) else None
         asked = _QUESTION.search(prompt)
@@ -375,16 +376,18 @@ def scored_answers(outputs: Sequence[str], expected_numbers: Sequence[str]) -> d
     }
 
 
-def lines_accuracy(
+def case_accuracy(
     model,
     tokenizer,
-    cases: Sequence[LinesCase],
+    cases: Sequence,
     *,
     max_new_tokens: int = 16,
     batch_size: int = 8,
     progress: bool | ProgressCallback | None = None,
+    desc: str = "LongEval lines",
 ) -> dict:
-    """Greedy answers to the cases (:func:`greedy_answers`) and their accuracy by LongChat's rule
+    """Greedy answers to cases of any task (objects with ``prompt`` and ``expected_number``, e.g.
+    :class:`LinesCase`, ``needle.NeedleCase``; :func:`greedy_answers`), scored by LongChat's rule
     (:func:`longchat_correct`: the last number of the answer equals the expected number).
 
     Returns:
@@ -393,7 +396,7 @@ def lines_accuracy(
     """
     cases = list(cases)
     if not cases:
-        raise ValueError("No cases to score; pass at least one LinesCase.")
+        raise ValueError("No cases to score; pass at least one case.")
     outputs = greedy_answers(
         model,
         tokenizer,
@@ -401,8 +404,15 @@ def lines_accuracy(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         progress=progress,
+        desc=desc,
     )
     return scored_answers(outputs, [case.expected_number for case in cases])
+
+
+def lines_accuracy(model, tokenizer, cases: Sequence[LinesCase], **options) -> dict:
+    """LongEval lines accuracy: :func:`case_accuracy` of the cases (same options
+    ``max_new_tokens=16``, ``batch_size=8``, ``progress``, same result)."""
+    return case_accuracy(model, tokenizer, cases, **{"desc": "LongEval lines", **options})
 
 
 def answer_number_span(case: LinesCase, index: int = 0) -> tuple[int, int]:
@@ -478,7 +488,7 @@ def _tokens(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=True)["input_ids"]
 
 
-def _token_holding(offsets, char: int) -> int:
+def token_holding(offsets, char: int) -> int:
     """Index of the token whose character span holds ``char`` (the first such token)."""
     return next(i for i, (a, b) in enumerate(offsets) if a <= char < b)
 
@@ -531,7 +541,7 @@ def fitted_lines_document(
     limit = None if questions == "fill" else require_int("questions", questions)
     if asked_within is not None:
         require_int("asked_within", asked_within)
-    lines, numbers = _draw_record(rng, max_lines)
+    lines, numbers = draw_record(rng, max_lines)
     drawn = int(rng.integers(min_lines, max_lines + 1))
 
     def asked_candidates(prefix: str, record_lines: int, asked: set[int]) -> list[tuple[list[int], int]]:
@@ -543,7 +553,7 @@ def fitted_lines_document(
             # so that only lines near the question are tokenized with it.
             offsets = tokenizer(prefix, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
             cut = len(offsets) - asked_within - 2
-            near = {line for line in range(record_lines) if _token_holding(offsets, ends[line] - 1) >= cut}
+            near = {line for line in range(record_lines) if token_holding(offsets, ends[line] - 1) >= cut}
         found = []
         for line in (int(i) for i in rng.permutation(record_lines)):
             if line in asked or (near is not None and line not in near):
@@ -554,7 +564,7 @@ def fitted_lines_document(
                 continue
             if asked_within is not None:
                 offsets = enc["offset_mapping"]
-                if _token_holding(offsets, ends[line] - 1) < _token_holding(offsets, len(prefix)) - asked_within:
+                if token_holding(offsets, ends[line] - 1) < token_holding(offsets, len(prefix)) - asked_within:
                     continue
             found.append((enc["input_ids"], line))
             break  # one fitting question is enough: the lines were shuffled
@@ -616,7 +626,7 @@ def lines_cases_beyond(tokenizer, length: int, count: int, beyond: int, seed: in
     rng = np.random.default_rng(seed)
     cases = []
     for _ in range(count):
-        lines, numbers = _draw_record(rng, MAX_LINES)
+        lines, numbers = draw_record(rng, MAX_LINES)
 
         def prompt(n: int, target: int) -> str:
             return _record(lines[:n], numbers[:n]) + QUESTION_TEMPLATE.format(line=lines[target])
@@ -642,7 +652,7 @@ def lines_cases_beyond(tokenizer, length: int, count: int, beyond: int, seed: in
                 text = prompt(n, target)
                 enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
                 size = len(enc["input_ids"])
-                if size <= length and _token_holding(enc["offset_mapping"], ends[target] - 1) < size - beyond:
+                if size <= length and token_holding(enc["offset_mapping"], ends[target] - 1) < size - beyond:
                     case = _case(lines[:n], numbers[:n], target)
                     break
             if case is not None:

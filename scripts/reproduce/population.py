@@ -46,8 +46,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 
 from longppl.tools.cli import command_line, run_command, tool_parser
@@ -135,9 +133,7 @@ def pool_name(kind: str, seq_len: int, within: int | None) -> str:
 def training_runs(config: Population) -> list[tuple[int, object]]:
     """``(seq_len, mix)`` of every model that trains on task documents (their pools are built by ``data``)."""
     pretrained = [config.base, *(e for e in config.evaluators if e.enabled)]
-    return [(p.training.seq_len, p.mix) for p in pretrained] + [
-        (config.finetune.training.seq_len, config.finetune.mix)
-    ]
+    return [(p.training.seq_len, p.mix) for p in pretrained] + [(config.finetune.training.seq_len, config.finetune.mix)]
 
 
 # ------------------------------------------------------------------ tokenizer and data
@@ -194,7 +190,7 @@ def write_documents(config: Population, run: RunFolder, tokenizer, validation_id
     from . import corpus_chunks
 
     data = config.data
-    documents, book_of_row = corpus_chunks.body_chunks(
+    documents = corpus_chunks.body_chunks(
         validation_ids,
         data.length,
         data.validation_documents,
@@ -202,11 +198,33 @@ def write_documents(config: Population, run: RunFolder, tokenizer, validation_id
         per_book_cap=data.per_book_cap,
         seed=config.seed,
     )
+    book_of_row = books_of_rows(documents, validation_ids)
     null = corpus_chunks.null_documents(documents, validation_ids, data.null_keep, config.seed, book_of_row)
     as_text = tokenizer.batch_decode
     write_jsonl(run.path("data", "validation.jsonl"), [{"text": t} for t in as_text(documents.tolist())])
     write_jsonl(run.path("data", "null.jsonl"), [{"text": t} for t in as_text(null.tolist())])
     run.log(f"data: {len(documents)} validation documents of {data.length} tokens, and as many null documents")
+
+
+def books_of_rows(documents, books_ids: list) -> list[int]:
+    """The book each row of ``documents`` was cut from (the first book holding it), so that a null
+    document's head comes from another book."""
+
+    def holds(ids, needle: bytes) -> bool:  # at a token boundary, not a byte shifted
+        haystack, at = ids.tobytes(), -1
+        while (at := haystack.find(needle, at + 1)) >= 0:
+            if at % ids.itemsize == 0:
+                return True
+        return False
+
+    found = []
+    for row in documents:
+        needle = row.astype(books_ids[0].dtype).tobytes()
+        book = next((b for b, ids in enumerate(books_ids) if holds(ids, needle)), None)
+        if book is None:  # body_chunks cuts every row from one book: not reached
+            raise ValueError("A validation document is in no validation book.")
+        found.append(book)
+    return found
 
 
 def write_pool(config: Population, run: RunFolder, tokenizer, stream, kind: str, seq_len: int, within) -> None:
@@ -332,7 +350,12 @@ def pretrain(config: Population, run: RunFolder, spec: Pretrained) -> None:
         variant = Variant(spec.name, spec.shape.model_fields(), spec.training.settings(spec.seed))
         with run.timed("train", spec.name):
             train_variant(
-                variant, tokenizer, batches(run, spec.training.seq_len, spec.mix, spec.seed), folder, device_of(config), run.log
+                variant,
+                tokenizer,
+                batches(run, spec.training.seq_len, spec.mix, spec.seed),
+                folder,
+                device_of(config),
+                run.log,
             )
     check_gate(config, run, spec)
 
@@ -356,11 +379,12 @@ def load_member(folder: str, device: str):
     return model, AutoTokenizer.from_pretrained(folder)
 
 
-def lines_result(model, tokenizer, cases, config: Population) -> dict:
-    """Lines accuracy (LongChat's rule) of ``cases``, with the share of outputs holding no number."""
+def lines_result(model, tokenizer, cases, config: Population, score=None) -> dict:
+    """Accuracy (LongChat's rule) of ``cases`` by ``score`` (default ``lines.lines_accuracy``), with
+    the number of outputs holding no number."""
     from . import lines
 
-    found = lines.lines_accuracy(
+    found = (score or lines.lines_accuracy)(
         model,
         tokenizer,
         cases,
@@ -489,14 +513,6 @@ def stage_members(config: Population, run: RunFolder, members=None) -> None:
 # ------------------------------------------------------------------ key-token caches and calibration
 
 
-def run_tool(module: str, arguments: list[str], log) -> None:
-    """Run ``longppl.tools.<module>`` (the code of ``longppl-score``) in a fresh process, as a user does."""
-    command = [sys.executable, "-m", f"longppl.tools.{module}", *arguments]
-    log("$ " + " ".join(command))
-    if subprocess.run(command, check=False).returncode != 0:
-        raise RuntimeError(f"longppl.tools.{module} failed; its messages are above.")
-
-
 def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: Window, documents: str) -> str:
     """The key-token cache of ``data/<documents>.jsonl`` by ``evaluator`` with ``window`` (built once)."""
     name = f"{evaluator}-K{window.trunc_len}-d{window.sliding_window}-{documents}"
@@ -505,15 +521,15 @@ def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: 
         source = run.path("data", f"{documents}.jsonl")
         if not os.path.isfile(source):
             raise ValueError(f"No documents at {source}: run the 'data' stage first.")
+        # longppl-score's own main (what the command runs), in this process: no second start-up
+        from longppl.tools import compute_key_tokens
+
+        arguments = ["--corpus", source, "--evaluator", model_folder(run, evaluator), "--output", folder]
+        arguments += ["--device", device_of(config), "--trunc-len", str(window.trunc_len)]
+        arguments += ["--sliding-window", str(window.sliding_window), "--max-length", str(config.data.length)]
+        run.log("$ longppl-score " + " ".join(arguments))
         with run.timed("cache", name):
-            run_tool(
-                "compute_key_tokens",
-                ["--corpus", source, "--evaluator", model_folder(run, evaluator), "--output", folder]
-                + ["--device", device_of(config), "--trunc-len", str(window.trunc_len)]
-                + ["--sliding-window", str(window.sliding_window), "--max-length", str(config.data.length)]
-                + ["--no-progress"],
-                run.log,
-            )
+            compute_key_tokens.main(arguments, prog="longppl-score")
     return folder
 
 
@@ -590,7 +606,8 @@ def longppl_columns(config: Population, run: RunFolder, alpha: float) -> dict[st
 
 
 def longppl_of(model, tokenizer, columns: dict, caches: dict, gamma: float, budget: int) -> dict:
-    """PPL and LongPPL of ``model`` for every column, with per-document sums (for bootstraps)."""
+    """PPL and LongPPL (pooled over documents) of ``model`` for every column, with per-document
+    sums (for bootstraps)."""
     from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
 
     by_texts: dict[tuple, list] = {}
@@ -605,7 +622,8 @@ def longppl_of(model, tokenizer, columns: dict, caches: dict, gamma: float, budg
             texts, scores, model_scores, column["alpha"], column["beta"], soft=column["soft"], gamma=gamma
         )
         per_document = document_results(model_scores, weights)
-        summary = summarize_results(per_document, soft=column["soft"])
+        # pooled: exp(total NLL / total tokens), the design's corpus value, which the document bootstrap resamples
+        summary = summarize_results(per_document, "pooled", soft=column["soft"])
         found[name] = {
             "longppl": summary["longppl"],
             "ppl": summary["ppl"],
@@ -649,11 +667,11 @@ def stage_evaluate(config: Population, run: RunFolder, members=None) -> None:
             str(n): lines_result(model, tokenizer, read_cases(run, f"lines-{n}.jsonl"), config)
             for n in evaluation.lines_lengths
         }
-        record["acc512"] = lines_result(model, tokenizer, read_cases(run, f"gate-{config.base.gate.length}.jsonl"), config)
-        needle_cases = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
-        record["needle"] = needle.needle_accuracy(
-            model, tokenizer, needle_cases, max_new_tokens=evaluation.max_new_tokens, batch_size=evaluation.batch_size
+        record["acc512"] = lines_result(
+            model, tokenizer, read_cases(run, f"gate-{config.base.gate.length}.jsonl"), config
         )
+        needle_cases = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
+        record["needle"] = lines_result(model, tokenizer, needle_cases, config, needle.needle_accuracy)
         record["log_likelihood"] = {
             str(n): lines.answer_log_likelihood(
                 model, tokenizer, read_cases(run, f"lines-{n}.jsonl"), batch_size=evaluation.batch_size
@@ -704,7 +722,7 @@ def stage_answer_tokens(config: Population, run: RunFolder, members=None) -> Non
 # ------------------------------------------------------------------ report
 
 
-def member_row(config: Population, member, record: dict) -> dict:
+def member_row(member, record: dict, analysis) -> dict:
     """A member's row of the results table."""
     primary = record["longppl"]["primary"]
     per_length = {n: v["accuracy"] for n, v in record["lines"].items()}
@@ -723,16 +741,46 @@ def member_row(config: Population, member, record: dict) -> dict:
         "no_number_share": sum(v["no_number"] for v in record["lines"].values()) / outputs,
         "needle": record["needle"]["accuracy"],
         "log_likelihood": {n: float(sum(v) / len(v)) for n, v in record["log_likelihood"].items()},
+        "mean_log_likelihood": float(
+            sum(sum(v) for v in record["log_likelihood"].values())
+            / sum(len(v) for v in record["log_likelihood"].values())
+        ),
         "ppl": primary["ppl"],
         "longppl": primary["longppl"],
         "longppl_secondary": record["longppl"]["secondary"]["longppl"],
         "soft_longppl": record["longppl"]["soft"]["longppl"],
         "key_tokens": primary["key_tokens"],
         "sensitivity": {k: v["longppl"] for k, v in record["longppl"].items() if k.startswith("alpha=")},
-        "other_evaluators": {k: v["longppl"] for k, v in record["longppl"].items() if k.startswith("primary:")},
+        **{
+            f"longppl:{k[len('primary:') :]}": v["longppl"]
+            for k, v in record["longppl"].items()
+            if k.startswith("primary:")
+        },
+        "intervals": {
+            "ppl": document_interval(primary["documents"]["nll"], primary["documents"]["tokens"], analysis),
+            "longppl": document_interval(primary["documents"]["key_nll"], primary["documents"]["key_tokens"], analysis),
+        },
         "seconds": record["seconds"],
     }
     return row
+
+
+def document_interval(nll, counts, analysis) -> dict:
+    """A percentile bootstrap interval over documents of the corpus perplexity
+    ``exp(sum nll / sum counts)`` (documents resampled with replacement; ``nll[i]`` and ``counts[i]``
+    are document ``i``'s summed negative log-likelihood and token count, or key-token weight)."""
+    import numpy as np
+
+    nll, counts = np.asarray(nll, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    rng = np.random.default_rng(analysis.seed)
+    picks = rng.integers(0, nll.shape[0], size=(analysis.resamples, nll.shape[0]))
+    totals = counts[picks].sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        samples = np.exp(nll[picks].sum(axis=1) / totals)[totals > 0]
+    value = math.exp(nll.sum() / counts.sum()) if counts.sum() > 0 else float("nan")
+    tail = (1 - analysis.level) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail]) if samples.size else (float("nan"), float("nan"))
+    return {"value": value, "low": float(low), "high": float(high), "level": analysis.level}
 
 
 def exclusion(row: dict, base_acc512: float, analysis) -> str | None:
@@ -747,18 +795,24 @@ def exclusion(row: dict, base_acc512: float, analysis) -> str | None:
     return None
 
 
-def statistics_of(rows: list[dict], analysis) -> dict:
-    """The plan's statistics over ``rows``: correlations of LongPPL and PPL with primary accuracy
-    (bootstrap intervals, item and clustered by extension method), their paired difference,
-    Williams' t, the partial correlation given acc512, and the inconclusive flag."""
+def statistics_of(rows: list[dict], analysis, measure: str = "longppl", benchmark: str = "primary_accuracy") -> dict:
+    """The plan's statistics over ``rows``: correlations of ``measure`` (LongPPL) and PPL with
+    ``benchmark`` (bootstrap intervals, over members and clustered by extension method), their
+    paired difference, Williams' t, the partial correlation given acc512, and the inconclusive flag
+    (more than ``analysis.inconclusive_share`` of the members at the floor or ceiling of the
+    benchmark, or fewer than ``analysis.min_members``)."""
     from . import statistics
 
-    usable = [r for r in rows if _finite(r["longppl"]) and _finite(r["ppl"])]
+    usable = [r for r in rows if _finite(r[measure]) and _finite(r["ppl"]) and _finite(r[benchmark])]
     if len(usable) < 3:
-        return {"members": [r["member"] for r in usable], "skipped": f"{len(usable)} members with a finite LongPPL and PPL; 3 are needed"}
-    longppl = [r["longppl"] for r in usable]
+        return {
+            "members": [r["member"] for r in usable],
+            "skipped": f"{len(usable)} members with a finite {measure}, PPL and {benchmark}; 3 are needed",
+            "inconclusive": True,
+        }
+    longppl = [r[measure] for r in usable]
     ppl = [r["ppl"] for r in usable]
-    accuracy = [r["primary_accuracy"] for r in usable]
+    accuracy = [r[benchmark] for r in usable]
     clusters = [r["method"] for r in usable]
     common = {"resamples": analysis.resamples, "seed": analysis.seed, "level": analysis.level}
     found = {"members": [r["member"] for r in usable], "n": len(usable)}
@@ -767,19 +821,29 @@ def statistics_of(rows: list[dict], analysis) -> dict:
             "longppl": statistics.bootstrap_correlation(longppl, accuracy, method, **common),
             "ppl": statistics.bootstrap_correlation(ppl, accuracy, method, **common),
             "difference": statistics.paired_bootstrap_difference(longppl, ppl, accuracy, method, **common),
-            "longppl_by_method": statistics.bootstrap_correlation(longppl, accuracy, method, clusters=clusters, **common),
+            "longppl_by_method": statistics.bootstrap_correlation(
+                longppl, accuracy, method, clusters=clusters, **common
+            ),
             "ppl_by_method": statistics.bootstrap_correlation(ppl, accuracy, method, clusters=clusters, **common),
             "difference_by_method": statistics.paired_bootstrap_difference(
                 longppl, ppl, accuracy, method, clusters=clusters, **common
             ),
         }
     r_ay, r_by = found["pearson"]["longppl"]["value"], found["pearson"]["ppl"]["value"]
-    found["williams_t"] = statistics.williams_t(r_ay, r_by, statistics.correlation(longppl, ppl), len(usable))
+    r_ab = statistics.correlation(longppl, ppl)
+    if not all(_finite(r) for r in (r_ay, r_by, r_ab)):  # a side without variance (e.g. every accuracy 0)
+        found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "a correlation is undefined"}
+    elif abs(r_ab) >= 1 - 1e-12:  # the two measures rank alike: nothing to compare (the test divides by 0)
+        found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "|r(LongPPL, PPL)| = 1"}
+    else:
+        found["williams_t"] = statistics.williams_t(r_ay, r_by, r_ab, len(usable))
     found["partial_given_acc512"] = statistics.bootstrap_partial_correlation(
         longppl, accuracy, [r["acc512"] for r in usable], **common
     )
-    extreme = sum(a <= analysis.floor or a >= analysis.ceiling for a in accuracy)
-    found["inconclusive"] = extreme > analysis.inconclusive_share * len(usable)
+    extreme = int(sum(a <= analysis.floor or a >= analysis.ceiling for a in accuracy))
+    found["inconclusive"] = bool(
+        extreme > analysis.inconclusive_share * len(usable) or len(usable) < analysis.min_members
+    )
     found["at_floor_or_ceiling"] = extreme
     return found
 
@@ -792,7 +856,7 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
     rows = []
     base_gate = run.read_json("eval", "gates", f"{config.base.name}.json")
     for member in config.members():
-        row = member_row(config, member, run.read_json("eval", "members", f"{member.name}.json"))
+        row = member_row(member, run.read_json("eval", "members", f"{member.name}.json"), config.analysis)
         reason = exclusion(row, base_gate["accuracy"], config.analysis)
         row.update(excluded=reason is not None, exclusion_reason=reason)
         rows.append(row)
@@ -806,11 +870,27 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
             **{e.name: e.seed for e in config.evaluators if e.enabled},
             **{m.name: m.seed for m in config.members()},
         },
-        "gates": {spec.name: _without_outputs(run.read_json("eval", "gates", f"{spec.name}.json")) for spec in gate_specs(config)},
+        "gates": {
+            spec.name: _without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
+            for spec in gate_specs(config)
+        },
         "calibration": run.read_json("eval", "calibration.json"),
         "members": rows,
-        "statistics": {"analysed": statistics_of(analysed, config.analysis), "all": statistics_of(rows, config.analysis)},
-        "answer_tokens": run.read_json("eval", "answer_tokens.json"),
+        "statistics": {
+            "analysed": statistics_of(analysed, config.analysis),
+            "all": statistics_of(rows, config.analysis),
+        },
+        # secondary: no success claim rests on these
+        "secondary_statistics": {
+            "needle": statistics_of(analysed, config.analysis, benchmark="needle"),
+            "log_likelihood": statistics_of(analysed, config.analysis, benchmark="mean_log_likelihood"),
+            **{
+                f"longppl:{e.name}": statistics_of(analysed, config.analysis, measure=f"longppl:{e.name}")
+                for e in config.evaluators[1:]
+                if e.enabled
+            },
+        },
+        "answer_tokens": with_wilson_intervals(run.read_json("eval", "answer_tokens.json"), config.analysis.level),
         "timings": run.timings(),
     }
     results["figures"] = draw_figure(run, analysed)
@@ -820,6 +900,20 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
     write_file_atomically(run.path("report.md"), lambda handle: handle.write(format_report(results)))
     run.log(f"report: {run.path('results.json')}, {run.path('report.md')}")
     return results
+
+
+def with_wilson_intervals(record: dict, level: float) -> dict:
+    """The answer-token record with Wilson intervals of each rule's recall (over the answer tokens)
+    and specificity (over the others), from the counts behind them."""
+    from .statistics import wilson_interval
+
+    for found in record["by_alpha"].values():
+        for rule in ("lsd", "lsd+lcl"):
+            for rate, total in (("recall", found["n_answer"]), ("specificity", found["n_other"])):
+                value = found[rule][rate]
+                if total and _finite(value):
+                    found[rule][f"{rate}_interval"] = wilson_interval(round(value * total), total, level)
+    return record
 
 
 def _without_outputs(record: dict) -> dict:
@@ -841,7 +935,12 @@ def draw_figure(run: RunFolder, rows: list[dict]) -> list[str]:
     path = run.path("figures", "correlation.png")
     names = [r["member"] for r in rows]
     correlation_scatter(
-        path, names, [r["longppl"] for r in rows], [r["ppl"] for r in rows], [r["primary_accuracy"] for r in rows], "primary lines accuracy"
+        path,
+        names,
+        [r["longppl"] for r in rows],
+        [r["ppl"] for r in rows],
+        [r["primary_accuracy"] for r in rows],
+        "primary lines accuracy",
     )
     return [os.path.relpath(path, run.root)]
 
@@ -850,41 +949,68 @@ def _fmt(value, digits: int = 3) -> str:
     return "n/a" if not _finite(value) else f"{value:.{digits}f}"
 
 
+def _pair(bounds) -> str:
+    return f"[{_fmt(bounds[0])}, {_fmt(bounds[1])}]" if bounds else "[n/a]"
+
+
+def _interval(found: dict) -> str:
+    return f"{_fmt(found['value'], 2)} [{_fmt(found['low'], 2)}, {_fmt(found['high'], 2)}]"
+
+
 def format_report(results: dict) -> str:
     """``report.md``: the members' table, exclusions, the statistics, the answer tokens, wall times."""
     out = ["# LongPPL over a population of context extensions", "", "```", results["command"], "```", ""]
     out += [f"Calibrated alpha: **{results['calibration']['alpha']}**.", ""]
-    out += ["| member | method | steps | seed | acc512 | primary acc | needle | PPL | LongPPL | LongPPL (K2) | key tokens | excluded |"]
+    out += ["PPL and LongPPL with their bootstrap intervals over documents; LongPPL (K2): the secondary window.", ""]
+    out += [
+        "| member | method | steps | seed | acc512 | primary acc | needle | PPL | LongPPL | LongPPL (K2) | key tokens | excluded |"
+    ]
     out += ["|---" * 12 + "|"]
     for r in results["members"]:
         out.append(
             f"| {r['member']} | {r['method']} | {r['steps']} | {r['seed']} | {_fmt(r['acc512'])} | "
-            f"{_fmt(r['primary_accuracy'])} | {_fmt(r['needle'])} | {_fmt(r['ppl'], 2)} | {_fmt(r['longppl'], 2)} | "
+            f"{_fmt(r['primary_accuracy'])} | {_fmt(r['needle'])} | {_interval(r['intervals']['ppl'])} | "
+            f"{_interval(r['intervals']['longppl'])} | "
             f"{_fmt(r['longppl_secondary'], 2)} | {r['key_tokens']:.0f} | {r['exclusion_reason'] or ''} |"
         )
-    for label, found in results["statistics"].items():
-        out += ["", f"## Statistics ({label} members)", ""]
+    sections = [(f"{label} members, primary accuracy", found) for label, found in results["statistics"].items()]
+    sections += [(f"secondary: {label}", found) for label, found in results["secondary_statistics"].items()]
+    for label, found in sections:
+        out += ["", f"## Statistics ({label})", ""]
         if "skipped" in found:
             out.append(f"Skipped: {found['skipped']}.")
             continue
-        out += ["| correlation with primary accuracy | LongPPL | PPL | LongPPL - PPL (p) |", "|---|---|---|---|"]
+        out += ["| correlation | LongPPL | PPL | LongPPL - PPL (p) |", "|---|---|---|---|"]
         for method in ("pearson", "spearman"):
             for suffix, label_ in (("", "members"), ("_by_method", "clusters: methods")):
-                l, p, d = (found[method][k + suffix] for k in ("longppl", "ppl", "difference"))
+                lp, p, d = (found[method][k + suffix] for k in ("longppl", "ppl", "difference"))
                 out.append(
-                    f"| {method} ({label_}) | {_fmt(l['value'])} [{_fmt(l['low'])}, {_fmt(l['high'])}] | "
+                    f"| {method} ({label_}) | {_fmt(lp['value'])} [{_fmt(lp['low'])}, {_fmt(lp['high'])}] | "
                     f"{_fmt(p['value'])} [{_fmt(p['low'])}, {_fmt(p['high'])}] | {_fmt(d['value'])} ({_fmt(d['p_two_sided'])}) |"
                 )
         w, partial = found["williams_t"], found["partial_given_acc512"]
-        out += ["", f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 {_fmt(partial['value'])}."]
-        out.append(f"Inconclusive: {found['inconclusive']} ({found['at_floor_or_ceiling']} of {found['n']} at floor or ceiling).")
-    answer = results["answer_tokens"]
-    out += ["", f"## Answer tokens (E1 {answer['evaluator']}, {answer['answer_tokens']} of {answer['tokens']} tokens)", ""]
-    for alpha, found in answer["by_alpha"].items():
+        out += [
+            "",
+            f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 {_fmt(partial['value'])}.",
+        ]
         out.append(
-            f"- alpha {alpha}: balanced accuracy LSD {_fmt(found['lsd']['balanced_accuracy'])}, "
-            f"LSD+LCL {_fmt(found['lsd+lcl']['balanced_accuracy'])}"
+            f"Inconclusive: {found['inconclusive']} ({found['at_floor_or_ceiling']} of {found['n']} at floor or ceiling)."
         )
+    answer = results["answer_tokens"]
+    out += [
+        "",
+        f"## Answer tokens (E1 {answer['evaluator']}, {answer['answer_tokens']} of {answer['tokens']} tokens)",
+        "",
+    ]
+    for alpha, found in answer["by_alpha"].items():
+        for rule in ("lsd", "lsd+lcl"):
+            got = found[rule]
+            recall, specificity = got.get("recall_interval"), got.get("specificity_interval")
+            out.append(
+                f"- alpha {alpha}, {rule}: balanced accuracy {_fmt(got['balanced_accuracy'])}; recall "
+                f"{_fmt(got['recall'])} {_pair(recall)}, specificity {_fmt(got['specificity'])} {_pair(specificity)} "
+                f"({found['n_answer']} answer, {found['n_other']} other tokens)"
+            )
     out += ["", "## Wall time (seconds, summed over calls)", ""]
     for group, entries in results["timings"].items():
         out.append(f"- {group}: " + ", ".join(f"{name} {e['seconds']:.1f}" for name, e in entries.items()))
@@ -942,7 +1068,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = tool_parser(prog, __doc__)
     parser.add_argument("--config", required=True, help="the experiment's YAML config (required)")
     parser.add_argument("--output-dir", required=True, help="where every stage writes (kept between calls; required)")
-    parser.add_argument("--corpus", help="training books (.jsonl, .jsonl.gz, datasets dir or Hub id); overrides the config's")
+    parser.add_argument(
+        "--corpus", help="training books (.jsonl, .jsonl.gz, datasets dir or Hub id); overrides the config's"
+    )
     parser.add_argument("--validation-corpus", help="validation books, same formats; overrides the config's")
     parser.add_argument(
         "--stages",
