@@ -755,20 +755,12 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
         model, tokenizer = population.load_member(folder, population.device_of(pop))
         cases = {n: population.read_cases(run, f"lines-{n}.jsonl") for n in evaluation.lines_lengths}
         record = {"run": arm.name, "method": arm.method, "seed": arm.seed, "rerun": arm.rerun}
-        record["lines"] = {
-            str(n): _without_outputs(population.lines_result(model, tokenizer, group, pop))
-            for n, group in cases.items()
-        }
-        record["acc512"] = _without_outputs(
-            population.lines_result(
-                model, tokenizer, population.read_cases(run, f"gate-{pop.base.gate.length}.jsonl"), pop
-            )
-        )
+        # every benchmark keeps its outputs (what the model answered), as the population's records do
+        record["lines"] = {str(n): population.lines_result(model, tokenizer, group, pop) for n, group in cases.items()}
+        gate_cases = population.read_cases(run, f"gate-{pop.base.gate.length}.jsonl")
+        record["acc512"] = population.lines_result(model, tokenizer, gate_cases, pop)
         needle_cases = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
-        found = needle.needle_accuracy(
-            model, tokenizer, needle_cases, max_new_tokens=evaluation.max_new_tokens, batch_size=evaluation.batch_size
-        )
-        record["needle"] = _without_outputs(found)
+        record["needle"] = population.lines_result(model, tokenizer, needle_cases, pop, needle.needle_accuracy)
         record["log_likelihood"] = {
             str(n): lines.answer_log_likelihood(model, tokenizer, group, batch_size=evaluation.batch_size)
             for n, group in cases.items()
@@ -787,14 +779,6 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
         run.log(
             f"evaluate: {arm.name} primary accuracy {mean:.3f}, acc512 {record['acc512']['accuracy']:.3f}, PPL {record['ppl']:.2f}"
         )
-
-
-def _without_outputs(found: dict) -> dict:
-    """A benchmark's counts without its per-case lists (outputs stay in the model's evaluation only)."""
-    kept = {k: v for k, v in found.items() if k in ("accuracy", "correct", "total", "no_number")}
-    if "has_number" in found:
-        kept["no_number"] = sum(not has for has in found["has_number"])
-    return kept
 
 
 def stage_evaluate(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
