@@ -285,3 +285,15 @@ def test_the_command_reports_a_bad_config_in_one_line(tmp_path, capsys):
             ["--config", _config(tmp_path), "--corpus", DATA, "--output-dir", str(tmp_path / "o"), "--seeds", "0,7"]
         )
     assert "--seeds names [7], which are not in the config's finetune.seeds [0, 1]" in str(exit_.value.code)
+
+
+def test_stages_run_in_pipeline_order_and_unknown_ones_are_named(capsys):
+    parser = comparison.build_parser("longppl-reproduce-longce")
+    common = ["--config", SMOKE, "--output-dir", "out"]
+    assert parser.parse_args([*common, "--stages", "report,start"]).stages == ["start", "report"]
+    assert parser.parse_args([*common, "--stages", "all"]).stages == list(comparison.STAGES)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*common, "--stages", "start,train"])
+    assert "unknown stages ['train']; choose from start, extend, cache, finetune, evaluate, rerun, report" in (
+        capsys.readouterr().err
+    )

@@ -1099,16 +1099,6 @@ def format_report(results: dict) -> str:
 # ------------------------------------------------------------------ command line
 
 
-def parse_stages(value: str) -> list[str]:
-    names = [s.strip() for s in value.split(",") if s.strip()]
-    if names == ["all"]:
-        return list(STAGES)
-    unknown = [s for s in names if s not in STAGES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown stages {unknown or value!r}; choose from {', '.join(STAGES)} or all")
-    return [s for s in STAGES if s in names]
-
-
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     parser = tool_parser(prog, __doc__)
@@ -1123,7 +1113,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--second-evaluator", help="E2's model folder; overrides the config's")
     parser.add_argument(
         "--stages",
-        type=parse_stages,
+        type=lambda value: population.parse_stages(value, STAGES),
         default=list(STAGES),
         help=f"comma-separated stages of {', '.join(STAGES)}, or all (default)",
     )
