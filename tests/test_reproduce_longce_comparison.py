@@ -70,6 +70,9 @@ def test_smoke_run_has_every_method_and_seed_with_curves_at_the_configured_point
         else:
             assert row["longppl"] > 1 and row["longppl_evaluator"] == "E1"
     assert found["runs"][0]["curve"][0] == found["extended_base"]["curve_point"]
+    # alpha: calibrated -> the population's calibration of alpha on E1, run in this folder
+    calibrated = json.loads((out / "eval" / "calibration.json").read_text())["alpha"]
+    assert {row["alpha"] for row in found["runs"]} == {calibrated} == {on_disk["longppl"]["alpha"]}
     assert set(found["summary"]) == {"ce", "self", "cache", "ce-wallclock"}
     assert set(found["differences"]) == {"self - ce", "cache - ce", "ce-wallclock - ce", "self - ce-wallclock"}
     assert found["differences"]["self - ce"]["ppl"]["n"] == 2
@@ -231,6 +234,7 @@ def test_the_h200_config_is_the_plan():
     assert (tuning.window.trunc_len, tuning.window.sliding_window) == (256, 64)
     assert tuning.eval_steps == (250, 500, 1000) and tuning.mix.asked_within == 256
     assert (config.void.at_step, config.void.min_ratio, config.rerun.lr_factor) == (250, 0.5, 0.5)
+    assert config.scoring.alpha == "calibrated" and config.scoring.beta == -2.0
     assert pop.evaluation.cases == 300 and pop.evaluation.beyond == 256
 
 
@@ -261,6 +265,7 @@ def test_the_h200_config_is_the_plan():
         ({"base_model": "/nowhere/B"}, r"base_model \(--base-model\) = '/nowhere/B' is not a model folder"),
         ({"population": "/nowhere/population.yaml"}, r"population = '/nowhere/population\.yaml': no such file"),
         ({"surprise": 1}, r"surprise: unknown key"),
+        ({"scoring.alpha": "tuned"}, r"scoring\.alpha = 'tuned': must be a number or 'calibrated'"),
     ],
 )
 def test_bad_configs_are_refused_naming_the_key_and_value(tmp_path, changes, message):

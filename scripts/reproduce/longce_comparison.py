@@ -118,10 +118,12 @@ class Finetuning:
 
 @dataclass(frozen=True)
 class Scoring:
-    """LongPPL of the fine-tuned models: ``window`` (K, d), key iff LSD > ``alpha`` and LCL > ``beta``."""
+    """LongPPL of the fine-tuned models: ``window`` (K, d), key iff LSD > ``alpha`` and LCL > ``beta``;
+    ``alpha: calibrated`` takes the population's calibration of alpha on E1 (its ``calibrate`` stage,
+    run here on the same E1 and documents, so the value is the population run's)."""
 
     window: Window
-    alpha: float
+    alpha: float | Literal["calibrated"]
     beta: float = -2.0
 
 
@@ -663,9 +665,11 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
     )
     run.log(f"finetune: {arm.name} ({steps} steps x {sequences} sequences, lr {lr:g})")
     start = time.perf_counter()
-    result = trainer.train()
+    try:
+        result = trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - start
-    shutil.rmtree(scratch, ignore_errors=True)
     # the first step pays one-off costs (allocator warm-up, kernel selection): the median is the step time
     ordered = sorted(step_seconds[1:] or step_seconds)
     record = {
@@ -732,6 +736,14 @@ def longppl_evaluator(config: Comparison, pop: Population, arm: Arm) -> str | No
     return None if arm.method == "cache" else first
 
 
+def scoring_alpha(config: Comparison, pop: Population, run: RunFolder) -> float:
+    """``scoring.alpha``, or the population's calibrated alpha (calibrated here first if need be)."""
+    if config.scoring.alpha != "calibrated":
+        return config.scoring.alpha
+    population.stage_calibrate(pop, run)
+    return population.calibrated_alpha(run)
+
+
 def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected: list[Arm]) -> None:
     """Every benchmark, PPL and LongPPL of each trained run in ``selected`` -> ``eval/finetuned/<run>.json``."""
     from . import lines, needle
@@ -742,6 +754,7 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
     for arm in selected:
         if run.has("eval", "finetuned", f"{arm.name}.json"):
             continue
+        alpha = scoring_alpha(config, pop, run)
         folder = arm_folder(run, arm)
         if not is_trained(folder):
             raise ValueError(f"{arm.name} is not trained ({folder}): run the 'finetune' stage first.")
@@ -751,7 +764,7 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
         cache = population.evaluator_cache(pop, run, evaluator or evaluator_names(config, pop)[0], window, "validation")
         if cache not in caches:
             caches[cache] = population.cache_scores(cache)
-        column = {"cache": cache, "alpha": config.scoring.alpha, "beta": config.scoring.beta, "soft": False}
+        column = {"cache": cache, "alpha": alpha, "beta": config.scoring.beta, "soft": False}
         model, tokenizer = population.load_member(folder, population.device_of(pop))
         cases = {n: population.read_cases(run, f"lines-{n}.jsonl") for n in evaluation.lines_lengths}
         record = {"run": arm.name, "method": arm.method, "seed": arm.seed, "rerun": arm.rerun}
@@ -771,6 +784,7 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
         record["ppl"] = scores["ppl"]
         record["longppl"] = scores["longppl"] if evaluator else None
         record["longppl_evaluator"] = evaluator
+        record["alpha"], record["beta"] = alpha, config.scoring.beta
         record["key_tokens"] = scores["key_tokens"] if evaluator else None
         record["seconds"] = time.perf_counter() - start
         run.write_json(record, "eval", "finetuned", f"{arm.name}.json")
@@ -867,6 +881,8 @@ def arm_row(run: RunFolder, arm: Arm) -> dict:
         "ppl": found["ppl"],
         "longppl": found["longppl"],
         "longppl_evaluator": found["longppl_evaluator"],
+        "key_tokens": found["key_tokens"],
+        "alpha": found["alpha"],
         "device": trained["device"],
     }
 
@@ -965,6 +981,11 @@ def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None
         "population_config": dataclasses.asdict(pop),
         "seeds": {"run": pop.seed, "finetune": list(config.finetune.seeds), pop.base.name: pop.base.seed},
         "evaluators": {"E1": first, "E2": second},
+        "longppl": {
+            **dataclasses.asdict(config.scoring.window),
+            "alpha": next(iter(extensions.values()))["runs"][0]["alpha"],  # the number, calibrated or given
+            "beta": config.scoring.beta,
+        },
         "base_gate": run.read_json("eval", "gates", f"{pop.base.name}.json")["accuracy"],
         "extensions": extensions,
         "timings": run.timings(),
@@ -1065,6 +1086,9 @@ def format_report(results: dict) -> str:
             f"{evaluators['E2']} (E2)."
             if evaluators["E2"]
             else f"{evaluators['E1']} (E1; none for the cache method, which E1 weighted)."
+        )
+        + " Key tokens: K {trunc_len}, d {sliding_window}, LSD > {alpha:g}, LCL > {beta:g}.".format(
+            **results["longppl"]
         )
     )
     for name, found in results["extensions"].items():
