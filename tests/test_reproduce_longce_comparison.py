@@ -107,6 +107,23 @@ def test_ce_wallclock_runs_for_self_s_measured_wall_time(smoke):
 
 
 @pytest.mark.slow
+def test_every_method_sees_a_seed_s_data_in_the_same_order(smoke):
+    """The plain CE of the first batch, before any update (LongCE logs it as ``ce_loss``): the same
+    for every method of a seed, since they start from one model on the same first batch."""
+    out = smoke["out"]
+    first_batch = {}
+    for seed in (0, 1):
+        for method in ("ce", "self", "cache", "ce-wallclock"):
+            record = json.loads(
+                (out / "models" / "finetuned" / f"yarn2-{method}-s{seed}" / "training.json").read_text()
+            )
+            step_one = next(entry for entry in record["log_history"] if entry.get("step") == 1 and "ce_loss" in entry)
+            first_batch.setdefault(seed, set()).add(round(float(step_one["ce_loss"]), 5))
+    assert all(len(losses) == 1 for losses in first_batch.values()), first_batch
+    assert first_batch[0] != first_batch[1]  # another seed, another order
+
+
+@pytest.mark.slow
 def test_a_second_call_skips_finished_work(smoke):
     out, logged = smoke["out"], smoke["logged"]
     assert {p: os.path.getmtime(p) for p in _model_records(out)} == smoke["stamps"]
