@@ -30,15 +30,19 @@ stage skips what its files say is done):
   weights -> ``data/finetune-cache-weights/`` (only when ``cache`` is a method).
 - ``finetune``: every run -> ``models/finetuned/<extension>-<method>-s<seed>/``, with its step
   times and its accuracy curve at ``finetune.eval_steps`` (accuracy at 512 and on the primary
-  benchmark); a finished run is never retrained.
+  benchmark); a finished run is never retrained, one cut off is trained again from its start.
+  ``--seeds`` splits the runs over calls.
 - ``evaluate``: per run -> ``eval/finetuned/<run>.json``: lines accuracy at the primary lengths
   (asked line beyond K), at 512, needle, the answer digits' log-likelihood, PPL and LongPPL under
   an evaluator that supplied no training weights (E2 when there is one, else E1 for every method
   but ``cache``).
-- ``rerun``: when the void rule holds for an extension (``rerun.when: void``; ``always`` / ``never``
-  force it), ``rerun.methods`` again at ``rerun.lr_factor`` times the learning rate, trained and
-  evaluated as above (``<extension>-<method>-rerun-s<seed>``).
-- ``report``: ``results.json`` (every run and seed), ``report.md``, ``figures/accuracy_vs_steps.png``.
+- ``rerun``: when the void rule holds for an extension (CE's accuracy at 512 at step
+  ``void.at_step``, mean over seeds, below ``void.min_ratio`` of the extended base's; ``rerun.when:
+  void``, or ``always`` / ``never``), ``rerun.methods`` again at ``rerun.lr_factor`` times the
+  learning rate, trained and evaluated as above (``<extension>-<method>-rerun-s<seed>``).
+- ``report``: ``results.json`` (every run and seed, mean and standard deviation per method, the
+  paired difference of each method against ``ce`` across seeds with its t interval, the void rule,
+  the verdict), ``report.md``, ``figures/accuracy_vs_steps-<extension>.png``.
 """
 
 from __future__ import annotations
