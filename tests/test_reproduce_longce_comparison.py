@@ -29,13 +29,14 @@ def smoke(tmp_path_factory):
     """One whole run of the smoke config, then a second call of every stage over the same folder."""
     out = tmp_path_factory.mktemp("comparison") / "run"
     argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(out)]
-    first = comparison.main(argv)
+    printed = [io.StringIO(), io.StringIO()]  # the progress lines of each call
+    with contextlib.redirect_stdout(printed[0]):
+        first = comparison.main(argv)
     stamps = {p: os.path.getmtime(p) for p in _model_records(out)}
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):  # the run's progress lines
+    with contextlib.redirect_stdout(printed[1]):
         second = comparison.main(argv)
-    logged = printed.getvalue().splitlines()
-    return {"out": out, "first": first, "second": second, "stamps": stamps, "logged": logged}
+    first_log, logged = (p.getvalue().splitlines() for p in printed)
+    return {"out": out, "first": first, "second": second, "stamps": stamps, "first_log": first_log, "logged": logged}
 
 
 def _model_records(out) -> list[str]:
@@ -88,6 +89,17 @@ def test_smoke_run_has_every_method_and_seed_with_curves_at_the_configured_point
     assert on_disk["figures"] and all((out / path).is_file() for path in on_disk["figures"])
     # the Trainer's scratch folders are gone, and no temporary folder is left beside the outputs
     assert not [name for name in os.listdir(out) if name.startswith(".")]
+
+
+@pytest.mark.slow
+def test_the_pool_is_tokenized_and_weighted_once_for_every_run(smoke):
+    made = [line for line in smoke["first_log"] if line.startswith(("finetune: the pool", "cache: the pool"))]
+    assert [line.split(" -> ")[0] for line in made] == [
+        "cache: the pool with E1's LongCE weights",
+        "finetune: the pool tokenized",
+    ]
+    for name in ("finetune-tokens", "finetune-cache-weights"):
+        assert (smoke["out"] / "data" / name / "key.json").is_file()
 
 
 @pytest.mark.slow
@@ -149,6 +161,10 @@ def test_base_and_evaluator_are_taken_from_another_run_s_folders(smoke, tmp_path
             models / name / "model.safetensors"
         ).read_bytes()
     assert (out / "eval" / "gates" / "B.json").is_file()
+    # the models of the output folder itself are taken where they are
+    here = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(smoke["out"]), "--stages", "start"]
+    comparison.main([*here, "--base-model", str(models / "B"), "--evaluator", str(models / "E1")])
+    assert "imported_from" not in json.loads((models / "B" / "training.json").read_text())
     # this folder's B came from there: another B is refused, not mixed in
     with pytest.raises(ValueError, match=r"holds B from .*models/B, not .*models/E1: .*another --output-dir"):
         comparison.main([*argv, "--base-model", str(models / "E1"), "--evaluator", str(models / "E1")])

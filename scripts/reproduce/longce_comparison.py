@@ -15,8 +15,9 @@ fine-tuned by each method, each seed, on the same data in the same order per see
 The config (:class:`Comparison`) names a population config, whose data, benchmarks and models
 (tokenizer, B, E1, optional E2, test cases, validation documents) this experiment shares: B and E1
 are either given (model folders of a population run or its export: ``base_model``, ``evaluator``,
-``--base-model``, ``--evaluator``; copied into this run folder) or trained here by the population's
-own stage functions, from the same config and seeds.
+``--base-model``, ``--evaluator``; copied into this run folder), found in it (``--output-dir`` the
+population run's own folder: its tokenizer, data and models are kept), or trained here by the
+population's own stage functions, from the same config and seeds.
 
 Stages (``--stages``, comma separated, or ``all``), each resumable (files written atomically, a
 stage skips what its files say is done):
@@ -299,6 +300,8 @@ def import_model(run: RunFolder, source: str, name: str) -> None:
     from .family import TRAINING_RECORD, is_trained
 
     target = population.model_folder(run, name)
+    if os.path.abspath(source) == target:  # the population's own run folder: the model is already here
+        return
     if is_trained(target):
         record = run.read_json("models", name, TRAINING_RECORD)
         if record.get("imported_from") != source:
@@ -369,7 +372,7 @@ def stage_start(config: Comparison, pop: Population, run: RunFolder, seeds=None)
             continue
         if given[name]:
             import_model(run, given[name], name)
-            if name in specs:
+            if name in specs and specs[name].enabled:  # a disabled spec has no gate cases
                 population.check_gate(pop, run, specs[name])
         else:
             population.pretrain(pop, run, specs[name])
@@ -482,52 +485,69 @@ def stage_extend(config: Comparison, pop: Population, run: RunFolder, seeds=None
 # ------------------------------------------------------------------ cache
 
 
+def saved_dataset(run: RunFolder, name: str, key: dict, build, log: str):
+    """The dataset ``build()`` returns, made once and saved to ``data/<name>/`` with ``key`` (what it
+    was made from), then loaded memory-mapped by every run and later call; a changed key makes it again."""
+    from datasets import load_from_disk
+
+    from longppl.atomic_files import replace_directory_atomically
+
+    folder = os.path.dirname(run.path("data", name, "x"))
+    if not (run.has("data", name, "key.json") and run.read_json("data", name, "key.json") == key):
+        found = build()
+
+        def write(tmp: str) -> None:
+            found.save_to_disk(os.path.join(tmp, "dataset"))
+            with open(os.path.join(tmp, "key.json"), "w", encoding="utf-8") as handle:
+                json.dump(key, handle)  # last: a folder with its key is complete
+
+        replace_directory_atomically(folder, write)
+        run.log(f"{log} -> {folder}")
+    return load_from_disk(os.path.join(folder, "dataset"))
+
+
+def pool_key(config: Comparison, run: RunFolder, tokenizer) -> dict:
+    """What the tokenized pool depends on: its texts, the tokenizer, the sequence length."""
+    from longppl.fingerprints import file_sha256, tokenizer_fingerprint
+
+    return {
+        "length": config.finetune.training.seq_len,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "finetune_sha256": file_sha256(run.path("data", "finetune.jsonl")),
+    }
+
+
 def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, tokenizer):
     """The fine-tuning pool with E1's ``longce_weights`` (``longce.add_key_token_weights``) from E1's
-    key-token cache of the pool, made once (``data/finetune-cache-weights/``, with the key it was
-    made with) and loaded memory-mapped by every ``cache`` run; a changed key makes it again."""
-    from datasets import Dataset, load_from_disk
+    key-token cache of the pool (LongCE's window), made once: ``data/finetune-cache-weights/``."""
+    from datasets import Dataset
 
     from longce import add_key_token_weights
-    from longppl.atomic_files import replace_directory_atomically
-    from longppl.fingerprints import file_sha256, tokenizer_fingerprint
+    from longppl.fingerprints import file_sha256
     from longppl.key_token_cache import CHECKSUM_FILE
 
     first, _ = evaluator_names(config, pop)
     cache = population.evaluator_cache(pop, run, first, config.finetune.window, "finetune")
     key = {
+        **pool_key(config, run, tokenizer),
         "evaluator": population.model_folder(run, first),
         "gamma": config.finetune.gamma,
-        "length": config.finetune.training.seq_len,
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-        "finetune_sha256": file_sha256(run.path("data", "finetune.jsonl")),
         # the cache's own record of its files: it changes whenever the cache is rewritten
         "cache_checksums_sha256": file_sha256(os.path.join(cache, CHECKSUM_FILE)),
     }
-    folder = os.path.dirname(run.path("data", "finetune-cache-weights", "x"))
-    if (
-        run.has("data", "finetune-cache-weights", "key.json")
-        and run.read_json("data", "finetune-cache-weights", "key.json") == key
-    ):
-        return load_from_disk(os.path.join(folder, "dataset"))
-    found = add_key_token_weights(
-        Dataset.from_dict({"text": population.read_texts(run.path("data", "finetune.jsonl"))}),
-        key_tokens=cache,
-        tokenizer=tokenizer,
-        gamma=key["gamma"],
-        max_length=key["length"],
-        evaluator=key["evaluator"],  # the cache keeps another evaluator's rows beside: take this one's
-        add_special_tokens=False,  # the population's convention: no BOS, every token of a text counts
-    ).remove_columns(["text"])
 
-    def write(tmp: str) -> None:
-        found.save_to_disk(os.path.join(tmp, "dataset"))
-        with open(os.path.join(tmp, "key.json"), "w", encoding="utf-8") as handle:
-            json.dump(key, handle)  # last: a folder with its key is complete
+    def build():
+        return add_key_token_weights(
+            Dataset.from_dict({"text": population.read_texts(run.path("data", "finetune.jsonl"))}),
+            key_tokens=cache,
+            tokenizer=tokenizer,
+            gamma=key["gamma"],
+            max_length=key["length"],
+            evaluator=key["evaluator"],  # the cache keeps another evaluator's rows beside: take this one's
+            add_special_tokens=False,  # the population's convention: no BOS, every token of a text counts
+        ).remove_columns(["text"])
 
-    replace_directory_atomically(folder, write)
-    run.log(f"cache: the fine-tuning pool with {first}'s LongCE weights -> {folder}")
-    return load_from_disk(os.path.join(folder, "dataset"))
+    return saved_dataset(run, "finetune-cache-weights", key, build, f"cache: the pool with {first}'s LongCE weights")
 
 
 def stage_cache(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
@@ -564,20 +584,24 @@ def arm_steps(config: Comparison, run: RunFolder, arm: Arm) -> tuple[int, float 
 
 
 def finetune_dataset(config: Comparison, pop: Population, run: RunFolder, method: str, tokenizer):
-    """The pool as ``input_ids`` of at most ``seq_len`` tokens (the same rows for every method),
-    with E1's ``longce_weights`` for ``cache``."""
+    """The pool as ``input_ids`` of at most ``seq_len`` tokens (the same rows for every method, so a
+    seed orders them alike), with E1's ``longce_weights`` for ``cache``; tokenized once
+    (``data/finetune-tokens/``)."""
     from datasets import Dataset
 
     if method == "cache":
         return cache_weights_dataset(config, pop, run, tokenizer)
-    length = config.finetune.training.seq_len
+    key = pool_key(config, run, tokenizer)
 
-    def tokenize(batch: dict) -> dict:
-        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-        return {"input_ids": [row[:length] for row in ids]}
+    def build():
+        def tokenize(batch: dict) -> dict:
+            ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+            return {"input_ids": [row[: key["length"]] for row in ids]}
 
-    texts = population.read_texts(run.path("data", "finetune.jsonl"))
-    return Dataset.from_dict({"text": texts}).map(tokenize, batched=True).remove_columns(["text"])
+        texts = population.read_texts(run.path("data", "finetune.jsonl"))
+        return Dataset.from_dict({"text": texts}).map(tokenize, batched=True).remove_columns(["text"])
+
+    return saved_dataset(run, "finetune-tokens", key, build, "finetune: the pool tokenized")
 
 
 def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> None:
