@@ -1111,9 +1111,9 @@ def format_report(results: dict) -> str:
     out.append(
         f"B's gate accuracy: {_fmt(results['base_gate'])}. LongPPL evaluator: "
         + (
-            f"{evaluators['E2']} (E2)."
+            f"{evaluators['E2']}, the second evaluator."
             if evaluators["E2"]
-            else f"{evaluators['E1']} (E1; none for the cache method, which E1 weighted)."
+            else f"{evaluators['E1']}, the first evaluator (none for the cache method, which it weighted)."
         )
         + " Key tokens: K {trunc_len}, d {sliding_window}, LSD > {alpha:g}, LCL > {beta:g}.".format(
             **results["longppl"]
