@@ -15,8 +15,10 @@ from longppl_reproduce.statistics import (
     fisher_interval,
     normal_quantile,
     paired_bootstrap_difference,
+    paired_t_interval,
     partial_correlation,
     student_t_cdf,
+    student_t_quantile,
     williams_t,
     wilson_interval,
 )
@@ -215,3 +217,47 @@ def test_bootstrap_mean_is_the_percentile_interval_of_resampled_means():
 def test_williams_t_refuses_perfectly_correlated_predictors(r_ab):
     with pytest.raises(ValueError, match=r"r_ab=.*perfectly correlated, so Williams' t is undefined"):
         williams_t(-0.6, -0.6 * r_ab, r_ab, 20)
+
+
+# Two-sided 95% critical values of Student's t from the printed tables (e.g. Fisher and Yates).
+T_975 = {1: 12.706205, 2: 4.302653, 4: 2.776445, 9: 2.262157, 29: 2.045230}
+
+
+@pytest.mark.parametrize("df", sorted(T_975))
+def test_student_t_quantile_matches_the_tables_and_inverts_the_integrated_cdf(df):
+    q = student_t_quantile(0.975, df)
+    assert math.isclose(q, T_975[df], abs_tol=2e-6)
+    assert math.isclose(integrated_t_cdf(q, df, steps=20000), 0.975, abs_tol=1e-9)
+    assert math.isclose(student_t_quantile(0.025, df), -q, rel_tol=1e-9)
+
+
+def test_paired_t_interval_matches_the_textbook_interval_typed_out():
+    ce = [0.41, 0.38, 0.45, 0.40, 0.36]
+    longce = [0.47, 0.40, 0.52, 0.49, 0.37]
+    d = [x - y for x, y in zip(longce, ce)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))
+    half = T_975[n - 1] * sd / math.sqrt(n)
+    found = paired_t_interval(longce, ce)
+    assert math.isclose(found["value"], mean, rel_tol=1e-12)
+    assert math.isclose(found["sd"], sd, rel_tol=1e-12)
+    assert math.isclose(found["low"], mean - half, abs_tol=1e-6)
+    assert math.isclose(found["high"], mean + half, abs_tol=1e-6)
+    t = mean / (sd / math.sqrt(n))
+    assert math.isclose(found["t"], t, rel_tol=1e-12) and found["df"] == n - 1
+    assert math.isclose(found["p_two_sided"], 2 * integrated_t_cdf(-abs(t), n - 1, steps=20000), abs_tol=1e-9)
+    # the order of the arms flips the sign, not the width
+    flipped = paired_t_interval(ce, longce)
+    assert math.isclose(flipped["low"], -found["high"], abs_tol=1e-12)
+
+
+def test_paired_t_interval_of_equal_differences_and_bad_inputs():
+    found = paired_t_interval([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
+    assert found["low"] == found["high"] == 2.0 and found["p_two_sided"] == 0.0
+    with pytest.raises(ValueError, match="got 1 pair.*at least 2"):
+        paired_t_interval([0.5], [0.4])
+    with pytest.raises(ValueError, match="one length"):
+        paired_t_interval([0.5, 0.6], [0.4])
+    with pytest.raises(ValueError, match="p=1.5 is not a probability"):
+        student_t_quantile(1.5, 3)

@@ -1120,14 +1120,16 @@ def stage_export(config: Population, run: RunFolder, members=None, export_dir: s
 # ------------------------------------------------------------------ command line
 
 
-def parse_stages(value: str) -> list[str]:
+def parse_stages(value: str, stages: tuple[str, ...] = STAGES) -> list[str]:
+    """The stages named in ``value`` (comma separated; ``all``: every one but ``export``), in the
+    order of ``stages`` (this pipeline's, or another's that shares the command line's form)."""
     names = [s.strip() for s in value.split(",") if s.strip()]
     if names == ["all"]:
-        return [s for s in STAGES if s != "export"]
-    unknown = [s for s in names if s not in STAGES]
+        return [s for s in stages if s != "export"]
+    unknown = [s for s in names if s not in stages]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown stages {unknown or value!r}; choose from {', '.join(STAGES)} or all")
-    return [s for s in STAGES if s in names]
+        raise argparse.ArgumentTypeError(f"unknown stages {unknown or value!r}; choose from {', '.join(stages)} or all")
+    return [s for s in stages if s in names]
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

@@ -26,10 +26,12 @@ __all__ = [
     "fisher_interval",
     "normal_quantile",
     "paired_bootstrap_difference",
+    "paired_t_interval",
     "partial_correlation",
     "pearson",
     "spearman",
     "student_t_cdf",
+    "student_t_quantile",
     "wilson_interval",
     "williams_t",
 ]
@@ -203,6 +205,71 @@ def student_t_cdf(t: float, df: float) -> float:
     # P(|T| > |t|) = I_{df / (df + t^2)}(df / 2, 1 / 2)
     tail = _regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
     return 1.0 - tail / 2.0 if t > 0 else tail / 2.0
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df > 0`` degrees of freedom, ``0 < p < 1``: the
+    root of :func:`student_t_cdf` by bisection (the cdf is monotone, so bisection cannot miss it)."""
+    if not 0 < p < 1:
+        raise ValueError(f"p={p!r} is not a probability strictly between 0 and 1.")
+    if not df > 0:
+        raise ValueError(f"df={df!r}: Student's t needs more than 0 degrees of freedom.")
+    low, high = -1.0, 1.0
+    while student_t_cdf(low, df) > p:
+        low *= 2
+    while student_t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        if student_t_cdf(middle, df) < p:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-12 * max(1.0, abs(middle)):
+            break
+    return (low + high) / 2
+
+
+def paired_t_interval(a, b, level: float = 0.95) -> dict:
+    """The mean of the paired differences ``a[i] - b[i]`` (``[n]`` each, item ``i`` of both from the
+    same unit, e.g. a seed) with its Student t interval: ``mean -+ q * sd / sqrt(n)``, ``sd`` the
+    sample standard deviation of the differences, ``q`` the t quantile of ``(1 + level) / 2`` with
+    ``n - 1`` degrees of freedom.
+
+    Returns:
+        ``{"value", "low", "high", "sd", "n", "df", "t", "p_two_sided", "level"}``; differences that
+        are all equal give the interval ``[value, value]`` (no spread to estimate), ``t`` infinite
+        (NaN when the value is 0) and ``p`` 0 (1).
+    """
+    level = _check_level(level)
+    a, b = _columns(("a", "b"), (a, b))
+    n = a.shape[0]
+    if n < 2:
+        raise ValueError(f"paired_t_interval got {n} pair(s); a t interval needs at least 2 (e.g. 2 seeds).")
+    differences = a - b
+    mean = float(differences.mean())
+    sd = float(differences.std(ddof=1))
+    df = n - 1
+    if sd == 0:
+        t = math.nan if mean == 0 else math.copysign(math.inf, mean)
+        low = high = mean
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        standard_error = sd / math.sqrt(n)
+        half = student_t_quantile((1 + level) / 2, df) * standard_error
+        low, high, t = mean - half, mean + half, mean / standard_error
+        p = min(1.0, 2.0 * student_t_cdf(-abs(t), df))
+    return {
+        "value": mean,
+        "low": low,
+        "high": high,
+        "sd": sd,
+        "n": n,
+        "df": df,
+        "t": t,
+        "p_two_sided": p,
+        "level": level,
+    }
 
 
 def williams_t(r_ay: float, r_by: float, r_ab: float, n: int) -> dict:
