@@ -21,12 +21,14 @@ from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, t
 from reference import evaluator_scores
 
 from longppl.key_tokens import key_token_mask
+from longppl.settings import KeyTokenRule
 from longppl.tools import compute_key_tokens
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "tensor_parallel_worker.py")
 K, D = 40, 12
 ALPHA, BETA = 0.005, -50.0  # thresholds a random tiny model's log-probs cross: some tokens key, some not
+RULE = KeyTokenRule(alpha=ALPHA, beta=BETA)
 FAMILIES = ("llama", "mistral", "qwen2")
 # name -> (family, config changes): the three families, and one with the LM head tied to the
 # embedding (its checkpoint holds no lm_head.weight; the split model must tie it again)
@@ -75,8 +77,8 @@ def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path):
                 assert rank[f"ids_{index}"].tolist() == ids
                 np.testing.assert_allclose(rank[f"lp_long_{index}"], expected_long, atol=TOLERANCE, equal_nan=True)
                 np.testing.assert_allclose(rank[f"lp_short_{index}"], expected_short, atol=TOLERANCE, equal_nan=True)
-                got = key_token_mask(rank[f"lp_long_{index}"], rank[f"lp_short_{index}"], ALPHA, BETA)
-                want = key_token_mask(expected_long, expected_short, ALPHA, BETA)
+                got = key_token_mask(rank[f"lp_long_{index}"], rank[f"lp_short_{index}"], RULE)
+                want = key_token_mask(expected_long, expected_short, RULE)
                 assert got.tolist() == want.tolist(), (name, index)
             key_tokens += int(want.sum())
         assert 0 < key_tokens < sum(len(text) for text in saved["texts"]), name  # the comparison has teeth
@@ -107,8 +109,8 @@ def test_longppl_score_with_two_ranks_writes_the_one_process_cache(saved, tmp_pa
         for x, y in zip(one[name], two[name]):
             np.testing.assert_allclose(np.array(y, dtype=float), np.array(x, dtype=float), atol=TOLERANCE)
     for long_a, short_a, long_b, short_b in zip(one["lp_long"], one["lp_short"], two["lp_long"], two["lp_short"]):
-        mask_a = key_token_mask(np.array(long_a, dtype=float), np.array(short_a, dtype=float), ALPHA, BETA)
-        mask_b = key_token_mask(np.array(long_b, dtype=float), np.array(short_b, dtype=float), ALPHA, BETA)
+        mask_a = key_token_mask(np.array(long_a, dtype=float), np.array(short_a, dtype=float), RULE)
+        mask_b = key_token_mask(np.array(long_b, dtype=float), np.array(short_b, dtype=float), RULE)
         assert mask_a.tolist() == mask_b.tolist()
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # no shard left behind
 

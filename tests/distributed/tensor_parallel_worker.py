@@ -1,5 +1,5 @@
 """One rank of a tensor-parallel group on the CPU (gloo), started by ``accelerate launch`` from
-tests/test_tensor_parallel.py: for each saved evaluator named on the command line, load it split
+tests/distributed/test_tensor_parallel.py: for each saved evaluator named on the command line, load it split
 over the group (``load_model(..., tensor_parallel=2)``), check that the split is real, score the
 texts, and write this rank's rows to ``<out>/<name>-<rank>.npz`` (plain arrays, read back without pickle).
 
