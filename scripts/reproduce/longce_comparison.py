@@ -1198,13 +1198,7 @@ def main(argv=None, prog: str | None = None) -> dict | None:
     )
     seeds = parse_seeds(args.seeds, config)
     run = RunFolder(args.output_dir)
-    results = None
-    for stage in args.stages:
-        run.log(f"== stage {stage}")
-        with run.timed("stage", stage):
-            value = globals()[f"stage_{stage}"](config, pop, run, seeds)
-        results = value if stage == "report" else results
-    return results
+    return run.run_stages(args.stages, lambda stage: globals()[f"stage_{stage}"](config, pop, run, seeds))
 
 
 def cli(argv=None) -> int:

@@ -1159,15 +1159,12 @@ def main(argv=None, prog: str | None = None) -> dict | None:
     members = [m.strip() for m in args.members.split(",") if m.strip()] if args.members else None
     selected_members(config, members)  # an unknown name fails before any work
     run = RunFolder(args.output_dir)
-    results = None
-    for stage in args.stages:
-        run.log(f"== stage {stage}")
-        function = globals()[f"stage_{stage}"]
+
+    def run_stage(stage: str):
         extra = {"export_dir": args.export_dir} if stage == "export" else {}
-        with run.timed("stage", stage):
-            value = function(config, run, members, **extra)
-        results = value if stage == "report" else results
-    return results
+        return globals()[f"stage_{stage}"](config, run, members, **extra)
+
+    return run.run_stages(args.stages, run_stage)
 
 
 def cli(argv=None) -> int:

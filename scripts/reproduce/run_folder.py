@@ -86,5 +86,16 @@ class RunFolder:
         self.add_seconds(group, name, seconds)
         self.log(f"[{group} {name}] {seconds:.1f}s")
 
+    def run_stages(self, stages, run_stage):
+        """Run ``run_stage(name)`` for each name of ``stages`` in order, each timed under
+        ``timings.json["stage"]``; returns what the ``report`` stage returned (``None`` without one)."""
+        results = None
+        for stage in stages:
+            self.log(f"== stage {stage}")
+            with self.timed("stage", stage):
+                value = run_stage(stage)
+            results = value if stage == "report" else results
+        return results
+
     def timings(self) -> dict:
         return self.read_json(TIMINGS) if self.has(TIMINGS) else {}
