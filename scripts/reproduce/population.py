@@ -105,6 +105,16 @@ def books(config: Population) -> tuple[list[str], list[str]]:
     return train[:-held], train[-held:]
 
 
+def validation_books(config: Population) -> list[str]:
+    """The validation books of :func:`books`, without reading the training corpus when a validation
+    corpus is given (the needle cases and the null documents need only these)."""
+    from .longppl_run import read_books
+
+    if config.validation_corpus:
+        return read_books(config.validation_corpus, config.text_column)
+    return books(config)[1]
+
+
 def book_ids(tokenizer, texts: list[str]) -> list:
     """Each text's token ids (no special tokens) as a NumPy array."""
     import numpy as np
@@ -174,7 +184,7 @@ def stage_data(config: Population, run: RunFolder, members=None) -> None:
         run.log(f"data: {len(train)} training books, {stream.shape[0]:,} tokens")
     if not run.has("data", "null.jsonl"):
         if validation is None:
-            _, validation = books(config)
+            validation = validation_books(config)
         write_documents(config, run, tokenizer, book_ids(tokenizer, validation))
     run_data_jobs(config, run, data_jobs(config, run))
     run.log("data: test cases written")
@@ -347,7 +357,7 @@ def write_needle_cases(config: Population, run: RunFolder, tokenizer) -> str:
     from . import needle
 
     evaluation = config.evaluation
-    _, validation = books(config)
+    validation = validation_books(config)
     cases = needle.make_needle_cases(
         tokenizer,
         np.concatenate(book_ids(tokenizer, validation)),
