@@ -161,6 +161,107 @@ def test_statistics_match_plain_references():
     assert "3 are needed" in population.statistics_of(rows[:2], Analysis())["skipped"]
 
 
+def _member_record(lines: dict) -> dict:
+    """A member's evaluation record as the evaluate stage writes it, with only what a row reads."""
+    scored = {"ppl": 30.0, "longppl": 4.0, "key_tokens": 3, "documents": {"nll": [3.0, 4.0], "tokens": [2, 2]}}
+    scored["documents"].update(key_nll=[1.0, 2.0], key_tokens=[1, 2])
+    counts = {"total": 300, "no_number": 0}
+    return {
+        "lines": {n: {"accuracy": c / 300, "correct": c, **counts} for n, c in lines.items()},
+        "acc512": {"accuracy": 0.9},
+        "needle": {"accuracy": 0.1},
+        "log_likelihood": {"640": [-1.0, -2.0]},
+        "longppl": {"primary": scored, "secondary": scored, "soft": scored},
+        "seconds": 1.0,
+    }
+
+
+def test_members_with_equal_counts_get_exactly_equal_accuracies():
+    # 258 + 71 + 144 + 71 correct of 4 x 300 in two orders of the lengths: a float sum of the
+    # per-length accuracies differs in its last bit between them (0.4533...33 against ...37)
+    member = read_population(SMOKE, corpus=DATA).members()[0]
+    orders = [
+        {"640": 258, "768": 71, "896": 144, "992": 71},
+        {"992": 71, "896": 144, "768": 71, "640": 258},
+        {"640": 200, "768": 129, "896": 144, "992": 71},
+    ]
+    values = [
+        population.member_row(member, _member_record(o), Analysis(resamples=20))["primary_accuracy"] for o in orders
+    ]
+    assert values[0] == values[1] == values[2] == 544 / 1200
+
+
+def test_inconclusive_rules_name_their_reasons_and_skip_the_floor_for_a_log_likelihood():
+    rng = np.random.default_rng(1)
+    accuracy = np.r_[np.zeros(7), rng.uniform(0.2, 0.8, 3)]  # 7 of 10 at the floor: more than 2/3
+    rows = [_row(f"m{i}", "pi", 0.9, accuracy[i], 5 - accuracy[i] + i / 100, 20 + i % 3) for i in range(10)]
+    found = population.statistics_of(rows, Analysis(resamples=20, min_members=12))
+    assert found["inconclusive"] is True and found["at_floor_or_ceiling"] == 7
+    assert found["inconclusive_reasons"] == [
+        "10 members analysed, fewer than the 12 the plan needs",
+        "7 of 10 members at <= 0.05 or >= 0.95, more than 67%",
+    ]
+    # a log-likelihood (negative, unbounded) is no share: only the member count can make it inconclusive
+    likelihood = [{**r, "primary_accuracy": -3.0 - i} for i, r in enumerate(rows)]
+    found = population.statistics_of(likelihood, Analysis(resamples=20, min_members=10), share=False)
+    assert found["inconclusive"] is False and found["at_floor_or_ceiling"] is None
+    assert population.statistics_of(likelihood, Analysis(resamples=20, min_members=10))["inconclusive"] is True
+
+
+def test_sensitivity_correlates_every_grid_point_and_window_with_the_accuracy():
+    rng = np.random.default_rng(2)
+    accuracy = rng.uniform(0.1, 0.9, 6)
+    rows = []
+    for i in range(6):
+        row = _row(f"m{i}", "pi", 0.9, accuracy[i], 4 - accuracy[i], 30 + rng.normal())
+        grid = {"alpha=1,beta=-2": 5 - 2 * accuracy[i] + rng.normal(0, 0.3), "alpha=2,beta=-2": rng.normal()}
+        rows.append({**row, "sensitivity": grid, "longppl_secondary": 3 + accuracy[i] ** 2, "soft_longppl": 8.0 + i})
+    found = population.sensitivity_statistics(rows, Analysis(resamples=50))
+    assert list(found) == [
+        "LongPPL alpha=1,beta=-2",
+        "LongPPL alpha=2,beta=-2",
+        "LongPPL, secondary window",
+        "soft LongPPL",
+        "PPL",
+    ]
+    columns = {
+        "LongPPL alpha=1,beta=-2": [r["sensitivity"]["alpha=1,beta=-2"] for r in rows],
+        "LongPPL, secondary window": [r["longppl_secondary"] for r in rows],
+        "PPL": [r["ppl"] for r in rows],
+    }
+    for name, values in columns.items():
+        assert found[name]["pearson"]["value"] == pytest.approx(np.corrcoef(values, accuracy)[0, 1])
+        assert found[name]["pearson"]["low"] <= found[name]["pearson"]["value"] <= found[name]["pearson"]["high"]
+    rows[0]["soft_longppl"] = float("nan")  # a measure with a missing value is left out
+    assert "soft LongPPL" not in population.sensitivity_statistics(rows, Analysis(resamples=50))
+
+
+def _primary(r: float, high: float, difference_high: float, reasons=()) -> dict:
+    return {
+        "pearson": {"longppl": {"value": r, "high": high}, "difference": {"high": difference_high}},
+        "inconclusive": bool(reasons),
+        "inconclusive_reasons": list(reasons),
+    }
+
+
+@pytest.mark.parametrize(
+    "r, high, difference_high, reasons, outcome, held",
+    [
+        (-0.8, -0.5, -0.01, (), "reproduced", [True, True, True]),
+        (-0.8, -0.3, -0.01, (), "not reproduced", [True, False, True]),  # interval reaches past -0.4
+        (-0.8, -0.5, 0.05, (), "not reproduced", [True, True, False]),  # not better than PPL
+        (-0.6, -0.45, -0.2, (), "not reproduced", [False, True, True]),
+        (-0.8, -0.5, -0.01, ("19 members analysed",), "inconclusive", [True, True, True]),
+    ],
+)
+def test_verdict_applies_the_plans_success_conditions(r, high, difference_high, reasons, outcome, held):
+    decided = population.verdict(_primary(r, high, difference_high, reasons), Analysis())
+    assert decided["outcome"] == outcome
+    assert [c["holds"] for c in decided["conditions"]] == held
+    assert decided["reasons"] == list(reasons)
+    assert population.verdict({"skipped": "2 members"}, Analysis())["outcome"] == "inconclusive"
+
+
 # ------------------------------------------------------------------ the smoke run
 
 
@@ -187,6 +288,9 @@ def test_smoke_run_writes_every_stage_and_a_second_call_skips_the_work(tmp_path,
     assert {"analysed", "all"} == set(on_disk["statistics"])
     assert "pearson" in on_disk["statistics"]["all"] and "inconclusive" in on_disk["statistics"]["all"]
     assert on_disk["calibration"]["alpha"] in config.calibration.grid
+    assert on_disk["verdict"]["outcome"] in {"reproduced", "not reproduced", "inconclusive"}
+    assert "## Sensitivity (analysed members, primary accuracy)" in (out / "report.md").read_text()
+    assert f"Outcome by the analysis plan: **{on_disk['verdict']['outcome']}**" in (out / "report.md").read_text()
     assert set(on_disk["answer_tokens"]["by_alpha"]) == {"2", "-100"}
     member = json.loads((out / "eval" / "members" / f"{names[0]}.json").read_text())
     documents = member["longppl"]["primary"]["documents"]

@@ -42,6 +42,10 @@ def share(value) -> str | None:
     return None if 0 <= value <= 1 else "must lie in [0, 1]"
 
 
+def correlation_bound(value) -> str | None:
+    return None if -1 <= value <= 1 else "must lie in [-1, 1] (a correlation)"
+
+
 def folder_name(value) -> str | None:
     return None if _NAME.fullmatch(value) else "must be letters, digits, '.', '_' or '-' (it names a folder)"
 
@@ -454,6 +458,10 @@ class Analysis:
     ceiling: float = checked(share, default=0.95)
     inconclusive_share: float = checked(share, default=2 / 3)
     min_members: int = checked(positive, default=24)
+    # what counts as success: LongPPL's Pearson r with the primary accuracy at most success_max_r,
+    # its interval's upper end below success_max_high, and r(LongPPL) - r(PPL)'s interval below 0
+    success_max_r: float = checked(correlation_bound, default=-0.7)
+    success_max_high: float = checked(correlation_bound, default=-0.4)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ import json
 import math
 import os
 import time
+from fractions import Fraction
 
 from longppl.tools.cli import command_line, run_command, tool_parser
 
@@ -814,7 +815,11 @@ def member_row(member, record: dict, analysis) -> dict:
         "seed": member.seed,
         "acc512": record["acc512"]["accuracy"],
         "accuracy": per_length,
-        "primary_accuracy": sum(per_length.values()) / len(per_length),
+        # exact fractions, rounded once: members with equal counts tie exactly (a float sum's last bit
+        # depends on the order of the lengths, and Spearman's average ranks see the difference)
+        "primary_accuracy": float(
+            sum(Fraction(v["correct"], v["total"]) for v in record["lines"].values()) / len(record["lines"])
+        ),
         "no_number_share": sum(v["no_number"] for v in record["lines"].values()) / outputs,
         "needle": record["needle"]["accuracy"],
         "log_likelihood": {n: float(sum(v) / len(v)) for n, v in record["log_likelihood"].items()},
@@ -872,12 +877,16 @@ def exclusion(row: dict, base_acc512: float, analysis) -> str | None:
     return None
 
 
-def statistics_of(rows: list[dict], analysis, measure: str = "longppl", benchmark: str = "primary_accuracy") -> dict:
+def statistics_of(
+    rows: list[dict], analysis, measure: str = "longppl", benchmark: str = "primary_accuracy", share: bool = True
+) -> dict:
     """The plan's statistics over ``rows``: correlations of ``measure`` (LongPPL) and PPL with
     ``benchmark`` (bootstrap intervals, over members and clustered by extension method), their
     paired difference, Williams' t, the partial correlation given acc512, and the inconclusive flag
-    (more than ``analysis.inconclusive_share`` of the members at the floor or ceiling of the
-    benchmark, or fewer than ``analysis.min_members``)."""
+    with its reasons: fewer than ``analysis.min_members`` members, or (for a benchmark that is a
+    ``share`` in [0, 1], i.e. an accuracy) more than ``analysis.inconclusive_share`` of them at its
+    floor or ceiling. A log-likelihood has neither, so ``share=False`` leaves that count out
+    (``at_floor_or_ceiling`` is ``None``)."""
     from . import statistics
 
     usable = [r for r in rows if _finite(r[measure]) and _finite(r["ppl"]) and _finite(r[benchmark])]
@@ -917,12 +926,79 @@ def statistics_of(rows: list[dict], analysis, measure: str = "longppl", benchmar
     found["partial_given_acc512"] = statistics.bootstrap_partial_correlation(
         longppl, accuracy, [r["acc512"] for r in usable], **common
     )
-    extreme = int(sum(a <= analysis.floor or a >= analysis.ceiling for a in accuracy))
-    found["inconclusive"] = bool(
-        extreme > analysis.inconclusive_share * len(usable) or len(usable) < analysis.min_members
-    )
-    found["at_floor_or_ceiling"] = extreme
+    reasons = []
+    if len(usable) < analysis.min_members:
+        reasons.append(f"{len(usable)} members analysed, fewer than the {analysis.min_members} the plan needs")
+    extreme = int(sum(a <= analysis.floor or a >= analysis.ceiling for a in accuracy)) if share else None
+    if share and extreme > analysis.inconclusive_share * len(usable):
+        reasons.append(
+            f"{extreme} of {len(usable)} members at <= {analysis.floor} or >= {analysis.ceiling}, "
+            f"more than {analysis.inconclusive_share:.0%}"
+        )
+    found.update(inconclusive=bool(reasons), inconclusive_reasons=reasons, at_floor_or_ceiling=extreme)
     return found
+
+
+def sensitivity_statistics(rows: list[dict], analysis, benchmark: str = "primary_accuracy") -> dict:
+    """Pearson and Spearman correlations (bootstrap intervals over members) of every other
+    measure in the rows with ``benchmark``: LongPPL at each (alpha, beta) of the sensitivity grid,
+    with the secondary window, the soft (LongCE-weighted) LongPPL, and PPL for reference.
+
+    Returns ``{measure: {"pearson": ..., "spearman": ...}}`` (``statistics.bootstrap_correlation``
+    records); a measure some row lacks or holds as non-finite is left out."""
+    from . import statistics
+
+    measures = {
+        f"LongPPL {k}": [r["sensitivity"].get(k) for r in rows] for k in (rows[0]["sensitivity"] if rows else ())
+    }
+    measures.update(
+        {
+            "LongPPL, secondary window": [r["longppl_secondary"] for r in rows],
+            "soft LongPPL": [r["soft_longppl"] for r in rows],
+            "PPL": [r["ppl"] for r in rows],
+        }
+    )
+    accuracy = [r[benchmark] for r in rows]
+    common = {"resamples": analysis.resamples, "seed": analysis.seed, "level": analysis.level}
+    return {
+        name: {
+            method: statistics.bootstrap_correlation(values, accuracy, method, **common)
+            for method in ("pearson", "spearman")
+        }
+        for name, values in measures.items()
+        if len(rows) >= 3 and all(_finite(v) for v in values)
+    }
+
+
+def verdict(found: dict, analysis) -> dict:
+    """The plan's outcome for the primary statistics ``found`` (:func:`statistics_of`):
+    ``"inconclusive"`` by its rules; ``"reproduced"`` when LongPPL's Pearson r with the accuracy is at
+    most ``analysis.success_max_r``, the upper end of its interval below ``analysis.success_max_high``
+    and the whole interval of r(LongPPL) - r(PPL) below 0; else ``"not reproduced"``. Each condition
+    is returned with whether it holds, so the report shows why."""
+    if "skipped" in found:
+        return {"outcome": "inconclusive", "conditions": [], "reasons": [found["skipped"]]}
+    r, difference = found["pearson"]["longppl"], found["pearson"]["difference"]
+    conditions = [
+        (
+            f"Pearson r(LongPPL, accuracy) {r['value']:.3f} <= {analysis.success_max_r}",
+            r["value"] <= analysis.success_max_r,
+        ),
+        (
+            f"its {analysis.level:.0%} upper bound {r['high']:.3f} < {analysis.success_max_high}",
+            r["high"] < analysis.success_max_high,
+        ),
+        (f"r(LongPPL) - r(PPL): interval's upper bound {difference['high']:.3f} < 0", difference["high"] < 0),
+    ]
+    if found["inconclusive"]:
+        outcome = "inconclusive"
+    else:
+        outcome = "reproduced" if all(held for _, held in conditions) else "not reproduced"
+    return {
+        "outcome": outcome,
+        "conditions": [{"condition": text, "holds": bool(held)} for text, held in conditions],
+        "reasons": found["inconclusive_reasons"],
+    }
 
 
 def _finite(value) -> bool:
@@ -960,7 +1036,7 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
         # secondary: no success claim rests on these
         "secondary_statistics": {
             "needle": statistics_of(analysed, config.analysis, benchmark="needle"),
-            "log_likelihood": statistics_of(analysed, config.analysis, benchmark="mean_log_likelihood"),
+            "log_likelihood": statistics_of(analysed, config.analysis, benchmark="mean_log_likelihood", share=False),
             **{
                 f"longppl:{e.name}": statistics_of(analysed, config.analysis, measure=f"longppl:{e.name}")
                 for e in config.evaluators[1:]
@@ -970,6 +1046,8 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
         "answer_tokens": with_wilson_intervals(run.read_json("eval", "answer_tokens.json"), config.analysis.level),
         "timings": run.timings(),
     }
+    results["sensitivity"] = sensitivity_statistics(analysed, config.analysis)
+    results["verdict"] = verdict(results["statistics"]["analysed"], config.analysis)
     results["figures"] = draw_figure(run, analysed)
     run.write_json(results, "results.json")
     from longppl.atomic_files import write_file_atomically
@@ -1068,15 +1146,23 @@ def format_report(results: dict) -> str:
         w, partial = found["williams_t"], found["partial_given_acc512"]
         out += [
             "",
-            f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 {_fmt(partial['value'])}.",
+            f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 "
+            f"{_fmt(partial['value'])} [{_fmt(partial['low'])}, {_fmt(partial['high'])}].",
         ]
-        out.append(
-            f"Inconclusive: {found['inconclusive']} ({found['at_floor_or_ceiling']} of {found['n']} at floor or ceiling)."
-        )
+        reasons = "; ".join(found["inconclusive_reasons"]) or "no rule applies"
+        out.append(f"Inconclusive: {found['inconclusive']} ({reasons}).")
+    out += ["", "## Sensitivity (analysed members, primary accuracy)", ""]
+    out += ["| measure | Pearson | Spearman |", "|---|---|---|"]
+    for name, found in results["sensitivity"].items():
+        out.append(f"| {name} | {_interval(found['pearson'])} | {_interval(found['spearman'])} |")
+    decided = results["verdict"]
+    out += ["", f"## Outcome by the analysis plan: **{decided['outcome']}**", ""]
+    out += [f"- {c['condition']}: {'holds' if c['holds'] else 'does not hold'}" for c in decided["conditions"]]
+    out += [f"- inconclusive: {reason}" for reason in decided["reasons"]]
     answer = results["answer_tokens"]
     out += [
         "",
-        f"## Answer tokens (E1 {answer['evaluator']}, {answer['answer_tokens']} of {answer['tokens']} tokens)",
+        f"## Answer tokens (evaluator {answer['evaluator']}, {answer['answer_tokens']} of {answer['tokens']} tokens)",
         "",
     ]
     for alpha, found in answer["by_alpha"].items():
