@@ -93,11 +93,14 @@ def test_smoke_run_has_every_method_and_seed_with_curves_at_the_configured_point
 
 @pytest.mark.slow
 def test_the_pool_is_tokenized_and_weighted_once_for_every_run(smoke):
-    made = [line for line in smoke["first_log"] if line.startswith(("finetune: the pool", "cache: the pool"))]
-    assert [line.split(" -> ")[0] for line in made] == [
+    log = smoke["first_log"]
+    made = [i for i, line in enumerate(log) if line.startswith(("finetune: the pool", "cache: the pool"))]
+    assert sorted(log[i].split(" -> ")[0] for i in made) == [
         "cache: the pool with E1's LongCE weights",
         "finetune: the pool tokenized",
     ]
+    # both in the cache stage, before any run: fine-tuning processes side by side only read them
+    assert log.index("== stage cache") < min(made) and max(made) < log.index("== stage finetune")
     for name in ("finetune-tokens", "finetune-cache-weights"):
         assert (smoke["out"] / "data" / name / "key.json").is_file()
 

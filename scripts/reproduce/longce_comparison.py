@@ -551,8 +551,11 @@ def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, t
 
 
 def stage_cache(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
-    if "cache" in config.finetune.methods:
-        cache_weights_dataset(config, pop, run, population.load_tokenizer(run))
+    """The fine-tuning pool, tokenized (and with E1's weights for ``cache``), made here once, so that
+    ``finetune`` calls running side by side (``--seeds`` split over processes) only read it."""
+    tokenizer = population.load_tokenizer(run)
+    for method in dict.fromkeys("cache" if m == "cache" else "ce" for m in config.finetune.methods):
+        finetune_dataset(config, pop, run, method, tokenizer)
 
 
 # ------------------------------------------------------------------ finetune

@@ -9,7 +9,7 @@ import os
 import time
 from contextlib import contextmanager
 
-from longppl.atomic_files import write_file_atomically
+from longppl.atomic_files import directory_lock, write_file_atomically
 
 #: Sums of wall seconds per stage and per model, over every call that did work.
 TIMINGS = "timings.json"
@@ -70,12 +70,18 @@ class RunFolder:
         return path
 
     def add_seconds(self, group: str, name: str, seconds: float) -> None:
-        """Add ``seconds`` to ``timings.json[group][name]`` (``seconds`` and ``calls`` summed over calls)."""
-        timings = self.read_json(TIMINGS) if self.has(TIMINGS) else {}
-        entry = timings.setdefault(group, {}).setdefault(name, {"seconds": 0.0, "calls": 0})
-        entry["seconds"] += seconds
-        entry["calls"] += 1
-        self.write_json(timings, TIMINGS)
+        """Add ``seconds`` to ``timings.json[group][name]`` (``seconds`` and ``calls`` summed over calls).
+
+        Safe for several processes working on one folder (e.g. one per GPU, each on its own seeds):
+        the read-add-write holds the file's exclusive lock (``longppl.atomic_files.directory_lock``,
+        whose lock file goes with its last holder), so no process's entry is lost.
+        """
+        with directory_lock(self.path(TIMINGS)):
+            timings = self.read_json(TIMINGS) if self.has(TIMINGS) else {}
+            entry = timings.setdefault(group, {}).setdefault(name, {"seconds": 0.0, "calls": 0})
+            entry["seconds"] += seconds
+            entry["calls"] += 1
+            self.write_json(timings, TIMINGS)
 
     @contextmanager
     def timed(self, group: str, name: str):
