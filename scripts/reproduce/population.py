@@ -50,6 +50,7 @@ import time
 
 from longppl.tools.cli import command_line, run_command, tool_parser
 
+from .books import read_books
 from .config import Population, Pretrained, Window, read_population
 from .run_folder import RunFolder
 
@@ -89,8 +90,6 @@ def load_tokenizer(run: RunFolder):
 def books(config: Population) -> tuple[list[str], list[str]]:
     """``(training books, validation books)``: the validation corpus, else the last
     ``data.validation_books`` of the corpus (held out of training)."""
-    from .longppl_run import read_books
-
     train = read_books(config.corpus, config.text_column)
     if config.data.max_books:
         train = train[: config.data.max_books]
@@ -108,8 +107,6 @@ def books(config: Population) -> tuple[list[str], list[str]]:
 def validation_books(config: Population) -> list[str]:
     """The validation books of :func:`books`, without reading the training corpus when a validation
     corpus is given (the needle cases and the null documents need only these)."""
-    from .longppl_run import read_books
-
     if config.validation_corpus:
         return read_books(config.validation_corpus, config.text_column)
     return books(config)[1]
