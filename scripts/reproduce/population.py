@@ -52,7 +52,8 @@ from longppl.tools.cli import command_line, run_command, tool_parser
 
 from .books import read_books
 from .config import Population, Pretrained, Window, read_population
-from .run_folder import RunFolder
+from .report_text import closing_sections, fmt
+from .run_folder import RunFolder, finite
 
 STAGES = (
     "tokenizer",
@@ -877,7 +878,7 @@ def statistics_of(rows: list[dict], analysis, measure: str = "longppl", benchmar
     benchmark, or fewer than ``analysis.min_members``)."""
     from . import statistics
 
-    usable = [r for r in rows if _finite(r[measure]) and _finite(r["ppl"]) and _finite(r[benchmark])]
+    usable = [r for r in rows if finite(r[measure]) and finite(r["ppl"]) and finite(r[benchmark])]
     if len(usable) < 3:
         return {
             "members": [r["member"] for r in usable],
@@ -905,7 +906,7 @@ def statistics_of(rows: list[dict], analysis, measure: str = "longppl", benchmar
         }
     r_ay, r_by = found["pearson"]["longppl"]["value"], found["pearson"]["ppl"]["value"]
     r_ab = statistics.correlation(longppl, ppl)
-    if not all(_finite(r) for r in (r_ay, r_by, r_ab)):  # a side without variance (e.g. every accuracy 0)
+    if not all(finite(r) for r in (r_ay, r_by, r_ab)):  # a side without variance (e.g. every accuracy 0)
         found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "a correlation is undefined"}
     elif abs(r_ab) >= 1 - 1e-12:  # the two measures rank alike: nothing to compare (the test divides by 0)
         found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "|r(LongPPL, PPL)| = 1"}
@@ -920,10 +921,6 @@ def statistics_of(rows: list[dict], analysis, measure: str = "longppl", benchmar
     )
     found["at_floor_or_ceiling"] = extreme
     return found
-
-
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
 
 
 def stage_report(config: Population, run: RunFolder, members=None) -> dict:
@@ -968,12 +965,7 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
         "timings": run.timings(),
     }
     results["figures"] = draw_figure(run, analysed)
-    run.write_json(results, "results.json")
-    from longppl.atomic_files import write_file_atomically
-
-    write_file_atomically(run.path("report.md"), lambda handle: handle.write(format_report(results)))
-    run.log(f"report: {run.path('results.json')}, {run.path('report.md')}")
-    return results
+    return run.write_report(results, format_report(results))
 
 
 def with_wilson_intervals(record: dict, level: float) -> dict:
@@ -985,7 +977,7 @@ def with_wilson_intervals(record: dict, level: float) -> dict:
         for rule in ("lsd", "lsd+lcl"):
             for rate, total in (("recall", found["n_answer"]), ("specificity", found["n_other"])):
                 value = found[rule][rate]
-                if total and _finite(value):
+                if total and finite(value):
                     found[rule][f"{rate}_interval"] = wilson_interval(round(value * total), total, level)
     return record
 
@@ -996,7 +988,7 @@ def _without_outputs(record: dict) -> dict:
 
 def draw_figure(run: RunFolder, rows: list[dict]) -> list[str]:
     """The Figure 1(b) scatter of the analysed members (none without matplotlib or with < 2 members)."""
-    rows = [r for r in rows if _finite(r["longppl"]) and _finite(r["ppl"])]
+    rows = [r for r in rows if finite(r["longppl"]) and finite(r["ppl"])]
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -1019,16 +1011,12 @@ def draw_figure(run: RunFolder, rows: list[dict]) -> list[str]:
     return [os.path.relpath(path, run.root)]
 
 
-def _fmt(value, digits: int = 3) -> str:
-    return "n/a" if not _finite(value) else f"{value:.{digits}f}"
-
-
 def _pair(bounds) -> str:
-    return f"[{_fmt(bounds[0])}, {_fmt(bounds[1])}]" if bounds else "[n/a]"
+    return f"[{fmt(bounds[0])}, {fmt(bounds[1])}]" if bounds else "[n/a]"
 
 
 def _interval(found: dict) -> str:
-    return f"{_fmt(found['value'], 2)} [{_fmt(found['low'], 2)}, {_fmt(found['high'], 2)}]"
+    return f"{fmt(found['value'], 2)} [{fmt(found['low'], 2)}, {fmt(found['high'], 2)}]"
 
 
 def format_report(results: dict) -> str:
@@ -1042,10 +1030,10 @@ def format_report(results: dict) -> str:
     out += ["|---" * 12 + "|"]
     for r in results["members"]:
         out.append(
-            f"| {r['member']} | {r['method']} | {r['steps']} | {r['seed']} | {_fmt(r['acc512'])} | "
-            f"{_fmt(r['primary_accuracy'])} | {_fmt(r['needle'])} | {_interval(r['intervals']['ppl'])} | "
+            f"| {r['member']} | {r['method']} | {r['steps']} | {r['seed']} | {fmt(r['acc512'])} | "
+            f"{fmt(r['primary_accuracy'])} | {fmt(r['needle'])} | {_interval(r['intervals']['ppl'])} | "
             f"{_interval(r['intervals']['longppl'])} | "
-            f"{_fmt(r['longppl_secondary'], 2)} | {r['key_tokens']:.0f} | {r['exclusion_reason'] or ''} |"
+            f"{fmt(r['longppl_secondary'], 2)} | {r['key_tokens']:.0f} | {r['exclusion_reason'] or ''} |"
         )
     sections = [(f"{label} members, primary accuracy", found) for label, found in results["statistics"].items()]
     sections += [(f"secondary: {label}", found) for label, found in results["secondary_statistics"].items()]
@@ -1059,13 +1047,13 @@ def format_report(results: dict) -> str:
             for suffix, label_ in (("", "members"), ("_by_method", "clusters: methods")):
                 lp, p, d = (found[method][k + suffix] for k in ("longppl", "ppl", "difference"))
                 out.append(
-                    f"| {method} ({label_}) | {_fmt(lp['value'])} [{_fmt(lp['low'])}, {_fmt(lp['high'])}] | "
-                    f"{_fmt(p['value'])} [{_fmt(p['low'])}, {_fmt(p['high'])}] | {_fmt(d['value'])} ({_fmt(d['p_two_sided'])}) |"
+                    f"| {method} ({label_}) | {fmt(lp['value'])} [{fmt(lp['low'])}, {fmt(lp['high'])}] | "
+                    f"{fmt(p['value'])} [{fmt(p['low'])}, {fmt(p['high'])}] | {fmt(d['value'])} ({fmt(d['p_two_sided'])}) |"
                 )
         w, partial = found["williams_t"], found["partial_given_acc512"]
         out += [
             "",
-            f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 {_fmt(partial['value'])}.",
+            f"Williams' t {fmt(w['t'])} (p {fmt(w['p_two_sided'])}); partial r given acc512 {fmt(partial['value'])}.",
         ]
         out.append(
             f"Inconclusive: {found['inconclusive']} ({found['at_floor_or_ceiling']} of {found['n']} at floor or ceiling)."
@@ -1081,15 +1069,11 @@ def format_report(results: dict) -> str:
             got = found[rule]
             recall, specificity = got.get("recall_interval"), got.get("specificity_interval")
             out.append(
-                f"- alpha {alpha}, {rule}: balanced accuracy {_fmt(got['balanced_accuracy'])}; recall "
-                f"{_fmt(got['recall'])} {_pair(recall)}, specificity {_fmt(got['specificity'])} {_pair(specificity)} "
+                f"- alpha {alpha}, {rule}: balanced accuracy {fmt(got['balanced_accuracy'])}; recall "
+                f"{fmt(got['recall'])} {_pair(recall)}, specificity {fmt(got['specificity'])} {_pair(specificity)} "
                 f"({found['n_answer']} answer, {found['n_other']} other tokens)"
             )
-    out += ["", "## Wall time (seconds, summed over calls)", ""]
-    for group, entries in results["timings"].items():
-        out.append(f"- {group}: " + ", ".join(f"{name} {e['seconds']:.1f}" for name, e in entries.items()))
-    out += [f"![{os.path.basename(p)}]({p})" for p in results["figures"]]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + closing_sections(results)) + "\n"
 
 
 # ------------------------------------------------------------------ export
