@@ -6,8 +6,7 @@ base model: lines / needle accuracy, PPL and LongPPL, the planned statistics, re
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro2/
 
 The pipeline lives in ``longppl_reproduce.population`` (its docstring describes the stages and files);
-``--help`` lists the flags. The first attempt (a family of models trained from scratch) still runs as
-``python -m longppl_reproduce.longppl_run``.
+``--help`` lists the flags.
 """
 
 from longppl_reproduce.population import cli

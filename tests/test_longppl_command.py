@@ -13,8 +13,7 @@ import datasets
 import pytest
 from conftest import REPO
 from helpers import assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
-from longppl_reproduce import longce_run as reproduce_longce
-from longppl_reproduce import longppl_run as reproduce
+from longppl_reproduce import longce_comparison, population
 
 from longppl.tools import (
     compute_key_tokens,
@@ -206,8 +205,8 @@ SPELLINGS = {
     ),
     visualize_key_tokens: ([], [("--key-tokens", "k"), ("--lsd-cap", "5"), ("--sliding-window", "16")]),
     quickstart: ([], [("--max-length", "128"), ("--sliding-window", "16"), ("--trunc-len", "64")]),
-    reproduce: (["--config", "c"], [("--output-dir", "d"), ("--validation-corpus", "v")]),
-    reproduce_longce: (["--config", "c"], [("--output-dir", "d"), ("--base-model", "b")]),
+    population: (["--config", "c"], [("--output-dir", "d"), ("--validation-corpus", "v"), ("--export-dir", "e")]),
+    longce_comparison: (["--config", "c"], [("--output-dir", "d"), ("--base-model", "b"), ("--second-evaluator", "s")]),
 }
 
 

@@ -1,11 +1,15 @@
-"""longppl_reproduce.corpus_chunks and calibration on toy arrays, against plain loops written here."""
+"""The reproduction's corpus: longppl_reproduce.books (reading the books), corpus_chunks and calibration
+on toy arrays, against plain loops written here."""
 
 from __future__ import annotations
 
+import gzip
 import math
 
 import numpy as np
 import pytest
+from helpers import DATA, govreport_texts
+from longppl_reproduce.books import read_books
 from longppl_reproduce.calibration import calibrate_alpha, key_token_count
 from longppl_reproduce.corpus_chunks import body_chunks, null_documents
 
@@ -99,3 +103,28 @@ def test_key_token_count_and_calibration_match_plain_loops():
         calibrate_alpha(real_lsd, real_lcl, null_lsd, null_lcl, grid=[0.5, 0.0], beta=-2.0, max_null_ratio=0.01)
     with pytest.raises(ValueError, match="mask must be a bool array"):
         key_token_count(real_lsd, real_lcl, 2.0, -2.0, mask.astype(int))
+
+
+def test_empty_corpora_are_refused_by_name(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=f"{empty}.*no documents"):
+        read_books(str(empty))
+    gz = tmp_path / "empty.jsonl.gz"
+    with gzip.open(gz, "wt") as handle:
+        handle.write("")
+    with pytest.raises(ValueError, match=f"{gz}.*no documents"):
+        read_books(str(gz))
+    with gzip.open(gz, "wt") as handle:
+        handle.write('{"title": "x"}\n')
+    with pytest.raises(ValueError, match=f"{gz}, line 1.*'text'"):
+        read_books(str(gz))
+    with pytest.raises(ValueError, match="No gzipped JSONL file at '.*missing.jsonl.gz'"):
+        read_books(str(tmp_path / "missing.jsonl.gz"))
+
+
+def test_gzipped_jsonl_reads_like_jsonl(tmp_path):
+    gz = tmp_path / "books.jsonl.gz"
+    with open(DATA, encoding="utf-8") as source, gzip.open(gz, "wt", encoding="utf-8") as target:
+        target.write(source.read())
+    assert read_books(str(gz)) == list(govreport_texts()) == read_books(DATA)

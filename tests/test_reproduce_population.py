@@ -13,6 +13,8 @@ from helpers import DATA, edited_config
 from longppl_reproduce import population
 from longppl_reproduce.config import Analysis, Population, read_population
 from longppl_reproduce.family import TrainingBatches
+from longppl_reproduce.report_text import closing_sections, fmt
+from longppl_reproduce.run_folder import RunFolder, finite
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "population_smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "population_h200.yaml")
@@ -341,3 +343,36 @@ def test_extensions_set_the_rope_each_method_names(tmp_path):
     assert found["ntk4"][0]["rope_theta"] == pytest.approx(1e4 * 4 ** (64 / 62))
     assert found["abf1e6"] == ({"rope_type": "default", "rope_theta": 1e6}, "sdpa")
     assert found["eabf1e5"][0]["rope_theta"] == 1e5 and found["eabf1e5"][1] != "sdpa"
+
+
+def test_reports_show_undefined_numbers_as_na_and_end_with_wall_times_and_figures():
+    assert fmt(0.12345) == "0.123" and fmt(2.46, 1) == "2.5" and fmt(3) == "3.000"
+    for undefined in (None, float("nan"), float("inf"), -float("inf")):
+        assert not finite(undefined) and fmt(undefined) == "n/a"
+    assert finite(0) and finite(-1.5)
+    results = {
+        "timings": {
+            "stage": {"data": {"seconds": 1.26, "calls": 2}, "report": {"seconds": 0.04, "calls": 1}},
+            "train": {"B": {"seconds": 90.0, "calls": 1}},
+        },
+        "figures": ["figures/longppl.png"],
+    }
+    assert closing_sections(results) == [
+        "",
+        "## Wall time (seconds, summed over calls)",
+        "",
+        "- stage: data 1.3, report 0.0",
+        "- train: B 90.0",
+        "![longppl.png](figures/longppl.png)",
+    ]
+
+
+def test_the_report_is_written_as_results_json_and_report_md(tmp_path):
+    logged = []
+    run = RunFolder(str(tmp_path / "run"), log=logged.append)
+    results = {"longppl": float("nan"), "members": ("a", "b")}
+    assert run.write_report(results, "# Report\n") is results
+    assert json.loads((tmp_path / "run" / "results.json").read_text()) == {"longppl": None, "members": ["a", "b"]}
+    assert (tmp_path / "run" / "report.md").read_text() == "# Report\n"
+    assert logged == [f"report: {tmp_path / 'run' / 'results.json'}, {tmp_path / 'run' / 'report.md'}"]
+    assert sorted(os.listdir(tmp_path / "run")) == ["report.md", "results.json"]  # nothing half-written left

@@ -1,24 +1,26 @@
-"""The reproduction's training loop and lines cases (longppl_reproduce.family, longppl_reproduce.longppl_run):
-torch.compile gives the eager losses, a training cut off mid-model resumes from its checkpoint to
-the weights of an uninterrupted run, and the lines prompts leave room for the generated answer
-inside the models' positions."""
+"""The reproduction's model family (longppl_reproduce.family): torch.compile gives the eager losses, a
+training cut off mid-model resumes from its checkpoint to the weights of an uninterrupted run, and its
+helpers (documents cut at token boundaries, the learning-rate schedule, the packed batches)."""
 
 import json
+import math
 import os
 import shutil
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
-from helpers import DATA, byte_level_bpe, edited_config
-from longppl_reproduce import lines
-from longppl_reproduce import longppl_run as reproduce
-from longppl_reproduce.family import CHECKPOINT, TRAINING_RECORD, TrainingBatches, Variant, train_variant
+from helpers import byte_level_bpe, govreport_texts
+from longppl_reproduce.family import (
+    CHECKPOINT,
+    TRAINING_RECORD,
+    TrainingBatches,
+    Variant,
+    cut_documents,
+    learning_rate,
+    train_variant,
+)
 from safetensors.torch import load_file
-
-SMOKE = os.path.join(REPO, "configs", "reproduce", "smoke_cpu.yaml")
-H200 = os.path.join(REPO, "configs", "reproduce", "family_h200.yaml")
 
 TINY_MODEL = {
     "architecture": "llama",
@@ -108,113 +110,63 @@ def test_a_checkpoint_of_other_settings_is_not_resumed_but_a_new_log_interval_is
     assert [row["step"] for row in record["losses"]] == [0, 1, 2, 4]  # logged every step, then every 2
 
 
-def _smoke_config(tmp_path, **changes) -> str:
-    return edited_config(SMOKE, tmp_path, **changes)
-
-
-@pytest.mark.slow
-def test_the_train_stage_resumes_a_cut_off_model_to_the_uninterrupted_weights(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    config_path = _smoke_config(
-        tmp_path,
-        **{
-            "training.steps": 8,
-            "training.save_every": 3,
-            "training.log_every": 1,
-            "training.warmup_steps": 2,
-            "family": [{"name": "full"}],
-        },
-    )
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    common = ["--config", config_path, "--corpus", DATA]
-    reproduce.main([*common, "--output-dir", str(whole), "--stages", "tokenizer,data"])
-    shutil.copytree(whole, cut)
-    reproduce.main([*common, "--output-dir", str(whole), "--stages", "train"])
+def test_a_cut_off_training_resumes_from_its_checkpoint_to_the_uninterrupted_weights(tmp_path):
+    settings = {"steps": 8, "save_every": 3, "log_every": 1, "warmup_steps": 2}
+    reference, reference_weights = _tiny(tmp_path, "whole", **settings)
 
     # Cut off after step 4's update: the checkpoint of steps 0-2 is on disk, steps 3-4 are lost.
-    config = reproduce.load_config(config_path, corpus=DATA)
     seen = []
     with pytest.raises(Interrupted):
-        reproduce.Run(config, str(cut), log=_interrupt_at(4, seen)).stage_train()
-    folder = cut / "models" / "full"
+        _tiny(tmp_path, "cut", log=_interrupt_at(4, seen), **settings)
+    folder = tmp_path / "cut"
     assert json.loads((folder / CHECKPOINT / "progress.json").read_text())["step"] == 3
     assert not (folder / TRAINING_RECORD).exists()
 
-    # The next call of the train stage resumes at step 3 and ends where the uninterrupted run did.
-    reproduce.main([*common, "--output-dir", str(cut), "--stages", "train"])
-    resumed = json.loads((folder / TRAINING_RECORD).read_text())
-    reference = json.loads((whole / "models" / "full" / TRAINING_RECORD).read_text())
+    # The next call resumes at step 3 and ends where the uninterrupted run did.
+    resumed, weights = _tiny(tmp_path, "cut", **settings)
     assert resumed["resumed_at"] == [3] and reference["resumed_at"] == []
     assert resumed["losses"] == reference["losses"]
     assert [row["step"] for row in resumed["losses"]] == list(range(8))
-    mine, theirs = load_file(str(folder / "model.safetensors")), load_file(str(whole / "models/full/model.safetensors"))
-    assert set(mine) == set(theirs)
-    for name in theirs:
-        assert torch.equal(mine[name], theirs[name]), name
+    assert set(weights) == set(reference_weights)
+    for name, tensor in reference_weights.items():
+        assert torch.equal(weights[name], tensor), name
     assert not (folder / CHECKPOINT).exists()
 
 
-def _tokens(tokenizer, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=True)["input_ids"])
+def test_validation_documents_are_exactly_the_evaluation_length():
+    tokenizer = byte_level_bpe(600, add_bos=False)
+    texts = list(govreport_texts()[:3])
+    documents = cut_documents(tokenizer, texts, 200, 7)
+    assert len(documents) == 7
+    # the first chunk of every text first, then the second ones
+    assert (
+        documents[0] in texts[0] and documents[1] in texts[1] and documents[2] in texts[2] and documents[3] in texts[0]
+    )
+    for document in documents:
+        assert len(tokenizer(document, add_special_tokens=False)["input_ids"]) == 200
+    assert cut_documents(tokenizer, ["too short"], 200, 3) == []
 
 
-def test_lines_cases_leave_room_for_the_answer_inside_the_positions(tmp_path):
-    tokenizer = byte_level_bpe(600, add_bos=True)
-    new = 128  # longer than a reference answer (~75 tokens of this small BPE), so the answer does not cover it
-
-    def run(name: str, **changes):
-        config = reproduce.load_config(_smoke_config(tmp_path, **{"evaluation.max_new_tokens": new, **changes}), DATA)
-        return reproduce.Run(config, str(tmp_path / name))
-
-    def positions_taken(case) -> int:
-        return max(_tokens(tokenizer, case.prompt) + new, _tokens(tokenizer, lines.case_text(case)))
-
-    roomy, tight = run("roomy"), run("tight", **{"model.max_position_embeddings": 512})
-    assert roomy.positions == 640 and tight.positions == 512
-
-    # 512-token cases with 128 new tokens fit 640 positions: the cases are what they always were ...
-    wanted = lines.lines_for_token_length(tokenizer, 512, seed=0)
-    cases, longest = roomy.lines_test_cases(tokenizer, 512)
-    assert cases == lines.generate_lines_cases(wanted, len(cases), 512)
-    assert longest == max(positions_taken(case) for case in cases)
-    # ... but not 512 positions: a prompt and its generated answer run past them.
-    assert longest > 512
-
-    cases, longest = tight.lines_test_cases(tokenizer, 512)
-    fitted = cases[0].num_lines
-    assert fitted < wanted and cases == lines.generate_lines_cases(fitted, len(cases), 512)
-    assert longest == max(positions_taken(case) for case in cases) <= 512
-    # cut to fit, not further: one line more would not fit
-    assert max(positions_taken(case) for case in lines.generate_lines_cases(fitted + 1, len(cases), 512)) > 512
-    # Shorter records that fit are the same under both.
-    assert tight.lines_test_cases(tokenizer, 384)[0] == roomy.lines_test_cases(tokenizer, 384)[0]
+def test_learning_rate_warms_up_then_follows_the_cosine():
+    peak, steps, warmup, floor = 1e-3, 100, 10, 0.1
+    assert learning_rate(0, steps, peak, warmup, floor) == pytest.approx(peak / 10)
+    assert learning_rate(9, steps, peak, warmup, floor) == pytest.approx(peak)
+    middle = learning_rate(55, steps, peak, warmup, floor)
+    assert middle == pytest.approx(peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 0.5))))
+    assert learning_rate(100, steps, peak, warmup, floor) == pytest.approx(peak * floor)
 
 
-@pytest.mark.parametrize(
-    "changes, words",
-    [
-        ({"training.compile": "yes"}, ["training.compile must be", "'yes'"]),
-        ({"training.save_every": 0}, ["training.save_every must be an integer >= 1", "no checkpoints"]),
-        ({"evaluation.max_new_tokens": 320}, ["evaluation.max_new_tokens = 320", "max_position_embeddings = 640"]),
-    ],
-)
-def test_bad_training_settings_are_refused_naming_the_field_and_value(tmp_path, changes, words):
-    path = _smoke_config(tmp_path, **changes)
-    with pytest.raises(ValueError) as err:
-        reproduce.load_config(path, corpus=DATA)
-    assert path in str(err.value)
-    for word in words:
-        assert word in str(err.value)
-
-
-def test_the_h200_config_plans_compiled_checkpointed_5000_step_runs():
-    config = reproduce.load_config(H200, corpus="books.jsonl.gz")
-    family = reproduce.variants(config)
-    assert len(family) == 8
-    steps = {v.name: v.training["steps"] for v in family}
-    assert steps.pop("l80-short") == pytest.approx(5000 / 3, rel=0.05)
-    assert set(steps.values()) == {5000}
-    for variant in family:
-        assert variant.training["compile"] is True and variant.training["save_every"] == 1000
-    smoke = reproduce.load_config(SMOKE, corpus=DATA)
-    assert smoke["training"]["compile"] is False and smoke["training"]["save_every"] is None
+def test_training_batches_put_lines_documents_at_the_end_of_book_windows():
+    books = np.arange(10, 1010, dtype=np.uint16)
+    document = np.array([1, 2, 3, 4], dtype=np.uint16)
+    every = TrainingBatches(books, [document], 16, 1.0, 0).sequences(5)
+    assert every.shape == (5, 16) and every.dtype == np.int64
+    assert (every[:, -4:] == document).all()
+    # the rest of each row is a window of the books
+    for row in every:
+        start = int(np.flatnonzero(books == row[0])[0])
+        assert (row[:12] == books[start : start + 12]).all()
+    never = TrainingBatches(books, [], 16, 0.0, 0).sequences(3)
+    assert not np.isin(never, document).any()
+    with pytest.raises(ValueError, match="not enough for one sequence of 2000"):
+        TrainingBatches(books, [], 2000, 0.0, 0)

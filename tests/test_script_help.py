@@ -178,20 +178,22 @@ def test_console_script_is_installed_and_answers_help(command, target, modules_c
 @pytest.mark.parametrize(
     "wrapper, tool",
     [
-        ("quickstart.py", "quickstart"),
-        ("compute_key_tokens.py", "compute_key_tokens"),
-        ("evaluate_longppl.py", "evaluate_models"),
-        ("visualize_key_tokens.py", "visualize_key_tokens"),
+        ("quickstart.py", "longppl.tools.quickstart"),
+        ("compute_key_tokens.py", "longppl.tools.compute_key_tokens"),
+        ("evaluate_longppl.py", "longppl.tools.evaluate_models"),
+        ("visualize_key_tokens.py", "longppl.tools.visualize_key_tokens"),
+        ("reproduce_longppl.py", "longppl_reproduce.population"),
+        ("reproduce_longce.py", "longppl_reproduce.longce_comparison"),
     ],
 )
 def test_wrapper_in_scripts_runs_its_tool(wrapper, tool, modules_cache):
     from_wrapper = _run(RUNNER, os.path.join(REPO, "scripts", wrapper), "--help", modules_cache=modules_cache)
-    from_module = _run(RUNNER, f"longppl.tools.{tool}", "--help", modules_cache=modules_cache)
+    from_module = _run(RUNNER, tool, "--help", modules_cache=modules_cache)
     assert from_wrapper["heavy"] == [] and from_wrapper["code"] in (0, None)
     # the same parser: the usage line names the program it was started by, and what follows it (the
     # description and every option) is the same text
     assert from_wrapper["help"].startswith(f"usage: {wrapper} ")
-    assert from_module["help"].startswith(f"usage: {tool}.py ")
+    assert from_module["help"].startswith(f"usage: {tool.rsplit('.', 1)[1]}.py ")
     description_and_options = [run["help"].split("\n\n", 1)[1] for run in (from_wrapper, from_module)]
     assert description_and_options[0] == description_and_options[1]
     assert len(option_helps(description_and_options[0])) > 2

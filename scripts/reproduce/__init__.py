@@ -5,12 +5,12 @@ imports it, as torchtune keeps its ``recipes/`` apart from the ``torchtune`` pac
 
 Modules: ``population`` (LongPPL against long-context ability over a population of context
 extensions of one base model, ``longppl-reproduce``; its config in ``config``, its output folder in
-``run_folder``), ``longppl_run`` (the first attempt, a family of small LMs trained from scratch:
-``python -m longppl_reproduce.longppl_run``), ``longce_comparison`` (LongCE against CE from the
-population's base, ``longppl-reproduce-longce``; the first attempt's: ``longce_run``), ``family``
-(tokenizer, models, training), ``lines`` (LongEval's "lines" task), ``needle`` (multi-key
-needle-in-a-haystack), ``answer_tokens`` (the paper's Figure 5(b): are
-the answer's tokens key tokens), ``corpus_chunks`` (book chunks and null documents), ``calibration``
-(alpha against the null), ``statistics`` (bootstrap intervals, Williams' t, partial correlation),
-``commands`` (their ``longppl`` subcommands).
+``run_folder``), ``longce_comparison`` (LongCE against CE from the population's base,
+``longppl-reproduce-longce``), ``books`` (reading the corpus), ``family`` (tokenizer, models,
+training), ``lines`` (LongEval's "lines" task), ``needle`` (multi-key needle-in-a-haystack),
+``answer_tokens`` (the paper's Figure 5(b): are the answer's tokens key tokens), ``corpus_chunks``
+(book chunks and null documents), ``calibration`` (alpha against the null), ``statistics``
+(bootstrap intervals, Williams' t, partial correlation), ``commands`` (their ``longppl``
+subcommands). The first attempt's pipelines (a family of small models trained from scratch) were
+removed; docs/reproduction.md says where to read them.
 """

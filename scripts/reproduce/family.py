@@ -1,11 +1,11 @@
-"""The model family of the reproduction pipeline (``longppl_reproduce.longppl_run``): tokenizer, model
-configs, training data and the training loop.
+"""The reproduction's models and how they are trained: tokenizer, model configs, training data and the
+training loop, for ``population`` (the base B and the evaluators trained from scratch, the members
+extended from B and fine-tuned) and ``longce_comparison`` (B extended).
 
 Every model is a small Llama-style causal LM from ``transformers`` (``LlamaConfig``, or
-``MistralConfig`` for sliding-window attention), trained from scratch on a stream of book tokens
-mixed with synthetic LongEval "lines" documents (``longppl_reproduce.lines``). What varies across the
-family is what decides long-context ability (training context, attention window, RoPE base, share
-of lines documents, training tokens) while short-context quality stays comparable.
+``MistralConfig`` for sliding-window attention), trained on a stream of book tokens mixed with
+synthetic task documents (:class:`TrainingBatches`: LongEval "lines", ``longppl_reproduce.lines``,
+and the other task pools), from scratch or from a given model (``start_from``).
 
 Why a plain loop rather than ``transformers.Trainer``: the models are small enough that the
 Trainer's per-step overhead (callbacks, logging, the data loader) is a visible share of a step,

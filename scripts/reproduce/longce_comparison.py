@@ -75,7 +75,8 @@ from .config import (
     read_population,
     share,
 )
-from .run_folder import RunFolder
+from .report_text import closing_sections, fmt
+from .run_folder import RunFolder, finite
 
 STAGES = ("start", "extend", "cache", "finetune", "evaluate", "rerun", "report")
 #: The fine-tuning methods and the ``LongCEConfig`` fields that select them (``ce-wallclock`` is CE).
@@ -922,18 +923,14 @@ def arm_row(run: RunFolder, arm: Arm) -> dict:
 MEASURES = ("primary_accuracy", "acc512", "needle", "log_likelihood", "ppl", "longppl", "step_seconds")
 
 
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
-
-
 def spread(values: list) -> dict:
     """Mean and sample standard deviation over the finite ``values`` (``n`` of them)."""
-    finite = [float(v) for v in values if _finite(v)]
-    if not finite:
+    defined = [float(v) for v in values if finite(v)]
+    if not defined:
         return {"mean": None, "sd": None, "n": 0}
-    mean = sum(finite) / len(finite)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) if len(finite) > 1 else 0.0
-    return {"mean": mean, "sd": sd, "n": len(finite)}
+    mean = sum(defined) / len(defined)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in defined) / (len(defined) - 1)) if len(defined) > 1 else 0.0
+    return {"mean": mean, "sd": sd, "n": len(defined)}
 
 
 def compare(rows: list[dict], methods: list[str], level: float) -> dict:
@@ -954,7 +951,7 @@ def compare(rows: list[dict], methods: list[str], level: float) -> dict:
         for measure in MEASURES:
             a = [by[variant][s][measure] for s in seeds]
             b = [by[baseline][s][measure] for s in seeds]
-            kept = [(x, y) for x, y in zip(a, b) if _finite(x) and _finite(y)]
+            kept = [(x, y) for x, y in zip(a, b) if finite(x) and finite(y)]
             if len(kept) < 2:
                 entry[measure] = {"skipped": f"{len(kept)} seeds with finite values of both; 2 are needed"}
                 continue
@@ -975,8 +972,6 @@ def verdict(void: dict, differences: dict) -> str:
 
 
 def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> dict:
-    from longppl.atomic_files import write_file_atomically
-
     extensions = {}
     for extension in config.extensions:
         rows = [arm_row(run, arm) for arm in arms(config) if arm.extension == extension]
@@ -1022,10 +1017,7 @@ def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None
         "timings": run.timings(),
     }
     results["figures"] = draw_curves(run, extensions)
-    run.write_json(results, "results.json")
-    write_file_atomically(run.path("report.md"), lambda handle: handle.write(format_report(results)))
-    run.log(f"report: {run.path('results.json')}, {run.path('report.md')}")
-    return results
+    return run.write_report(results, format_report(results))
 
 
 def draw_curves(run: RunFolder, extensions: dict) -> list[str]:
@@ -1071,18 +1063,14 @@ def draw_curves(run: RunFolder, extensions: dict) -> list[str]:
     return drawn
 
 
-def _fmt(value, digits: int = 3) -> str:
-    return "n/a" if not _finite(value) else f"{value:.{digits}f}"
-
-
 def _table(rows: list[dict]) -> list[str]:
     out = ["| run | method | seed | steps | lr | primary acc | acc512 | needle | answer LL | PPL | LongPPL | step ms |"]
     out.append("|---" * 12 + "|")
     for r in rows:
         out.append(
-            f"| {r['run']} | {r['method']} | {r['seed']} | {r['steps']} | {r['lr']:g} | {_fmt(r['primary_accuracy'])} | "
-            f"{_fmt(r['acc512'])} | {_fmt(r['needle'])} | {_fmt(r['log_likelihood'])} | {_fmt(r['ppl'], 2)} | "
-            f"{_fmt(r['longppl'], 2)} | {_fmt(r['step_seconds'] * 1e3, 1)} |"
+            f"| {r['run']} | {r['method']} | {r['seed']} | {r['steps']} | {r['lr']:g} | {fmt(r['primary_accuracy'])} | "
+            f"{fmt(r['acc512'])} | {fmt(r['needle'])} | {fmt(r['log_likelihood'])} | {fmt(r['ppl'], 2)} | "
+            f"{fmt(r['longppl'], 2)} | {fmt(r['step_seconds'] * 1e3, 1)} |"
         )
     return out
 
@@ -1090,7 +1078,7 @@ def _table(rows: list[dict]) -> list[str]:
 def _comparison_tables(found: dict) -> list[str]:
     out = ["| method | " + " | ".join(MEASURES) + " |", "|---" * (len(MEASURES) + 1) + "|"]
     for method, summary in found["summary"].items():
-        cells = [f"{_fmt(s['mean'])} ± {_fmt(s['sd'])}" if s["n"] else "n/a" for s in summary.values()]
+        cells = [f"{fmt(s['mean'])} ± {fmt(s['sd'])}" if s["n"] else "n/a" for s in summary.values()]
         out.append(f"| {method} | " + " | ".join(cells) + " |")
     out += [
         "",
@@ -1099,8 +1087,7 @@ def _comparison_tables(found: dict) -> list[str]:
     ]
     for pair, entry in found["differences"].items():
         cells = [
-            f"{_fmt(d['value'])} [{_fmt(d['low'])}, {_fmt(d['high'])}]" if "value" in d else "n/a"
-            for d in entry.values()
+            f"{fmt(d['value'])} [{fmt(d['low'])}, {fmt(d['high'])}]" if "value" in d else "n/a" for d in entry.values()
         ]
         out.append(f"| {pair} | " + " | ".join(cells) + " |")
     return out
@@ -1112,7 +1099,7 @@ def format_report(results: dict) -> str:
     out = ["# LongCE against CE from a base that keeps the task", "", "```", results["command"], "```", ""]
     evaluators = results["evaluators"]
     out.append(
-        f"B's gate accuracy: {_fmt(results['base_gate'])}. LongPPL evaluator: "
+        f"B's gate accuracy: {fmt(results['base_gate'])}. LongPPL evaluator: "
         + (
             f"{evaluators['E2']}, the second evaluator."
             if evaluators["E2"]
@@ -1126,11 +1113,11 @@ def format_report(results: dict) -> str:
         base, void = found["extended_base"]["benchmark"], found["void"]
         out += ["", f"## {name}", ""]
         out.append(
-            f"Extended base, no fine-tuning: accuracy at 512 {_fmt(base['acc512'])}, primary {_fmt(base['mean'])}."
+            f"Extended base, no fine-tuning: accuracy at 512 {fmt(base['acc512'])}, primary {fmt(base['mean'])}."
         )
         out.append(
-            f"Void rule: CE's accuracy at 512 at step {void['at_step']} is {_fmt(void['ce_acc512'])} against a threshold of "
-            f"{_fmt(void['threshold'])}: " + ("**void**" if void["void"] else "not void") + "."
+            f"Void rule: CE's accuracy at 512 at step {void['at_step']} is {fmt(void['ce_acc512'])} against a threshold of "
+            f"{fmt(void['threshold'])}: " + ("**void**" if void["void"] else "not void") + "."
         )
         if found["rerun_due"]:
             out.append(
@@ -1141,14 +1128,10 @@ def format_report(results: dict) -> str:
             rerun, void = found["rerun"], found["rerun"]["void"]
             out += ["", "### Rerun", "", *_table(rerun["runs"]), "", *_comparison_tables(rerun), ""]
             out.append(
-                f"Void rule of the rerun: CE's accuracy at 512 {_fmt(void['ce_acc512'])}, threshold "
-                f"{_fmt(void['threshold'])}. Verdict of the rerun: {rerun['verdict']}."
+                f"Void rule of the rerun: CE's accuracy at 512 {fmt(void['ce_acc512'])}, threshold "
+                f"{fmt(void['threshold'])}. Verdict of the rerun: {rerun['verdict']}."
             )
-    out += ["", "## Wall time (seconds, summed over calls)", ""]
-    for group, entries in results["timings"].items():
-        out.append(f"- {group}: " + ", ".join(f"{name} {e['seconds']:.1f}" for name, e in entries.items()))
-    out += [f"![{os.path.basename(p)}]({p})" for p in results["figures"]]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + closing_sections(results)) + "\n"
 
 
 # ------------------------------------------------------------------ command line

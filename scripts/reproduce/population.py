@@ -51,8 +51,10 @@ from fractions import Fraction
 
 from longppl.tools.cli import command_line, run_command, tool_parser
 
+from .books import read_books
 from .config import Population, Pretrained, Window, read_population
-from .run_folder import RunFolder
+from .report_text import closing_sections, fmt
+from .run_folder import RunFolder, finite
 
 STAGES = (
     "tokenizer",
@@ -90,8 +92,6 @@ def load_tokenizer(run: RunFolder):
 def books(config: Population) -> tuple[list[str], list[str]]:
     """``(training books, validation books)``: the validation corpus, else the last
     ``data.validation_books`` of the corpus (held out of training)."""
-    from .longppl_run import read_books
-
     train = read_books(config.corpus, config.text_column)
     if config.data.max_books:
         train = train[: config.data.max_books]
@@ -109,8 +109,6 @@ def books(config: Population) -> tuple[list[str], list[str]]:
 def validation_books(config: Population) -> list[str]:
     """The validation books of :func:`books`, without reading the training corpus when a validation
     corpus is given (the needle cases and the null documents need only these)."""
-    from .longppl_run import read_books
-
     if config.validation_corpus:
         return read_books(config.validation_corpus, config.text_column)
     return books(config)[1]
@@ -889,7 +887,7 @@ def statistics_of(
     (``at_floor_or_ceiling`` is ``None``)."""
     from . import statistics
 
-    usable = [r for r in rows if _finite(r[measure]) and _finite(r["ppl"]) and _finite(r[benchmark])]
+    usable = [r for r in rows if finite(r[measure]) and finite(r["ppl"]) and finite(r[benchmark])]
     if len(usable) < 3:
         return {
             "members": [r["member"] for r in usable],
@@ -917,7 +915,7 @@ def statistics_of(
         }
     r_ay, r_by = found["pearson"]["longppl"]["value"], found["pearson"]["ppl"]["value"]
     r_ab = statistics.correlation(longppl, ppl)
-    if not all(_finite(r) for r in (r_ay, r_by, r_ab)):  # a side without variance (e.g. every accuracy 0)
+    if not all(finite(r) for r in (r_ay, r_by, r_ab)):  # a side without variance (e.g. every accuracy 0)
         found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "a correlation is undefined"}
     elif abs(r_ab) >= 1 - 1e-12:  # the two measures rank alike: nothing to compare (the test divides by 0)
         found["williams_t"] = {"t": None, "df": None, "p_two_sided": None, "skipped": "|r(LongPPL, PPL)| = 1"}
@@ -966,7 +964,7 @@ def sensitivity_statistics(rows: list[dict], analysis, benchmark: str = "primary
             for method in ("pearson", "spearman")
         }
         for name, values in measures.items()
-        if len(rows) >= 3 and all(_finite(v) for v in values)
+        if len(rows) >= 3 and all(finite(v) for v in values)
     }
 
 
@@ -999,10 +997,6 @@ def verdict(found: dict, analysis) -> dict:
         "conditions": [{"condition": text, "holds": bool(held)} for text, held in conditions],
         "reasons": found["inconclusive_reasons"],
     }
-
-
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
 
 
 def stage_report(config: Population, run: RunFolder, members=None) -> dict:
@@ -1049,12 +1043,7 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
     results["sensitivity"] = sensitivity_statistics(analysed, config.analysis)
     results["verdict"] = verdict(results["statistics"]["analysed"], config.analysis)
     results["figures"] = draw_figure(run, analysed)
-    run.write_json(results, "results.json")
-    from longppl.atomic_files import write_file_atomically
-
-    write_file_atomically(run.path("report.md"), lambda handle: handle.write(format_report(results)))
-    run.log(f"report: {run.path('results.json')}, {run.path('report.md')}")
-    return results
+    return run.write_report(results, format_report(results))
 
 
 def with_wilson_intervals(record: dict, level: float) -> dict:
@@ -1066,7 +1055,7 @@ def with_wilson_intervals(record: dict, level: float) -> dict:
         for rule in ("lsd", "lsd+lcl"):
             for rate, total in (("recall", found["n_answer"]), ("specificity", found["n_other"])):
                 value = found[rule][rate]
-                if total and _finite(value):
+                if total and finite(value):
                     found[rule][f"{rate}_interval"] = wilson_interval(round(value * total), total, level)
     return record
 
@@ -1077,7 +1066,7 @@ def _without_outputs(record: dict) -> dict:
 
 def draw_figure(run: RunFolder, rows: list[dict]) -> list[str]:
     """The Figure 1(b) scatter of the analysed members (none without matplotlib or with < 2 members)."""
-    rows = [r for r in rows if _finite(r["longppl"]) and _finite(r["ppl"])]
+    rows = [r for r in rows if finite(r["longppl"]) and finite(r["ppl"])]
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -1100,16 +1089,12 @@ def draw_figure(run: RunFolder, rows: list[dict]) -> list[str]:
     return [os.path.relpath(path, run.root)]
 
 
-def _fmt(value, digits: int = 3) -> str:
-    return "n/a" if not _finite(value) else f"{value:.{digits}f}"
-
-
 def _pair(bounds) -> str:
-    return f"[{_fmt(bounds[0])}, {_fmt(bounds[1])}]" if bounds else "[n/a]"
+    return f"[{fmt(bounds[0])}, {fmt(bounds[1])}]" if bounds else "[n/a]"
 
 
 def _interval(found: dict) -> str:
-    return f"{_fmt(found['value'], 2)} [{_fmt(found['low'], 2)}, {_fmt(found['high'], 2)}]"
+    return f"{fmt(found['value'], 2)} [{fmt(found['low'], 2)}, {fmt(found['high'], 2)}]"
 
 
 def format_report(results: dict) -> str:
@@ -1123,10 +1108,10 @@ def format_report(results: dict) -> str:
     out += ["|---" * 12 + "|"]
     for r in results["members"]:
         out.append(
-            f"| {r['member']} | {r['method']} | {r['steps']} | {r['seed']} | {_fmt(r['acc512'])} | "
-            f"{_fmt(r['primary_accuracy'])} | {_fmt(r['needle'])} | {_interval(r['intervals']['ppl'])} | "
+            f"| {r['member']} | {r['method']} | {r['steps']} | {r['seed']} | {fmt(r['acc512'])} | "
+            f"{fmt(r['primary_accuracy'])} | {fmt(r['needle'])} | {_interval(r['intervals']['ppl'])} | "
             f"{_interval(r['intervals']['longppl'])} | "
-            f"{_fmt(r['longppl_secondary'], 2)} | {r['key_tokens']:.0f} | {r['exclusion_reason'] or ''} |"
+            f"{fmt(r['longppl_secondary'], 2)} | {r['key_tokens']:.0f} | {r['exclusion_reason'] or ''} |"
         )
     sections = [(f"{label} members, primary accuracy", found) for label, found in results["statistics"].items()]
     sections += [(f"secondary: {label}", found) for label, found in results["secondary_statistics"].items()]
@@ -1140,14 +1125,14 @@ def format_report(results: dict) -> str:
             for suffix, label_ in (("", "members"), ("_by_method", "clusters: methods")):
                 lp, p, d = (found[method][k + suffix] for k in ("longppl", "ppl", "difference"))
                 out.append(
-                    f"| {method} ({label_}) | {_fmt(lp['value'])} [{_fmt(lp['low'])}, {_fmt(lp['high'])}] | "
-                    f"{_fmt(p['value'])} [{_fmt(p['low'])}, {_fmt(p['high'])}] | {_fmt(d['value'])} ({_fmt(d['p_two_sided'])}) |"
+                    f"| {method} ({label_}) | {fmt(lp['value'])} [{fmt(lp['low'])}, {fmt(lp['high'])}] | "
+                    f"{fmt(p['value'])} [{fmt(p['low'])}, {fmt(p['high'])}] | {fmt(d['value'])} ({fmt(d['p_two_sided'])}) |"
                 )
         w, partial = found["williams_t"], found["partial_given_acc512"]
         out += [
             "",
-            f"Williams' t {_fmt(w['t'])} (p {_fmt(w['p_two_sided'])}); partial r given acc512 "
-            f"{_fmt(partial['value'])} [{_fmt(partial['low'])}, {_fmt(partial['high'])}].",
+            f"Williams' t {fmt(w['t'])} (p {fmt(w['p_two_sided'])}); partial r given acc512 "
+            f"{fmt(partial['value'])} [{fmt(partial['low'])}, {fmt(partial['high'])}].",
         ]
         reasons = "; ".join(found["inconclusive_reasons"]) or "no rule applies"
         out.append(f"Inconclusive: {found['inconclusive']} ({reasons}).")
@@ -1170,15 +1155,11 @@ def format_report(results: dict) -> str:
             got = found[rule]
             recall, specificity = got.get("recall_interval"), got.get("specificity_interval")
             out.append(
-                f"- alpha {alpha}, {rule}: balanced accuracy {_fmt(got['balanced_accuracy'])}; recall "
-                f"{_fmt(got['recall'])} {_pair(recall)}, specificity {_fmt(got['specificity'])} {_pair(specificity)} "
+                f"- alpha {alpha}, {rule}: balanced accuracy {fmt(got['balanced_accuracy'])}; recall "
+                f"{fmt(got['recall'])} {_pair(recall)}, specificity {fmt(got['specificity'])} {_pair(specificity)} "
                 f"({found['n_answer']} answer, {found['n_other']} other tokens)"
             )
-    out += ["", "## Wall time (seconds, summed over calls)", ""]
-    for group, entries in results["timings"].items():
-        out.append(f"- {group}: " + ", ".join(f"{name} {e['seconds']:.1f}" for name, e in entries.items()))
-    out += [f"![{os.path.basename(p)}]({p})" for p in results["figures"]]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + closing_sections(results)) + "\n"
 
 
 # ------------------------------------------------------------------ export

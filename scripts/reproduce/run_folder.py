@@ -29,6 +29,12 @@ def jsonable(value):
     return value
 
 
+def finite(value) -> bool:
+    """Whether a number read back from a run's JSON files is defined: not ``None`` (what
+    :func:`jsonable` writes for NaN and infinities), NaN or infinite."""
+    return value is not None and math.isfinite(value)
+
+
 class RunFolder:
     """Paths below ``root`` (created if missing; nothing in it is ever deleted), atomic JSON
     read/write, and wall-time records.
@@ -68,6 +74,14 @@ class RunFolder:
         path = self.path(*parts)
         write_file_atomically(path, lambda handle: json.dump(jsonable(value), handle, indent=1))
         return path
+
+    def write_report(self, results: dict, markdown: str) -> dict:
+        """Write ``results.json`` (``results``, made JSON-safe) and ``report.md`` (``markdown``, built
+        from those results), each atomically; returns ``results``."""
+        self.write_json(results, "results.json")
+        write_file_atomically(self.path("report.md"), lambda handle: handle.write(markdown))
+        self.log(f"report: {self.path('results.json')}, {self.path('report.md')}")
+        return results
 
     def add_seconds(self, group: str, name: str, seconds: float) -> None:
         """Add ``seconds`` to ``timings.json[group][name]`` (``seconds`` and ``calls`` summed over calls).
