@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import ScriptedStub, byte_level_bpe, tiny_model
-from longppl_reproduce.answer_tokens import answer_lsd_histogram, answer_token_scores, classify_answer_tokens
+from longppl_reproduce.answer_tokens import answer_token_scores, classify_answer_tokens
 from longppl_reproduce.lines import (
     LinesCase,
     case_text,
@@ -21,7 +21,6 @@ from longppl_reproduce.lines import (
     last_number,
     lines_accuracy,
     lines_for_token_length,
-    lines_training_document,
     longchat_correct,
     read_lines_cases,
     write_lines_cases,
@@ -70,22 +69,6 @@ def test_asked_line_is_uniform_over_the_record():
     positions = collections.Counter([line for line, _ in parse_record(c.prompt)].index(c.target_line) for c in cases)
     assert sorted(positions) == [0, 1, 2, 3]
     assert all(140 <= count <= 260 for count in positions.values()), positions  # 200 expected, ~5 sigma
-
-
-def test_training_document_asks_distinct_lines_and_answers_them():
-    document = lines_training_document(np.random.default_rng(0), 9, num_questions=3)
-    record = dict(parse_record(document))
-    assert len(record) == 9
-    asked = re.findall(
-        r"\nNow the record is over\. Tell me what is the <REGISTER_CONTENT> in line (\S+)\? I need the number\. "
-        r"The <REGISTER_CONTENT> in line (\S+) is <(\d+)>\.",
-        document,
-    )
-    assert len(asked) == 3 and len({line for line, _, _ in asked}) == 3
-    assert all(line == again and record[line] == number for line, again, number in asked)
-    assert document.endswith(">.")
-    with pytest.raises(ValueError, match="num_questions=10"):
-        lines_training_document(np.random.default_rng(0), 9, num_questions=10)
 
 
 def write_jsonl(path, records) -> str:
@@ -393,10 +376,3 @@ def test_classify_answer_tokens_counts_by_hand():
         classify_answer_tokens(lsd[:3], lcl, is_answer)
     with pytest.raises(ValueError, match="bool array"):
         classify_answer_tokens(lsd, lcl, is_answer.astype(int))
-
-
-def test_answer_lsd_histogram_writes_a_png(tmp_path):
-    path = str(tmp_path / "lsd.png")
-    answer_lsd_histogram(path, np.array([0.1, 0.2, 3.0, np.nan, 2.5]), np.array([False, False, True, False, True]))
-    with open(path, "rb") as handle:
-        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -10,13 +10,12 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, govreport_texts
+from helpers import byte_level_bpe
 from longppl_reproduce.family import (
     CHECKPOINT,
     TRAINING_RECORD,
     TrainingBatches,
     Variant,
-    cut_documents,
     learning_rate,
     train_variant,
 )
@@ -131,20 +130,6 @@ def test_a_cut_off_training_resumes_from_its_checkpoint_to_the_uninterrupted_wei
     for name, tensor in reference_weights.items():
         assert torch.equal(weights[name], tensor), name
     assert not (folder / CHECKPOINT).exists()
-
-
-def test_validation_documents_are_exactly_the_evaluation_length():
-    tokenizer = byte_level_bpe(600, add_bos=False)
-    texts = list(govreport_texts()[:3])
-    documents = cut_documents(tokenizer, texts, 200, 7)
-    assert len(documents) == 7
-    # the first chunk of every text first, then the second ones
-    assert (
-        documents[0] in texts[0] and documents[1] in texts[1] and documents[2] in texts[2] and documents[3] in texts[0]
-    )
-    for document in documents:
-        assert len(tokenizer(document, add_special_tokens=False)["input_ids"]) == 200
-    assert cut_documents(tokenizer, ["too short"], 200, 3) == []
 
 
 def test_learning_rate_warms_up_then_follows_the_cosine():

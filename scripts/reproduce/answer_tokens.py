@@ -31,9 +31,6 @@ from longppl.settings import (
 
 from .lines import LINE_TEMPLATE, LinesCase, answer_number_span, case_text
 
-#: The two classification rules of :func:`classify_answer_tokens`, as the paper's Figure 5(b) names them.
-RULES = ("lsd", "lsd+lcl")
-
 
 def _record_number_start(case: LinesCase) -> int:
     """The character where the asked number starts in the prompt's record (the line
@@ -207,55 +204,3 @@ def classify_answer_tokens(
             "false_negative": fn,
         }
     return result
-
-
-def answer_lsd_histogram(
-    path: str,
-    lsd: np.ndarray,
-    is_answer: np.ndarray,
-    alpha: float = DEFAULT_ALPHA,
-    title: str = "LSD of the answer-side tokens of LongEval lines",
-    beyond_short: np.ndarray | None = None,
-) -> None:
-    """PNG histogram of the LSD of answer tokens and of the other answer-side tokens (the paper's
-    Figure 3(a)), on shared bins, with ``alpha`` marked and each group's share above it in the
-    legend. With ``beyond_short`` (``[m]`` bool, as :func:`answer_token_scores` returns it) the
-    answer tokens are drawn as two groups: those whose number lies beyond the short context and the
-    others. Needs matplotlib (``figures``); written atomically."""
-    from longppl.tools.figures import KEY_COLOR, PPL_COLOR, _figure, _save
-
-    lsd = np.asarray(lsd, dtype=np.float64)
-    is_answer = np.asarray(is_answer, dtype=bool)
-    if lsd.shape != is_answer.shape or lsd.size == 0:
-        raise ValueError(
-            f"lsd and is_answer must be non-empty arrays of one shape, got {lsd.shape}, {is_answer.shape}."
-        )
-    if beyond_short is not None:
-        beyond_short = np.asarray(beyond_short, dtype=bool)
-        if beyond_short.shape != lsd.shape:
-            raise ValueError(f"beyond_short must have the shape of lsd {lsd.shape}, got {beyond_short.shape}.")
-    known = ~np.isnan(lsd)
-    if not known.any():
-        raise ValueError("No token has an LSD value; nothing to plot.")
-    low, high = float(min(lsd[known].min(), alpha)), float(max(lsd[known].max(), alpha))
-    edges = np.linspace(low, high + 1e-9 * max(1.0, abs(high)), 41)
-    figure = _figure(6.4, 4.2)
-    ax = figure.subplots()
-    groups = [(~is_answer & known, "other tokens", PPL_COLOR)]
-    if beyond_short is None:
-        groups.append((is_answer & known, "answer tokens", KEY_COLOR))
-    else:
-        groups.append((is_answer & beyond_short & known, "answer tokens, number beyond the short context", KEY_COLOR))
-        groups.append((is_answer & ~beyond_short & known, "answer tokens, number within it", "#7f7f7f"))
-    for mask, label, color in groups:
-        values = lsd[mask]
-        share = f", {np.mean(values > alpha):.1%} above alpha" if values.size else ""
-        ax.hist(values, bins=edges, color=color, alpha=0.6, label=f"{label} ({values.size}{share})")
-    ax.axvline(alpha, color="black", linestyle="--", linewidth=1, label=f"alpha = {alpha:g}")
-    ax.set_xlabel("LSD = log P(x | long context) - log P(x | short context)")
-    # log counts: the other tokens pile up at LSD ~ 0 and would hide the answer tokens' spread
-    ax.set_yscale("log")
-    ax.set_ylabel("tokens (log scale)")
-    ax.set_title(title)
-    ax.legend(loc="upper right", fontsize=8)
-    _save(figure, path)

@@ -86,27 +86,6 @@ def encode_stream(tokenizer, texts: list[str]) -> np.ndarray:
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
 
 
-def cut_documents(tokenizer, texts: list[str], length: int, count: int) -> list[str]:
-    """Up to ``count`` texts of exactly ``length`` tokens each, cut from ``texts`` at token boundaries
-    (through the offsets, so no character is split): the first chunk of every text, then the second
-    of every text, ... (so the documents come from as many texts as possible). Texts shorter than
-    ``length`` give none."""
-    chunks: list[list[str]] = []
-    for text in texts:
-        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = encoding["offset_mapping"]
-        mine = []
-        for start in range(0, len(offsets) - length + 1, length):
-            mine.append(text[offsets[start][0] : offsets[start + length - 1][1]])
-        chunks.append(mine)
-    documents = []
-    for round_ in range(max((len(c) for c in chunks), default=0)):
-        for mine in chunks:
-            if round_ < len(mine) and len(documents) < count:
-                documents.append(mine[round_])
-    return documents
-
-
 # ------------------------------------------------------------------ model configs
 
 

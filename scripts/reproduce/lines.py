@@ -190,23 +190,6 @@ def lines_for_token_length(tokenizer, target_tokens: int, seed: int = 0) -> int:
     return low
 
 
-def lines_training_document(rng: np.random.Generator, num_lines: int, num_questions: int = 1) -> str:
-    """A training document in the test format: a record of ``num_lines`` lines, then
-    ``num_questions`` questions about distinct lines, each followed by its reference answer
-    (``question + ANSWER_SEPARATOR + answer``), for training small models on the task."""
-    require_int("num_questions", num_questions)
-    lines, numbers = draw_record(rng, num_lines)
-    if num_questions > num_lines:
-        raise ValueError(f"num_questions={num_questions} is more than the {num_lines} lines to ask about.")
-    asked = rng.choice(num_lines, size=num_questions, replace=False)
-    return _record(lines, numbers) + "".join(
-        QUESTION_TEMPLATE.format(line=lines[i])
-        + ANSWER_SEPARATOR
-        + ANSWER_TEMPLATE.format(line=lines[i], number=numbers[i])
-        for i in (int(k) for k in asked)
-    )
-
-
 def expected_number_text(value, where: str) -> str:
     """The ``expected_number`` field as text of digits (LongChat writes an int)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
