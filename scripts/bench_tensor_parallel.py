@@ -244,7 +244,9 @@ def worker(args) -> None:
 def compare(work: str, shape: str, layout: str, reference: str) -> dict | None:
     """Rows of ``layout`` against ``reference``'s for ``shape`` (both parts), or ``None`` if either is missing."""
     from longppl.key_tokens import key_token_mask
+    from longppl.settings import KeyTokenRule
 
+    default_rule = KeyTokenRule()  # alpha = 2, beta = -2
     out = {}
     for part in ("document", "corpus"):
         paths = [os.path.join(work, f"{shape}-{name}-{part}.npz") for name in (layout, reference)]
@@ -259,14 +261,16 @@ def compare(work: str, shape: str, layout: str, reference: str) -> dict | None:
                 for a, b in ((long_a, long_b), (short_a, short_b)):
                     both = ~np.isnan(a) & ~np.isnan(b)
                     diff = max(diff, float(np.abs(a[both] - b[both]).max()) if both.any() else 0.0)
-                mask_a, mask_b = key_token_mask(long_a, short_a, 2.0, -2.0), key_token_mask(long_b, short_b, 2.0, -2.0)
+                mask_a, mask_b = (
+                    key_token_mask(long_a, short_a, default_rule),
+                    key_token_mask(long_b, short_b, default_rule),
+                )
                 default_same &= bool((mask_a == mask_b).all())
                 default_keys += int(mask_b.sum())
                 lsd = long_b - short_b
                 if np.isfinite(lsd).any():
-                    alpha = float(np.nanquantile(lsd, 0.95))
-                    top_a = key_token_mask(long_a, short_a, alpha, -1e9)
-                    top_b = key_token_mask(long_b, short_b, alpha, -1e9)
+                    top = KeyTokenRule(alpha=float(np.nanquantile(lsd, 0.95)), use_lcl=False)
+                    top_a, top_b = key_token_mask(long_a, short_a, top), key_token_mask(long_b, short_b, top)
                     top_same += int((top_a & top_b).sum())
                     top_keys += int(top_b.sum())
         out[part] = dict(
