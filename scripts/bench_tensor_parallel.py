@@ -19,9 +19,31 @@ The rows of each layout are compared with the ``one`` rows (else the ``device_ma
 log-prob difference, key tokens under the default rule, and the top 5% of tokens by LSD (a random
 model has few key tokens at alpha=2, so the second set shows how far bf16 rounding moves a threshold).
 
+Where the time goes, in the same run:
+
+- ``--warmup N`` (default 1) scores the corpus N times untimed first, in every layout, so first-call
+  costs (allocator, kernel choice, NCCL communicators) stay out of the figures;
+- ``--repeats R`` (default 1) times each part R times: every time, and the median as ``seconds``;
+  each part also counts the backbone's forward passes and the tokens they run;
+- ``--profile`` scores the corpus once more under ``torch.profiler`` (CPU, and CUDA on GPU) and keeps
+  a summary per rank (``profile-<shape>-<layout>-<rank>.json`` in ``--work``, and in the JSON): the
+  25 ops with the most self device time (self CPU time on CPU), the time of each group (collectives,
+  attention, LM-head side, matmul, DTensor dispatch, launches, other), and wall time against the
+  summed device time: a device idle much of the wall time is launch- or dispatch-bound;
+- ``--probe-allreduce`` (tp layout) times all-reduces of the row-parallel outputs' size (longest
+  document's tokens x hidden size, the model's dtype) alone: bus bandwidth, and "all-reduce alone
+  would take X s of the Y s" of each part (the plan's row-wise layers per forward pass, times the
+  part's forward tokens).
+
     python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b qwen2-72b --too-big qwen2-72b \\
         --json bench_tp.json
     python scripts/bench_tensor_parallel.py --cpu --shapes tiny --doc-tokens 600 --corpus-tokens 300  # smoke, gloo
+
+Why TP=2 is slower than one GPU at the 8B shape, in one short run on 2 GPUs:
+
+    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp --warmup 1 \\
+        --repeats 3 --profile --probe-allreduce --corpus-docs 2 --corpus-tokens 8192 --doc-tokens 32768 \\
+        --json bench_tp_profile.json
 
 A shape that runs out of memory in a layout is recorded as such and, with ``--fallback SHAPE``,
 replaced by SHAPE for the remaining runs.
@@ -29,8 +51,10 @@ replaced by SHAPE for the remaining runs.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +62,7 @@ import zlib
 
 import numpy as np
 
+from longppl.settings import require_int
 from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE
 from longppl.tools.cli import tool_parser
 
@@ -70,6 +95,20 @@ SHAPES = {  # config fields (model_type included); the byte-level tokenizer uses
     ),
     "tiny": dict(model_type="llama", **TINY_LLAMA_SHAPE),
 }
+# --profile's groups: a kernel (GPU) or an operator (CPU) belongs to the first group one of whose
+# fragments its lower-cased name holds. Collectives come first ("all_gather" holds "gather"), attention
+# before matmul (attention kernels are named after cutlass and sm90 too). The last two name CPU-side
+# work only: DTensor's dispatch (its profiler ranges, outside the aten operators they wrap) and CUDA
+# kernel launches.
+PROFILE_GROUPS = {
+    "collectives": ("nccl", "all_reduce", "allreduce", "c10d", "gloo"),
+    "attention": ("sdpa", "flash", "attention", "efficient", "fmha"),
+    "lm_head_side": ("log_softmax", "logsoftmax", "logsumexp", "gather", "cross_entropy", "nll_loss"),
+    "matmul": ("aten::mm", "addmm", "bmm", "gemm", "cutlass", "sm90", "nvjet", "xmma", "matmul", "linear"),
+    "dtensor_dispatch": ("pythonsubclass", "pythondispatchmode", "redistribute", "torchtensor", "dtensor"),
+    "launch": ("cudalaunch", "culaunch"),
+}
+TOP_OPS = 25  # ops listed by --profile, by self time
 
 
 def texts(doc_tokens: int, corpus_docs: int, corpus_tokens: int, path: str = CRS) -> tuple[str, list[str]]:
@@ -175,6 +214,176 @@ def timed(run, devices: list[int], distributed: bool):
     return time.perf_counter() - start, peaks(devices), value
 
 
+def count_forwards(model) -> dict:
+    """``{"calls": 0, "tokens": 0}``, then counting the backbone's forward passes and the tokens they run
+    (``input_ids.numel()``, padding included: the rows a row-parallel layer all-reduces), through a
+    pre-hook on ``model.base_model``. Reset the counts by assigning them."""
+    counts = dict(calls=0, tokens=0)
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        counts["calls"] += 1
+        counts["tokens"] += 0 if ids is None else int(ids.numel())
+
+    model.base_model.register_forward_pre_hook(hook, with_kwargs=True)
+    return counts
+
+
+def time_part(run, repeats: int, counts: dict, devices: list[int], distributed: bool) -> tuple[dict, list]:
+    """``run()`` timed ``repeats`` times: ``(record, rows of the last run)``; the record holds every time,
+    their median as ``seconds``, and the last run's peak GiB per GPU and forward passes (``counts``)."""
+    times = []
+    for _ in range(repeats):
+        counts.update(calls=0, tokens=0)
+        seconds, peak, scores = timed(run, devices, distributed)
+        times.append(seconds)
+    median = statistics.median(times)
+    tokens = sum(int(row.input_ids.shape[0]) for row in scores)
+    record = dict(
+        seconds=round(median, 3),
+        repeats=[round(seconds, 3) for seconds in times],
+        tokens=tokens,
+        tokens_per_s=round(tokens / median, 1),
+        peak_gib=peak,
+        longest=max(int(row.input_ids.shape[0]) for row in scores),
+        forwards=counts["calls"],
+        forward_tokens=counts["tokens"],
+    )
+    return record, scores
+
+
+def profile_group(name: str) -> str:
+    """The group of :data:`PROFILE_GROUPS` of a kernel or operator ``name`` (``"other"`` if none)."""
+    lower = name.lower()
+    return next((group for group, parts in PROFILE_GROUPS.items() if any(part in lower for part in parts)), "other")
+
+
+def grouped_ms(events, microseconds) -> dict[str, float]:
+    """``{group: ms}``: ``microseconds(event)`` of ``events`` (rows of ``key_averages()``) summed by
+    :func:`profile_group`, every group present."""
+    groups = dict.fromkeys([*PROFILE_GROUPS, "other"], 0.0)
+    for event in events:
+        groups[profile_group(event.key)] += microseconds(event) / 1e3
+    return groups
+
+
+def profile_summary(profiler, wall_seconds: float, on_gpu: bool) -> dict:
+    """A small summary of a finished ``torch.profiler.profile`` (not its trace), times in ms.
+
+    The ops are the device's kernels (and copies) timed by self device time on GPU, the operators timed
+    by self CPU time on CPU: ``top`` lists the :data:`TOP_OPS` first, ``groups_ms`` splits them all by
+    :func:`profile_group`, so the groups sum to ``busy_ms``, and ``busy_share`` is ``busy_ms`` over the
+    wall time (above 1 where streams overlap). ``cpu_groups_ms`` splits the operators' self CPU time
+    (the same as ``groups_ms`` on CPU), summed in ``cpu_ops_ms``. A device busy for a small share of
+    the wall time while the CPU is busy means launch- or dispatch-bound (``dtensor_dispatch``: DTensor's
+    Python dispatch and redistribution), not device-bound. A collective's time includes waiting for
+    the slowest rank.
+    """
+    from torch.autograd import DeviceType
+
+    averages = profiler.key_averages()
+    cpu_ops = [event for event in averages if event.device_type == DeviceType.CPU]
+    ops = [event for event in averages if event.device_type == DeviceType.CUDA] if on_gpu else cpu_ops
+    own = (lambda event: event.self_device_time_total) if on_gpu else (lambda event: event.self_cpu_time_total)
+    whole = (lambda event: event.device_time_total) if on_gpu else (lambda event: event.cpu_time_total)
+    groups = grouped_ms(ops, own)
+    cpu_groups = grouped_ms(cpu_ops, lambda event: event.self_cpu_time_total)
+    busy = sum(groups.values())
+    top = [
+        dict(name=event.key[:120], group=profile_group(event.key), count=event.count,
+             self_ms=round(own(event) / 1e3, 3), total_ms=round(whole(event) / 1e3, 3))
+        for event in sorted(ops, key=own, reverse=True)[:TOP_OPS]
+    ]  # fmt: skip
+    return dict(
+        timed="self device time of kernels" if on_gpu else "self CPU time of operators",
+        wall_ms=round(wall_seconds * 1e3, 3),
+        busy_ms=round(busy, 3),
+        busy_share=round(busy / (wall_seconds * 1e3), 3),
+        groups_ms={group: round(ms, 3) for group, ms in groups.items()},
+        cpu_ops_ms=round(sum(cpu_groups.values()), 3),
+        cpu_groups_ms={group: round(ms, 3) for group, ms in cpu_groups.items()},
+        top=top,
+    )
+
+
+def profiled(run, devices: list[int], distributed: bool) -> dict:
+    """One more ``run()``, timed under ``torch.profiler.profile`` (CPU activity, and CUDA's on GPU):
+    its :func:`profile_summary`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if devices else [])
+    with profile(activities=activities) as profiler:
+        seconds, _, _ = timed(run, devices, distributed)
+    return profile_summary(profiler, seconds, bool(devices))
+
+
+def allreduce_seconds(tensor, repeats: int = 5) -> float:
+    """Median seconds of one all-reduce of ``tensor`` over the default group, warm (one untimed first):
+    the ranks start together (a barrier before each), the clock stops when this rank's device is done."""
+    import torch
+
+    def synchronize():
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+
+    torch.distributed.all_reduce(tensor)
+    times = []
+    for _ in range(repeats):
+        torch.distributed.barrier()
+        synchronize()
+        start = time.perf_counter()
+        torch.distributed.all_reduce(tensor)
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def probe_allreduce(model, record: dict) -> dict:
+    """What all-reduce alone costs the tp layout's timed parts of ``record``.
+
+    Per part: an all-reduce of ``[longest document's tokens, hidden_size]`` in the model's dtype (a
+    row-parallel layer's output on the long pass), timed by :func:`allreduce_seconds`, as bus bandwidth
+    (``bytes / s * 2 (n - 1) / n``); the all-reduces of one forward pass are the modules the plan
+    splits row-wise (two per layer for Llama). The estimate scales that time by the tokens of all the
+    part's forward passes (long pass and short windows, as counted): large all-reduces are
+    bandwidth-bound, so their time grows with their rows.
+    """
+    import torch
+
+    from longppl.tensor_parallel import tensor_parallel_plan
+
+    size = torch.distributed.get_world_size()
+    rowwise = [pattern for pattern, style in tensor_parallel_plan(model.config, size).items() if style == "rowwise"]
+    per_forward = sum(
+        any(fnmatch.fnmatchcase(name, pattern) for pattern in rowwise) for name, _ in model.base_model.named_modules()
+    )
+    hidden, device = model.config.hidden_size, model.get_input_embeddings().weight.device
+    out = dict(all_reduces_per_forward=per_forward, hidden_size=hidden, dtype=str(model.dtype).replace("torch.", ""))
+    for part in ("document", "corpus"):
+        timing = record[part]
+        tensor = torch.zeros(timing["longest"], hidden, dtype=model.dtype, device=device)
+        seconds = allreduce_seconds(tensor)
+        nbytes = tensor.numel() * tensor.element_size()
+        estimate = seconds * per_forward * timing["forward_tokens"] / timing["longest"]
+        out[part] = dict(
+            tokens=timing["longest"],
+            mib=round(nbytes / 2**20, 2),
+            seconds=round(seconds, 6),
+            bus_gbps=round(nbytes / seconds * 2 * (size - 1) / size / 1e9, 2),
+            all_reduces=per_forward * timing["forwards"],
+            estimate_seconds=round(estimate, 3),
+            says=f"all-reduce alone would take {estimate:.3f} s of the {timing['seconds']:.3f} s",
+        )
+    return out
+
+
+def write_json(path: str, value) -> None:
+    """``value`` as indented JSON in ``path``, written whole or not at all."""
+    from longppl.atomic_files import write_file_atomically
+
+    write_file_atomically(path, lambda handle: json.dump(value, handle, indent=1))
+
+
 def worker(args) -> None:
     """One process of a layout run: every shape of ``--shapes`` in ``--layout``; results to ``--work``."""
     import gc
@@ -204,21 +413,22 @@ def worker(args) -> None:
         if args.layout == "one" and shape in args.too_big:
             continue
         record = dict(shape=shape, layout=args.layout, gpus=1 if args.layout == "one" else args.gpus, rank=rank)
+        record["warmup"] = args.warmup
         try:
             seconds, peak, model = timed(
                 lambda: build(shape, args.layout, args.gpus, args.init_std, args.seed, device), devices, distributed
             )
             record.update(build_seconds=round(seconds, 2), weights_gib=peak)
-            for part, part_texts in (("document", [document]), ("corpus", corpus)):
-                seconds, peak, scores = timed(
-                    lambda: score_with_evaluator(model, tokenizer, part_texts, K, D, progress=False, per_document=True),
-                    devices,
-                    distributed,
-                )
-                tokens = sum(int(row.input_ids.shape[0]) for row in scores)
-                record[part] = dict(
-                    seconds=round(seconds, 2), tokens=tokens, tokens_per_s=round(tokens / seconds, 1), peak_gib=peak
-                )
+            counts = count_forwards(model)
+            runs = {
+                part: (lambda part_texts=part_texts: score_with_evaluator(
+                    model, tokenizer, part_texts, K, D, progress=False, per_document=True))
+                for part, part_texts in (("document", [document]), ("corpus", corpus))
+            }  # fmt: skip
+            for _ in range(args.warmup):  # first-call costs (allocator, kernel choice, communicators) out
+                runs["corpus"]()
+            for part, run in runs.items():
+                record[part], scores = time_part(run, args.repeats, counts, devices, distributed)
                 if rank == 0:
                     arrays = {
                         f"{kind}_{i}": getattr(row, kind)
@@ -226,11 +436,16 @@ def worker(args) -> None:
                         for kind in ("lp_long", "lp_short")
                     }
                     np.savez(os.path.join(args.work, f"{shape}-{args.layout}-{part}.npz"), **arrays)
+            if args.profile:
+                record["profile"] = profiled(runs["corpus"], devices, distributed)
+                write_json(os.path.join(args.work, f"profile-{shape}-{args.layout}-{rank}.json"), record["profile"])
+            if args.probe_allreduce and distributed:
+                record["allreduce_probe"] = probe_allreduce(model, record)
         except torch.OutOfMemoryError as err:
             record["out_of_memory"] = str(err).splitlines()[0][:200]
             if args.fallback and args.fallback not in shapes:
                 shapes.append(args.fallback)
-        model = scores = None
+        model = scores = runs = None
         gc.collect()
         if not cpu:
             torch.cuda.empty_cache()
@@ -244,7 +459,9 @@ def worker(args) -> None:
 def compare(work: str, shape: str, layout: str, reference: str) -> dict | None:
     """Rows of ``layout`` against ``reference``'s for ``shape`` (both parts), or ``None`` if either is missing."""
     from longppl.key_tokens import key_token_mask
+    from longppl.settings import KeyTokenRule
 
+    default_rule = KeyTokenRule()  # alpha = 2, beta = -2
     out = {}
     for part in ("document", "corpus"):
         paths = [os.path.join(work, f"{shape}-{name}-{part}.npz") for name in (layout, reference)]
@@ -259,14 +476,16 @@ def compare(work: str, shape: str, layout: str, reference: str) -> dict | None:
                 for a, b in ((long_a, long_b), (short_a, short_b)):
                     both = ~np.isnan(a) & ~np.isnan(b)
                     diff = max(diff, float(np.abs(a[both] - b[both]).max()) if both.any() else 0.0)
-                mask_a, mask_b = key_token_mask(long_a, short_a, 2.0, -2.0), key_token_mask(long_b, short_b, 2.0, -2.0)
+                mask_a, mask_b = (
+                    key_token_mask(long_a, short_a, default_rule),
+                    key_token_mask(long_b, short_b, default_rule),
+                )
                 default_same &= bool((mask_a == mask_b).all())
                 default_keys += int(mask_b.sum())
                 lsd = long_b - short_b
                 if np.isfinite(lsd).any():
-                    alpha = float(np.nanquantile(lsd, 0.95))
-                    top_a = key_token_mask(long_a, short_a, alpha, -1e9)
-                    top_b = key_token_mask(long_b, short_b, alpha, -1e9)
+                    top = KeyTokenRule(alpha=float(np.nanquantile(lsd, 0.95)), use_lcl=False)
+                    top_a, top_b = key_token_mask(long_a, short_a, top), key_token_mask(long_b, short_b, top)
                     top_same += int((top_a & top_b).sum())
                     top_keys += int(top_b.sum())
         out[part] = dict(
@@ -306,8 +525,25 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--cpu", action="store_true", help="CPU processes over gloo (smoke run; no device_map)")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed scorings of the corpus before the timed parts (default 1)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="timings of each part; the median is reported (default 1)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="one more scoring of the corpus under torch.profiler, summarised"
+    )
+    parser.add_argument(
+        "--probe-allreduce", action="store_true", help="tp layout: time all-reduces of the model's sizes alone"
+    )
     parser.add_argument("--layout", default=None, help=argparse_hidden())
     args = parser.parse_args(argv)
+    try:
+        require_int("--warmup", args.warmup, minimum=0)
+        require_int("--repeats", args.repeats)
+    except ValueError as err:
+        parser.error(str(err))
     if args.layout is not None:
         worker(args)
         return {}
@@ -354,13 +590,28 @@ def main(argv=None) -> dict:
             found = compare(work, shape, layout, reference)
             if found is not None:
                 comparisons[f"{shape}: {layout} vs {reference}"] = found
-    result = dict(runs=ran, records=records, comparisons=comparisons, work=work, argv=passed)
-    print(json.dumps(dict(runs=ran, comparisons=comparisons), indent=1))
+    found = dict(runs=ran, comparisons=comparisons, **findings(records))
+    result = dict(found, warmup=args.warmup, repeats=args.repeats, records=records, work=work, argv=passed)
+    print(json.dumps(found, indent=1))
     if args.json:
-        with open(args.json + ".tmp", "w") as handle:
-            json.dump(result, handle, indent=1)
-        os.replace(args.json + ".tmp", args.json)
+        write_json(args.json, result)
     return result
+
+
+def findings(records: list[dict]) -> dict:
+    """The profile and probe figures of ``records`` in brief, by ``"shape layout rank r"``: each
+    profile without its top ops, and what each probe says."""
+    profiles, probes = {}, {}
+    for record in records:
+        name = f"{record['shape']} {record['layout']} rank {record['rank']}"
+        if "profile" in record:
+            profiles[name] = {key: value for key, value in record["profile"].items() if key != "top"}
+        if "allreduce_probe" in record:
+            probe = record["allreduce_probe"]
+            probes[name] = {
+                part: f"{probe[part]['says']} ({probe[part]['bus_gbps']} GB/s)" for part in ("document", "corpus")
+            }
+    return dict(profiles=profiles, allreduce_probes=probes)
 
 
 def argparse_hidden():
