@@ -37,13 +37,12 @@ about half the tokens key, so that the character-span mapping has real work to d
 from __future__ import annotations
 
 import gc
-import json
 import math
 import shutil
 import time
 
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule
-from longppl.tools.benchmarking import LLAMA_SHAPES, measure
+from longppl.tools.benchmarking import LLAMA_SHAPES, measure, write_json
 from longppl.tools.cli import tool_parser
 
 
@@ -312,6 +311,22 @@ def cache_benchmark(args, device):
     return rows
 
 
+def write_rows(path: str, rows: list[dict], device: str, trunc_len: int, sliding_window: int) -> None:
+    """The benchmark's ``rows`` with the device, torch version and window they were measured with, as JSON."""
+    import torch
+
+    write_json(
+        path,
+        {
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "trunc_len": trunc_len,
+            "sliding_window": sliding_window,
+            "rows": rows,
+        },
+    )
+
+
 def main(argv=None):
     parser = tool_parser(None, __doc__)
     parser.add_argument(
@@ -374,18 +389,7 @@ def main(argv=None):
     if args.cache:
         rows = cache_benchmark(args, device)
         if args.out:
-            with open(args.out, "w") as handle:
-                json.dump(
-                    {
-                        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                        "torch": torch.__version__,
-                        "trunc_len": args.trunc_len,
-                        "sliding_window": args.sliding_window,
-                        "rows": rows,
-                    },
-                    handle,
-                    indent=1,
-                )
+            write_rows(args.out, rows, device, args.trunc_len, args.sliding_window)
         return rows
     t0 = time.perf_counter()
     evaluator = build_model(args.tiny, device, seed=1)
@@ -481,18 +485,7 @@ def main(argv=None):
             f"{ratio('seconds', ref)} | {ratio('peak_gib', ref)} | {ratio('seconds', ppl)} |"
         )
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(
-                {
-                    "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                    "torch": torch.__version__,
-                    "trunc_len": K,
-                    "sliding_window": d,
-                    "rows": rows,
-                },
-                handle,
-                indent=1,
-            )
+        write_rows(args.out, rows, device, K, d)
     return rows
 
 

@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE
+from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE, write_json
 from longppl.tools.cli import tool_parser
 
 # datasets, torch and transformers load inside the functions that use them: `--help` is immediate.
@@ -475,12 +475,6 @@ def main(argv=None) -> dict:
     if args.json:
         write_json(args.json, result)
     return result
-
-
-def write_json(path: str, result: dict) -> None:
-    with open(path + ".tmp", "w") as handle:
-        json.dump(result, handle, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ import zlib
 import numpy as np
 
 from longppl.settings import require_int
-from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE
+from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE, write_json
 from longppl.tools.cli import tool_parser
 
 # torch, transformers and accelerate load inside the functions that use them: `--help` is immediate.
@@ -375,13 +375,6 @@ def probe_allreduce(model, record: dict) -> dict:
             says=f"all-reduce alone would take {estimate:.3f} s of the {timing['seconds']:.3f} s",
         )
     return out
-
-
-def write_json(path: str, value) -> None:
-    """``value`` as indented JSON in ``path``, written whole or not at all."""
-    from longppl.atomic_files import write_file_atomically
-
-    write_file_atomically(path, lambda handle: json.dump(value, handle, indent=1))
 
 
 def worker(args) -> None:

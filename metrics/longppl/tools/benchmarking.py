@@ -1,5 +1,6 @@
-"""What the benchmarks in scripts/ share (``bench_longppl.py``, ``bench_longce.py``): timing one call
-with its peak GPU memory. The scripts do not import each other; they import this.
+"""What the benchmarks in scripts/ share (``bench_longppl.py``, ``bench_longce.py``, ``bench_multi_gpu.py``,
+``bench_tensor_parallel.py``): the model shapes they build, timing one call with its peak GPU memory,
+and writing their JSON results. The scripts do not import each other; they import this.
 
 Light at import (no torch): the benchmarks answer ``--help`` before loading torch.
 """
@@ -7,6 +8,7 @@ Light at import (no torch): the benchmarks answer ``--help`` before loading torc
 from __future__ import annotations
 
 import gc
+import json
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -81,3 +83,11 @@ def measure(fn: Callable[[], T], device: str) -> tuple[float, float, T]:
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return seconds, peak, value
+
+
+def write_json(path: str, value, indent: int = 1) -> None:
+    """``value`` as JSON in ``path``, written whole or not at all (a temporary file, then a rename), so
+    a benchmark cut off while writing leaves its previous results, never half of new ones."""
+    from longppl.atomic_files import write_file_atomically
+
+    write_file_atomically(path, lambda handle: json.dump(value, handle, indent=indent))
