@@ -422,9 +422,8 @@ def write_finetune_data(config: Comparison, pop: Population, run: RunFolder) -> 
 def benchmark_cases(pop: Population, run: RunFolder, limit: int | None = None) -> dict[str, list]:
     """The cases of an accuracy point: ``"512"`` (the base's gate length, asked line anywhere) and
     each primary length (asked line beyond K), the first ``limit`` of each (all when ``None``)."""
-    names = {"512": f"gate-{pop.base.gate.length}.jsonl"}
-    names.update({str(n): f"lines-{n}.jsonl" for n in pop.evaluation.lines_lengths})
-    return {key: population.read_cases(run, name)[:limit] for key, name in names.items()}
+    cases = population.read_benchmark_cases(pop, run)
+    return {"512": cases["gate"][:limit], **{str(n): group[:limit] for n, group in cases["lines"].items()}}
 
 
 def accuracy_point(model, tokenizer, cases: dict[str, list], pop: Population, step: int) -> dict:
@@ -778,15 +777,16 @@ def scoring_alpha(config: Comparison, pop: Population, run: RunFolder) -> float:
 
 def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected: list[Arm]) -> None:
     """Every benchmark, PPL and LongPPL of each trained run in ``selected`` -> ``eval/finetuned/<run>.json``."""
-    from . import lines, needle
     from .family import is_trained
 
     evaluation, window = pop.evaluation, config.scoring.window
+    pending = [arm for arm in selected if not run.has("eval", "finetuned", f"{arm.name}.json")]
+    if not pending:
+        return
+    alpha = scoring_alpha(config, pop, run)
+    cases = population.read_benchmark_cases(pop, run)
     caches = {}
-    for arm in selected:
-        if run.has("eval", "finetuned", f"{arm.name}.json"):
-            continue
-        alpha = scoring_alpha(config, pop, run)
+    for arm in pending:
         folder = arm_folder(run, arm)
         if not is_trained(folder):
             raise ValueError(f"{arm.name} is not trained ({folder}): run the 'finetune' stage first.")
@@ -798,18 +798,9 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
             caches[cache] = population.cache_scores(cache)
         column = {"cache": cache, "alpha": alpha, "beta": config.scoring.beta, "soft": False}
         model, tokenizer = population.load_member(folder, population.device_of(pop))
-        cases = {n: population.read_cases(run, f"lines-{n}.jsonl") for n in evaluation.lines_lengths}
         record = {"run": arm.name, "method": arm.method, "seed": arm.seed, "rerun": arm.rerun}
         # every benchmark keeps its outputs (what the model answered), as the population's records do
-        record["lines"] = {str(n): population.lines_result(model, tokenizer, group, pop) for n, group in cases.items()}
-        gate_cases = population.read_cases(run, f"gate-{pop.base.gate.length}.jsonl")
-        record["acc512"] = population.lines_result(model, tokenizer, gate_cases, pop)
-        needle_cases = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
-        record["needle"] = population.lines_result(model, tokenizer, needle_cases, pop, needle.needle_accuracy)
-        record["log_likelihood"] = {
-            str(n): lines.answer_log_likelihood(model, tokenizer, group, batch_size=evaluation.batch_size)
-            for n, group in cases.items()
-        }
+        record.update(population.benchmark_results(model, tokenizer, cases, pop))
         scores = population.longppl_of(
             model, tokenizer, {"scored": column}, caches, config.finetune.gamma, evaluation.max_tokens_per_batch
         )["scored"]

@@ -484,6 +484,36 @@ def read_cases(run: RunFolder, name: str):
     return lines.read_lines_cases(run.path("data", "cases", name))
 
 
+def read_benchmark_cases(config: Population, run: RunFolder) -> dict:
+    """The test cases of every benchmark a model is scored on, read once: ``{"lines": {length:
+    cases}}`` (asked line beyond K), ``"gate"`` (B's gate length, asked line anywhere) and ``"needle"``."""
+    from . import needle
+
+    return {
+        "lines": {n: read_cases(run, f"lines-{n}.jsonl") for n in config.evaluation.lines_lengths},
+        "gate": read_cases(run, f"gate-{config.base.gate.length}.jsonl"),
+        "needle": needle.read_needle_cases(run.path("data", "cases", "needle.jsonl")),
+    }
+
+
+def benchmark_results(model, tokenizer, cases: dict, config: Population) -> dict:
+    """A model's benchmarks on ``cases`` (:func:`read_benchmark_cases`), each keeping its outputs:
+    ``"lines"`` per length, ``"acc512"`` (the gate's cases), ``"needle"``, and ``"log_likelihood"``
+    of the answer digits per lines length (one value per case)."""
+    from . import lines, needle
+
+    batch_size = config.evaluation.batch_size
+    return {
+        "lines": {str(n): lines_result(model, tokenizer, group, config) for n, group in cases["lines"].items()},
+        "acc512": lines_result(model, tokenizer, cases["gate"], config),
+        "needle": lines_result(model, tokenizer, cases["needle"], config, needle.needle_accuracy),
+        "log_likelihood": {
+            str(n): lines.answer_log_likelihood(model, tokenizer, group, batch_size=batch_size)
+            for n, group in cases["lines"].items()
+        },
+    }
+
+
 def check_gate(config: Population, run: RunFolder, spec: Pretrained) -> dict:
     """Lines accuracy of ``spec`` at its gate's length; raises (after recording it) when below the gate."""
     path = ("eval", "gates", f"{spec.name}.json")
@@ -718,42 +748,26 @@ def longppl_of(model, tokenizer, columns: dict, caches: dict, gamma: float, budg
 
 
 def stage_evaluate(config: Population, run: RunFolder, members=None) -> None:
-    from . import lines, needle
     from .family import is_trained
 
+    pending = [m for m in selected_members(config, members) if not run.has("eval", "members", f"{m.name}.json")]
+    if not pending:
+        return
     alpha = calibrated_alpha(run)
     columns = longppl_columns(config, run, alpha)
-    caches = {}
-    for member in selected_members(config, members):
+    caches = {column["cache"]: cache_scores(column["cache"]) for column in columns.values()}
+    cases = read_benchmark_cases(config, run)
+    for member in pending:
         path = ("eval", "members", f"{member.name}.json")
-        if run.has(*path):
-            continue
         folder = member_folder(run, member.name)
         if not is_trained(folder):
             raise ValueError(f"Member {member.name} is not trained ({folder}): run the 'members' stage first.")
-        for column in columns.values():
-            if column["cache"] not in caches:
-                caches[column["cache"]] = cache_scores(column["cache"])
         start = time.perf_counter()
         model, tokenizer = load_member(folder, device_of(config))
         evaluation = config.evaluation
         record = {"member": member.name, "seed": member.seed, "steps": member.steps}
         record["extension"] = dataclasses.asdict(member.extension)
-        record["lines"] = {
-            str(n): lines_result(model, tokenizer, read_cases(run, f"lines-{n}.jsonl"), config)
-            for n in evaluation.lines_lengths
-        }
-        record["acc512"] = lines_result(
-            model, tokenizer, read_cases(run, f"gate-{config.base.gate.length}.jsonl"), config
-        )
-        needle_cases = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
-        record["needle"] = lines_result(model, tokenizer, needle_cases, config, needle.needle_accuracy)
-        record["log_likelihood"] = {
-            str(n): lines.answer_log_likelihood(
-                model, tokenizer, read_cases(run, f"lines-{n}.jsonl"), batch_size=evaluation.batch_size
-            )
-            for n in evaluation.lines_lengths
-        }
+        record.update(benchmark_results(model, tokenizer, cases, config))
         record["longppl"] = longppl_of(
             model, tokenizer, columns, caches, config.scoring.gamma, evaluation.max_tokens_per_batch
         )
