@@ -463,6 +463,11 @@ class Analysis:
     success_max_r: float = checked(correlation_bound, default=-0.7)
     success_max_high: float = checked(correlation_bound, default=-0.4)
 
+    @property
+    def bootstrap(self) -> dict:
+        """The keyword arguments of every bootstrap in ``longppl_reproduce.statistics``."""
+        return {"resamples": self.resamples, "seed": self.seed, "level": self.level}
+
 
 @dataclass(frozen=True)
 class Population:

@@ -912,7 +912,7 @@ def statistics_of(
     ppl = [r["ppl"] for r in usable]
     accuracy = [r[benchmark] for r in usable]
     clusters = [r["method"] for r in usable]
-    common = {"resamples": analysis.resamples, "seed": analysis.seed, "level": analysis.level}
+    common = analysis.bootstrap
     found = {"members": [r["member"] for r in usable], "n": len(usable)}
     for method in ("pearson", "spearman"):
         found[method] = {
@@ -971,7 +971,7 @@ def sensitivity_statistics(rows: list[dict], analysis, benchmark: str = "primary
         }
     )
     accuracy = [r[benchmark] for r in rows]
-    common = {"resamples": analysis.resamples, "seed": analysis.seed, "level": analysis.level}
+    common = analysis.bootstrap
     return {
         name: {
             method: statistics.bootstrap_correlation(values, accuracy, method, **common)
