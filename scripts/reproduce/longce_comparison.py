@@ -422,7 +422,7 @@ def write_finetune_data(config: Comparison, pop: Population, run: RunFolder) -> 
 def benchmark_cases(pop: Population, run: RunFolder, limit: int | None = None) -> dict[str, list]:
     """The cases of an accuracy point: ``"512"`` (the base's gate length, asked line anywhere) and
     each primary length (asked line beyond K), the first ``limit`` of each (all when ``None``)."""
-    cases = population.read_benchmark_cases(pop, run)
+    cases = population.read_benchmark_cases(pop, run, with_needle=False)
     return {"512": cases["gate"][:limit], **{str(n): group[:limit] for n, group in cases["lines"].items()}}
 
 

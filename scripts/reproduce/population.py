@@ -484,16 +484,19 @@ def read_cases(run: RunFolder, name: str):
     return lines.read_lines_cases(run.path("data", "cases", name))
 
 
-def read_benchmark_cases(config: Population, run: RunFolder) -> dict:
+def read_benchmark_cases(config: Population, run: RunFolder, with_needle: bool = True) -> dict:
     """The test cases of every benchmark a model is scored on, read once: ``{"lines": {length:
-    cases}}`` (asked line beyond K), ``"gate"`` (B's gate length, asked line anywhere) and ``"needle"``."""
+    cases}}`` (asked line beyond K), ``"gate"`` (B's gate length, asked line anywhere) and, unless
+    ``with_needle`` is false (an accuracy curve needs only the lines), ``"needle"``."""
     from . import needle
 
-    return {
+    cases = {
         "lines": {n: read_cases(run, f"lines-{n}.jsonl") for n in config.evaluation.lines_lengths},
         "gate": read_cases(run, f"gate-{config.base.gate.length}.jsonl"),
-        "needle": needle.read_needle_cases(run.path("data", "cases", "needle.jsonl")),
     }
+    if with_needle:
+        cases["needle"] = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
+    return cases
 
 
 def benchmark_results(model, tokenizer, cases: dict, config: Population) -> dict:
