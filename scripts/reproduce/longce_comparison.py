@@ -468,14 +468,14 @@ def stage_extend(config: Comparison, pop: Population, run: RunFolder, seeds=None
             continue
         model, tokenizer = population.load_member(folder, device)
         # the whole benchmark, and the curves' first point on their subset of it (the void rule's reference)
-        benchmark = accuracy_point(model, tokenizer, benchmark_cases(pop, run), pop, 0)
-        limit = config.finetune.curve_cases
+        cases, limit = benchmark_cases(pop, run), config.finetune.curve_cases
+        benchmark = accuracy_point(model, tokenizer, cases, pop, 0)
         record = {
             "extension": dataclasses.asdict(extension),
             "benchmark": benchmark,
             "curve_point": benchmark
             if limit is None
-            else accuracy_point(model, tokenizer, benchmark_cases(pop, run, limit), pop, 0),
+            else accuracy_point(model, tokenizer, {k: group[:limit] for k, group in cases.items()}, pop, 0),
         }
         run.write_json(record, "eval", "extended", f"{extension.name}.json")
         point = record["benchmark"]
