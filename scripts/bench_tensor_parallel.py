@@ -51,7 +51,6 @@ replaced by SHAPE for the remaining runs.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import statistics
@@ -99,7 +98,8 @@ SHAPES = {  # config fields (model_type included); the byte-level tokenizer uses
 # fragments its lower-cased name holds. Collectives come first ("all_gather" holds "gather"), attention
 # before matmul (attention kernels are named after cutlass and sm90 too). The last two name CPU-side
 # work only: DTensor's dispatch (its profiler ranges, outside the aten operators they wrap) and CUDA
-# kernel launches.
+# kernel launches. longppl.tensor_parallel splits with plain tensors, so dtensor_dispatch reads about 0
+# for the tp layout: kept to show that it does.
 PROFILE_GROUPS = {
     "collectives": ("nccl", "all_reduce", "allreduce", "c10d", "gloo"),
     "attention": ("sdpa", "flash", "attention", "efficient", "fmha"),
@@ -145,6 +145,12 @@ def random_whole(name: str, shape, dtype, device, std: float, seed: int):
     return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
 
 
+def whole_shape(local_shape, index, size: int) -> tuple[int, ...]:
+    """The whole shape of a parameter whose rank holds ``local_shape`` at ``index`` (``local_slice``'s,
+    over ``size`` ranks): the split dimension times ``size``, the others as they are."""
+    return tuple(n if part == slice(None) else n * size for n, part in zip(local_shape, index))
+
+
 def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str):
     """The random evaluator of ``shape`` in ``layout`` (``one``, ``device_map`` or ``tp``)."""
     import torch
@@ -158,13 +164,12 @@ def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str
     if layout == "tp":
         mesh = tensor_parallel.group_mesh(gpus, torch.device(device).type)
         model = tensor_parallel.build_sharded_model(config, mesh, dtype, device)
-        dtensor = tensor_parallel.dtensor_type()
         with torch.no_grad():
             for name, parameter in model.named_parameters():
-                whole = random_whole(name, tuple(parameter.shape), dtype, device, std, seed)
-                index = tensor_parallel.local_slice(parameter, mesh.get_local_rank())
-                local = parameter.to_local() if isinstance(parameter, dtensor) else parameter.data
-                local.copy_(whole[index] if index is not None else whole)
+                index = tensor_parallel.local_slice(model, name, mesh.get_local_rank())
+                shape = tuple(parameter.shape) if index is None else whole_shape(parameter.shape, index, gpus)
+                whole = random_whole(name, shape, dtype, device, std, seed)
+                parameter.copy_(whole if index is None else whole[index])
                 del whole
         return model
     with init_empty_weights(include_buffers=False):
@@ -350,13 +355,11 @@ def probe_allreduce(model, record: dict) -> dict:
     """
     import torch
 
-    from longppl.tensor_parallel import tensor_parallel_plan
+    from longppl.tensor_parallel import plan_modules, tensor_parallel_plan
 
     size = torch.distributed.get_world_size()
-    rowwise = [pattern for pattern, style in tensor_parallel_plan(model.config, size).items() if style == "rowwise"]
-    per_forward = sum(
-        any(fnmatch.fnmatchcase(name, pattern) for pattern in rowwise) for name, _ in model.base_model.named_modules()
-    )
+    plan = tensor_parallel_plan(model.config, size)
+    per_forward = sum(style == "rowwise" for style in plan_modules(model.base_model, plan).values())
     hidden, device = model.config.hidden_size, model.get_input_embeddings().weight.device
     out = dict(all_reduces_per_forward=per_forward, hidden_size=hidden, dtype=str(model.dtype).replace("torch.", ""))
     for part in ("document", "corpus"):

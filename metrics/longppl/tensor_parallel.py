@@ -2,24 +2,40 @@
 
 Which modules are split, and how, is the model family's own plan in transformers:
 ``config.base_model_tp_plan`` (``{"layers.*.self_attn.q_proj": "colwise", ...}``), the same in
-transformers 5.17 and 5.24. Applying it goes through PyTorch's DTensor
-``torch.distributed.tensor.parallel.parallelize_module`` (``ColwiseParallel`` / ``RowwiseParallel``)
-rather than ``from_pretrained``'s own tensor parallelism, whose entry point moved between the
-versions we support (``tp_plan=`` in 5.17, ``distributed_config=DistributedConfig(...)`` in 5.24,
-with the old argument deprecated) and which cannot build a sharded model from a config without a
-checkpoint (what the benchmarks of 72B shapes need: 145 GB fit neither host memory nor disk).
+transformers 5.17 and 5.24. This module applies it itself, Megatron-style, with plain tensors:
+each split ``nn.Linear`` keeps this rank's slice of its weight as an ordinary parameter, and the
+only collective is one all-reduce after each row-wise layer. A forward pass runs no DTensor code.
 
-What each rank holds (``N`` ranks of one tensor-parallel group):
+Why not ``from_pretrained``'s own tensor parallelism: its entry point moved between the versions
+we support (``tp_plan=`` in 5.17, ``distributed_config=DistributedConfig(...)`` in 5.24, with the
+old argument deprecated), and it cannot build a sharded model from a config without a checkpoint
+(what the benchmarks of 72B shapes need: 145 GB fit neither host memory nor disk). Why not
+PyTorch's DTensor ``parallelize_module`` (``ColwiseParallel`` / ``RowwiseParallel``, what this
+module used before): every split Linear then goes through DTensor's Python dispatch in every
+forward (input made a replicated DTensor, ``F.linear`` on DTensors, redistribution, ``to_local``),
+about 7 Linears per layer, and the scoring makes many forwards (the long pass and packed short
+windows). That CPU-side cost per operation does not shrink with the model, and is the suspected
+reason TP=2 was slower than one GPU at the 8B shape (docs/benchmarks.md).
 
-- the attention projections and the MLP, split as the plan says: column-wise layers keep
-  ``1/N`` of the output features (so ``1/N`` of the query / key-value heads), row-wise layers
-  ``1/N`` of the input features, summed over the group by an all-reduce. The decoder layers'
-  hidden states are then whole (replicated) between blocks;
+What each rank ``r`` of ``N`` ranks of one tensor-parallel group holds:
+
+- column-wise layers (``"colwise"``: q/k/v, gate, up): rows ``[r*n/N, (r+1)*n/N)`` of the weight's
+  ``n`` output features (and of the bias), so ``1/N`` of the query / key-value heads; the input is
+  the whole hidden state, the output this rank's features (the attention reshapes with ``-1``
+  heads, so it takes ``1/N`` of them as they come);
+- row-wise layers (``"rowwise"``: o, down): columns ``[r*n/N, (r+1)*n/N)`` of the ``n`` input
+  features; the partial products are summed over the group by an all-reduce, then the bias (whole
+  on every rank) is added once. The decoder layers' hidden states are whole (replicated) between
+  blocks;
 - the embedding, the norms and the LM head whole: every rank computes the same log-probs from the
   same hidden states, so the scoring core runs unchanged (chunked LM head, packed windows) and
   every rank ends with the same rows. The head's work is repeated on each rank (about 7% of an
   8B model's FLOPs at full-sequence projection, less for short windows, which project ``d`` of
   ``K + d`` positions); its weights cost ``vocab x hidden`` per rank.
+
+Each split module records which dimension of which parameter it split (:data:`SPLIT_ATTRIBUTE`),
+so :func:`local_slice` can say where a rank's part lies in the whole tensor (loading, benchmarks).
+The split is for scoring (no gradient flows through the all-reduce).
 
 Every rank must be given the same inputs in the same order (``longppl-score`` does; only the
 group's first rank writes the result). Several groups split a corpus as several processes do.
@@ -29,8 +45,11 @@ from __future__ import annotations
 
 import json
 import os
+from fnmatch import fnmatchcase
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from .settings import require_int
 
@@ -39,15 +58,9 @@ from .settings import require_int
 STYLES = ("colwise", "rowwise")
 #: Families whose split evaluators the tests score against the unsplit one (docs/design.md).
 TESTED_FAMILIES = ("llama", "mistral", "qwen2")
-
-
-def dtensor_type():
-    """PyTorch's ``DTensor`` class (the type of a split parameter)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch < 2.5
-        from torch.distributed._tensor import DTensor
-    return DTensor
+#: Where a split module records ``{parameter name: split dimension}``: on the module, because
+#: ``to_empty`` (and ``.to``) replace its parameters but keep the module and its attributes.
+SPLIT_ATTRIBUTE = "tensor_parallel_split"
 
 
 def tensor_parallel_plan(config, size: int, argument: str = "tensor_parallel") -> dict[str, str]:
@@ -129,22 +142,113 @@ def group_mesh(size: int, device_type: str):
     return mesh["tensor"]
 
 
-def shard_model(model, mesh) -> None:
-    """Split ``model``'s base model in place over ``mesh`` with its family's plan (checked by
-    :func:`tensor_parallel_plan`); embedding, norms and LM head stay whole."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def plan_modules(module: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """``{submodule name: style}`` of the submodules of ``module`` that ``plan``'s patterns name.
 
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    Names match as ``parallelize_module`` matches them: pattern and name are split at the dots, a
+    name matches when it has as many parts and each part matches the pattern's part under
+    :func:`fnmatch.fnmatchcase`, so ``*`` stands for one part, never a dotted path
+    (``layers.*.mlp.up_proj`` names ``layers.3.mlp.up_proj``, not ``layers.3.block.mlp.up_proj``).
+    A pattern that names no submodule is skipped, as torch skips it.
+
+    Raises:
+        ValueError: two patterns name one module with different styles.
+    """
+    found: dict[str, str] = {}
+    for pattern, style in plan.items():
+        parts = pattern.split(".")
+        for name, _ in module.named_modules():
+            names = name.split(".")
+            if name and len(names) == len(parts) and all(map(fnmatchcase, names, parts)):
+                if found.setdefault(name, style) != style:
+                    raise ValueError(
+                        f"the tensor-parallel plan splits {name!r} both {found[name]!r} and {style!r} "
+                        f"(pattern {pattern!r}); give each module one style."
+                    )
+    return found
+
+
+class RowwiseLinear(nn.Linear):
+    """A row-wise split ``nn.Linear``: it holds columns ``[r*n/N, (r+1)*n/N)`` of the whole weight
+    (rank ``r`` of the ``N`` of ``group``), so its local product is a partial sum; the partial sums
+    are all-reduced over ``group``, then the bias (whole on every rank) is added once.
+
+    Input ``[..., n/N]`` (this rank's features, as a column-wise layer before it gives them), output
+    ``[..., out_features]``, the same on every rank. For scoring: the all-reduce is in place and
+    carries no gradient.
+    """
+
+    group = None  # the tensor-parallel group's ProcessGroup, set by split_linear
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        # The bias stays out of the local product: added there, the all-reduce would add it N times.
+        output = F.linear(input, self.weight)
+        torch.distributed.all_reduce(output, group=self.group)
+        return output if self.bias is None else output + self.bias
+
+
+def split_linear(linear: nn.Module, style: str, rank: int, size: int, group) -> None:
+    """Keep, in place, rank ``rank``'s part of ``linear`` (an ``nn.Linear``) for a group of ``size``.
+
+    ``"colwise"``: rows ``[rank*n/size, (rank+1)*n/size)`` of the weight ``[n, in]`` and of the bias;
+    ``out_features`` becomes ``n/size``. ``"rowwise"``: the same columns of the weight ``[out, n]``;
+    ``in_features`` becomes ``n/size``, the bias stays whole and the module becomes a
+    :class:`RowwiseLinear` over ``group``. The parts are copies (on the meta device, shapes only), so
+    the whole weight is not kept alive; which dimension of which parameter was split is recorded
+    in the module's :data:`SPLIT_ATTRIBUTE`.
+
+    Raises:
+        ValueError: ``linear`` is no plain ``nn.Linear``, or ``size`` does not divide the split features.
+    """
+    dim = {"colwise": 0, "rowwise": 1}[style]
+    # A plain nn.Linear only: a subclass (quantised, LoRA...) may compute with its weight otherwise.
+    features = linear.weight.shape[dim] if type(linear) is nn.Linear else None
+    if features is None or features % size:
+        what = f"{features} features" if features is not None else f"{type(linear).__name__} (not a plain nn.Linear)"
+        raise ValueError(
+            f"tensor_parallel={size} cannot split {what} {style}: every rank must hold an equal slice of a Linear; "
+            "pick a size that divides it, or shard the evaluator with device='auto'."
+        )
+    local = features // size
+    part = slice(rank * local, (rank + 1) * local)
+    index = (part, slice(None)) if dim == 0 else (slice(None), part)
+    linear.weight = nn.Parameter(linear.weight[index].clone(), linear.weight.requires_grad)
+    split = {"weight": dim}
+    if style == "colwise":
+        linear.out_features = local
+        if linear.bias is not None:
+            linear.bias = nn.Parameter(linear.bias[part].clone(), linear.bias.requires_grad)
+            split["bias"] = 0
+    else:
+        linear.in_features = local
+        linear.__class__ = RowwiseLinear
+        linear.group = group
+    setattr(linear, SPLIT_ATTRIBUTE, split)
+
+
+def split_modules(module: nn.Module, plan: dict[str, str], rank: int, size: int, group) -> None:
+    """Split, in place, the submodules of ``module`` that ``plan`` names (:func:`plan_modules`),
+    keeping rank ``rank``'s part of each (:func:`split_linear`)."""
+    for name, style in plan_modules(module, plan).items():
+        split_linear(module.get_submodule(name), style, rank, size, group)
+
+
+def shard_model(model, mesh) -> None:
+    """Split ``model``'s base model in place over ``mesh`` (a 1-D device mesh, :func:`group_mesh`)
+    with its family's plan (checked by :func:`tensor_parallel_plan`); embedding, norms and LM head
+    stay whole."""
     plan = tensor_parallel_plan(model.config, mesh.size())
-    parallelize_module(model.base_model, mesh, {pattern: styles[style]() for pattern, style in plan.items()})
+    split_modules(model.base_model, plan, mesh.get_local_rank(), mesh.size(), mesh.get_group())
 
 
 def build_sharded_model(config, mesh, dtype: torch.dtype, device: str):
     """``config``'s causal LM, split over ``mesh``, with uninitialised weights on ``device``.
 
-    Built on the meta device first, so no rank ever holds the whole model: a 72B model is never
-    materialised in host memory. Buffers (RoPE's ``inv_freq``) are computed on the CPU at build
-    time and put back after the weights get their device memory.
+    Built on the meta device first and split there (the split weights become meta tensors of this
+    rank's shape), so ``to_empty`` gives each rank memory for its parts only: no rank ever holds the
+    whole model, and a 72B model is never materialised in host memory. Buffers (RoPE's
+    ``inv_freq``) are computed on the CPU at build time and put back after the weights get their
+    device memory.
     """
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
@@ -163,20 +267,21 @@ def build_sharded_model(config, mesh, dtype: torch.dtype, device: str):
     return model
 
 
-def local_slice(parameter, mesh_rank: int) -> tuple[slice, ...] | None:
-    """The index of this rank's part of a split parameter in the whole tensor (``None``: not split).
+def local_slice(model: nn.Module, name: str, rank: int) -> tuple[slice, ...] | None:
+    """The index of rank ``rank``'s part of parameter ``name`` (as ``model.named_parameters()``
+    names it) in the whole tensor, for a model split by :func:`split_modules`; ``None``: not split.
 
     Split dimensions are divided evenly (:func:`tensor_parallel_plan` checks the widths), so rank
-    ``r`` holds rows ``[r * local, (r + 1) * local)`` of the split dimension.
+    ``r`` holds ``[r * local, (r + 1) * local)`` of the split dimension, ``local`` being its size in
+    ``model`` (the same on every rank), and the whole of the others.
     """
-    if not isinstance(parameter, dtensor_type()):
+    owner, _, leaf = name.rpartition(".")
+    dim = getattr(model.get_submodule(owner), SPLIT_ATTRIBUTE, {}).get(leaf)
+    if dim is None:
         return None
-    placement = parameter.placements[0]
-    if not placement.is_shard():
-        return None
-    local = parameter.to_local()
-    index = [slice(None)] * local.dim()
-    index[placement.dim] = slice(mesh_rank * local.shape[placement.dim], (mesh_rank + 1) * local.shape[placement.dim])
+    shape = model.get_parameter(name).shape
+    index = [slice(None)] * len(shape)
+    index[dim] = slice(rank * shape[dim], (rank + 1) * shape[dim])
     return tuple(index)
 
 
@@ -223,7 +328,6 @@ def load_sharded_model(name_or_path: str, size: int, device: str, dtype: torch.d
     model = build_sharded_model(config, mesh, dtype, device)
     files = _weight_files(folder)
     rank = mesh.get_local_rank()
-    dtensor = dtensor_type()
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     handles: dict[str, object] = {}
     try:
@@ -236,10 +340,9 @@ def load_sharded_model(name_or_path: str, size: int, device: str, dtype: torch.d
                 if files[name] not in handles:
                     handles[files[name]] = safe_open(files[name], framework="pt")
                 stored = handles[files[name]].get_slice(name)
-                index = local_slice(parameter, rank)
-                local = parameter.to_local() if isinstance(parameter, dtensor) else parameter.data
+                index = local_slice(model, name, rank)
                 value = stored[index] if index is not None else stored[:]
-                local.copy_(value.to(local.dtype))
+                parameter.copy_(value.to(parameter.dtype))
     finally:
         handles.clear()
     if tied:

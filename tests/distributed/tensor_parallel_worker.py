@@ -16,6 +16,11 @@ import numpy as np
 import torch
 from accelerate import PartialState
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch < 2.5
+    from torch.distributed._tensor import DTensor
+
 from longppl.loading import load_model, load_tokenizer
 from longppl.scoring import score_with_evaluator
 
@@ -28,9 +33,14 @@ def main() -> None:
     try:
         for folder in folders:
             model = load_model(folder, "cpu", "float32", tensor_parallel=2)
-            q_proj = model.model.layers[0].self_attn.q_proj.weight
-            local_rows = q_proj.to_local().shape[0]  # a DTensor: this rank's half of the heads
-            assert local_rows * 2 == model.config.hidden_size, local_rows
+            # The split is real (this rank holds half the heads and half of o_proj's inputs) and
+            # made of plain tensors: no DTensor anywhere, so a forward pass runs none of its dispatch.
+            attention = model.model.layers[0].self_attn
+            hidden = model.config.hidden_size
+            assert attention.q_proj.weight.shape == (hidden // 2, hidden), attention.q_proj.weight.shape
+            assert attention.o_proj.weight.shape == (hidden, hidden // 2), attention.o_proj.weight.shape
+            dtensors = [name for name, parameter in model.named_parameters() if isinstance(parameter, DTensor)]
+            assert not dtensors, dtensors
             scores = score_with_evaluator(
                 model,
                 load_tokenizer(folder),

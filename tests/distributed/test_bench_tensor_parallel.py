@@ -104,3 +104,5 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
             assert probe[part]["all_reduces"] == 2 * layers * records["tp", rank][part]["forwards"]
             assert 0 < probe[part]["estimate_seconds"] and "all-reduce alone would take" in probe[part]["says"]
     assert set(result["comparisons"]) == {"tiny: tp vs one"}
+    for part in ("document", "corpus"):  # the tp layout draws the one layout's weights and keeps its slices
+        assert result["comparisons"]["tiny: tp vs one"][part]["max_abs_logprob_diff"] < 1e-5

@@ -1,5 +1,5 @@
 """Tensor parallelism (``longppl.tensor_parallel``, ``longppl-score --tensor-parallel N``): an
-evaluator split over two CPU processes (gloo, the same DTensor machinery as NCCL on GPUs) scores
+evaluator split over two CPU processes (gloo, the same all-reduces as NCCL on GPUs) scores
 as the unsplit evaluator does, and what cannot be split is refused in one line before any model loads.
 
 The split rows are compared with ``reference.evaluator_scores`` (the unsplit model, full float32
@@ -26,6 +26,7 @@ from longppl.tools import compute_key_tokens
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "tensor_parallel_worker.py")
+SPLIT_LINEAR_WORKER = os.path.join(HERE, "split_linear_worker.py")
 K, D = 40, 12
 ALPHA, BETA = 0.005, -50.0  # thresholds a random tiny model's log-probs cross: some tokens key, some not
 RULE = KeyTokenRule(alpha=ALPHA, beta=BETA)
@@ -82,6 +83,29 @@ def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path):
                 assert got.tolist() == want.tolist(), (name, index)
             key_tokens += int(want.sum())
         assert 0 < key_tokens < sum(len(text) for text in saved["texts"]), name  # the comparison has teeth
+
+
+@pytest.mark.slow
+def test_split_layers_with_biases_compute_the_whole_layers(tmp_path):
+    # A column-wise layer then a row-wise one, both with a bias (none of the tested families has a
+    # row-wise bias; the row-wise layer must add it once, after the all-reduce, not once per rank).
+    rng = np.random.default_rng(5)
+    arrays = dict(
+        x=rng.normal(size=(3, 7, 6)),
+        w1=rng.normal(size=(8, 6)),
+        b1=rng.normal(size=8),
+        w2=rng.normal(size=(5, 8)),
+        b2=rng.normal(size=5) + 3.0,  # far from 0: a bias added twice shows
+    )
+    arrays = {name: value.astype(np.float32) for name, value in arrays.items()}
+    np.savez(tmp_path / "weights.npz", **arrays)
+    done = launch([SPLIT_LINEAR_WORKER, str(tmp_path / "weights.npz"), str(tmp_path)], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    x, w1, b1, w2, b2 = (arrays[name].astype(np.float64) for name in ("x", "w1", "b1", "w2", "b2"))
+    expected = np.maximum(x @ w1.T + b1, 0.0) @ w2.T + b2
+    for rank in (0, 1):
+        got = np.load(tmp_path / f"split-linear-{rank}.npz", allow_pickle=False)["output"]
+        np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
 @pytest.mark.slow
