@@ -216,6 +216,27 @@ def test_a_void_comparison_is_reported_with_its_rerun_due_then_done(smoke, tmp_p
         assert found["verdict"] in report and "**void**" in report
 
 
+@pytest.mark.slow
+def test_a_report_over_the_seeds_that_finished_says_which(smoke, tmp_path):
+    # a config of three seeds whose third never ran: the whole report cannot be made, one over
+    # the two finished seeds can, and it names the seed it leaves out
+    out = tmp_path / "run"
+    shutil.copytree(smoke["out"], out)
+    config = _config(tmp_path, **{"finetune.seeds": [0, 1, 2]})
+    argv = ["--config", config, "--corpus", DATA, "--output-dir", str(out), "--stages", "report"]
+    with pytest.raises(SystemExit, match=r"Seeds \[2\] have runs not evaluated .* with --seeds 0,1\."):
+        comparison.cli(argv)
+    found = comparison.main([*argv, "--seeds", "0,1"])
+    assert found["seeds"]["finetune"] == [0, 1] and found["seeds"]["configured"] == [0, 1, 2]
+    rows = found["extensions"]["yarn2"]["runs"]
+    assert sorted({row["seed"] for row in rows}) == [0, 1] and len(rows) == 8
+    assert found["extensions"]["yarn2"]["differences"]["self - ce"]["ppl"]["n"] == 2
+    assert "Seeds reported: 2 of the 3 configured (0, 1; not reported: 2)." in (out / "report.md").read_text()
+    assert "Seeds reported" not in (smoke["out"] / "report.md").read_text()  # every seed: no such line
+    with pytest.raises(SystemExit, match=r"--seeds names \[1\]; name at least 2"):
+        comparison.cli([*argv, "--seeds", "1"])
+
+
 def test_verdict_on_constructed_differences():
     not_void = {"void": False}
     above = {"self - ce": {"primary_accuracy": {"value": 0.08, "low": 0.02, "high": 0.14}}}

@@ -835,14 +835,14 @@ def void_rule(ce_acc512: list[float], extended_acc512: float, min_ratio: float) 
     return {"ce_acc512": mean, "extended_acc512": extended_acc512, "threshold": threshold, "void": mean < threshold}
 
 
-def void_of(config: Comparison, run: RunFolder, extension: Extension, rerun: bool = False) -> dict:
-    """The void rule of ``extension`` from the ``ce`` runs' curves (every seed must be trained), or
-    from the rerun's ``ce`` runs."""
+def void_of(config: Comparison, run: RunFolder, extension: Extension, rerun: bool = False, seeds=None) -> dict:
+    """The void rule of ``extension`` from the ``ce`` runs' curves (every seed of ``seeds``, default
+    the config's, must be trained), or from the rerun's ``ce`` runs."""
     from .family import TRAINING_RECORD
 
     at = config.void.at_step
     values = []
-    for seed in config.finetune.seeds:
+    for seed in seeds or config.finetune.seeds:
         arm = Arm(extension, "ce", seed, rerun)
         if not run.has("models", "finetuned", arm.name, TRAINING_RECORD):
             raise ValueError(f"The void rule needs {arm.name}: run the 'finetune' stage first.")
@@ -963,17 +963,30 @@ def verdict(void: dict, differences: dict) -> str:
 
 
 def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> dict:
+    """``results.json`` and ``report.md`` over ``seeds`` (default: every seed of the config; fewer
+    when a run could not finish them all, which the report then states)."""
+    if seeds is not None and len(seeds) < 2:
+        raise ValueError(f"The report compares methods across seeds: --seeds names {list(seeds)}; name at least 2.")
+    unfinished = sorted(
+        {arm.seed for arm in arms(config, seeds=seeds) if not run.has("eval", "finetuned", f"{arm.name}.json")}
+    )
+    if unfinished:
+        finished = [seed for seed in seeds or config.finetune.seeds if seed not in unfinished]
+        raise ValueError(
+            f"Seeds {unfinished} have runs not evaluated in {run.path('eval', 'finetuned')}: run the 'finetune' and "
+            f"'evaluate' stages for them, or report the finished seeds with --seeds {','.join(map(str, finished))}."
+        )
     extensions = {}
     for extension in config.extensions:
-        rows = [arm_row(run, arm) for arm in arms(config) if arm.extension == extension]
-        void = void_of(config, run, extension)
+        rows = [arm_row(run, arm) for arm in arms(config, seeds=seeds) if arm.extension == extension]
+        void = void_of(config, run, extension, seeds=seeds)
         found = compare(rows, list(config.finetune.methods), config.level)
-        reruns = [arm for arm in arms(config, rerun=True) if arm.extension == extension]
+        reruns = [arm for arm in arms(config, rerun=True, seeds=seeds) if arm.extension == extension]
         rerun = None
         if all(run.has("eval", "finetuned", f"{arm.name}.json") for arm in reruns):
             rerun_rows = [arm_row(run, arm) for arm in reruns]
             rerun = {"runs": rerun_rows, **compare(rerun_rows, list(config.rerun.methods), config.level)}
-            rerun["void"] = void_of(config, run, extension, rerun=True)
+            rerun["void"] = void_of(config, run, extension, rerun=True, seeds=seeds)
             rerun["verdict"] = verdict(rerun["void"], rerun["differences"])
         if not void["void"]:
             final = verdict(void, found["differences"])
@@ -996,7 +1009,12 @@ def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None
         "command": command_line("longppl-reproduce-longce"),
         "config": dataclasses.asdict(config),
         "population_config": dataclasses.asdict(pop),
-        "seeds": {"run": pop.seed, "finetune": list(config.finetune.seeds), pop.base.name: pop.base.seed},
+        "seeds": {
+            "run": pop.seed,
+            "finetune": list(seeds or config.finetune.seeds),  # the seeds reported
+            "configured": list(config.finetune.seeds),
+            pop.base.name: pop.base.seed,
+        },
         "evaluators": {"E1": first, "E2": second},
         "longppl": {
             **dataclasses.asdict(config.scoring.window),
@@ -1100,6 +1118,13 @@ def format_report(results: dict) -> str:
             **results["longppl"]
         )
     )
+    reported, configured = results["seeds"]["finetune"], results["seeds"]["configured"]
+    if reported != configured:
+        missing = [seed for seed in configured if seed not in reported]
+        out.append(
+            f"Seeds reported: {len(reported)} of the {len(configured)} configured ({', '.join(map(str, reported))}; "
+            f"not reported: {', '.join(map(str, missing))})."
+        )
     for name, found in results["extensions"].items():
         base, void = found["extended_base"]["benchmark"], found["void"]
         out += ["", f"## {name}", ""]
@@ -1147,7 +1172,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help=f"comma-separated stages of {', '.join(STAGES)}, or all (default)",
     )
     parser.add_argument(
-        "--seeds", help="comma-separated fine-tuning seeds to train / evaluate in this call (default: all)"
+        "--seeds",
+        help="comma-separated fine-tuning seeds to train / evaluate / report in this call (default: all); "
+        "a report over fewer seeds than the config's says so",
     )
     return parser
 
