@@ -14,8 +14,9 @@ PyTorch's DTensor ``parallelize_module`` (``ColwiseParallel`` / ``RowwiseParalle
 module used before): every split Linear then goes through DTensor's Python dispatch in every
 forward (input made a replicated DTensor, ``F.linear`` on DTensors, redistribution, ``to_local``),
 about 7 Linears per layer, and the scoring makes many forwards (the long pass and packed short
-windows). That CPU-side cost per operation does not shrink with the model, and is the suspected
-reason TP=2 was slower than one GPU at the 8B shape (docs/benchmarks.md).
+windows). That CPU-side cost per operation does not shrink with the model: at the 8B shape on
+2 H200s it took 1.5 s of CPU time of a 2.06 s pass over a small corpus, and made TP=2 1.45x the
+one-GPU time, against 0.64x with plain tensors (docs/benchmarks.md).
 
 What each rank ``r`` of ``N`` ranks of one tensor-parallel group holds:
 
