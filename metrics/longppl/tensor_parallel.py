@@ -189,16 +189,21 @@ def local_tokens(tokens: int, size: int) -> int:
     return -(-tokens // size)
 
 
+def pad_tokens(hidden: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``hidden`` ``[B, T, ...]`` with zeros appended over the tokens (dim 1) up to ``tokens >= T``:
+    ``[B, tokens, ...]`` (``hidden`` itself where ``tokens == T``)."""
+    missing = tokens - hidden.shape[1]
+    if not missing:
+        return hidden
+    return torch.cat([hidden, hidden.new_zeros(hidden.shape[0], missing, *hidden.shape[2:])], dim=1)
+
+
 def scatter_tokens(hidden: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     """Rank ``rank``'s slice of ``hidden`` ``[B, T, ...]`` over the tokens (dim 1): ``[B, t, ...]``,
     ``t = ceil(T/size)``, tokens ``[rank*t, (rank+1)*t)`` of ``hidden`` padded with zeros to
     ``size*t`` tokens at the end. A view where no padding falls in the slice."""
     local = local_tokens(hidden.shape[1], size)
-    part = hidden[:, rank * local : (rank + 1) * local]
-    missing = local - part.shape[1]
-    if missing:
-        part = torch.cat([part, part.new_zeros(part.shape[0], missing, *part.shape[2:])], dim=1)
-    return part
+    return pad_tokens(hidden[:, rank * local : (rank + 1) * local], local)
 
 
 def gather_tokens(hidden: torch.Tensor, tokens: int, group) -> torch.Tensor:
@@ -233,8 +238,7 @@ def reduce_scatter_tokens(partial: torch.Tensor, group) -> torch.Tensor:
     size = torch.distributed.get_world_size(group)
     batch, tokens, rest = partial.shape[0], partial.shape[1], partial.shape[2:]
     local = local_tokens(tokens, size)
-    if local * size != tokens:
-        partial = torch.cat([partial, partial.new_zeros(batch, local * size - tokens, *rest)], dim=1)
+    partial = pad_tokens(partial, local * size)
     blocks = partial.reshape(batch, size, local, *rest).transpose(0, 1).reshape(size * batch, local, *rest)
     output = blocks.new_empty(batch, local, *rest)
     torch.distributed.reduce_scatter_tensor(output, blocks, group=group)
