@@ -160,6 +160,14 @@ def test_sequence_parallel_without_tensor_parallel_is_refused(saved):
         load_model(str(saved["root"] / "llama"), "cpu", tensor_parallel=1, sequence_parallel=True)
 
 
+def test_sequence_parallel_without_decoder_layers_and_a_final_norm_is_refused(saved):
+    from longppl.tensor_parallel import split_tokens
+
+    gpt2 = tiny_model("gpt2", len(saved["tokenizer"]))  # its blocks are `h`, its final norm `ln_f`
+    with pytest.raises(ValueError, match=r"^sequence_parallel=True needs .* `layers` .* `norm` .*; GPT2Model has not"):
+        split_tokens(gpt2.base_model, {}, 0, 2, None)
+
+
 def refusal(saved, tmp_path, *flags) -> str:
     """``longppl-score``'s one-line error for ``flags`` (no traceback)."""
     argv = ["--corpus", saved["corpus"], "--output", str(tmp_path / "out"), *flags]
