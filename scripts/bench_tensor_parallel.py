@@ -11,11 +11,13 @@ on disk), and each layout:
 - ``tp``: ``--gpus`` processes under torchrun, the evaluator split by ``longppl.tensor_parallel``
   (built on the meta device, split, then each rank's shards drawn on its own GPU: a 72B model is
   never whole anywhere);
+- ``tp_sp``: ``tp`` with sequence parallelism (``sequence_parallel=True``: the norms and residual
+  adds on ``1/N`` of the tokens, a reduce-scatter and an all-gather where ``tp`` all-reduces);
 
 it times ``score_with_evaluator`` (K=4096, d=1024, per document) on one document of ``--doc-tokens``
 tokens and on a small corpus (``--corpus-docs`` documents of ``--corpus-tokens``), cut from the CRS
 reports with a byte-level tokenizer (one token per byte), and reads the peak memory of every GPU.
-The rows of each layout are compared with the ``one`` rows (else the ``device_map`` rows): largest
+The rows of each layout are compared with the ``one`` rows (and with the ``device_map`` rows): largest
 log-prob difference, key tokens under the default rule, and the top 5% of tokens by LSD (a random
 model has few key tokens at alpha=2, so the second set shows how far bf16 rounding moves a threshold).
 
@@ -44,6 +46,11 @@ Why TP=2 is slower than one GPU at the 8B shape, in one short run on 2 GPUs:
     python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp --warmup 1 \\
         --repeats 3 --profile --probe-allreduce --corpus-docs 2 --corpus-tokens 8192 --doc-tokens 32768 \\
         --json bench_tp_profile.json
+
+Sequence parallelism against the plain split, the same way:
+
+    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp tp_sp --warmup 1 \\
+        --repeats 3 --profile --corpus-docs 2 --corpus-tokens 8192 --doc-tokens 32768 --json bench_tp_sp.json
 
 A shape that runs out of memory in a layout is recorded as such and, with ``--fallback SHAPE``,
 replaced by SHAPE for the remaining runs.
@@ -109,6 +116,9 @@ PROFILE_GROUPS = {
     "launch": ("cudalaunch", "culaunch"),
 }
 TOP_OPS = 25  # ops listed by --profile, by self time
+# The layouts split by longppl.tensor_parallel (processes under torchrun), with their sequence_parallel
+SPLIT_LAYOUTS = {"tp": False, "tp_sp": True}
+LAYOUTS = ("one", *SPLIT_LAYOUTS, "device_map")
 
 
 def texts(doc_tokens: int, corpus_docs: int, corpus_tokens: int, path: str = CRS) -> tuple[str, list[str]]:
@@ -152,7 +162,7 @@ def whole_shape(local_shape, index, size: int) -> tuple[int, ...]:
 
 
 def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str):
-    """The random evaluator of ``shape`` in ``layout`` (``one``, ``device_map`` or ``tp``)."""
+    """The random evaluator of ``shape`` in ``layout`` (one of :data:`LAYOUTS`)."""
     import torch
     from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
     from accelerate.utils import get_balanced_memory, set_module_tensor_to_device
@@ -161,9 +171,9 @@ def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str
     from longppl import tensor_parallel
 
     config, dtype = config_of(shape), (torch.float32 if device == "cpu" else torch.bfloat16)
-    if layout == "tp":
+    if layout in SPLIT_LAYOUTS:
         mesh = tensor_parallel.group_mesh(gpus, torch.device(device).type)
-        model = tensor_parallel.build_sharded_model(config, mesh, dtype, device)
+        model = tensor_parallel.build_sharded_model(config, mesh, dtype, device, SPLIT_LAYOUTS[layout])
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 index = tensor_parallel.local_slice(model, name, mesh.get_local_rank())
@@ -390,7 +400,7 @@ def worker(args) -> None:
     from longppl.scoring import score_with_evaluator
 
     cpu = args.cpu or not torch.cuda.is_available()
-    distributed = args.layout == "tp"
+    distributed = args.layout in SPLIT_LAYOUTS
     if distributed:
         from accelerate import PartialState
 
@@ -435,7 +445,7 @@ def worker(args) -> None:
             if args.profile:
                 record["profile"] = profiled(runs["corpus"], devices, distributed)
                 write_json(os.path.join(args.work, f"profile-{shape}-{args.layout}-{rank}.json"), record["profile"])
-            if args.probe_allreduce and distributed:
+            if args.probe_allreduce and args.layout == "tp":  # tp_sp makes no all-reduce
                 record["allreduce_probe"] = probe_allreduce(model, record)
         except torch.OutOfMemoryError as err:
             record["out_of_memory"] = str(err).splitlines()[0][:200]
@@ -502,9 +512,7 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--fallback", choices=sorted(SHAPES), default=None, help="shape run when one runs out of memory"
     )
-    parser.add_argument(
-        "--layouts", nargs="+", choices=("one", "tp", "device_map"), default=["one", "tp", "device_map"]
-    )
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=["one", "tp", "device_map"])
     parser.add_argument(
         "--doc-tokens", type=int, default=32768, help="tokens of the long document (default %(default)s)"
     )
@@ -557,7 +565,7 @@ def main(argv=None) -> dict:
     for layout in args.layouts:
         if layout == "device_map" and args.cpu:
             continue
-        if layout == "tp":
+        if layout in SPLIT_LAYOUTS:
             command = [
                 sys.executable,
                 "-m",
@@ -582,7 +590,8 @@ def main(argv=None) -> dict:
                 records += [json.loads(line) for line in handle]
     comparisons = {}
     for shape in {record["shape"] for record in records}:
-        for layout, reference in (("tp", "one"), ("device_map", "one"), ("tp", "device_map")):
+        pairs = [(layout, "one") for layout in (*SPLIT_LAYOUTS, "device_map")]
+        for layout, reference in pairs + [(layout, "device_map") for layout in SPLIT_LAYOUTS]:
             found = compare(work, shape, layout, reference)
             if found is not None:
                 comparisons[f"{shape}: {layout} vs {reference}"] = found

@@ -111,21 +111,35 @@ def load_causal_lm(name_or_path: str, device: str | None = None, torch_dtype=Non
     return load_model(name_or_path, device, torch_dtype), load_tokenizer(name_or_path)
 
 
-def load_model(name_or_path: str, device: str | None = None, torch_dtype=None, tensor_parallel: int = 1):
+def load_model(
+    name_or_path: str,
+    device: str | None = None,
+    torch_dtype=None,
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
+):
     """The model alone, as :func:`load_causal_lm` loads it (for callers that hold its tokenizer already).
 
     ``tensor_parallel=N > 1``: split over this rank's group of ``N`` processes (one per GPU, the
     process group already up, e.g. under torchrun), each holding ``1/N`` of the attention and MLP
     weights on ``device`` (``tensor_parallel.load_sharded_model``; a safetensors checkpoint).
+    ``sequence_parallel``: with it, also split the hidden states between the split layers over
+    the tokens (``tensor_parallel.shard_model``; off by default, not measured yet).
     """
     from transformers import AutoModelForCausalLM
 
+    if sequence_parallel and tensor_parallel <= 1:
+        raise ValueError(
+            f"sequence_parallel=True with tensor_parallel={tensor_parallel}: sequence parallelism splits the "
+            "tokens over a tensor-parallel group; pass tensor_parallel=N > 1 or sequence_parallel=False."
+        )
     name_or_path = check_model_source(name_or_path)
     device = check_device(device) or default_device()
     if tensor_parallel > 1:
         from .tensor_parallel import load_sharded_model
 
-        return load_sharded_model(name_or_path, tensor_parallel, device, resolve_dtype(torch_dtype, device))
+        dtype = resolve_dtype(torch_dtype, device)
+        return load_sharded_model(name_or_path, tensor_parallel, device, dtype, sequence_parallel)
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=resolve_dtype(torch_dtype, device), device_map=device
     )

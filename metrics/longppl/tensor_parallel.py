@@ -4,7 +4,8 @@ Which modules are split, and how, is the model family's own plan in transformers
 ``config.base_model_tp_plan`` (``{"layers.*.self_attn.q_proj": "colwise", ...}``), the same in
 transformers 5.17 and 5.24. This module applies it itself, Megatron-style, with plain tensors:
 each split ``nn.Linear`` keeps this rank's slice of its weight as an ordinary parameter, and the
-only collective is one all-reduce after each row-wise layer. A forward pass runs no DTensor code.
+only collective is one all-reduce after each row-wise layer (a reduce-scatter and an all-gather
+under sequence parallelism, below). A forward pass runs no DTensor code.
 
 Why not ``from_pretrained``'s own tensor parallelism: its entry point moved between the versions
 we support (``tp_plan=`` in 5.17, ``distributed_config=DistributedConfig(...)`` in 5.24, with the
@@ -27,12 +28,25 @@ What each rank ``r`` of ``N`` ranks of one tensor-parallel group holds:
 - row-wise layers (``"rowwise"``: o, down): columns ``[r*n/N, (r+1)*n/N)`` of the ``n`` input
   features; the partial products are summed over the group by an all-reduce, then the bias (whole
   on every rank) is added once. The decoder layers' hidden states are whole (replicated) between
-  blocks;
+  blocks (split over tokens under sequence parallelism, below);
 - the embedding, the norms and the LM head whole: every rank computes the same log-probs from the
   same hidden states, so the scoring core runs unchanged (chunked LM head, packed windows) and
   every rank ends with the same rows. The head's work is repeated on each rank (about 7% of an
   8B model's FLOPs at full-sequence projection, less for short windows, which project ``d`` of
   ``K + d`` positions); its weights cost ``vocab x hidden`` per rank.
+
+Sequence parallelism (Megatron-SP; ``sequence_parallel=True``, **off by default**: it is built but
+not measured yet, docs/benchmarks.md) shards the part above that every rank repeats: the norms and
+the residual adds, per-token work that does not shrink with ``N``. Between the split layers the
+decoder layers' hidden states ``[batch, tokens, hidden]`` are split over the tokens: rank ``r``
+keeps tokens ``[r*t, (r+1)*t)``, ``t = ceil(T/N)``, so each norm and residual add runs on ``1/N``
+of them. Before each column-wise group (the attention's q/k/v, the MLP's gate/up) the hidden states
+are all-gathered over the tokens once, so the column-wise layers and the attention see all ``T``;
+each row-wise layer reduce-scatters over the tokens (sums the partial products and keeps this
+rank's tokens) where it all-reduced, the same bytes moved. The hidden states are scattered at the
+first decoder layer's input (not at the embedding: transformers builds the attention mask and RoPE
+from the embedding's output length) and the final norm's output is gathered back, so the LM head
+and the scoring core see what they see without it. :class:`TokenSplit` holds the hooks.
 
 Each split module records which dimension of which parameter it split (:data:`SPLIT_ATTRIBUTE`),
 so :func:`local_slice` can say where a rank's part lies in the whole tensor (loading, benchmarks).
@@ -169,23 +183,164 @@ def plan_modules(module: nn.Module, plan: dict[str, str]) -> dict[str, str]:
     return found
 
 
+def local_tokens(tokens: int, size: int) -> int:
+    """Tokens each of ``size`` ranks keeps of ``tokens`` under sequence parallelism: ``ceil(tokens / size)``
+    (the last ranks' slices end in zero padding where ``size`` does not divide ``tokens``)."""
+    return -(-tokens // size)
+
+
+def pad_tokens(hidden: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``hidden`` ``[B, T, ...]`` with zeros appended over the tokens (dim 1) up to ``tokens >= T``:
+    ``[B, tokens, ...]`` (``hidden`` itself where ``tokens == T``)."""
+    missing = tokens - hidden.shape[1]
+    if not missing:
+        return hidden
+    return torch.cat([hidden, hidden.new_zeros(hidden.shape[0], missing, *hidden.shape[2:])], dim=1)
+
+
+def scatter_tokens(hidden: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s slice of ``hidden`` ``[B, T, ...]`` over the tokens (dim 1): ``[B, t, ...]``,
+    ``t = ceil(T/size)``, tokens ``[rank*t, (rank+1)*t)`` of ``hidden`` padded with zeros to
+    ``size*t`` tokens at the end. A view where no padding falls in the slice."""
+    local = local_tokens(hidden.shape[1], size)
+    return pad_tokens(hidden[:, rank * local : (rank + 1) * local], local)
+
+
+def gather_tokens(hidden: torch.Tensor, tokens: int, group) -> torch.Tensor:
+    """The inverse of :func:`scatter_tokens`: the slices ``[B, t, ...]`` of every rank of ``group``,
+    all-gathered in rank order, then cut to the first ``tokens``: ``[B, tokens, ...]``, the same on
+    every rank (the padding at the end dropped).
+
+    ``all_gather_into_tensor`` concatenates along its leading dimension (gloo wants the output
+    shaped so), so the ranks' slices land as ``[N*B, t, ...]``, read as ``[N, B, t, ...]``; moving
+    ``N`` next to ``t`` is a view for ``B = 1`` (the long pass) and one copy for packed windows.
+    """
+    size = torch.distributed.get_world_size(group)
+    local = hidden.contiguous()
+    batch, rest = local.shape[0], local.shape[1:]
+    stacked = local.new_empty(size * batch, *rest)
+    torch.distributed.all_gather_into_tensor(stacked, local, group=group)
+    whole = stacked.view(size, batch, *rest).transpose(0, 1).reshape(batch, size * rest[0], *rest[1:])
+    return whole[:, :tokens]
+
+
+def reduce_scatter_tokens(partial: torch.Tensor, group) -> torch.Tensor:
+    """This rank's token slice of the sum over ``group`` of ``partial`` ``[B, T, ...]`` (a row-wise
+    layer's partial products, whole length on every rank): ``[B, t, ...]``, ``t = ceil(T/N)``, tokens
+    ``[r*t, (r+1)*t)`` of the sum, rank ``r`` of ``N``, zero-padded at the end as
+    :func:`scatter_tokens` pads.
+
+    ``reduce_scatter_tensor`` hands rank ``r`` the ``r``-th block of its input's leading dimension,
+    so the tokens (padded to ``N*t``) are cut into ``N`` blocks and the block index moved first:
+    ``[N, B, t, ...]``, a view for ``B = 1`` without padding, one copy otherwise, passed flat as
+    ``[N*B, t, ...]`` (gloo wants the input shaped so).
+    """
+    size = torch.distributed.get_world_size(group)
+    batch, tokens, rest = partial.shape[0], partial.shape[1], partial.shape[2:]
+    local = local_tokens(tokens, size)
+    partial = pad_tokens(partial, local * size)
+    blocks = partial.reshape(batch, size, local, *rest).transpose(0, 1).reshape(size * batch, local, *rest)
+    output = blocks.new_empty(batch, local, *rest)
+    torch.distributed.reduce_scatter_tensor(output, blocks, group=group)
+    return output
+
+
 class RowwiseLinear(nn.Linear):
     """A row-wise split ``nn.Linear``: it holds columns ``[r*n/N, (r+1)*n/N)`` of the whole weight
     (rank ``r`` of the ``N`` of ``group``), so its local product is a partial sum; the partial sums
     are all-reduced over ``group``, then the bias (whole on every rank) is added once.
 
     Input ``[..., n/N]`` (this rank's features, as a column-wise layer before it gives them), output
-    ``[..., out_features]``, the same on every rank. For scoring: the all-reduce is in place and
-    carries no gradient.
+    ``[..., out_features]``, the same on every rank. With ``scatter_tokens`` (sequence parallelism,
+    set by :class:`TokenSplit`): input ``[B, T, n/N]``, output ``[B, ceil(T/N), out_features]``, this
+    rank's tokens of the sum (:func:`reduce_scatter_tokens`). For scoring: the collectives carry no
+    gradient.
     """
 
     group = None  # the tensor-parallel group's ProcessGroup, set by split_linear
+    scatter_tokens = False  # reduce-scatter over the tokens instead of all-reduce (sequence parallelism)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        # The bias stays out of the local product: added there, the all-reduce would add it N times.
+        # The bias stays out of the local product: added there, the sum over ranks would add it N times.
         output = F.linear(input, self.weight)
-        torch.distributed.all_reduce(output, group=self.group)
+        if self.scatter_tokens:
+            output = reduce_scatter_tokens(output, self.group)
+        else:
+            torch.distributed.all_reduce(output, group=self.group)
         return output if self.bias is None else output + self.bias
+
+
+def _with_hidden_states(args: tuple, kwargs: dict, change) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of a forward call with its hidden states (``hidden_states=`` or the first
+    positional argument, as transformers passes them) replaced by ``change(hidden_states)``."""
+    if "hidden_states" in kwargs:
+        return args, {**kwargs, "hidden_states": change(kwargs["hidden_states"])}
+    return (change(args[0]), *args[1:]), kwargs
+
+
+class TokenSplit:
+    """Sequence parallelism over a tensor-parallel group: the hooks that split the decoder layers'
+    hidden states ``[B, T, hidden]`` over the tokens between the split layers.
+
+    - :meth:`enter` (pre-hook of the first decoder layer): keep this rank's ``ceil(T/N)`` tokens
+      (:func:`scatter_tokens`), remembering ``T``;
+    - :meth:`gather` (pre-hook of each module holding a column-wise group: ``self_attn``, ``mlp``):
+      the normed hidden states all-gathered back to the ``T`` tokens (:func:`gather_tokens`);
+    - the row-wise layers reduce-scatter (:class:`RowwiseLinear`'s ``scatter_tokens``);
+    - :meth:`leave` (forward hook of the final norm): its output gathered back to ``T`` tokens.
+
+    Where ``N`` does not divide ``T``, the last slices end in padding, which lives only between the
+    split layers: the norms and residual adds are per token, so it never touches a real token, and
+    every gather cuts it off. So the attention, its mask and its RoPE ``cos``/``sin`` (built by
+    transformers for the ``T`` tokens of the embedding's output) see exactly ``T`` tokens, as
+    without the split. One forward at a time (``T`` is kept from :meth:`enter` to :meth:`leave`).
+    A caller asking for the decoder layers' outputs (``output_hidden_states``) gets token slices.
+    """
+
+    def __init__(self, group, rank: int, size: int):
+        self.group, self.rank, self.size = group, rank, size
+        self.tokens = 0  # T of the forward pass under way, set by enter
+
+    def enter(self, module, args, kwargs):
+        def scatter(hidden):
+            self.tokens = hidden.shape[1]
+            return scatter_tokens(hidden, self.rank, self.size)
+
+        return _with_hidden_states(args, kwargs, scatter)
+
+    def gather(self, module, args, kwargs):
+        return _with_hidden_states(args, kwargs, lambda hidden: gather_tokens(hidden, self.tokens, self.group))
+
+    def leave(self, module, args, output):
+        return gather_tokens(output, self.tokens, self.group)
+
+
+def split_tokens(base_model: nn.Module, plan: dict[str, str], rank: int, size: int, group) -> TokenSplit:
+    """Put sequence parallelism (:class:`TokenSplit`) on ``base_model``, already split by
+    :func:`split_modules` with ``plan``: hooks on ``layers[0]``, on the modules that hold the
+    column-wise layers, on ``norm``, and the row-wise layers made to reduce-scatter.
+
+    Raises:
+        ValueError: ``base_model`` has no ``layers`` list and final ``norm`` (Llama's layout).
+    """
+    layers, norm = getattr(base_model, "layers", None), getattr(base_model, "norm", None)
+    if not isinstance(layers, nn.ModuleList) or not len(layers) or not isinstance(norm, nn.Module):
+        raise ValueError(
+            f"sequence_parallel=True needs a base model with decoder `layers` and a final `norm` (as "
+            f"{', '.join(TESTED_FAMILIES)} have); {type(base_model).__name__} has not: pass sequence_parallel=False."
+        )
+    split = TokenSplit(group, rank, size)
+    layers[0].register_forward_pre_hook(split.enter, with_kwargs=True)
+    styles = plan_modules(base_model, plan)
+    # The module holding a column-wise layer (self_attn for q/k/v, mlp for gate/up) gets the
+    # hidden states as its input and feeds them to its column-wise layers: one gather serves them all.
+    for owner in sorted({name.rpartition(".")[0] for name, style in styles.items() if style == "colwise"}):
+        base_model.get_submodule(owner).register_forward_pre_hook(split.gather, with_kwargs=True)
+    for name, style in styles.items():
+        if style == "rowwise":
+            base_model.get_submodule(name).scatter_tokens = True
+    norm.register_forward_hook(split.leave)
+    return split
 
 
 def split_linear(linear: nn.Module, style: str, rank: int, size: int, group) -> None:
@@ -234,16 +389,20 @@ def split_modules(module: nn.Module, plan: dict[str, str], rank: int, size: int,
         split_linear(module.get_submodule(name), style, rank, size, group)
 
 
-def shard_model(model, mesh) -> None:
+def shard_model(model, mesh, sequence_parallel: bool = False) -> None:
     """Split ``model``'s base model in place over ``mesh`` (a 1-D device mesh, :func:`group_mesh`)
     with its family's plan (checked by :func:`tensor_parallel_plan`); embedding, norms and LM head
-    stay whole."""
+    stay whole. ``sequence_parallel``: also split the hidden states between the split layers over
+    the tokens (:func:`split_tokens`; off by default until measured)."""
     plan = tensor_parallel_plan(model.config, mesh.size())
     split_modules(model.base_model, plan, mesh.get_local_rank(), mesh.size(), mesh.get_group())
+    if sequence_parallel:
+        split_tokens(model.base_model, plan, mesh.get_local_rank(), mesh.size(), mesh.get_group())
 
 
-def build_sharded_model(config, mesh, dtype: torch.dtype, device: str):
-    """``config``'s causal LM, split over ``mesh``, with uninitialised weights on ``device``.
+def build_sharded_model(config, mesh, dtype: torch.dtype, device: str, sequence_parallel: bool = False):
+    """``config``'s causal LM, split over ``mesh`` (with ``sequence_parallel`` as :func:`shard_model`
+    takes it), with uninitialised weights on ``device``.
 
     Built on the meta device first and split there (the split weights become meta tensors of this
     rank's shape), so ``to_empty`` gives each rank memory for its parts only: no rank ever holds the
@@ -256,7 +415,7 @@ def build_sharded_model(config, mesh, dtype: torch.dtype, device: str):
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    shard_model(model, mesh)
+    shard_model(model, mesh, sequence_parallel)
     buffers = {name: buffer for name, buffer in model.named_buffers()}
     model.to_empty(device=device)
     for name, buffer in buffers.items():
@@ -305,8 +464,9 @@ def _weight_files(folder: str) -> dict[str, str]:
         return {name: single for name in handle.keys()}
 
 
-def load_sharded_model(name_or_path: str, size: int, device: str, dtype: torch.dtype):
-    """A saved causal LM split over this rank's tensor-parallel group of ``size`` ranks.
+def load_sharded_model(name_or_path: str, size: int, device: str, dtype: torch.dtype, sequence_parallel: bool = False):
+    """A saved causal LM split over this rank's tensor-parallel group of ``size`` ranks
+    (``sequence_parallel`` as :func:`shard_model` takes it).
 
     Each rank reads only its own slices of the split weights from the safetensors files (and the
     whole of the unsplit ones), so host memory never holds the whole model.
@@ -326,7 +486,7 @@ def load_sharded_model(name_or_path: str, size: int, device: str, dtype: torch.d
     config = AutoConfig.from_pretrained(folder)
     tensor_parallel_plan(config, size)
     mesh = group_mesh(size, torch.device(device).type)
-    model = build_sharded_model(config, mesh, dtype, device)
+    model = build_sharded_model(config, mesh, dtype, device, sequence_parallel)
     files = _weight_files(folder)
     rank = mesh.get_local_rank()
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()

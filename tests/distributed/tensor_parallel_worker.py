@@ -1,9 +1,14 @@
 """One rank of a tensor-parallel group on the CPU (gloo), started by ``accelerate launch`` from
 tests/distributed/test_tensor_parallel.py: for each saved evaluator named on the command line, load it split
-over the group (``load_model(..., tensor_parallel=2)``), check that the split is real, score the
-texts, and write this rank's rows to ``<out>/<name>-<rank>.npz`` (plain arrays, read back without pickle).
+over the group (``load_model(..., tensor_parallel=2)``, with ``sequence_parallel`` for ``<split>`` =
+``sequence``, without for ``tensor``), check that the split is real, score the texts, and write this
+rank's rows to ``<out>/<name>-<rank>.npz`` (plain arrays, read back without pickle).
 
-    python tensor_parallel_worker.py <out> <texts.json> <K> <d> <folder>...
+With ``sequence``, the npz also holds ``token_counts``: one row ``[B, tokens the first decoder
+layer's input norm ran on, tokens q_proj ran on, tokens of the backbone's output]`` per forward pass,
+read by hooks, so the test can check that the norms really ran on this rank's slice of the tokens.
+
+    python tensor_parallel_worker.py <out> <texts.json> <K> <d> <split> <folder>...
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ from longppl.scoring import score_with_evaluator
 
 
 def main() -> None:
-    out, texts_file, trunc_len, stride, *folders = sys.argv[1:]
+    out, texts_file, trunc_len, stride, split, *folders = sys.argv[1:]
     with open(texts_file, encoding="utf-8") as handle:
         texts = json.load(handle)
     state = PartialState(cpu=True)
     try:
         for folder in folders:
-            model = load_model(folder, "cpu", "float32", tensor_parallel=2)
+            model = load_model(folder, "cpu", "float32", tensor_parallel=2, sequence_parallel=split == "sequence")
             # The split is real (this rank holds half the heads and half of o_proj's inputs) and
             # made of plain tensors: no DTensor anywhere, so a forward pass runs none of its dispatch.
             attention = model.model.layers[0].self_attn
@@ -41,6 +46,22 @@ def main() -> None:
             assert attention.o_proj.weight.shape == (hidden, hidden // 2), attention.o_proj.weight.shape
             dtensors = [name for name, parameter in model.named_parameters() if isinstance(parameter, DTensor)]
             assert not dtensors, dtensors
+            counts = []
+            if split == "sequence":
+                layer = model.model.layers[0]
+
+                def norm_input(module, args, counts=counts):
+                    counts.append([args[0].shape[0], args[0].shape[1], -1, -1])
+
+                def q_input(module, args, counts=counts):
+                    counts[-1][2] = args[0].shape[1]
+
+                def backbone_output(module, args, output, counts=counts):
+                    counts[-1][3] = output.last_hidden_state.shape[1]
+
+                layer.input_layernorm.register_forward_pre_hook(norm_input)
+                layer.self_attn.q_proj.register_forward_pre_hook(q_input)
+                model.model.register_forward_hook(backbone_output)
             scores = score_with_evaluator(
                 model,
                 load_tokenizer(folder),
@@ -55,6 +76,8 @@ def main() -> None:
             for index, row in enumerate(scores):
                 arrays[f"lp_long_{index}"], arrays[f"lp_short_{index}"] = row.lp_long, row.lp_short
                 arrays[f"ids_{index}"] = row.input_ids
+            if counts:
+                arrays["token_counts"] = np.array(counts)
             name = os.path.basename(folder.rstrip("/"))
             np.savez(os.path.join(out, f"{name}-{state.process_index}.npz"), **arrays)
             del model

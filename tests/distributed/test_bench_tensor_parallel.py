@@ -59,7 +59,18 @@ def test_counts_below_their_minimum_are_refused_in_one_line(flags, message, caps
 def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_path):
     result_path = tmp_path / "bench.json"
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_tensor_parallel.py"), "--cpu", "--shapes", "tiny"]
-    command += ["--layouts", "one", "tp", "--doc-tokens", "400", "--corpus-docs", "2", "--corpus-tokens", "200"]
+    command += [
+        "--layouts",
+        "one",
+        "tp",
+        "tp_sp",
+        "--doc-tokens",
+        "400",
+        "--corpus-docs",
+        "2",
+        "--corpus-tokens",
+        "200",
+    ]
     command += ["--warmup", "1", "--repeats", "2", "--profile", "--probe-allreduce", "--data", DATA]
     command += ["--work", str(tmp_path / "work"), "--json", str(result_path)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -69,7 +80,7 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
     assert result["warmup"] == 1 and result["repeats"] == 2
     assert {run["status"] for run in result["runs"].values()} == {0}
     records = {(record["layout"], record["rank"]): record for record in result["records"]}
-    assert set(records) == {("one", 0), ("tp", 0), ("tp", 1)}
+    assert set(records) == {("one", 0), ("tp", 0), ("tp", 1), ("tp_sp", 0), ("tp_sp", 1)}
     for (layout, rank), record in records.items():
         assert record["warmup"] == 1
         for part, tokens, documents in (("document", 400, 1), ("corpus", 400, 2)):
@@ -87,14 +98,14 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
         ):
             assert 0 < sum(groups.values()) <= total + 0.01
         assert profile["groups_ms"]["matmul"] > 0 and profile["groups_ms"]["lm_head_side"] > 0
-        assert (profile["groups_ms"]["collectives"] > 0) == (layout == "tp")  # one process has no collective
+        assert (profile["groups_ms"]["collectives"] > 0) == (layout != "one")  # one process has no collective
         assert len(profile["top"]) == bench_tensor_parallel.TOP_OPS
         assert all(op["self_ms"] <= profile["busy_ms"] for op in profile["top"])
         assert profile["wall_ms"] > 0 and profile["busy_share"] == pytest.approx(
             profile["busy_ms"] / profile["wall_ms"], abs=1e-3
         )
         assert result["profiles"][f"tiny {layout} rank {rank}"]["groups_ms"] == profile["groups_ms"]
-    assert "allreduce_probe" not in records["one", 0]
+    assert "allreduce_probe" not in records["one", 0] and "allreduce_probe" not in records["tp_sp", 0]
     layers = bench_tensor_parallel.SHAPES["tiny"]["num_hidden_layers"]
     for rank in (0, 1):
         probe = records["tp", rank]["allreduce_probe"]
@@ -103,6 +114,7 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
             assert probe[part]["tokens"] == rows and probe[part]["bus_gbps"] > 0
             assert probe[part]["all_reduces"] == 2 * layers * records["tp", rank][part]["forwards"]
             assert 0 < probe[part]["estimate_seconds"] and "all-reduce alone would take" in probe[part]["says"]
-    assert set(result["comparisons"]) == {"tiny: tp vs one"}
-    for part in ("document", "corpus"):  # the tp layout draws the one layout's weights and keeps its slices
-        assert result["comparisons"]["tiny: tp vs one"][part]["max_abs_logprob_diff"] < 1e-5
+    assert set(result["comparisons"]) == {"tiny: tp vs one", "tiny: tp_sp vs one"}
+    for layout in ("tp", "tp_sp"):  # the split layouts draw the one layout's weights and keep their slices
+        for part in ("document", "corpus"):
+            assert result["comparisons"][f"tiny: {layout} vs one"][part]["max_abs_logprob_diff"] < 1e-5

@@ -1,6 +1,7 @@
 """Tensor parallelism (``longppl.tensor_parallel``, ``longppl-score --tensor-parallel N``): an
-evaluator split over two CPU processes (gloo, the same all-reduces as NCCL on GPUs) scores
-as the unsplit evaluator does, and what cannot be split is refused in one line before any model loads.
+evaluator split over two CPU processes (gloo, the same collectives as NCCL on GPUs) scores
+as the unsplit evaluator does, with and without sequence parallelism, and what cannot be split is
+refused in one line before any model loads.
 
 The split rows are compared with ``reference.evaluator_scores`` (the unsplit model, full float32
 logits, one window per forward): row-wise layers sum partial products over the ranks, a different
@@ -60,15 +61,26 @@ def launch(arguments: list[str], tmp_path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path):
+@pytest.mark.parametrize("split", ["tensor", "sequence"])
+def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path, split):
+    # "sequence": sequence parallelism on top (hidden states split over the tokens between the split
+    # layers). The texts have 107, 93 and 140 tokens: two odd counts, which 2 ranks split with padding,
+    # and short windows of odd lengths packed several to a forward pass.
     root = saved["root"]
-    done = launch(
-        [WORKER, str(tmp_path), str(root / "texts.json"), str(K), str(D), *(str(root / name) for name in EVALUATORS)],
-        tmp_path,
-    )
+    folders = [str(root / name) for name in EVALUATORS]
+    done = launch([WORKER, str(tmp_path), str(root / "texts.json"), str(K), str(D), split, *folders], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     for name, (family, changes) in EVALUATORS.items():
         ranks = [np.load(tmp_path / f"{name}-{rank}.npz", allow_pickle=False) for rank in (0, 1)]
+        if split == "sequence":
+            for rank in ranks:
+                # [B, tokens of the first norm, tokens of q_proj, tokens of the backbone's output] per forward
+                counts = rank["token_counts"]
+                assert (counts[:, 1] == (counts[:, 2] + 1) // 2).all(), counts  # the norm ran on this rank's half
+                assert (counts[:, 3] == counts[:, 2]).all(), counts  # q_proj and the output: every token
+                assert (counts[:, 2] % 2 == 1).any() and (counts[:, 0] > 1).any(), counts  # odd T, packed windows
+        else:
+            assert "token_counts" not in ranks[0].files
         model = tiny_model(family, len(saved["tokenizer"]), seed=3, **changes).eval()
         key_tokens = 0
         for index, text in enumerate(saved["texts"]):
@@ -137,6 +149,23 @@ def test_longppl_score_with_two_ranks_writes_the_one_process_cache(saved, tmp_pa
         mask_b = key_token_mask(np.array(long_b, dtype=float), np.array(short_b, dtype=float), RULE)
         assert mask_a.tolist() == mask_b.tolist()
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # no shard left behind
+
+
+def test_sequence_parallel_without_tensor_parallel_is_refused(saved):
+    from longppl.loading import load_model
+
+    with pytest.raises(
+        ValueError, match=r"^sequence_parallel=True with tensor_parallel=1: .* pass tensor_parallel=N > 1"
+    ):
+        load_model(str(saved["root"] / "llama"), "cpu", tensor_parallel=1, sequence_parallel=True)
+
+
+def test_sequence_parallel_without_decoder_layers_and_a_final_norm_is_refused(saved):
+    from longppl.tensor_parallel import split_tokens
+
+    gpt2 = tiny_model("gpt2", len(saved["tokenizer"]))  # its blocks are `h`, its final norm `ln_f`
+    with pytest.raises(ValueError, match=r"^sequence_parallel=True needs .* `layers` .* `norm` .*; GPT2Model has not"):
+        split_tokens(gpt2.base_model, {}, 0, 2, None)
 
 
 def refusal(saved, tmp_path, *flags) -> str:
