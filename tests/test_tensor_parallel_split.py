@@ -34,6 +34,19 @@ def test_the_family_plan_names_the_projections_of_every_layer(family):
     assert plan_modules(model.base_model, plan) == expected
 
 
+def test_a_vocabulary_split_embedding_in_the_plan_leaves_the_embedding_whole():
+    # transformers 5.17 gives every model with tied embeddings this entry (5.24 does not): the split
+    # keeps the embedding whole instead of refusing the family; other styles stay refused
+    model = tiny_model("qwen2", VOCAB)
+    model.config.base_model_tp_plan = {**model.config.base_model_tp_plan, "embed_tokens": "embedding_rowwise"}
+    plan = tensor_parallel_plan(model.config, 2)
+    assert "embed_tokens" not in plan and set(plan.values()) == {"colwise", "rowwise"}
+    assert "embed_tokens" not in plan_modules(model.base_model, plan)
+    model.config.base_model_tp_plan = {**plan, "norm": "sequence_parallel"}
+    with pytest.raises(ValueError, match=r"has a plan with styles \['sequence_parallel'\]"):
+        tensor_parallel_plan(model.config, 2)
+
+
 def test_a_star_stands_for_one_name_part_never_a_dotted_path():
     block = nn.ModuleDict({"up": nn.Linear(2, 2)})
     tree = nn.ModuleDict(

@@ -71,6 +71,11 @@ from .settings import require_int
 # The plan styles this module applies; a family whose plan uses others (packed, expert, sequence
 # parallel...) is refused rather than half-split.
 STYLES = ("colwise", "rowwise")
+#: Plan styles left out: the modules they name stay whole on every rank. transformers 5.17 adds
+#: ``{"embed_tokens": "embedding_rowwise"}`` (a vocabulary-split embedding) to the plan of every
+#: model with tied embeddings, 5.24 does not; this split keeps the embedding whole, which is always
+#: correct and costs ``vocab x hidden`` per rank.
+KEPT_WHOLE = ("embedding_rowwise",)
 #: Families whose split evaluators the tests score against the unsplit one (docs/design.md).
 TESTED_FAMILIES = ("llama", "mistral", "qwen2")
 #: Where a split module records ``{parameter name: split dimension}``: on the module, because
@@ -92,7 +97,11 @@ def tensor_parallel_plan(config, size: int, argument: str = "tensor_parallel") -
     """
     size = require_int(argument, size)
     family = getattr(config, "model_type", type(config).__name__)
-    plan = dict(getattr(config, "base_model_tp_plan", None) or {})
+    plan = {
+        pattern: style
+        for pattern, style in (getattr(config, "base_model_tp_plan", None) or {}).items()
+        if style not in KEPT_WHOLE
+    }
     others = sorted({style for style in plan.values() if style not in STYLES})
     if not plan or others:
         why = "has no tensor-parallel plan in transformers" if not plan else f"has a plan with styles {others}"
