@@ -324,10 +324,11 @@ class TokenSplit:
         return gather_tokens(output, self.tokens, self.group)
 
 
-def split_tokens(base_model: nn.Module, plan: dict[str, str], rank: int, size: int, group) -> TokenSplit:
+def split_tokens(base_model: nn.Module, styles: dict[str, str], rank: int, size: int, group) -> TokenSplit:
     """Put sequence parallelism (:class:`TokenSplit`) on ``base_model``, already split by
-    :func:`split_modules` with ``plan``: hooks on ``layers[0]``, on the modules that hold the
-    column-wise layers, on ``norm``, and the row-wise layers made to reduce-scatter.
+    :func:`split_modules`, whose ``{submodule name: style}`` is ``styles``: hooks on ``layers[0]``,
+    on the modules that hold the column-wise layers, on ``norm``, and the row-wise layers made to
+    reduce-scatter.
 
     Raises:
         ValueError: ``base_model`` has no ``layers`` list and final ``norm`` (Llama's layout).
@@ -340,7 +341,6 @@ def split_tokens(base_model: nn.Module, plan: dict[str, str], rank: int, size: i
         )
     split = TokenSplit(group, rank, size)
     layers[0].register_forward_pre_hook(split.enter, with_kwargs=True)
-    styles = plan_modules(base_model, plan)
     # The module holding a column-wise layer (self_attn for q/k/v, mlp for gate/up) gets the
     # hidden states as its input and feeds them to its column-wise layers: one gather serves them all.
     for owner in sorted({name.rpartition(".")[0] for name, style in styles.items() if style == "colwise"}):
@@ -391,11 +391,14 @@ def split_linear(linear: nn.Module, style: str, rank: int, size: int, group) -> 
     setattr(linear, SPLIT_ATTRIBUTE, split)
 
 
-def split_modules(module: nn.Module, plan: dict[str, str], rank: int, size: int, group) -> None:
+def split_modules(module: nn.Module, plan: dict[str, str], rank: int, size: int, group) -> dict[str, str]:
     """Split, in place, the submodules of ``module`` that ``plan`` names (:func:`plan_modules`),
-    keeping rank ``rank``'s part of each (:func:`split_linear`)."""
-    for name, style in plan_modules(module, plan).items():
+    keeping rank ``rank``'s part of each (:func:`split_linear`); returns ``{submodule name: style}``
+    of the split ones."""
+    styles = plan_modules(module, plan)
+    for name, style in styles.items():
         split_linear(module.get_submodule(name), style, rank, size, group)
+    return styles
 
 
 def shard_model(model, mesh, sequence_parallel: bool = False) -> None:
@@ -404,9 +407,10 @@ def shard_model(model, mesh, sequence_parallel: bool = False) -> None:
     stay whole. ``sequence_parallel``: also split the hidden states between the split layers over
     the tokens (:func:`split_tokens`; off by default until measured)."""
     plan = tensor_parallel_plan(model.config, mesh.size())
-    split_modules(model.base_model, plan, mesh.get_local_rank(), mesh.size(), mesh.get_group())
+    rank, size, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
+    styles = split_modules(model.base_model, plan, rank, size, group)
     if sequence_parallel:
-        split_tokens(model.base_model, plan, mesh.get_local_rank(), mesh.size(), mesh.get_group())
+        split_tokens(model.base_model, styles, rank, size, group)
 
 
 def build_sharded_model(config, mesh, dtype: torch.dtype, device: str, sequence_parallel: bool = False):
