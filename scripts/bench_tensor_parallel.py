@@ -365,11 +365,10 @@ def probe_allreduce(model, record: dict) -> dict:
     """
     import torch
 
-    from longppl.tensor_parallel import plan_modules, tensor_parallel_plan
+    from longppl.tensor_parallel import RowwiseLinear
 
     size = torch.distributed.get_world_size()
-    plan = tensor_parallel_plan(model.config, size)
-    per_forward = sum(style == "rowwise" for style in plan_modules(model.base_model, plan).values())
+    per_forward = sum(isinstance(module, RowwiseLinear) for module in model.modules())  # the split made them
     hidden, device = model.config.hidden_size, model.get_input_embeddings().weight.device
     out = dict(all_reduces_per_forward=per_forward, hidden_size=hidden, dtype=str(model.dtype).replace("torch.", ""))
     for part in ("document", "corpus"):
