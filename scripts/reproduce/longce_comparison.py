@@ -965,13 +965,14 @@ def verdict(void: dict, differences: dict) -> str:
 def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> dict:
     """``results.json`` and ``report.md`` over ``seeds`` (default: every seed of the config; fewer
     when a run could not finish them all, which the report then states)."""
-    if seeds is not None and len(seeds) < 2:
-        raise ValueError(f"The report compares methods across seeds: --seeds names {list(seeds)}; name at least 2.")
+    seeds = list(seeds or config.finetune.seeds)
+    if len(seeds) < 2:
+        raise ValueError(f"The report compares methods across seeds: --seeds names {seeds}; name at least 2.")
     unfinished = sorted(
         {arm.seed for arm in arms(config, seeds=seeds) if not run.has("eval", "finetuned", f"{arm.name}.json")}
     )
     if unfinished:
-        finished = [seed for seed in seeds or config.finetune.seeds if seed not in unfinished]
+        finished = [seed for seed in seeds if seed not in unfinished]
         raise ValueError(
             f"Seeds {unfinished} have runs not evaluated in {run.path('eval', 'finetuned')}: run the 'finetune' and "
             f"'evaluate' stages for them, or report the finished seeds with --seeds {','.join(map(str, finished))}."
@@ -1011,7 +1012,7 @@ def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None
         "population_config": dataclasses.asdict(pop),
         "seeds": {
             "run": pop.seed,
-            "finetune": list(seeds or config.finetune.seeds),  # the seeds reported
+            "finetune": seeds,  # the seeds reported
             "configured": list(config.finetune.seeds),
             pop.base.name: pop.base.seed,
         },
