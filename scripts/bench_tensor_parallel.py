@@ -9,10 +9,11 @@ on disk), and each layout:
 - ``device_map``: accelerate's layer split over ``--gpus`` GPUs (``dispatch_model``, what
   ``longppl-score --device auto`` gets from ``from_pretrained(device_map="auto")``);
 - ``tp``: ``--gpus`` processes under torchrun, the evaluator split by ``longppl.tensor_parallel``
-  (built on the meta device, split, then each rank's shards drawn on its own GPU: a 72B model is
-  never whole anywhere);
-- ``tp_sp``: ``tp`` with sequence parallelism (``sequence_parallel=True``: the norms and residual
-  adds on ``1/N`` of the tokens, a reduce-scatter and an all-gather where ``tp`` all-reduces);
+  as ``longppl-score --tensor-parallel`` splits it, with sequence parallelism (the norms and residual
+  adds on ``1/N`` of the tokens; built on the meta device, split, then each rank's shards drawn on
+  its own GPU: a 72B model is never whole anywhere);
+- ``tp_plain``: ``tp`` without sequence parallelism (``sequence_parallel=False``: the hidden states
+  whole on every rank, an all-reduce where ``tp`` reduce-scatters and all-gathers);
 
 it times ``score_with_evaluator`` (K=4096, d=1024, per document) on one document of ``--doc-tokens``
 tokens and on a small corpus (``--corpus-docs`` documents of ``--corpus-tokens``), cut from the CRS
@@ -32,7 +33,7 @@ Where the time goes, in the same run:
   25 ops with the most self device time (self CPU time on CPU), the time of each group (collectives,
   attention, LM-head side, matmul, DTensor dispatch, launches, other), and wall time against the
   summed device time: a device idle much of the wall time is launch- or dispatch-bound;
-- ``--probe-allreduce`` (tp layout) times all-reduces of the row-parallel outputs' size (longest
+- ``--probe-allreduce`` (tp_plain layout) times all-reduces of the row-parallel outputs' size (longest
   document's tokens x hidden size, the model's dtype) alone: bus bandwidth, and "all-reduce alone
   would take X s of the Y s" of each part (the plan's row-wise layers per forward pass, times the
   part's forward tokens).
@@ -41,16 +42,12 @@ Where the time goes, in the same run:
         --json bench_tp.json
     python scripts/bench_tensor_parallel.py --cpu --shapes tiny --doc-tokens 600 --corpus-tokens 300  # smoke, gloo
 
-Why TP=2 is slower than one GPU at the 8B shape, in one short run on 2 GPUs:
+Where the time of TP=2 goes at the 8B shape, with and without sequence parallelism, against one GPU,
+in one short run on 2 GPUs:
 
-    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp --warmup 1 \\
+    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp tp_plain --warmup 1 \\
         --repeats 3 --profile --probe-allreduce --corpus-docs 2 --corpus-tokens 8192 --doc-tokens 32768 \\
         --json bench_tp_profile.json
-
-Sequence parallelism against the plain split, the same way:
-
-    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp tp_sp --warmup 1 \\
-        --repeats 3 --profile --corpus-docs 2 --corpus-tokens 8192 --doc-tokens 32768 --json bench_tp_sp.json
 
 A shape that runs out of memory in a layout is recorded as such and, with ``--fallback SHAPE``,
 replaced by SHAPE for the remaining runs.
@@ -117,7 +114,8 @@ PROFILE_GROUPS = {
 }
 TOP_OPS = 25  # ops listed by --profile, by self time
 # The layouts split by longppl.tensor_parallel (processes under torchrun), with their sequence_parallel
-SPLIT_LAYOUTS = {"tp": False, "tp_sp": True}
+# (None: the library's default, on for these shapes)
+SPLIT_LAYOUTS = {"tp": None, "tp_plain": False}
 LAYOUTS = ("one", *SPLIT_LAYOUTS, "device_map")
 
 
@@ -444,7 +442,7 @@ def worker(args) -> None:
             if args.profile:
                 record["profile"] = profiled(runs["corpus"], devices, distributed)
                 write_json(os.path.join(args.work, f"profile-{shape}-{args.layout}-{rank}.json"), record["profile"])
-            if args.probe_allreduce and args.layout == "tp":  # tp_sp makes no all-reduce
+            if args.probe_allreduce and args.layout == "tp_plain":  # tp reduce-scatters and all-gathers
                 record["allreduce_probe"] = probe_allreduce(model, record)
         except torch.OutOfMemoryError as err:
             record["out_of_memory"] = str(err).splitlines()[0][:200]
@@ -538,7 +536,7 @@ def main(argv=None) -> dict:
         "--profile", action="store_true", help="one more scoring of the corpus under torch.profiler, summarised"
     )
     parser.add_argument(
-        "--probe-allreduce", action="store_true", help="tp layout: time all-reduces of the model's sizes alone"
+        "--probe-allreduce", action="store_true", help="tp_plain layout: time all-reduces of the model's sizes alone"
     )
     parser.add_argument("--layout", default=None, help=argparse_hidden())
     args = parser.parse_args(argv)

@@ -12,7 +12,14 @@ import torch
 from helpers import tiny_model
 from torch import nn
 
-from longppl.tensor_parallel import local_slice, plan_modules, split_linear, split_modules, tensor_parallel_plan
+from longppl.tensor_parallel import (
+    SplitGroup,
+    local_slice,
+    plan_modules,
+    split_linear,
+    split_modules,
+    tensor_parallel_plan,
+)
 
 VOCAB = 300
 PROJECTIONS = {
@@ -75,7 +82,7 @@ def test_the_ranks_parts_tile_every_split_parameter(family):
     plan = tensor_parallel_plan(whole.config, 2)
     ranks = [copy.deepcopy(whole) for _ in (0, 1)]
     for rank, model in enumerate(ranks):
-        split_modules(model.base_model, plan, rank, 2, group=None)
+        split_modules(model.base_model, plan, SplitGroup(None, rank, 2))
     split = 0
     for name, parameter in whole.named_parameters():
         covered = torch.zeros(parameter.shape, dtype=torch.int64)
@@ -97,7 +104,7 @@ def test_the_ranks_parts_tile_every_split_parameter(family):
 def test_split_parts_are_copies_not_views_of_the_whole_weight():
     layer = nn.Linear(4, 6)
     whole = layer.weight
-    split_linear(layer, "colwise", 1, 2, group=None)
+    split_linear(layer, "colwise", SplitGroup(None, 1, 2))
     assert layer.weight.shape == (3, 4) and layer.out_features == 3 and layer.bias.shape == (3,)
     assert layer.weight.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr()
 
@@ -111,4 +118,4 @@ def test_split_parts_are_copies_not_views_of_the_whole_weight():
 )
 def test_a_layer_that_cannot_be_split_evenly_is_refused(layer, message):
     with pytest.raises(ValueError, match=message):
-        split_linear(layer, "rowwise", 0, 2, group=None)
+        split_linear(layer, "rowwise", SplitGroup(None, 0, 2))

@@ -116,15 +116,16 @@ def load_model(
     device: str | None = None,
     torch_dtype=None,
     tensor_parallel: int = 1,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool | None = None,
 ):
     """The model alone, as :func:`load_causal_lm` loads it (for callers that hold its tokenizer already).
 
     ``tensor_parallel=N > 1``: split over this rank's group of ``N`` processes (one per GPU, the
     process group already up, e.g. under torchrun), each holding ``1/N`` of the attention and MLP
     weights on ``device`` (``tensor_parallel.load_sharded_model``; a safetensors checkpoint).
-    ``sequence_parallel``: with it, also split the hidden states between the split layers over
-    the tokens (``tensor_parallel.shard_model``; off by default, not measured yet).
+    ``sequence_parallel``: whether to also split the hidden states between the split layers over
+    the tokens (``tensor_parallel.shard_model``; ``None``, the default: where the model's layout
+    allows, which Llama, Mistral and Qwen2 have).
     """
     from transformers import AutoModelForCausalLM
 

@@ -35,22 +35,25 @@ What each rank ``r`` of ``N`` ranks of one tensor-parallel group holds:
   8B model's FLOPs at full-sequence projection, less for short windows, which project ``d`` of
   ``K + d`` positions); its weights cost ``vocab x hidden`` per rank.
 
-Sequence parallelism (Megatron-SP; ``sequence_parallel=True``, **off by default**: it is built but
-not measured yet, docs/benchmarks.md) shards the part above that every rank repeats: the norms and
-the residual adds, per-token work that does not shrink with ``N``. Between the split layers the
-decoder layers' hidden states ``[batch, tokens, hidden]`` are split over the tokens: rank ``r``
-keeps tokens ``[r*t, (r+1)*t)``, ``t = ceil(T/N)``, so each norm and residual add runs on ``1/N``
-of them. Before each column-wise group (the attention's q/k/v, the MLP's gate/up) the hidden states
-are all-gathered over the tokens once, so the column-wise layers and the attention see all ``T``;
-each row-wise layer reduce-scatters over the tokens (sums the partial products and keeps this
-rank's tokens) where it all-reduced, the same bytes moved. The hidden states are scattered at the
-first decoder layer's input (not at the embedding: transformers builds the attention mask and RoPE
-from the embedding's output length) and the final norm's output is gathered back, so the LM head
-and the scoring core see what they see without it. :class:`TokenSplit` holds the hooks.
+Sequence parallelism (Megatron-SP; ``sequence_parallel``, **on by default** where the base model
+has Llama's layout, decoder ``layers`` and a final ``norm``) shards the part above that every rank
+repeats: the norms and the residual adds, per-token work that does not shrink with ``N``. Between
+the split layers the decoder layers' hidden states ``[batch, tokens, hidden]`` are split over the
+tokens, taken flat (``M = batch*tokens``; the layout of :class:`SplitGroup`): each rank keeps
+``ceil(M/N)`` of them, so each norm and residual add runs on ``1/N`` of them. Before each
+column-wise group (the attention's q/k/v, the MLP's gate/up) the hidden states are all-gathered
+over the tokens once, so the column-wise layers and the attention see all of them; each row-wise
+layer reduce-scatters over the tokens (sums the partial products and keeps this rank's tokens)
+where it all-reduced, the same bytes moved. The hidden states are scattered at the first decoder
+layer's input (not at the embedding: transformers builds the attention mask and RoPE from the
+embedding's output length) and the final norm's output is gathered back, so the LM head and the
+scoring core see what they see without it. :class:`TokenSplit` holds the hooks. At the 8B shape on
+2 H200s it takes TP=2 from 0.62x / 0.64x of the one-GPU time (a 32k document / a small corpus) to
+0.58x / 0.60x (docs/benchmarks.md).
 
 Each split module records which dimension of which parameter it split (:data:`SPLIT_ATTRIBUTE`),
 so :func:`local_slice` can say where a rank's part lies in the whole tensor (loading, benchmarks).
-The split is for scoring (no gradient flows through the all-reduce).
+The split is for scoring (no gradient flows through the collectives).
 
 Every rank must be given the same inputs in the same order (``longppl-score`` does; only the
 group's first rank writes the result). Several groups split a corpus as several processes do.
@@ -192,90 +195,83 @@ def plan_modules(module: nn.Module, plan: dict[str, str]) -> dict[str, str]:
     return found
 
 
-def local_tokens(tokens: int, size: int) -> int:
-    """Tokens each of ``size`` ranks keeps of ``tokens`` under sequence parallelism: ``ceil(tokens / size)``
-    (the last ranks' slices end in zero padding where ``size`` does not divide ``tokens``)."""
-    return -(-tokens // size)
+class SplitGroup:
+    """One split model's tensor-parallel group, shared by every split module and the
+    sequence-parallel hooks of the model (so the row-wise layers and the hooks lay the tokens out
+    the same way).
 
+    Attributes:
+        group: the group's ``ProcessGroup``; ``rank``, ``size``: this rank's place in it, ``N = size``.
+        sequence_parallel: the decoder layers' hidden states are split over the tokens between the
+            split layers (set by :func:`split_tokens`).
 
-def pad_tokens(hidden: torch.Tensor, tokens: int) -> torch.Tensor:
-    """``hidden`` ``[B, T, ...]`` with zeros appended over the tokens (dim 1) up to ``tokens >= T``:
-    ``[B, tokens, ...]`` (``hidden`` itself where ``tokens == T``)."""
-    missing = tokens - hidden.shape[1]
-    if not missing:
-        return hidden
-    return torch.cat([hidden, hidden.new_zeros(hidden.shape[0], missing, *hidden.shape[2:])], dim=1)
-
-
-def scatter_tokens(hidden: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-    """Rank ``rank``'s slice of ``hidden`` ``[B, T, ...]`` over the tokens (dim 1): ``[B, t, ...]``,
-    ``t = ceil(T/size)``, tokens ``[rank*t, (rank+1)*t)`` of ``hidden`` padded with zeros to
-    ``size*t`` tokens at the end. A view where no padding falls in the slice."""
-    local = local_tokens(hidden.shape[1], size)
-    return pad_tokens(hidden[:, rank * local : (rank + 1) * local], local)
-
-
-def gather_tokens(hidden: torch.Tensor, tokens: int, group) -> torch.Tensor:
-    """The inverse of :func:`scatter_tokens`: the slices ``[B, t, ...]`` of every rank of ``group``,
-    all-gathered in rank order, then cut to the first ``tokens``: ``[B, tokens, ...]``, the same on
-    every rank (the padding at the end dropped).
-
-    ``all_gather_into_tensor`` concatenates along its leading dimension (gloo wants the output
-    shaped so), so the ranks' slices land as ``[N*B, t, ...]``, read as ``[N, B, t, ...]``; moving
-    ``N`` next to ``t`` is a view for ``B = 1`` (the long pass) and one copy for packed windows.
+    Token layout under sequence parallelism. The tokens of a forward pass are taken flat, ``M = B*T``
+    in order (``[B, T, h]`` read as ``[M, h]``, a view), padded with zeros at the end to ``N*p``,
+    ``p = ceil(M/N)``, and rank ``r`` keeps tokens ``[r*p, (r+1)*p)``: its hidden states are
+    ``[1, p, h]``. Flat, the ranks' parts are consecutive blocks of the tokens, which is what
+    ``reduce_scatter_tensor`` hands out and ``all_gather_into_tensor`` puts together, so no collective
+    needs a copy to reorder the tokens (splitting each of ``B > 1`` rows over ``T`` would, for the
+    packed short windows, at every collective).
     """
-    size = torch.distributed.get_world_size(group)
-    local = hidden.contiguous()
-    batch, rest = local.shape[0], local.shape[1:]
-    stacked = local.new_empty(size * batch, *rest)
-    torch.distributed.all_gather_into_tensor(stacked, local, group=group)
-    whole = stacked.view(size, batch, *rest).transpose(0, 1).reshape(batch, size * rest[0], *rest[1:])
-    return whole[:, :tokens]
 
+    def __init__(self, group, rank: int, size: int):
+        self.group, self.rank, self.size = group, rank, size
+        self.sequence_parallel = False
 
-def reduce_scatter_tokens(partial: torch.Tensor, group) -> torch.Tensor:
-    """This rank's token slice of the sum over ``group`` of ``partial`` ``[B, T, ...]`` (a row-wise
-    layer's partial products, whole length on every rank): ``[B, t, ...]``, ``t = ceil(T/N)``, tokens
-    ``[r*t, (r+1)*t)`` of the sum, rank ``r`` of ``N``, zero-padded at the end as
-    :func:`scatter_tokens` pads.
+    def part(self, tokens: int) -> int:
+        """``p``: the flat tokens each rank keeps of ``tokens``, ``ceil(tokens / N)``."""
+        return -(-tokens // self.size)
 
-    ``reduce_scatter_tensor`` hands rank ``r`` the ``r``-th block of its input's leading dimension,
-    so the tokens (padded to ``N*t``) are cut into ``N`` blocks and the block index moved first:
-    ``[N, B, t, ...]``, a view for ``B = 1`` without padding, one copy otherwise, passed flat as
-    ``[N*B, t, ...]`` (gloo wants the input shaped so).
-    """
-    size = torch.distributed.get_world_size(group)
-    batch, tokens, rest = partial.shape[0], partial.shape[1], partial.shape[2:]
-    local = local_tokens(tokens, size)
-    partial = pad_tokens(partial, local * size)
-    blocks = partial.reshape(batch, size, local, *rest).transpose(0, 1).reshape(size * batch, local, *rest)
-    output = blocks.new_empty(batch, local, *rest)
-    torch.distributed.reduce_scatter_tensor(output, blocks, group=group)
-    return output
+    def scatter(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens of ``hidden`` ``[B, T, h]`` (whole on every rank): ``[1, p, h]``, a view
+        where no padding falls in this rank's part."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        part = self.part(flat.shape[0])
+        mine = flat[self.rank * part : (self.rank + 1) * part]
+        missing = part - mine.shape[0]
+        if missing:
+            mine = torch.cat([mine, mine.new_zeros(missing, mine.shape[1])])
+        return mine.unsqueeze(0)
+
+    def gather(self, local: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
+        """The inverse of :meth:`scatter`: every rank's ``[1, p, h]`` all-gathered into the whole
+        ``[batch, tokens, h]`` (padding cut off: a view of the gathered tokens), the same on every rank."""
+        local = local.reshape(-1, local.shape[-1]).contiguous()
+        whole = local.new_empty(self.size * local.shape[0], local.shape[1])
+        torch.distributed.all_gather_into_tensor(whole, local, group=self.group)
+        return whole[: batch * tokens].view(batch, tokens, local.shape[1])
 
 
 class RowwiseLinear(nn.Linear):
     """A row-wise split ``nn.Linear``: it holds columns ``[r*n/N, (r+1)*n/N)`` of the whole weight
-    (rank ``r`` of the ``N`` of ``group``), so its local product is a partial sum; the partial sums
-    are all-reduced over ``group``, then the bias (whole on every rank) is added once.
+    (rank ``r`` of the ``N`` of its :class:`SplitGroup` ``split``), so its local product is a partial
+    sum; the partial sums are summed over the group, then the bias (whole on every rank) is added once.
 
-    Input ``[..., n/N]`` (this rank's features, as a column-wise layer before it gives them), output
-    ``[..., out_features]``, the same on every rank. With ``scatter_tokens`` (sequence parallelism,
-    set by :class:`TokenSplit`): input ``[B, T, n/N]``, output ``[B, ceil(T/N), out_features]``, this
-    rank's tokens of the sum (:func:`reduce_scatter_tokens`). For scoring: the collectives carry no
-    gradient.
+    Input ``[..., n/N]`` (this rank's features, as a column-wise layer before it gives them). Output
+    ``[..., out_features]``, the same on every rank (all-reduced); under sequence parallelism
+    ``[1, p, out_features]``, this rank's tokens of the sum (reduce-scattered; the layout of
+    :class:`SplitGroup`). For scoring: the product runs without autograd, and no gradient flows
+    through the collectives.
     """
 
-    group = None  # the tensor-parallel group's ProcessGroup, set by split_linear
-    scatter_tokens = False  # reduce-scatter over the tokens instead of all-reduce (sequence parallelism)
+    split: SplitGroup  # set by split_linear
 
+    @torch.no_grad()
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        split = self.split
         # The bias stays out of the local product: added there, the sum over ranks would add it N times.
-        output = F.linear(input, self.weight)
-        if self.scatter_tokens:
-            output = reduce_scatter_tokens(output, self.group)
+        if split.sequence_parallel:
+            flat = input.reshape(-1, input.shape[-1])
+            part = split.part(flat.shape[0])
+            # The product written into a buffer padded to N*p tokens: no copy to pad it afterwards.
+            product = flat.new_empty(split.size * part, self.out_features)
+            torch.mm(flat, self.weight.t(), out=product[: flat.shape[0]])
+            product[flat.shape[0] :].zero_()
+            output = product.new_empty(1, part, self.out_features)
+            torch.distributed.reduce_scatter_tensor(output[0], product, group=split.group)
         else:
-            torch.distributed.all_reduce(output, group=self.group)
+            output = F.linear(input, self.weight)
+            torch.distributed.all_reduce(output, group=split.group)
         return output if self.bias is None else output + self.bias
 
 
@@ -288,83 +284,90 @@ def _with_hidden_states(args: tuple, kwargs: dict, change) -> tuple[tuple, dict]
 
 
 class TokenSplit:
-    """Sequence parallelism over a tensor-parallel group: the hooks that split the decoder layers'
-    hidden states ``[B, T, hidden]`` over the tokens between the split layers.
+    """Sequence parallelism over a :class:`SplitGroup`: the hooks that split the decoder layers'
+    hidden states ``[B, T, hidden]`` over the tokens between the split layers (the layout of
+    :class:`SplitGroup`: ``[1, ceil(B*T/N), hidden]`` per rank).
 
-    - :meth:`enter` (pre-hook of the first decoder layer): keep this rank's ``ceil(T/N)`` tokens
-      (:func:`scatter_tokens`), remembering ``T``;
+    - :meth:`enter` (pre-hook of the first decoder layer): keep this rank's tokens
+      (:meth:`SplitGroup.scatter`), remembering ``B`` and ``T``;
     - :meth:`gather` (pre-hook of each module holding a column-wise group: ``self_attn``, ``mlp``):
-      the normed hidden states all-gathered back to the ``T`` tokens (:func:`gather_tokens`);
-    - the row-wise layers reduce-scatter (:class:`RowwiseLinear`'s ``scatter_tokens``);
-    - :meth:`leave` (forward hook of the final norm): its output gathered back to ``T`` tokens.
+      the normed hidden states all-gathered back to ``[B, T, hidden]`` (:meth:`SplitGroup.gather`);
+    - the row-wise layers reduce-scatter (:class:`RowwiseLinear` under ``split.sequence_parallel``);
+    - :meth:`leave` (forward hook of the final norm): its output gathered back to ``[B, T, hidden]``.
 
-    Where ``N`` does not divide ``T``, the last slices end in padding, which lives only between the
-    split layers: the norms and residual adds are per token, so it never touches a real token, and
-    every gather cuts it off. So the attention, its mask and its RoPE ``cos``/``sin`` (built by
-    transformers for the ``T`` tokens of the embedding's output) see exactly ``T`` tokens, as
-    without the split. One forward at a time (``T`` is kept from :meth:`enter` to :meth:`leave`).
-    A caller asking for the decoder layers' outputs (``output_hidden_states``) gets token slices.
+    The padding lives only between the split layers: the norms and residual adds are per token, so
+    it never touches a real token, and every gather cuts it off. So the attention, its mask and its
+    RoPE ``cos``/``sin`` (built by transformers for the ``T`` tokens of the embedding's output) see
+    exactly ``[B, T]``, as without the split. One forward at a time (``B``, ``T`` are kept from
+    :meth:`enter` to :meth:`leave`). A caller asking for the decoder layers' outputs
+    (``output_hidden_states``) gets this rank's tokens.
     """
 
-    def __init__(self, group, rank: int, size: int):
-        self.group, self.rank, self.size = group, rank, size
-        self.tokens = 0  # T of the forward pass under way, set by enter
+    def __init__(self, split: SplitGroup):
+        self.split = split
+        self.shape = (0, 0)  # [B, T] of the forward pass under way, set by enter
 
     def enter(self, module, args, kwargs):
         def scatter(hidden):
-            self.tokens = hidden.shape[1]
-            return scatter_tokens(hidden, self.rank, self.size)
+            self.shape = tuple(hidden.shape[:2])
+            return self.split.scatter(hidden)
 
         return _with_hidden_states(args, kwargs, scatter)
 
     def gather(self, module, args, kwargs):
-        return _with_hidden_states(args, kwargs, lambda hidden: gather_tokens(hidden, self.tokens, self.group))
+        return _with_hidden_states(args, kwargs, lambda hidden: self.split.gather(hidden, *self.shape))
 
     def leave(self, module, args, output):
-        return gather_tokens(output, self.tokens, self.group)
+        return self.split.gather(output, *self.shape)
 
 
-def split_tokens(base_model: nn.Module, styles: dict[str, str], rank: int, size: int, group) -> TokenSplit:
+def has_llama_layout(base_model: nn.Module) -> bool:
+    """Whether ``base_model`` has what :func:`split_tokens` hooks: a non-empty ``layers``
+    ``nn.ModuleList`` of decoder layers and a final ``norm`` module."""
+    layers, norm = getattr(base_model, "layers", None), getattr(base_model, "norm", None)
+    return isinstance(layers, nn.ModuleList) and len(layers) > 0 and isinstance(norm, nn.Module)
+
+
+def split_tokens(base_model: nn.Module, styles: dict[str, str], split: SplitGroup) -> TokenSplit:
     """Put sequence parallelism (:class:`TokenSplit`) on ``base_model``, already split by
-    :func:`split_modules`, whose ``{submodule name: style}`` is ``styles``: hooks on ``layers[0]``,
-    on the modules that hold the column-wise layers, on ``norm``, and the row-wise layers made to
-    reduce-scatter.
+    :func:`split_modules` over ``split``, whose ``{submodule name: style}`` is ``styles``: hooks on
+    ``layers[0]``, on the modules that hold the column-wise layers, on ``norm``, and the row-wise
+    layers made to reduce-scatter (``split.sequence_parallel``).
 
     Raises:
         ValueError: ``base_model`` has no ``layers`` list and final ``norm`` (Llama's layout).
     """
-    layers, norm = getattr(base_model, "layers", None), getattr(base_model, "norm", None)
-    if not isinstance(layers, nn.ModuleList) or not len(layers) or not isinstance(norm, nn.Module):
+    if not has_llama_layout(base_model):
         raise ValueError(
             f"sequence_parallel=True needs a base model with decoder `layers` and a final `norm` (as "
             f"{', '.join(TESTED_FAMILIES)} have); {type(base_model).__name__} has not: pass sequence_parallel=False."
         )
-    split = TokenSplit(group, rank, size)
-    layers[0].register_forward_pre_hook(split.enter, with_kwargs=True)
+    hooks = TokenSplit(split)
+    base_model.layers[0].register_forward_pre_hook(hooks.enter, with_kwargs=True)
     # The module holding a column-wise layer (self_attn for q/k/v, mlp for gate/up) gets the
     # hidden states as its input and feeds them to its column-wise layers: one gather serves them all.
     for owner in sorted({name.rpartition(".")[0] for name, style in styles.items() if style == "colwise"}):
-        base_model.get_submodule(owner).register_forward_pre_hook(split.gather, with_kwargs=True)
-    for name, style in styles.items():
-        if style == "rowwise":
-            base_model.get_submodule(name).scatter_tokens = True
-    norm.register_forward_hook(split.leave)
-    return split
+        base_model.get_submodule(owner).register_forward_pre_hook(hooks.gather, with_kwargs=True)
+    base_model.norm.register_forward_hook(hooks.leave)
+    split.sequence_parallel = True
+    return hooks
 
 
-def split_linear(linear: nn.Module, style: str, rank: int, size: int, group) -> None:
-    """Keep, in place, rank ``rank``'s part of ``linear`` (an ``nn.Linear``) for a group of ``size``.
+def split_linear(linear: nn.Module, style: str, split: SplitGroup) -> None:
+    """Keep, in place, rank ``split.rank``'s part of ``linear`` (an ``nn.Linear``) for a group of
+    ``split.size`` ranks.
 
     ``"colwise"``: rows ``[rank*n/size, (rank+1)*n/size)`` of the weight ``[n, in]`` and of the bias;
     ``out_features`` becomes ``n/size``. ``"rowwise"``: the same columns of the weight ``[out, n]``;
     ``in_features`` becomes ``n/size``, the bias stays whole and the module becomes a
-    :class:`RowwiseLinear` over ``group``. The parts are copies (on the meta device, shapes only), so
+    :class:`RowwiseLinear` over ``split``. The parts are copies (on the meta device, shapes only), so
     the whole weight is not kept alive; which dimension of which parameter was split is recorded
     in the module's :data:`SPLIT_ATTRIBUTE`.
 
     Raises:
         ValueError: ``linear`` is no plain ``nn.Linear``, or ``size`` does not divide the split features.
     """
+    rank, size = split.rank, split.size
     dim = {"colwise": 0, "rowwise": 1}[style]
     # A plain nn.Linear only: a subclass (quantised, LoRA...) may compute with its weight otherwise.
     features = linear.weight.shape[dim] if type(linear) is nn.Linear else None
@@ -378,42 +381,49 @@ def split_linear(linear: nn.Module, style: str, rank: int, size: int, group) -> 
     part = slice(rank * local, (rank + 1) * local)
     index = (part, slice(None)) if dim == 0 else (slice(None), part)
     linear.weight = nn.Parameter(linear.weight[index].clone(), linear.weight.requires_grad)
-    split = {"weight": dim}
+    recorded = {"weight": dim}
     if style == "colwise":
         linear.out_features = local
         if linear.bias is not None:
             linear.bias = nn.Parameter(linear.bias[part].clone(), linear.bias.requires_grad)
-            split["bias"] = 0
+            recorded["bias"] = 0
     else:
         linear.in_features = local
         linear.__class__ = RowwiseLinear
-        linear.group = group
-    setattr(linear, SPLIT_ATTRIBUTE, split)
+        linear.split = split
+    setattr(linear, SPLIT_ATTRIBUTE, recorded)
 
 
-def split_modules(module: nn.Module, plan: dict[str, str], rank: int, size: int, group) -> dict[str, str]:
+def split_modules(module: nn.Module, plan: dict[str, str], split: SplitGroup) -> dict[str, str]:
     """Split, in place, the submodules of ``module`` that ``plan`` names (:func:`plan_modules`),
-    keeping rank ``rank``'s part of each (:func:`split_linear`); returns ``{submodule name: style}``
-    of the split ones."""
+    keeping rank ``split.rank``'s part of each (:func:`split_linear`); returns ``{submodule name:
+    style}`` of the split ones."""
     styles = plan_modules(module, plan)
     for name, style in styles.items():
-        split_linear(module.get_submodule(name), style, rank, size, group)
+        split_linear(module.get_submodule(name), style, split)
     return styles
 
 
-def shard_model(model, mesh, sequence_parallel: bool = False) -> None:
+def shard_model(model, mesh, sequence_parallel: bool | None = None) -> SplitGroup:
     """Split ``model``'s base model in place over ``mesh`` (a 1-D device mesh, :func:`group_mesh`)
     with its family's plan (checked by :func:`tensor_parallel_plan`); embedding, norms and LM head
-    stay whole. ``sequence_parallel``: also split the hidden states between the split layers over
-    the tokens (:func:`split_tokens`; off by default until measured)."""
+    stay whole. Returns the :class:`SplitGroup` its split modules share.
+
+    ``sequence_parallel``: also split the hidden states between the split layers over the tokens
+    (:func:`split_tokens`). ``None`` (the default): where the base model has the layout it needs
+    (:func:`has_llama_layout`), else not; ``True`` refuses a model without it.
+    """
     plan = tensor_parallel_plan(model.config, mesh.size())
-    rank, size, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
-    styles = split_modules(model.base_model, plan, rank, size, group)
+    split = SplitGroup(mesh.get_group(), mesh.get_local_rank(), mesh.size())
+    styles = split_modules(model.base_model, plan, split)
+    if sequence_parallel is None:
+        sequence_parallel = has_llama_layout(model.base_model)
     if sequence_parallel:
-        split_tokens(model.base_model, styles, rank, size, group)
+        split_tokens(model.base_model, styles, split)
+    return split
 
 
-def build_sharded_model(config, mesh, dtype: torch.dtype, device: str, sequence_parallel: bool = False):
+def build_sharded_model(config, mesh, dtype: torch.dtype, device: str, sequence_parallel: bool | None = None):
     """``config``'s causal LM, split over ``mesh`` (with ``sequence_parallel`` as :func:`shard_model`
     takes it), with uninitialised weights on ``device``.
 
@@ -477,7 +487,9 @@ def _weight_files(folder: str) -> dict[str, str]:
         return {name: single for name in handle.keys()}
 
 
-def load_sharded_model(name_or_path: str, size: int, device: str, dtype: torch.dtype, sequence_parallel: bool = False):
+def load_sharded_model(
+    name_or_path: str, size: int, device: str, dtype: torch.dtype, sequence_parallel: bool | None = None
+):
     """A saved causal LM split over this rank's tensor-parallel group of ``size`` ranks
     (``sequence_parallel`` as :func:`shard_model` takes it).
 

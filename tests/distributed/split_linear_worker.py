@@ -1,7 +1,13 @@
 """One rank of a two-process gloo group, started by ``accelerate launch`` from
 tests/distributed/test_tensor_parallel.py: split a column-wise and a row-wise ``nn.Linear``, both
 with a bias, with ``longppl.tensor_parallel.split_linear`` over the group, run ``relu(x W1^T + b1)
-W2^T + b2`` through them, and write this rank's output to ``<out>/split-linear-<rank>.npz``.
+W2^T + b2`` through them both ways the row-wise layer can sum over the group, and write this
+rank's outputs to ``<out>/split-linear-<rank>.npz``:
+
+- ``all_reduce``: all-reduced;
+- ``reduce_scatter``: reduce-scattered over the tokens (sequence parallelism), then gathered back
+  with ``SplitGroup.gather``; ``local_shape``: the shape this rank held before the gather;
+- ``round_trip``: ``x`` scattered over the tokens and gathered back (``SplitGroup.scatter`` / ``gather``).
 
     python split_linear_worker.py <weights.npz> <out>
 """
@@ -15,7 +21,7 @@ import numpy as np
 import torch
 from accelerate import PartialState
 
-from longppl.tensor_parallel import group_mesh, split_linear
+from longppl.tensor_parallel import SplitGroup, group_mesh, split_linear
 
 
 def linear(weight: np.ndarray, bias: np.ndarray) -> torch.nn.Linear:
@@ -32,13 +38,22 @@ def main() -> None:
     state = PartialState(cpu=True)
     try:
         mesh = group_mesh(2, "cpu")
-        rank, group = mesh.get_local_rank(), mesh.get_group()
+        split = SplitGroup(mesh.get_group(), mesh.get_local_rank(), 2)
         up, down = linear(arrays["w1"], arrays["b1"]), linear(arrays["w2"], arrays["b2"])
-        split_linear(up, "colwise", rank, 2, group)
-        split_linear(down, "rowwise", rank, 2, group)
+        split_linear(up, "colwise", split)
+        split_linear(down, "rowwise", split)
+        x = torch.from_numpy(arrays["x"])
+        batch, tokens = x.shape[:2]
+        outputs = {}
         with torch.inference_mode():
-            output = down(torch.relu(up(torch.from_numpy(arrays["x"]))))
-        np.savez(os.path.join(out, f"split-linear-{state.process_index}.npz"), output=output.numpy())
+            outputs["all_reduce"] = down(torch.relu(up(x)))
+            split.sequence_parallel = True
+            local = down(torch.relu(up(x)))
+            outputs["local_shape"] = torch.tensor(local.shape)
+            outputs["reduce_scatter"] = split.gather(local, batch, tokens)
+            outputs["round_trip"] = split.gather(split.scatter(x), batch, tokens)
+        arrays = {name: value.numpy() for name, value in outputs.items()}
+        np.savez(os.path.join(out, f"split-linear-{state.process_index}.npz"), **arrays)
     finally:
         state.destroy_process_group()
 

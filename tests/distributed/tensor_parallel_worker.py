@@ -1,12 +1,14 @@
 """One rank of a tensor-parallel group on the CPU (gloo), started by ``accelerate launch`` from
-tests/distributed/test_tensor_parallel.py: for each saved evaluator named on the command line, load it split
-over the group (``load_model(..., tensor_parallel=2)``, with ``sequence_parallel`` for ``<split>`` =
-``sequence``, without for ``tensor``), check that the split is real, score the texts, and write this
-rank's rows to ``<out>/<name>-<rank>.npz`` (plain arrays, read back without pickle).
+tests/distributed/test_tensor_parallel.py: for each saved evaluator named on the command line, load
+it split over the group (``load_model(..., tensor_parallel=2)``: as it comes, with sequence
+parallelism, for ``<split>`` = ``sequence``; with ``sequence_parallel=False`` for ``tensor``), check
+that the split is real, score the texts, and write this rank's rows to ``<out>/<name>-<rank>.npz``
+(plain arrays, read back without pickle).
 
-With ``sequence``, the npz also holds ``token_counts``: one row ``[B, tokens the first decoder
-layer's input norm ran on, tokens q_proj ran on, tokens of the backbone's output]`` per forward pass,
-read by hooks, so the test can check that the norms really ran on this rank's slice of the tokens.
+With ``sequence``, the npz also holds ``token_counts``: one row ``[B, T of q_proj's input, tokens
+the first decoder layer's input norm ran on, tokens of the backbone's output (B*T)]`` per forward
+pass, read by hooks, so the test can check that the norms really ran on this rank's share of the
+tokens.
 
     python tensor_parallel_worker.py <out> <texts.json> <K> <d> <split> <folder>...
 """
@@ -37,13 +39,16 @@ def main() -> None:
     state = PartialState(cpu=True)
     try:
         for folder in folders:
-            model = load_model(folder, "cpu", "float32", tensor_parallel=2, sequence_parallel=split == "sequence")
+            # "sequence": the default (sequence parallelism where the layout allows, which these families have)
+            options = {} if split == "sequence" else {"sequence_parallel": False}
+            model = load_model(folder, "cpu", "float32", tensor_parallel=2, **options)
             # The split is real (this rank holds half the heads and half of o_proj's inputs) and
             # made of plain tensors: no DTensor anywhere, so a forward pass runs none of its dispatch.
             attention = model.model.layers[0].self_attn
             hidden = model.config.hidden_size
             assert attention.q_proj.weight.shape == (hidden // 2, hidden), attention.q_proj.weight.shape
             assert attention.o_proj.weight.shape == (hidden, hidden // 2), attention.o_proj.weight.shape
+            assert attention.o_proj.split.sequence_parallel == (split == "sequence")
             dtensors = [name for name, parameter in model.named_parameters() if isinstance(parameter, DTensor)]
             assert not dtensors, dtensors
             counts = []
@@ -51,13 +56,13 @@ def main() -> None:
                 layer = model.model.layers[0]
 
                 def norm_input(module, args, counts=counts):
-                    counts.append([args[0].shape[0], args[0].shape[1], -1, -1])
+                    counts.append([-1, -1, args[0].shape[0] * args[0].shape[1], -1])
 
                 def q_input(module, args, counts=counts):
-                    counts[-1][2] = args[0].shape[1]
+                    counts[-1][:2] = args[0].shape[:2]
 
                 def backbone_output(module, args, output, counts=counts):
-                    counts[-1][3] = output.last_hidden_state.shape[1]
+                    counts[-1][3] = output.last_hidden_state.shape[0] * output.last_hidden_state.shape[1]
 
                 layer.input_layernorm.register_forward_pre_hook(norm_input)
                 layer.self_attn.q_proj.register_forward_pre_hook(q_input)

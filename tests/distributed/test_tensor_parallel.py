@@ -74,11 +74,12 @@ def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path, split)
         ranks = [np.load(tmp_path / f"{name}-{rank}.npz", allow_pickle=False) for rank in (0, 1)]
         if split == "sequence":
             for rank in ranks:
-                # [B, tokens of the first norm, tokens of q_proj, tokens of the backbone's output] per forward
+                # [B, T of q_proj, tokens of the first norm, tokens of the backbone's output] per forward
                 counts = rank["token_counts"]
-                assert (counts[:, 1] == (counts[:, 2] + 1) // 2).all(), counts  # the norm ran on this rank's half
-                assert (counts[:, 3] == counts[:, 2]).all(), counts  # q_proj and the output: every token
-                assert (counts[:, 2] % 2 == 1).any() and (counts[:, 0] > 1).any(), counts  # odd T, packed windows
+                tokens = counts[:, 0] * counts[:, 1]
+                assert (counts[:, 2] == (tokens + 1) // 2).all(), counts  # the norm ran on this rank's half
+                assert (counts[:, 3] == tokens).all(), counts  # q_proj and the output: every token
+                assert (tokens % 2 == 1).any() and (counts[:, 0] > 1).any(), counts  # odd B*T, packed windows
         else:
             assert "token_counts" not in ranks[0].files
         model = tiny_model(family, len(saved["tokenizer"]), seed=3, **changes).eval()
@@ -116,8 +117,13 @@ def test_split_layers_with_biases_compute_the_whole_layers(tmp_path):
     x, w1, b1, w2, b2 = (arrays[name].astype(np.float64) for name in ("x", "w1", "b1", "w2", "b2"))
     expected = np.maximum(x @ w1.T + b1, 0.0) @ w2.T + b2
     for rank in (0, 1):
-        got = np.load(tmp_path / f"split-linear-{rank}.npz", allow_pickle=False)["output"]
-        np.testing.assert_allclose(got, expected, atol=1e-4)
+        got = np.load(tmp_path / f"split-linear-{rank}.npz", allow_pickle=False)
+        # All-reduced, or reduce-scattered over the tokens and gathered back: the whole layers.
+        np.testing.assert_allclose(got["all_reduce"], expected, atol=1e-4)
+        np.testing.assert_allclose(got["reduce_scatter"], expected, atol=1e-4)
+        np.testing.assert_array_equal(got["round_trip"], arrays["x"])
+        # Each rank held its share of the 3 x 7 tokens, taken flat: ceil(21 / 2) = 11 (rank 1 padded).
+        assert got["local_shape"].tolist() == [1, 11, 5]
 
 
 @pytest.mark.slow
@@ -161,11 +167,14 @@ def test_sequence_parallel_without_tensor_parallel_is_refused(saved):
 
 
 def test_sequence_parallel_without_decoder_layers_and_a_final_norm_is_refused(saved):
-    from longppl.tensor_parallel import split_tokens
+    from longppl.tensor_parallel import SplitGroup, has_llama_layout, split_tokens
 
     gpt2 = tiny_model("gpt2", len(saved["tokenizer"]))  # its blocks are `h`, its final norm `ln_f`
     with pytest.raises(ValueError, match=r"^sequence_parallel=True needs .* `layers` .* `norm` .*; GPT2Model has not"):
-        split_tokens(gpt2.base_model, {}, 0, 2, None)
+        split_tokens(gpt2.base_model, {}, SplitGroup(None, 0, 2))
+    # What the default (sequence_parallel=None) asks before it turns sequence parallelism on.
+    assert not has_llama_layout(gpt2.base_model)
+    assert all(has_llama_layout(tiny_model(family, len(saved["tokenizer"])).base_model) for family in FAMILIES)
 
 
 def refusal(saved, tmp_path, *flags) -> str:
