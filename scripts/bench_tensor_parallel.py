@@ -296,7 +296,10 @@ def profile_summary(profiler, wall_seconds: float, on_gpu: bool) -> dict:
 
     averages = profiler.key_averages()
     cpu_ops = [event for event in averages if event.device_type == DeviceType.CPU]
-    ops = [event for event in averages if event.device_type == DeviceType.CUDA] if on_gpu else cpu_ops
+    # On the GPU, a user annotation (as ProcessGroupNCCL's "nccl:all_reduce") times the range of the
+    # kernels it wraps, which are listed too: counting both would count each collective twice.
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    ops = kernels if on_gpu else cpu_ops
     own = (lambda event: event.self_device_time_total) if on_gpu else (lambda event: event.self_cpu_time_total)
     whole = (lambda event: event.device_time_total) if on_gpu else (lambda event: event.cpu_time_total)
     groups = grouped_ms(ops, own)
