@@ -42,6 +42,36 @@ def test_comparison_counts_key_tokens_and_the_top_lsd_tokens_both_layouts_share(
     assert bench_tensor_parallel.compare(str(tmp_path), "s", "device_map", "one") is None
 
 
+def test_the_gpu_profile_counts_each_collective_once():
+    # On the GPU, torch's profiler lists a collective twice: its kernel, and ProcessGroupNCCL's
+    # annotation ("nccl:all_reduce"), a user annotation timing the same range. Only kernels count.
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(key, device_type, microseconds, annotation=False):
+        return SimpleNamespace(
+            key=key, device_type=device_type, count=1, is_user_annotation=annotation,
+            self_device_time_total=microseconds, device_time_total=microseconds,
+            self_cpu_time_total=microseconds, cpu_time_total=microseconds,
+        )  # fmt: skip
+
+    events = [
+        event("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", DeviceType.CUDA, 100.0),
+        event("nccl:all_reduce", DeviceType.CUDA, 100.0, annotation=True),
+        event("nvjet_sm90_tst_320x128", DeviceType.CUDA, 300.0),
+        event("aten::mm", DeviceType.CPU, 50.0),
+    ]
+    summary = bench_tensor_parallel.profile_summary(SimpleNamespace(key_averages=lambda: events), 0.001, True)
+    assert summary["groups_ms"]["collectives"] == pytest.approx(0.1)
+    assert summary["groups_ms"]["matmul"] == pytest.approx(0.3) and summary["busy_ms"] == pytest.approx(0.4)
+    assert [op["name"] for op in summary["top"]] == [
+        "nvjet_sm90_tst_320x128",
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+    ]
+    assert summary["cpu_groups_ms"]["matmul"] == pytest.approx(0.05)
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -63,7 +93,7 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
         "--layouts",
         "one",
         "tp",
-        "tp_sp",
+        "tp_plain",
         "--doc-tokens",
         "400",
         "--corpus-docs",
@@ -80,7 +110,7 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
     assert result["warmup"] == 1 and result["repeats"] == 2
     assert {run["status"] for run in result["runs"].values()} == {0}
     records = {(record["layout"], record["rank"]): record for record in result["records"]}
-    assert set(records) == {("one", 0), ("tp", 0), ("tp", 1), ("tp_sp", 0), ("tp_sp", 1)}
+    assert set(records) == {("one", 0), ("tp", 0), ("tp", 1), ("tp_plain", 0), ("tp_plain", 1)}
     for (layout, rank), record in records.items():
         assert record["warmup"] == 1
         for part, tokens, documents in (("document", 400, 1), ("corpus", 400, 2)):
@@ -105,16 +135,17 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
             profile["busy_ms"] / profile["wall_ms"], abs=1e-3
         )
         assert result["profiles"][f"tiny {layout} rank {rank}"]["groups_ms"] == profile["groups_ms"]
-    assert "allreduce_probe" not in records["one", 0] and "allreduce_probe" not in records["tp_sp", 0]
+    # The probe times all-reduces: the split without sequence parallelism makes them, tp (reduce-scatters) does not.
+    assert "allreduce_probe" not in records["one", 0] and "allreduce_probe" not in records["tp", 0]
     layers = bench_tensor_parallel.SHAPES["tiny"]["num_hidden_layers"]
     for rank in (0, 1):
-        probe = records["tp", rank]["allreduce_probe"]
+        probe = records["tp_plain", rank]["allreduce_probe"]
         assert probe["all_reduces_per_forward"] == 2 * layers  # o_proj and down_proj of each layer
         for part, rows in (("document", 400), ("corpus", 200)):
             assert probe[part]["tokens"] == rows and probe[part]["bus_gbps"] > 0
-            assert probe[part]["all_reduces"] == 2 * layers * records["tp", rank][part]["forwards"]
+            assert probe[part]["all_reduces"] == 2 * layers * records["tp_plain", rank][part]["forwards"]
             assert 0 < probe[part]["estimate_seconds"] and "all-reduce alone would take" in probe[part]["says"]
-    assert set(result["comparisons"]) == {"tiny: tp vs one", "tiny: tp_sp vs one"}
-    for layout in ("tp", "tp_sp"):  # the split layouts draw the one layout's weights and keep their slices
+    assert set(result["comparisons"]) == {"tiny: tp vs one", "tiny: tp_plain vs one"}
+    for layout in ("tp", "tp_plain"):  # the split layouts draw the one layout's weights and keep their slices
         for part in ("document", "corpus"):
             assert result["comparisons"][f"tiny: {layout} vs one"][part]["max_abs_logprob_diff"] < 1e-5
