@@ -49,7 +49,7 @@ layer's input (not at the embedding: transformers builds the attention mask and 
 embedding's output length) and the final norm's output is gathered back, so the LM head and the
 scoring core see what they see without it. :class:`TokenSplit` holds the hooks. At the 8B shape on
 2 H200s it takes TP=2 from 0.62x / 0.64x of the one-GPU time (a 32k document / a small corpus) to
-0.58x / 0.60x (docs/benchmarks.md).
+0.58x / 0.60x (0.598x and 0.605x in two calls; docs/benchmarks.md).
 
 Each split module records which dimension of which parameter it split (:data:`SPLIT_ATTRIBUTE`),
 so :func:`local_slice` can say where a rank's part lies in the whole tensor (loading, benchmarks).
