@@ -13,8 +13,6 @@ bfloat16, K = 256, d = 64, on documents of about ``--tokens`` tokens cut from a 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import time
 
 import numpy as np
@@ -24,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from longppl.scoring import score_with_evaluator
 from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH
 from longppl.tools.cli import help_text
+from longppl.tools.corpus import read_jsonl_texts
 
 SHAPES = {
     "13.8M": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6),
@@ -34,9 +33,7 @@ SHAPES = {
 def documents(tokenizer, corpus: str, count: int, tokens: int) -> list[str]:
     """``count`` texts of about ``tokens`` tokens each, cut in order from the corpus's texts."""
     texts = []
-    with (gzip.open if corpus.endswith(".gz") else open)(corpus, "rt", encoding="utf-8") as handle:
-        rows = [json.loads(line)["text"] for line in handle if line.strip()]
-    for text in rows:
+    for text in read_jsonl_texts(corpus):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         texts += [tokenizer.decode(ids[s : s + tokens]) for s in range(0, len(ids) - tokens, tokens)]
         if len(texts) >= count:

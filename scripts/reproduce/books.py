@@ -2,15 +2,15 @@
 
 Both pipelines (``population``, and ``longce_comparison`` through it) train and evaluate on books
 given as a ``.jsonl`` / ``.jsonl.gz`` file or anything ``longppl.tools.corpus.read_documents`` reads.
-Gzipped JSONL, the form the GPU runs' books travel in, is read here, line by line: ``read_documents``
-takes plain ``.jsonl`` only.
+Gzipped JSONL, the form the GPU runs' books travel in, is read by ``read_jsonl_texts`` (with its
+checks of every line); ``read_documents`` takes the forms a ``longppl-score --corpus`` names.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
+
+from longppl.tools.corpus import read_documents, read_jsonl_texts
 
 
 def read_books(source: str, text_column: str = "text") -> list[str]:
@@ -23,7 +23,7 @@ def read_books(source: str, text_column: str = "text") -> list[str]:
         text_column: the field of each record that holds its text.
 
     Returns:
-        One string per book (non-empty for ``.jsonl.gz``; ``read_documents``' rules otherwise).
+        One non-empty string per book.
 
     Raises:
         ValueError: a missing ``.jsonl.gz`` file, a line that is not an object with a non-empty
@@ -32,22 +32,8 @@ def read_books(source: str, text_column: str = "text") -> list[str]:
     if source.endswith(".jsonl.gz"):
         if not os.path.isfile(source):
             raise ValueError(f"No gzipped JSONL file at {source!r}.")
-        texts = []
-        with gzip.open(source, "rt", encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                record = json.loads(line)
-                text = record.get(text_column) if isinstance(record, dict) else None
-                if not isinstance(text, str) or not text.strip():
-                    raise ValueError(
-                        f"{source}, line {number}: no non-empty string field {text_column!r} "
-                        f"(fields: {sorted(record) if isinstance(record, dict) else type(record).__name__})."
-                    )
-                texts.append(text)
+        texts = read_jsonl_texts(source, text_column)
     else:
-        from longppl.tools.corpus import read_documents
-
         texts = read_documents(source, text_column)
     if not texts:
         raise ValueError(f"The corpus {source!r} holds no documents: give a corpus with texts in {text_column!r}.")

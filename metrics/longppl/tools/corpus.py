@@ -6,6 +6,7 @@ model is loaded.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from typing import TYPE_CHECKING
@@ -17,15 +18,16 @@ if TYPE_CHECKING:  # datasets loads when a dataset is read: longppl-score checks
 
 
 def jsonl_records(path: str, fields: tuple[str, ...], hint: str):
-    """Yield ``(where, record)`` for every JSON object of a JSONL file (blank lines are skipped), where
-    ``where`` names the file and line for the caller's own messages.
+    """Yield ``(where, record)`` for every JSON object of a JSONL file (gzip-compressed where its name
+    ends in ``.gz``; blank lines are skipped), where ``where`` names the file and line for the
+    caller's own messages.
 
     Raises:
         ValueError: naming the line that is not JSON, not an object, or lacks one of ``fields``
             (``hint`` ends that message: what the file needs, or which flag names the field).
     """
     # Bytes, decoded line by line: a byte that is not UTF-8 is then reported with its line.
-    with open(path, "rb") as handle:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
             where = f"{path}, line {number}"
             try:
@@ -52,7 +54,8 @@ def jsonl_records(path: str, fields: tuple[str, ...], hint: str):
 
 
 def read_jsonl_texts(path: str, column: str = "text") -> list[str]:
-    """The ``column`` field of every JSON object in a JSONL file (blank lines are skipped).
+    """The ``column`` field of every JSON object in a JSONL file (``.jsonl``, or gzipped
+    ``.jsonl.gz``; blank lines are skipped).
 
     Raises:
         ValueError: naming the line that is not JSON, not an object, lacks ``column``, or holds a
