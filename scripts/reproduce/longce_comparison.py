@@ -419,11 +419,17 @@ def write_finetune_data(config: Comparison, pop: Population, run: RunFolder) -> 
 # ------------------------------------------------------------------ extend
 
 
-def benchmark_cases(pop: Population, run: RunFolder, limit: int | None = None) -> dict[str, list]:
+def benchmark_cases(pop: Population, run: RunFolder) -> dict[str, list]:
     """The cases of an accuracy point: ``"512"`` (the base's gate length, asked line anywhere) and
-    each primary length (asked line beyond K), the first ``limit`` of each (all when ``None``)."""
+    each primary length (asked line beyond K)."""
     cases = population.read_benchmark_cases(pop, run, with_needle=False)
-    return {"512": cases["gate"][:limit], **{str(n): group[:limit] for n, group in cases["lines"].items()}}
+    return {"512": cases["gate"], **{str(n): group for n, group in cases["lines"].items()}}
+
+
+def first_cases(cases: dict[str, list], limit: int | None) -> dict[str, list]:
+    """The first ``limit`` cases of each group of ``cases`` (all of them when ``None``): the subset a
+    curve point is measured on."""
+    return {key: group[:limit] for key, group in cases.items()}
 
 
 def accuracy_point(model, tokenizer, cases: dict[str, list], pop: Population, step: int) -> dict:
@@ -475,7 +481,7 @@ def stage_extend(config: Comparison, pop: Population, run: RunFolder, seeds=None
             "benchmark": benchmark,
             "curve_point": benchmark
             if limit is None
-            else accuracy_point(model, tokenizer, {k: group[:limit] for k, group in cases.items()}, pop, 0),
+            else accuracy_point(model, tokenizer, first_cases(cases, limit), pop, 0),
         }
         run.write_json(record, "eval", "extended", f"{extension.name}.json")
         point = record["benchmark"]
@@ -632,7 +638,7 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
     micro = max(1, min(sequences, (training.micro_batch_tokens or training.batch_tokens) // training.seq_len))
     while sequences % micro:  # equal micro-batches, so every step sees the same number of sequences
         micro -= 1
-    cases = benchmark_cases(pop, run, tuning.curve_cases)
+    cases = first_cases(benchmark_cases(pop, run), tuning.curve_cases)
     points = set(tuning.eval_steps) | {steps}
     curve = [run.read_json("eval", "extended", f"{arm.extension.name}.json")["curve_point"]]
     step_seconds: list[float] = []
