@@ -1,6 +1,6 @@
 """The reproduction's model family (longppl_reproduce.family): torch.compile gives the eager losses, a
 training cut off mid-model resumes from its checkpoint to the weights of an uninterrupted run, and its
-helpers (documents cut at token boundaries, the learning-rate schedule, the packed batches)."""
+helpers (the learning-rate schedule, the packed batches)."""
 
 import json
 import math
