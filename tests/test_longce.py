@@ -440,6 +440,41 @@ def test_all_labels_ignored():
     batch["labels"][:] = -100
     with pytest.raises(ValueError, match="Every label of this batch is -100"):
         trainer.compute_loss(model, batch)
+    with pytest.raises(ValueError, match="Every label of this batch is -100"):  # a step of no tokens at all
+        trainer.compute_loss(model, batch, num_items_in_batch=torch.tensor(0))
+
+
+def _train_with_unlabelled_micro_batch(trainer_cls, args, model):
+    """One step of 3 accumulated micro-batches of one sequence each; the second sequence's labels are all -100."""
+    rows = documents([24, 24, 24], seed=4)
+    labels = [r.tolist() for r in rows]
+    labels[1] = [-100] * len(labels[1])
+    dataset = Dataset.from_dict({"input_ids": [r.tolist() for r in rows], "labels": labels})
+    trainer = trainer_cls(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator)
+    trainer.train()
+    return trainer.state.log_history[0], model
+
+
+@pytest.mark.parametrize("overrides", [dict(longce_plain_ce=True), dict(longce_trunc_len=64)], ids=["plain-ce", "self"])
+def test_an_unlabelled_micro_batch_of_an_accumulated_step_trains_like_stock_trainer(overrides):
+    """Its tokens count 0 in num_items_in_batch and it adds 0 to the loss and the gradients: the update and
+    the logged loss are stock Trainer's (self-scored LongCE with K beyond the sequences weighs every token 1)."""
+    base = tiny_model("llama", VOCAB)
+    common = dict(gradient_accumulation_steps=3, per_device_train_batch_size=1, max_steps=1)
+    stock_log, stock = _train_with_unlabelled_micro_batch(
+        Trainer, make_args(TrainingArguments, **common), copy.deepcopy(base)
+    )
+    ours_log, ours = _train_with_unlabelled_micro_batch(
+        LongCETrainer, make_args(**common, **overrides), copy.deepcopy(base)
+    )
+    assert math.isfinite(stock_log["loss"])
+    assert math.isclose(ours_log["loss"], stock_log["loss"], rel_tol=1e-5)
+    moved = False
+    for (name, p), q, b in zip(stock.named_parameters(), ours.parameters(), base.parameters()):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
+        moved |= not torch.equal(p, b)
+    assert moved
+    assert math.isclose(ours_log["ce_loss"], ours_log["loss"], rel_tol=1e-4)  # the mean over the 2 x 23 labels
 
 
 @pytest.mark.parametrize(

@@ -391,6 +391,8 @@ def train_once(rows, **overrides):
         }
     )
     collator = overrides.pop("data_collator", DataCollatorWithFlattening())
+    if overrides.pop("iterable", False):
+        dataset = dataset.to_iterable_dataset()
     trainer = LongCETrainer(model=model, args=make_args(**overrides), train_dataset=dataset, data_collator=collator)
     trainer.train()
     return trainer.state.log_history[0], model
@@ -589,10 +591,44 @@ class UncheckedCollator(LongCEWeightsCollator):
 
 @pytest.mark.parametrize("value, found", BAD_WEIGHTS, ids=["nan", "inf", "negative"])
 def test_bad_weights_stop_training_at_the_first_log(value, found):
+    """An iterable dataset cannot be read ahead: its batches are checked at the next log."""
     rows = rows_with_weights([9, 8])
     rows[1]["longce_weights"][4] = value
+    collator = UncheckedCollator(DataCollatorWithFlattening())
     with pytest.raises(ValueError, match=bad_weights_message(found)):
-        train_once(rows, data_collator=UncheckedCollator(DataCollatorWithFlattening()), logging_steps=1)
+        train_once(rows, data_collator=collator, logging_steps=1, iterable=True)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.5], ids=["nan", "inf", "negative"])
+@pytest.mark.parametrize("where", ["train", "eval"])
+def test_bad_weights_of_a_dataset_are_refused_before_any_step(value, where):
+    """The whole column is checked when the trainer is built, whatever the collator: no step runs, so
+    no optimizer update applies a bad weight; the error names the dataset, the row and the token."""
+    rows = rows_with_weights([9, 8, 7])
+    rows[2]["longce_weights"][4] = value
+    good = Dataset.from_dict(
+        {key: [r[key] for r in rows_with_weights([9, 8])] for key in ("input_ids", "longce_weights")}
+    )
+    bad = Dataset.from_dict({key: [r[key] for r in rows] for key in ("input_ids", "longce_weights")})
+    train, evaluation = (bad, good) if where == "train" else (good, {"books": bad})
+    named = "training dataset" if where == "train" else "evaluation dataset books"
+    model = tiny_model("llama", VOCAB)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(
+        ValueError, match=rf"^Row 2 of the {named} has {value} in its 'longce_weights' column \(token 4\)"
+    ):
+        LongCETrainer(
+            model=model,
+            args=make_args(),
+            train_dataset=train,
+            eval_dataset=evaluation,
+            data_collator=UncheckedCollator(DataCollatorWithFlattening()),
+        ).train()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    # rows chosen or reordered by select() are named by their place in the dataset given
+    with pytest.raises(ValueError, match=r"^Row 0 of the training dataset"):
+        LongCETrainer(model=model, args=make_args(), train_dataset=bad.select([2, 0]))
 
 
 def test_weights_are_checked_at_log_time_only(monkeypatch):

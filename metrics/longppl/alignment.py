@@ -207,26 +207,29 @@ def transfer_token_weights(
     target_offsets: np.ndarray,
     source_ids: np.ndarray | None = None,
     target_ids: np.ndarray | None = None,
+    fill: float = 1.0,
 ) -> np.ndarray:
     """Character-level average of per-token weights from one tokenization to another (paper App. A.1).
 
-    Each character's value is the mean weight of the source tokens whose spans cover it (1 where
-    none does): byte-level tokens that split one multi-byte character all carry that character's
+    Each character's value is the mean weight of the source tokens whose spans cover it (``fill``
+    where none does): byte-level tokens that split one multi-byte character all carry that character's
     span, so the character gets their mean. Each target token gets the mean over its characters
-    (so a target byte token inside a character gets that character's value), or 1 if it spans no
-    character.
+    (so a target byte token inside a character gets that character's value), or ``fill`` if it spans
+    no character (a BOS, an EOS, WordPiece's trailing ``[SEP]``).
 
     The same tokens keep their weights: when ``source_ids`` and ``target_ids`` are given and the
     target's tokens are the source's (equal ids and offsets once the zero-width tokens at either end,
     such as a BOS only one side adds, are set aside), target token ``k`` takes its source token's
-    weight exactly, and those end tokens of the target get 1. Averaging would there blur the byte
-    tokens of one character into one value.
+    weight exactly, and those end tokens of the target get ``fill``. Averaging would there blur the
+    byte tokens of one character into one value.
 
     Args:
         text_length: characters of the text.
         source_offsets: ``[n_source, 2]`` character spans; source_weights: ``[n_source]``.
         target_offsets: ``[n_target, 2]`` character spans.
         source_ids, target_ids: ``[n_source]`` and ``[n_target]`` token ids, or ``None``.
+        fill: the weight of what no source token carries a weight to (the soft variant passes
+            ``key_tokens.unscored_weight(gamma)``, the weight of a token without a short score).
     Returns:
         ``[n_target]`` float64 weights.
     """
@@ -238,7 +241,7 @@ def transfer_token_weights(
         if np.array_equal(np.asarray(source_ids)[source_text], np.asarray(target_ids)[target_text]) and np.array_equal(
             source_offsets[source_text], target_offsets[target_text]
         ):
-            weights = np.ones(target_offsets.shape[0], dtype=np.float64)
+            weights = np.full(target_offsets.shape[0], fill, dtype=np.float64)
             weights[target_text] = source_weights[source_text]
             return weights
     widths = source_offsets[:, 1] - source_offsets[:, 0]
@@ -249,11 +252,11 @@ def transfer_token_weights(
     chars = np.arange(int(widths.sum())) + np.repeat(starts - (np.cumsum(widths) - widths), widths)
     total = np.bincount(chars, weights=np.repeat(source_weights[covering], widths), minlength=text_length)
     count = np.bincount(chars, minlength=text_length)
-    per_char = np.ones(text_length, dtype=np.float64)
+    per_char = np.full(text_length, fill, dtype=np.float64)
     np.divide(total, count, out=per_char, where=count > 0)
     cumulative = np.concatenate([[0.0], np.cumsum(per_char)])
     a, b = target_offsets[:, 0], target_offsets[:, 1]
     width = b - a
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = (cumulative[b] - cumulative[a]) / width
-    return np.where(width > 0, mean, 1.0)
+    return np.where(width > 0, mean, fill)

@@ -7,7 +7,8 @@ for ``lp_long``, ``i < K`` for ``lp_short``), and a NaN never makes a token key.
 - LCL (long-context likelihood): ``lcl[i] = lp_long[i]``
 - hard rule: key iff ``lsd > alpha and lcl > beta`` (strict; the LCL test can be dropped for the
   paper's ablation)
-- soft weight: ``min(exp(lsd), gamma)``, and 1 where there is no short score
+- soft weight: ``min(exp(lsd), gamma)``, and ``unscored_weight(gamma) = min(1, gamma)`` where there
+  is no short score
 """
 
 from __future__ import annotations
@@ -41,13 +42,26 @@ def key_rule_mask(lsd: np.ndarray, lcl: np.ndarray, rule: KeyTokenRule = KeyToke
     return mask
 
 
+def unscored_weight(gamma: float) -> float:
+    """The soft weight of a token without a short-context score: ``min(1, gamma)``.
+
+    Its LSD counts as 0 (the long context is all the context it has, or nothing scored it), so the
+    formula ``min(exp(LSD), gamma)`` gives ``min(1, gamma)``, as the official LongCE loss does (its
+    long/short ratio starts at 1 for every token and the cap is applied to all). The one definition
+    of that weight: the metric's soft variant, LongCE's self-scored and cached weights, and the
+    tokens that the character-level transfer leaves without an evaluator weight all take it.
+    """
+    return min(1.0, float(gamma))
+
+
 def soft_weights(lp_long: np.ndarray, lp_short: np.ndarray, rule: KeyTokenRule = KeyTokenRule(soft=True)) -> np.ndarray:
-    """``[n]`` float32 ``min(exp(LSD), rule.gamma)``; 1 for tokens without a short score (and ``i = 0``)."""
+    """``[n]`` float32 ``min(exp(LSD), rule.gamma)``; :func:`unscored_weight` (``min(1, gamma)``) for
+    tokens without a short score (and ``i = 0``)."""
     gamma = rule.gamma
     lsd = long_short_difference(lp_long, lp_short)
     with np.errstate(over="ignore", invalid="ignore"):
         weights = np.minimum(np.exp(lsd), np.float32(gamma))
-    return np.where(np.isnan(lsd), np.float32(1.0), weights).astype(np.float32)
+    return np.where(np.isnan(lsd), np.float32(unscored_weight(gamma)), weights).astype(np.float32)
 
 
 def merge_adjacent_spans(spans: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import torch
 from .alignment import encode_many_with_offsets, tokens_within_spans, transfer_token_weights
 from .batching import long_context_log_probs
 from .compilation import compiled_blocks
-from .key_tokens import key_char_spans, key_token_mask, soft_weights
+from .key_tokens import key_char_spans, key_token_mask, soft_weights, unscored_weight
 from .logprobs import unwrap_model
 from .progress import Progress, ProgressCallback
 
@@ -379,11 +379,19 @@ def model_key_weights(
     ``model_ids`` (``[n_model]``, the tokens of ``model_offsets``) lets the soft weights stay the
     evaluator's own, token for token, where the model's tokens are the evaluator's
     (``alignment.transfer_token_weights``); without them they are always the character-level average.
+    A model token that no evaluator weight reaches (no characters: a BOS, EOS or ``[SEP]``) weighs
+    ``key_tokens.unscored_weight(rule.gamma)``, ``min(1, gamma)``, as a token without a short score.
     """
     if rule.soft:
         weights = soft_weights(evaluator_scores.lp_long, evaluator_scores.lp_short, rule)
         return transfer_token_weights(
-            text_length, evaluator_scores.offsets, weights, model_offsets, evaluator_scores.input_ids, model_ids
+            text_length,
+            evaluator_scores.offsets,
+            weights,
+            model_offsets,
+            evaluator_scores.input_ids,
+            model_ids,
+            fill=unscored_weight(rule.gamma),  # what no evaluator token scored weighs as a token without a score
         )
     spans = evaluator_scores.key_spans(rule)
     return tokens_within_spans(model_offsets, spans).astype(np.float64)

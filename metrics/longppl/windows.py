@@ -85,7 +85,7 @@ def short_context_log_probs(
             head of every sequence. The first window already starts with the document's own tokens.
         on_sequence_done: called with a document's index once all its windows are scored.
         skip_first_window: leave the first window's tokens NaN (LongCE: their short context is their
-            long context, so their weight is exactly 1). Ignored when ``long_log_probs`` is given.
+            long context, so their LSD is exactly 0). Ignored when ``long_log_probs`` is given.
         via_forward: call ``model`` itself rather than its backbone and head (see ``token_log_probs``).
         progress: reports the windows as their batches finish (a bar ``"<desc>: windows"`` when
             they add up to more than ``progress.threshold`` tokens) and the layers and LM-head

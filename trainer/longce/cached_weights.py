@@ -7,7 +7,7 @@ fixed per token and can live in the dataset:
 
 - :func:`add_key_token_weights` tokenizes each text for the trained model and adds a
   ``longce_weights`` column, one float per token of ``input_ids``: the evaluator's
-  ``min(exp(LSD), gamma)`` (1 where the evaluator has no short score), carried to the trained
+  ``min(exp(LSD), gamma)`` (``min(1, gamma)`` where the evaluator has no short score), carried to the trained
   model's tokens by the character-level average of the soft LongPPL variant
   (``longppl.scoring.model_key_weights``, ``longppl.alignment.transfer_token_weights``), or taken
   token for token where the trained model's tokens are the evaluator's;
@@ -34,6 +34,7 @@ import torch
 from longppl.alignment import encode_many_with_offsets, encode_with_offsets
 from longppl.fingerprints import ModelIdentity, tokenizer_fingerprint
 from longppl.key_token_cache import KeyTokenCache, cached_evaluator_scores
+from longppl.key_tokens import unscored_weight
 from longppl.scoring import model_key_weights, score_with_evaluator
 from longppl.settings import DEFAULT_GAMMA, KeyTokenRule, KeyTokenSettings, require_int, settings_object
 
@@ -42,7 +43,10 @@ from longppl.settings import DEFAULT_GAMMA, KeyTokenRule, KeyTokenSettings, requ
 from .weight_sources import WEIGHTS_COLUMN
 
 #: The rule that carries the evaluator's weights to the trained model's tokens (part of the map's fingerprint).
-_TRANSFER = "same tokens keep their weights, else the mean over characters of the covering tokens' mean"
+_TRANSFER = (
+    "same tokens keep their weights, else the mean over characters of the covering tokens' mean; "
+    "a token without a short score or without characters weighs min(1, gamma)"
+)
 _HOW_TO_BUILD = "Build it with longce.add_key_token_weights(dataset, key_tokens=..., tokenizer=...)"
 
 
@@ -125,8 +129,9 @@ def add_key_token_weights(
     """``dataset`` with ``input_ids`` (the trained model's tokens of each text) and ``longce_weights``.
 
     ``longce_weights[k]`` (float32, one per token of ``input_ids``) is the evaluator's soft weight
-    ``min(exp(LSD), gamma)`` carried to token ``k`` by the character-level average (1 where the
-    evaluator has no short score, and for tokens without characters: special tokens, the EOS); where
+    ``min(exp(LSD), gamma)`` carried to token ``k`` by the character-level average (``min(1, gamma)``,
+    ``longppl.key_tokens.unscored_weight``, where the evaluator has no short score, and for tokens
+    without characters: special tokens, the EOS); where
     ``tokenizer`` gives the evaluator's tokens (a BOS only one side adds aside), token ``k`` keeps its
     evaluator weight exactly.
 
@@ -138,7 +143,8 @@ def add_key_token_weights(
         gamma: cap of the weights, > 0 (the paper's 5).
         max_length: keep each row's first ``max_length`` tokens (and their weights).
         add_special_tokens: tokenize with the tokenizer's special tokens (a BOS), as training does.
-        append_eos: append the EOS token (weight 1) to every row, as ``scripts/train_longce.py`` does.
+        append_eos: append the EOS token (weight ``min(1, gamma)``: no evaluator scored it) to every row, as
+            ``scripts/train_longce.py`` does.
         evaluator: with several evaluators or settings in the cache, the one to use (its name or the
             start of its fingerprint; ``trunc_len`` / ``sliding_window`` narrow the settings).
         evaluator_model, evaluator_tokenizer: the evaluator itself: rows must then be its own (its
@@ -186,7 +192,7 @@ def add_key_token_weights(
                 _check_evaluator_tokens(score, text, index, evaluator_tokenizer, add_evaluator_bos)
             weights = model_key_weights(score, offsets, len(text), rule, model_ids=ids).astype(np.float32)
             if append_eos:
-                ids, weights = np.append(ids, eos), np.append(weights, np.float32(1.0))
+                ids, weights = np.append(ids, eos), np.append(weights, np.float32(unscored_weight(gamma)))
             out["input_ids"].append(np.ascontiguousarray(ids[:max_length], dtype=np.int64))
             out[WEIGHTS_COLUMN].append(weights[:max_length].astype(np.float64))
         return out
@@ -213,14 +219,57 @@ def add_key_token_weights(
 
 
 def check_weights_dataset(dataset, where: str) -> None:
-    """Raise ``ValueError`` when a ``datasets.Dataset`` lacks the ``longce_weights`` column (other
-    datasets, e.g. iterable ones, are checked batch by batch in training)."""
+    """Raise ``ValueError`` when a ``datasets.Dataset`` lacks the ``longce_weights`` column or holds a
+    weight that is NaN, infinite or negative (naming the row; a map-style ``datasets.Dataset`` only).
+    Other datasets, e.g. iterable (streamed) ones, which cannot be read ahead, are checked batch by
+    batch in training (the collator, then the trainer at the next log)."""
+    import datasets
+
     names = getattr(dataset, "column_names", None)
-    if isinstance(names, list) and WEIGHTS_COLUMN not in names:
+    if not isinstance(names, list):
+        return
+    if WEIGHTS_COLUMN not in names:
         raise ValueError(
             f"longce_weights='cache' takes the token weights from the dataset's {WEIGHTS_COLUMN!r} column, but the "
             f"{where} has none (columns: {names}). {_HOW_TO_BUILD}, or use longce_weights='self'."
         )
+    bad = _first_bad_weight(dataset) if isinstance(dataset, datasets.Dataset) else None
+    if bad is not None:
+        row, token, value = bad
+        raise ValueError(
+            f"Row {row} of the {where} has {value} in its {WEIGHTS_COLUMN!r} column (token {token}); every weight must "
+            "be a finite number >= 0, or training would apply it to the model. Rebuild the column "
+            "(longce.add_key_token_weights gives weights in [0, gamma]), or fix or drop that row."
+        )
+
+
+def _first_bad_weight(dataset, rows_per_read: int = 1000) -> tuple[int, int, float] | None:
+    """``(row, token, value)`` of the first NaN, infinite or negative weight of a ``datasets.Dataset``'s
+    ``longce_weights`` column, or ``None``.
+
+    Read as Arrow ``rows_per_read`` rows at a time (the dataset's own row order, selections and
+    shuffles included) and tested as one flat numpy array per read: once, when the trainer is
+    built, instead of a check (and a host sync) per step. A column that is not a list of numbers
+    is left to the collator, which names the example.
+    """
+    import pyarrow as pa
+
+    column = dataset.select_columns([WEIGHTS_COLUMN]).with_format("arrow")
+    first = 0
+    for table in column.iter(batch_size=rows_per_read):
+        lists = table.column(0).combine_chunks()
+        if not (pa.types.is_list(lists.type) or pa.types.is_large_list(lists.type)):
+            return None
+        if not (pa.types.is_floating(lists.type.value_type) or pa.types.is_integer(lists.type.value_type)):
+            return None
+        values = lists.flatten().to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
+        bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
+        if bad.size:
+            starts = lists.offsets.to_numpy() - lists.offsets[0].as_py()  # where each row's values begin
+            row = int(np.searchsorted(starts, bad[0], side="right")) - 1
+            return first + row, int(bad[0] - starts[row]), float(values[bad[0]])
+        first += len(table)
+    return None
 
 
 def _as_list(values) -> list:
@@ -263,7 +312,10 @@ class LongCEWeightsCollator:
                     "needs one weight per token. Cut or split input_ids and longce_weights together (the same slices)."
                 )
             if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
-                raise ValueError(f"Example {index} has {WEIGHTS_COLUMN} that are negative, NaN or infinite.")
+                raise ValueError(
+                    f"Example {index} has {WEIGHTS_COLUMN} that are negative, NaN or infinite; every weight must be a "
+                    f"finite number >= 0. {_HOW_TO_BUILD} (its weights lie in [0, gamma]), or fix that example."
+                )
             rows.append(torch.as_tensor(ids, dtype=torch.long))
             weights.append(values)
             # A copy without the weights: the wrapped collator may not know the key, the caller's dict stays whole.

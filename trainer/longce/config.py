@@ -121,7 +121,7 @@ class LongCEConfig(TrainingArguments):
         default=LongCESettings.trunc_len,
         metadata={
             "help": "K: tokens of context of the short-context pass (the truncated context). Tokens with fewer "
-            "than K tokens before them in their own document get weight 1."
+            "than K tokens before them in their own document get weight min(1, gamma)."
         },
     )
     longce_sliding_window: int = field(

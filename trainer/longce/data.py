@@ -9,7 +9,7 @@ document. Evaluation text comes from ``eval_data_files``, a split of the trainin
 
 With ``key_tokens`` (``longce_weights: cache``) the documents are tokenized by
 ``longce.add_key_token_weights``, which adds a ``longce_weights`` column, one weight per token of
-``input_ids`` (the EOS weighs 1); grouping and splitting cut it with the same slices as
+``input_ids`` (the EOS, which the evaluator never scored, weighs ``min(1, gamma)``); grouping and splitting cut it with the same slices as
 ``input_ids``, so every weight stays with its token.
 """
 
@@ -188,7 +188,7 @@ def weigh_documents(
     what: str,
 ) -> datasets.Dataset:
     """``input_ids`` and ``longce_weights`` of every document (``add_key_token_weights``, capped at
-    ``settings.gamma``), EOS appended (weight 1), as ``tokenize_documents`` tokenizes them."""
+    ``settings.gamma``), EOS appended (weight ``min(1, gamma)``), as ``tokenize_documents`` tokenizes them."""
     from .cached_weights import add_key_token_weights
     from .weight_sources import WEIGHTS_COLUMN
 

@@ -4,7 +4,8 @@ A batch ``[B, T]`` holds documents as maximal runs of real tokens (``attention_m
 right padding) whose position ids count up by one; in a packed batch
 (``DataCollatorWithFlattening``) ``position_ids`` restart at 0 at every document. Short windows
 (the K/d scheme of ``longppl.windows``) are built per document, so they never cross a document
-boundary, and the first ``K`` tokens of every document get no short score (LongCE weight 1).
+boundary, and the first ``K`` tokens of every document get no short score (LongCE weight
+``min(1, gamma)``, ``longppl.key_tokens.unscored_weight``).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def batch_short_log_probs(
 
     Windows of all documents share forward passes (``max_tokens_per_batch``); ``model`` is called
     through its own forward (FSDP / DeepSpeed safe). The first window of a document (``s = 0``)
-    is its tokens' full context, so it is not run: those tokens stay NaN, i.e. weight 1, which is
-    what ``exp(lp_long - lp_short) = exp(0)`` gives.
+    is its tokens' full context, so it is not run: those tokens stay NaN, i.e. weight ``min(1, gamma)``,
+    which is what ``min(exp(lp_long - lp_short), gamma) = min(exp(0), gamma)`` gives.
 
     Returns:
         ``[B, T]`` float32 on ``input_ids.device``: ``lp_short[b, i] = log P(x_i | x_s … x_{i-1})``

@@ -74,7 +74,7 @@ class LMHeadLoss(ABC):
             project: the head module's own forward, ``[n, H] -> [n, V]`` raw logits (the head is
                 intercepted while the loss runs, see ``longppl.logprobs.intercept_head``).
             targets: ``[N]`` int64 target ids. lp_short: ``[N]`` float32 short-context log-probs of
-                the targets, NaN where there is none (weight 1).
+                the targets, NaN where there is none (weight ``min(1, gamma)``).
             gamma: cap of the weights ``min(exp(lp_long - lp_short), gamma)``, > 0.
             weights: ``[N]`` float32 weights given by the caller (detached, ``longce_weights="cache"``), used
                 instead of ``min(exp(lp_long - lp_short), gamma)``; ``lp_short`` and ``gamma`` are then

@@ -5,7 +5,8 @@ Per batch (paper Sec. 3.2, App. A.2), with the model being trained as its own sc
 1. short-context pass, ``torch.no_grad()``, model in eval mode: every document of the batch is cut
    into the K/d windows of ``longppl.windows`` (never across a document boundary), packed into few
    forward passes, giving ``lp_short`` for each token with at least ``K + d`` tokens before it in
-   its document (the first window is the tokens' full context: weight exactly 1);
+   its document (the first window is the tokens' full context: LSD exactly 0; a token without a short
+   score weighs ``min(1, gamma)``, as the official LongCE's does);
 2. gradient pass: the model's own forward, its LM head intercepted so that the weighted loss
    ``sum_i w_i * nll_i`` with ``w_i = min(exp(lp_long[i] - lp_short[i]), gamma)`` (``lp_long``
    from this very pass, detached) is computed from hidden states a chunk at a time, without a
@@ -268,7 +269,10 @@ class LongCETrainer(Trainer):
         """LongCE loss of one batch (see the module docstring); signature of ``Trainer.compute_loss``."""
         input_ids, targets = self._validated_targets(inputs)
         rows, cols = (targets != -100).nonzero(as_tuple=True)  # the trained positions (one host sync)
-        if rows.numel() == 0:
+        # A batch without labels is one micro-batch of several counted by `num_items_in_batch` (gradient
+        # accumulation, other processes): it adds 0 to the loss and its gradients, as in stock Trainer. Alone
+        # (the count is 0, or there is none) its loss would be 0/0.
+        if rows.numel() == 0 and (num_items_in_batch is None or int(num_items_in_batch) == 0):
             raise ValueError(
                 "Every label of this batch is -100, so there is no token to train on (the loss would be 0/0). "
                 "Check the collator / masking: at least one position needs a real label."
@@ -279,27 +283,28 @@ class LongCETrainer(Trainer):
         source = self.weight_source
         given = self._position_weights(inputs, input_ids)  # [B, T] aligned with targets, or None
         flat = rows * length + cols
-        if given is not None or not source.needs_short_pass:  # NaN short scores give weight 1 / are unused
+        if given is not None or not source.needs_short_pass:  # lp_short is unused: the weights are given
             lp_short = torch.full((flat.numel(),), float("nan"), device=input_ids.device)  # [N]
         else:
             short = self._short_context_pass(model, head, inputs)  # [B, T], per token
             lp_short = _to_positions(short, float("nan")).reshape(-1)[flat]  # [N]
         # Given weights [N] replace min(exp(LSD), gamma) in the loss; None: they come from lp_short.
         weights = None if given is None else given.reshape(-1)[flat]
+        if weights is None and not source.needs_short_pass:  # neither given nor scored: plain CE, every weight 1
+            weights = torch.ones(flat.numel(), device=input_ids.device)
         result: dict[str, torch.Tensor] = {}
         # Real logits only when prediction_step gathers them (under no_grad); training never pays for them.
         real_logits = return_outputs and self._longce_want_logits and not torch.is_grad_enabled()
 
         def consume(hidden: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-            result["loss"], result["nll"], result["weight"] = self.lm_head_loss(
-                head,
-                hidden.reshape(batch * length, -1)[flat],
-                project,
-                targets.reshape(-1)[flat],
-                lp_short,
-                self.longce.gamma,
-                weights,
-            )
+            trained = hidden.reshape(batch * length, -1)[flat]  # [N, H]
+            if flat.numel() == 0:  # no label: loss 0, still through the head (zero gradients, as stock Trainer's)
+                empty = trained.new_zeros(0, dtype=torch.float32)
+                result["loss"], result["nll"], result["weight"] = project(trained).float().sum(), empty, empty
+            else:
+                result["loss"], result["nll"], result["weight"] = self.lm_head_loss(
+                    head, trained, project, targets.reshape(-1)[flat], lp_short, self.longce.gamma, weights
+                )
             if real_logits:
                 return project(hidden)  # the model post-processes it (soft-capping, scaling) as usual
             # The model's output must depend on the loss: DDP (find_unused_parameters=True, Trainer's
@@ -413,8 +418,8 @@ class LongCETrainer(Trainer):
         longest = max((doc.end - doc.start for doc in documents), default=0)
         logger.warning(
             "LongCE: no document of this batch is longer than K + d = %d tokens (longest: %d; longce_trunc_len "
-            "K=%d, longce_sliding_window d=%d), so no token has a short-context score and every weight is 1: the "
-            "batch trains with plain cross-entropy. Use sequences longer than K + d (e.g. a larger max_seq_length) "
+            "K=%d, longce_sliding_window d=%d), so no token has a short-context score and every weight is "
+            "min(1, gamma): the batch trains with (scaled) plain cross-entropy. Use sequences longer than K + d (e.g. a larger max_seq_length) "
             "or a smaller longce_trunc_len. (Warned once per trainer.)",
             K + d,
             longest,

@@ -4,7 +4,7 @@ For ``N`` scored positions with final hidden states ``h`` (``[N, H]``), targets 
 short-context log-probs ``lp_short`` (``[N]``, NaN where the token has no short score)::
 
     lp_long[r] = log softmax(logits(h[r]))[y[r]]          (the model's own full-context score)
-    w[r]       = min(exp(lp_long[r] - lp_short[r]), gamma)  (detached; 1 where lp_short is NaN)
+    w[r]       = min(exp(lp_long[r] - lp_short[r]), gamma)  (detached; min(1, gamma) where lp_short is NaN)
     loss       = sum_r w[r] * (-lp_long[r])
 
 (the caller divides by the number of label tokens). Every function also takes the weights directly
@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from longppl.key_tokens import unscored_weight
 from longppl.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, rows_per_chunk
 
 # float32 bytes of one logits chunk, the scoring core's (chunks are cut by its ``rows_per_chunk``):
@@ -47,13 +48,13 @@ DEFAULT_LOSS_CHUNK_BYTES = DEFAULT_LOGITS_CHUNK_BYTES
 
 
 def lsd_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``min(exp(lp_long - lp_short), gamma)`` (``min(exp(LSD), gamma)``), and 1 where ``lp_short`` is NaN
-    (no short score).
+    """``min(exp(lp_long - lp_short), gamma)`` (``min(exp(LSD), gamma)``), and ``min(1, gamma)``
+    (``longppl.key_tokens.unscored_weight``) where ``lp_short`` is NaN (no short score: LSD counts as 0).
 
     Shapes: any, broadcastable; float32 result. ``gamma=None`` would be unbounded: always pass one.
     """
     weight = torch.exp(lp_long.float() - lp_short.float()).clamp(max=gamma)
-    return torch.where(torch.isnan(lp_short), torch.ones_like(weight), weight)
+    return torch.where(torch.isnan(lp_short), torch.full_like(weight, unscored_weight(gamma)), weight)
 
 
 #: The name ``lsd_weights`` had first (kept): ``longce_weights`` is also the setting and the column.
@@ -150,7 +151,7 @@ def fused_weighted_linear_cross_entropy(
     Args:
         hidden: ``[N, H]`` final hidden states of the predicting positions.
         weight: ``[V, H]``, bias ``[V]`` or None: the LM head's parameters.
-        targets: ``[N]`` int64 target ids; ``lp_short``: ``[N]`` float32 (NaN: weight 1).
+        targets: ``[N]`` int64 target ids; ``lp_short``: ``[N]`` float32 (NaN: weight ``min(1, gamma)``).
         weights: ``[N]`` per-row weights given directly (detached), used instead of
             ``min(exp(lp_long - lp_short), gamma)``; ``lp_short`` and ``gamma`` are then unused.
     Returns:
