@@ -75,6 +75,19 @@ def test_paths_that_are_never_a_cache_are_refused_when_writing(work, value, deta
     untouched(work)
 
 
+def test_paths_under_a_file_or_through_a_loop_of_links_are_refused_before_scoring(work):
+    os.symlink("loop", work / "loop")
+    for value, detail in (
+        ("notes.txt/sub", f"is inside {str(work / 'notes.txt')!r}, which is a file"),
+        ("loop", "goes through a loop of symbolic links"),
+        ("loop/sub", "goes through a loop of symbolic links"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(f"--output={value!r} {detail}")):
+            cache_directory(value, argument="--output", create=True)
+    os.remove(work / "loop")
+    untouched(work)
+
+
 def test_a_folder_of_other_files_is_refused_and_an_empty_one_accepted(work):
     (work / "project").mkdir()
     (work / "project" / "main.py").write_text("print()")

@@ -119,6 +119,11 @@ def _bad_json(name):
     return damage
 
 
+def _no_files(path):
+    with open(os.path.join(path, CHECKSUM_FILE), "w") as handle:
+        json.dump({"algorithm": "sha256", "files": {}}, handle)
+
+
 def _flip_scores(path):
     # 4 kB of the scores (lp_long / lp_short come last in each row group) bit-flipped in place
     arrow = os.path.join(path, "data-00000-of-00001.arrow")
@@ -138,9 +143,10 @@ def _flip_scores(path):
         (_bad_json("state.json"), r"its file state\.json is 17 bytes, but \d+ were written"),
         (_bad_json("dataset_info.json"), r"its file dataset_info\.json is 17 bytes, but \d+ were written"),
         (_bad_json(CHECKSUM_FILE), rf"its checksum file {CHECKSUM_FILE} is unreadable \(JSONDecodeError"),
+        (_no_files, rf"its checksum file {CHECKSUM_FILE} lists no files"),
         (_flip_scores, r"the content of its file data-00000-of-00001\.arrow does not match its SHA-256 checksum"),
     ],
-    ids=["truncated", "empty", "state-json", "info-json", "checksum-json", "bit-flips"],
+    ids=["truncated", "empty", "state-json", "info-json", "checksum-json", "checksum-no-files", "bit-flips"],
 )
 def test_damaged_files_give_a_clear_error(saved_cache, damage, detail):
     damage(saved_cache)

@@ -218,6 +218,23 @@ def test_bad_datasets_directories(tools, files, tmp_path):
         tools["compute_key_tokens"].main(["--corpus", holes, *args])
 
 
+def test_output_paths_through_a_loop_of_links_are_refused_before_anything_is_read(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    taken = tmp_path / "file"
+    taken.write_text("x")
+    args = ["--key-tokens", str(tmp_path / "no_cache"), "--models", str(tmp_path / "no_model")]
+    with pytest.raises(ValueError, match=r"^--output-dir '.*loop/run' goes through a loop of symbolic links"):
+        evaluate_models.main([*args, "--output-dir", str(loop / "run")])
+    for option, where, detail in (
+        ("--html", loop / "a.html", "goes through a loop of symbolic links"),
+        ("--histogram", taken / "h.png", "is inside '.*file', which is a file"),
+        ("--histogram", tmp_path / "h.xyz", "a figure cannot be written as .xyz; name it with one of the suffixes"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{option} '.*{where.name}'.*{detail}"):
+            visualize_key_tokens.main(["--key-tokens", str(tmp_path / "no_cache"), option, str(where)])
+
+
 def test_evaluate_models_against_the_cache(tools, files, cache, tmp_path):
     scores_file = tmp_path / "scores.csv"
     scores = {files["models"][0]: 41.5, files["models"][1]: 37.0}
@@ -274,7 +291,7 @@ def test_evaluate_models_against_the_cache(tools, files, cache, tmp_path):
     )
     with open(out / "correlation.png", "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert sorted(os.listdir(out)) == ["correlation.png", "results.csv", "results.json"]
+    assert sorted(os.listdir(out)) == ["correlation.png", "longppl_outputs.json", "results.csv", "results.json"]
 
 
 def test_benchmark_scores_for_a_model_not_evaluated(tools, files, cache, tmp_path):
@@ -334,8 +351,50 @@ def test_no_key_tokens_warns_why_and_skips_the_correlation(tools, files, cache, 
     ) in captured.err
     assert "Correlation" not in captured.out and "correlation.png" not in captured.out
     assert run["correlations"] is None
-    assert sorted(os.listdir(out)) == ["results.csv", "results.json"]
+    assert sorted(os.listdir(out)) == ["longppl_outputs.json", "results.csv", "results.json"]
     assert json.loads((out / "results.json").read_text())["meta"]["correlations"] is None
+
+
+def test_evaluate_writes_only_into_its_own_folder_and_leaves_no_stale_file(tools, files, cache, tmp_path):
+    scores_file = tmp_path / "scores.csv"
+    scores_file.write_text(
+        "model,score\n" + "".join(f"{m},{s}\n" for m, s in zip(files["models"], (41.5, 37.0))), encoding="utf-8"
+    )
+    out = tmp_path / "results"
+
+    def run(alpha, folder=out):
+        argv = ["--key-tokens", cache, "--models", *files["models"], "--output-dir", str(folder), "--alpha", alpha,
+                "--beta", str(BETA), "--benchmark-scores", str(scores_file), "--no-progress", "--device", "cpu"]  # fmt: skip
+        return tools["evaluate_models"].main(argv)
+
+    run(str(ALPHA))
+    assert (out / "correlation.png").is_file()
+    (out / "notes.txt").write_text("mine")  # the user's file in the command's folder
+    run("1000")  # no key tokens: no correlation, so the first run's correlation.png must not stay
+    assert sorted(os.listdir(out)) == ["longppl_outputs.json", "notes.txt", "results.csv", "results.json"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert json.loads((out / "longppl_outputs.json").read_text())["files"] == ["results.json", "results.csv"]
+    # a folder of the user's own results (no marker) is refused before any model runs, and left as it was
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "results.json").write_text("my results")
+    with pytest.raises(ValueError, match=r"^--output-dir '.*mine' holds files this command did not write \(results\.json\)"
+                       r".*choose a new or empty folder"):  # fmt: skip
+        run(str(ALPHA), own)
+    assert os.listdir(own) == ["results.json"] and (own / "results.json").read_text() == "my results"
+
+
+def test_a_results_marker_never_leads_a_removal_out_of_its_folder(tmp_path):
+    from longppl.tools.reports import OUTPUTS_FILE, write_outputs
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "outside.txt").write_text("keep")
+    (out / OUTPUTS_FILE).write_text(json.dumps({"command": "x", "files": ["../outside.txt", "old.csv", OUTPUTS_FILE]}))
+    (out / "old.csv").write_text("stale")
+    write_outputs(str(out), "test", {"new.csv": lambda path: open(path, "w").close()})
+    assert (tmp_path / "outside.txt").read_text() == "keep"
+    assert sorted(os.listdir(out)) == ["longppl_outputs.json", "new.csv"]
 
 
 def test_pictures_from_the_cache(tools, files, cache, tmp_path):

@@ -6,8 +6,10 @@ import configparser
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import datasets
 import pytest
@@ -269,3 +271,77 @@ def test_an_abbreviation_of_both_spellings_is_the_one_option(capsys):
         parser.parse_args(["--trunc", "5"])  # still ambiguous: two options
     err = capsys.readouterr().err
     assert "ambiguous option: --trunc could match --trunc-len, --trunc-side" in err
+
+
+# --- what every command's values share: `~`, non-UTF-8 names, Ctrl-C ----------------------------------
+
+
+def test_a_leading_tilde_is_the_home_folder_in_every_path_option(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = str(tmp_path)
+    args = evaluate_models.parse_args(
+        ["--key-tokens", "~/cache", "--models", "~/m", "Qwen/Qwen2-7B", "--output-dir", "~"]
+    )
+    assert (args.key_tokens, args.models, args.output_dir) == (f"{home}/cache", [f"{home}/m", "Qwen/Qwen2-7B"], home)
+    args = evaluate_models.parse_args(["--key-tokens=~/cache", "--models", "m", "--output-dir=~/results"])
+    assert (args.key_tokens, args.output_dir) == (f"{home}/cache", f"{home}/results")
+    args = compute_key_tokens.parse_args(["--corpus", "~/c.jsonl", "--evaluator", "~/ev", "--output", "~/out"])
+    assert (args.corpus, args.evaluator, args.output) == (f"{home}/c.jsonl", f"{home}/ev", f"{home}/out")
+    args = visualize_key_tokens.parse_args(["--key-tokens", "~/k", "--html", "~/a.html", "--histogram", "~/h.png"])
+    assert (args.key_tokens, args.html, args.histogram) == (f"{home}/k", f"{home}/a.html", f"{home}/h.png")
+    args = population.build_parser().parse_args(["--config", "~/c.yaml", "--output-dir", "~/run"])
+    assert (args.config, args.output_dir) == (f"{home}/c.yaml", f"{home}/run")
+    # a value that only contains a tilde is not a home folder
+    assert evaluate_models.parse_args(["--key-tokens", "k", "--models", "a~b", "--output-dir", "x/~"]).models == ["a~b"]
+
+
+def test_an_argument_that_is_not_utf8_is_one_usage_line(capsys):
+    name = os.fsdecode(b"results-\xff")  # what a terminal passes for a Latin-1 name
+    with pytest.raises(SystemExit) as exited:
+        evaluate_models.main(["--key-tokens", "k", "--models", "m", "--output-dir", name], prog="longppl evaluate")
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("longppl evaluate: error: argument 'results-\\xff' is not valid UTF-8")
+
+
+@pytest.mark.parametrize("option", ["--steps", "--documents", "--window", "--trunc-len", "--sliding-window"])
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_quickstart_refuses_counts_that_are_not_positive(option, value, monkeypatch, capsys):
+    monkeypatch.setattr(quickstart, "toy_demo", lambda args: pytest.fail("ran the demo"))
+    with pytest.raises(SystemExit) as exited:
+        quickstart.main([option, value], prog="longppl quickstart")
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("longppl quickstart: error: ") and last.endswith(f"must be an integer >= 1, got {value}.")
+
+
+def interrupted_run(args, wait, env, ready=None):
+    """Start ``python -m longppl *args``, send it SIGINT after ``wait`` seconds (or once ``ready`` is
+    on its stdout), and return its exit status and stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "longppl", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    if ready is not None:
+        for line in process.stdout:
+            if ready in line:
+                break
+    else:
+        time.sleep(wait)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    return process.returncode, err
+
+
+@pytest.mark.parametrize("moment", ["registering the metric", "importing torch", "training"])
+def test_ctrl_c_is_one_line_and_status_130(moment, tmp_path, modules_cache):
+    # a fresh module cache: `import longppl` registers the metric (imports evaluate: seconds) first
+    cache = str(tmp_path / "modules") if moment == "registering the metric" else modules_cache
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=cache, LONGPPL_CACHE_DIR=str(tmp_path / "models"))
+    env.pop("LONGPPL_DEBUG", None)
+    args = ["quickstart", "--retrain", "--steps", "100000"]
+    ready = "Training a tiny model" if moment == "training" else None
+    status, err = interrupted_run(args, 1.0, env, ready)
+    assert "Traceback" not in err and status == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] in ("longppl: interrupted", "longppl quickstart: interrupted")
+    assert not os.path.exists(tmp_path / "models") or not os.listdir(tmp_path / "models")

@@ -164,6 +164,25 @@ def test_interrupted_save_keeps_previous_file(models, text, tmp_path, monkeypatc
     assert os.listdir(tmp_path) == ["spans.json"]
 
 
+def test_a_save_path_that_is_a_link_is_written_through(models, text, tmp_path):
+    target = tmp_path / "store" / "spans.txt"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "spans-link.txt"
+    link.symlink_to(target)
+    out = call(text, models, save_path=str(link))
+    assert link.is_symlink() and os.readlink(link) == str(target)  # still the user's link
+    assert target.read_text() != "old" and official_load_key_token(str(target)) == load_key_token(str(link))
+    assert call(text, dict(models, evaluator_model=None), save_path=str(link)) == out
+    # the temporary file went beside the target (one rename), and nothing is left beside either
+    assert sorted(os.listdir(tmp_path)) == ["spans-link.txt", "store"] and os.listdir(target.parent) == ["spans.txt"]
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(OSError, match="symbolic links"):
+        official.save_key_spans(str(loop), np.array([[0, 1]]))
+    assert loop.is_symlink()
+
+
 def test_no_key_tokens_returns_none_like_official(models, text):
     with pytest.warns(UserWarning, match="No key tokens"):
         out = call(text, models, alpha=100.0)

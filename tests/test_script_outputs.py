@@ -18,7 +18,7 @@ from longppl.key_token_html import MAX_OPACITY, key_token_html
 from longppl.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
 from longppl.tools.correlation import least_squares_line, pearson
-from longppl.tools.figures import correlation_figure, correlation_scatter, short_model_names
+from longppl.tools.figures import correlation_figure, correlation_scatter, lsd_histogram, short_model_names
 from longppl.tools.reports import explain_missing_key_tokens
 
 NAN = float("nan")
@@ -150,6 +150,21 @@ def test_correlation_figure_has_short_labels_one_colour_and_fit_lines(tmp_path):
     path = tmp_path / "correlation.png"
     correlation_scatter(str(path), models, longppl_values, ppl_values, scores)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "name, magic",
+    [("lsd.jpg", b"\xff\xd8\xff"), ("lsd.JPEG", b"\xff\xd8\xff"), ("lsd.pdf", b"%PDF"), ("lsd", b"\x89PNG")],
+)
+def test_a_figure_is_written_in_the_format_its_suffix_names(tmp_path, name, magic):
+    lsd_histogram(str(tmp_path / name), np.array([0.1, 0.4, 3.0, np.nan]), alpha=2.0)
+    assert (tmp_path / name).read_bytes().startswith(magic)
+
+
+def test_a_figure_suffix_without_a_format_is_refused_and_nothing_written(tmp_path):
+    with pytest.raises(ValueError, match=r"'.*lsd\.xyz': a figure cannot be written as \.xyz; .*\.png, \.jpg"):
+        lsd_histogram(str(tmp_path / "lsd.xyz"), np.array([0.1, 3.0]), alpha=2.0)
+    assert os.listdir(tmp_path) == []
 
 
 def test_correlation_figure_without_a_line_when_x_is_constant():

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO
@@ -56,7 +57,16 @@ def apply_umask(path: str) -> None:
 def write_file_atomically(
     path: str, write: Callable[[IO], None], newline: str | None = None, binary: bool = False
 ) -> None:
-    """Create or replace the file ``path`` with what ``write(handle)`` writes (UTF-8 text, or bytes)."""
+    """Create or replace the file ``path`` with what ``write(handle)`` writes (UTF-8 text, or bytes).
+
+    A ``path`` that is a symbolic link is written through, as ``open(path, "w")`` would: the temporary
+    file goes beside the link's target and is renamed onto it, so the link stays a link (to new
+    content). A loop of links is an ``OSError`` (``ELOOP``), before anything is written.
+    """
+    if os.path.islink(path):
+        path = os.path.realpath(path)
+        if os.path.islink(path):  # realpath stops where a loop of links begins
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
@@ -70,6 +80,44 @@ def write_file_atomically(
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def cannot_create(path: str, folder: bool = False) -> str | None:
+    """Why ``path`` cannot be created or replaced (a file, or with ``folder`` a folder), as the end of a
+    sentence about it (``"is inside '/x/f', which is a file"``); ``None`` when nothing stands in the way.
+
+    Checked before the work whose result goes there, so that a command fails in a second instead of
+    after hours of scoring: a path at or under a loop of symbolic links, under a file, a folder where
+    a file is wanted (or a file where a folder is), and a first existing folder (where the missing
+    ones would be created) that this user cannot write. Links are followed, as a write follows them.
+    """
+    target = os.path.abspath(path)
+    here = target
+    while True:
+        try:
+            mode = os.stat(here).st_mode
+            break
+        except (FileNotFoundError, NotADirectoryError):  # not there yet, or a file above it (found next)
+            pass
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return f"goes through a loop of symbolic links ({here})"
+            return f"cannot be looked up: {err.strerror or err} ({here})"
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+    if here == target:
+        if stat.S_ISDIR(mode) != folder:
+            return "is a folder" if not folder else "is a file"
+        where = here if folder else os.path.dirname(here)
+    elif not stat.S_ISDIR(mode):
+        return f"is inside {here!r}, which is a file"
+    else:
+        where = here
+    if not os.access(where, os.W_OK | os.X_OK):
+        return f"cannot be written: this user may not create files in {where!r}"
+    return None
 
 
 def _previous(path: str) -> str:

@@ -76,6 +76,7 @@ Guarantees of a cache directory (written by :meth:`KeyTokenCache.save`):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -92,6 +93,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .atomic_files import (
+    cannot_create,
     directory_lock,
     recover_directory,
     replace_directory_atomically,
@@ -168,8 +170,8 @@ def verify_checksums(path: str) -> bool:
         ``False`` when the directory has no checksum file (nothing to verify), ``True`` when every
         file listed there has its recorded size and SHA-256.
     Raises:
-        CacheDamagedError: the checksum file is unreadable, or a listed file is missing, of another
-            size or of other content (message names the file).
+        CacheDamagedError: the checksum file is unreadable or lists no files, or a listed file is
+            missing, of another size or of other content (message names the file).
     """
     record = os.path.join(path, CHECKSUM_FILE)
     if not os.path.isfile(record):
@@ -180,6 +182,8 @@ def verify_checksums(path: str) -> bool:
         expected = {str(name): (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise _damaged(path, f"its checksum file {CHECKSUM_FILE} is unreadable ({type(err).__name__}: {err})") from err
+    if not expected:  # every save lists the files it wrote; an empty list would vouch for anything
+        raise _damaged(path, f"its checksum file {CHECKSUM_FILE} lists no files")
     for name, (size, _) in sorted(expected.items()):
         file = os.path.join(path, name)
         if os.path.basename(name) != name or not os.path.isfile(file):
@@ -326,6 +330,9 @@ def cache_directory(path, argument: str = "key_tokens", create: bool = False) ->
         raise _refuse(argument, name, f"is a file ({real}), not a directory: pass the directory of a key-token cache.")
     if not create:
         return real
+    problem = cannot_create(real, folder=True)
+    if problem is not None:  # under a file, a loop of links: found now, not when the scored rows are saved
+        raise _refuse(argument, name, f"{problem}; pass a folder that can be created, e.g. key_tokens/NAME.")
     if os.path.isdir(real) and os.listdir(real) and not _is_cache_directory(real):
         shown = sorted(os.listdir(real))
         columns = _dataset_columns(real)
@@ -358,10 +365,16 @@ def write_failed(path: str, err: OSError, dataset: datasets.Dataset) -> ValueErr
     size limit, read-only), as one clear line: what failed, about how much space it needs."""
     needed = dataset.data.nbytes
     size = f"{needed / 2**20:,.1f} MiB" if needed >= 2**20 else f"{max(needed / 2**10, 0.1):,.1f} KiB"
+    unchanged = "The previous cache (if any) is unchanged and nothing was left behind"
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # space is not the problem: say so
+        return ValueError(
+            f"Could not write the key-token cache {path!r}: {err.strerror or err} (errno {err.errno}). {unchanged}: "
+            "choose another folder, then run again."
+        )
     return ValueError(
         f"Could not write the key-token cache {path!r}: {err.strerror or err} (errno {err.errno}); it needs "
-        f"about {size} beside the cache while the new copy is written. The previous cache (if "
-        "any) is unchanged and nothing was left behind: free space or choose another folder, then run again."
+        f"about {size} beside the cache while the new copy is written. {unchanged}: free space or choose "
+        "another folder, then run again."
     )
 
 

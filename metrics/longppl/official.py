@@ -203,7 +203,8 @@ def compute_longppl(
             reads key spans saved earlier at ``save_path``.
         tokenizer, evaluator_tokenizer: tokenizers of the two models (required for model objects).
         save_path (`str`, optional): where the key spans are saved (the official `[a, b];[c, d]` format,
-            which the official package reads too) or, without an evaluator, read.
+            which the official package reads too) or, without an evaluator, read. A symbolic link is
+            written through (its target replaced atomically; the link stays).
         trunc_len (`int`, default 4096): K, the length of the truncated short context.
         sliding_window (`int`, default 1024): d, the number of tokens sharing one short context.
         alpha, beta (`float`, default 2, -2): key token iff LSD > alpha and LCL > beta.

@@ -270,6 +270,14 @@ def ensure_registered() -> str | None:
         return copy
     try:
         return register_metric(modules_cache, if_stale=True)
+    except KeyboardInterrupt:
+        # Registering imports evaluate (seconds), before a command's own Ctrl-C handling runs: a command
+        # started by this import ends with its one line (tools.cli.interruptible). The copy is written
+        # atomically, so nothing is half-written either way.
+        from longppl.tools.cli import exit_if_command_interrupted
+
+        exit_if_command_interrupted()
+        raise
     except Exception as err:  # noqa: BLE001 (see the docstring: warn, never fail the import)
         warnings.warn(
             f"longppl could not register its metric for evaluate.load('longppl') ({err}). "

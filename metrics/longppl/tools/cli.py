@@ -7,22 +7,27 @@ Each tool module has ``build_parser(prog)`` and ``main(argv=None, prog=...)``: `
 API (it returns the tool's results and raises ``ValueError`` on bad input, as the tests use it), and
 ``cli(argv=None)`` is the command, ``run_command(main, argv)``. ``longce-train`` (``longce.cli``) runs
 through it too, so every command reports a bad input the same way: one ``<prog>: error: ...`` line,
-and the traceback only with ``LONGPPL_DEBUG=1``. The module docstring is the parser's description,
+and the traceback only with ``LONGPPL_DEBUG=1``; Ctrl-C ends it with one ``<prog>: interrupted`` line and
+status 130 (:func:`interruptible`). The module docstring is the parser's description,
 rendered for the terminal by :func:`help_text`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 #: Set to 1 (or true/yes/on) to see the traceback of a bad input instead of the one-line error. An
 #: environment variable rather than a ``--debug`` flag: ``longce-train`` takes every ``TrainingArguments``
 #: field as a flag, and ``--debug`` is one of them (transformers' debug options).
 DEBUG_VARIABLE = "LONGPPL_DEBUG"
+
+#: The exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
+INTERRUPTED_STATUS = 130
 
 #: What a command reports in one line: bad inputs the tools explain in their message (a missing
 #: column, an unknown model in a score file, a missing input file or folder, ...).
@@ -77,6 +82,31 @@ class ToolParser(argparse.ArgumentParser):
                 self._option_string_actions[alias] = action
         return action
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's parsing, then the checks every command's values share: an argument that is not
+        valid UTF-8 (bytes a terminal passed through as surrogates) is one usage error, and a leading
+        ``~`` of a string option (``~``, ``~/x``, ``~user/x``) is the home folder, as a shell expands it,
+        so that ``--output-dir=~/x`` or a quoted ``"~/x"`` names the same folder as ``~/x``."""
+        given = sys.argv[1:] if args is None else list(args)
+        for value in given:
+            if isinstance(value, str) and not _is_utf8(value):
+                shown = os.fsencode(value).decode("utf-8", "backslashreplace")
+                self.error(
+                    f"argument '{shown}' is not valid UTF-8 (a file name in another encoding?): rename the file "
+                    "or folder to a UTF-8 name, or pass another one."
+                )
+        parsed, extras = super().parse_known_args(given, namespace)
+        for action in self._actions:
+            # Strings only (no type= conversion): paths, Hub ids, names. A Hub id or a name never starts
+            # with ``~``, so expanding every such value covers each path option of every command.
+            if action.type is None and isinstance(action, (argparse._StoreAction, argparse._AppendAction)):
+                value = getattr(parsed, action.dest, None)
+                if isinstance(value, str):
+                    setattr(parsed, action.dest, _expand_home(value))
+                elif isinstance(value, list):
+                    setattr(parsed, action.dest, [_expand_home(v) if isinstance(v, str) else v for v in value])
+        return parsed, extras
+
     def _get_option_tuples(self, option_string):
         # Both spellings of an option share one action: a prefix of both is still one option. The first
         # item of each tuple is the action (Python 3.11's 3-tuples and 3.12's 4-tuples alike).
@@ -86,6 +116,18 @@ class ToolParser(argparse.ArgumentParser):
                 seen.add(id(match[0]))
                 unique.append(match)
         return unique
+
+
+def _is_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: bytes of another encoding, passed through by os.fsdecode
+        return False
+    return True
+
+
+def _expand_home(value: str) -> str:
+    return os.path.expanduser(value) if value.startswith("~") else value
 
 
 def tool_parser(prog: str | None, doc: str | None) -> argparse.ArgumentParser:
@@ -124,13 +166,49 @@ def run_command(main: Callable[..., object], argv: list[str] | None = None) -> i
     callers) is not an exit status, so it is dropped here.
     """
     prog = invoked_name()
+    with interruptible(prog):
+        try:
+            main(argv, prog=prog)
+        except USER_ERRORS as err:
+            if debugging():
+                raise
+            sys.exit(f"{prog}: error: {err}")
+    return 0
+
+
+@contextlib.contextmanager
+def interruptible(prog: str) -> Iterator[None]:
+    """End the command with one ``<prog>: interrupted`` line and status 130 (``INTERRUPTED_STATUS``) when
+    Ctrl-C (SIGINT, ``KeyboardInterrupt``) arrives in the ``with`` body, instead of a traceback
+    (``LONGPPL_DEBUG=1`` shows it). Files are written to a temporary name and renamed
+    (``longppl.atomic_files``), so an interrupted command leaves each output whole or as it was.
+
+    The ``longppl`` dispatcher wraps the import of a command's module in it too: a command spends its
+    first seconds importing torch and transformers, where a Ctrl-C is as likely as during the work.
+    """
     try:
-        main(argv, prog=prog)
-    except USER_ERRORS as err:
+        yield
+    except KeyboardInterrupt:
         if debugging():
             raise
-        sys.exit(f"{prog}: error: {err}")
-    return 0
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_STATUS)
+
+
+def exit_if_command_interrupted() -> None:
+    """For a Ctrl-C that arrives while ``import longppl`` registers the metric (:mod:`longppl.register`),
+    which runs before any command's :func:`interruptible`: when this process is one of the project's
+    commands (a console script of the ``longppl``, ``longce`` or ``longppl_reproduce`` packages, or
+    ``python -m ...``, whose module is still being found), end it as :func:`interruptible` does;
+    otherwise (``import longppl`` in a program) return, and the ``KeyboardInterrupt`` goes on."""
+    from importlib.metadata import entry_points
+
+    name = invoked_name()
+    ours = ("longppl.", "longppl_reproduce.", "longce.")
+    scripts = {point.name for point in entry_points(group="console_scripts") if point.value.startswith(ours)}
+    if (sys.argv[:1] == ["-m"] or name in scripts) and not debugging():
+        print(f"{name if name != '-m' else 'longppl'}: interrupted", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_STATUS)
 
 
 def debugging(environ: dict[str, str] | None = None) -> bool:

@@ -4,7 +4,9 @@
         --models Qwen/Qwen2-7B mistralai/Mistral-7B-v0.1 --output-dir results/
 
 prints a table (model, LongPPL, PPL, key tokens, tokens) and writes ``results.json`` (per-text
-values too) and ``results.csv`` into ``--output-dir``. With ``--benchmark-scores scores.csv``
+values too) and ``results.csv`` into ``--output-dir``: a new or empty folder, or one of an earlier run
+(its ``longppl_outputs.json`` lists the files that run wrote; those this run does not write go). A
+folder of other files is refused, so no file of yours is overwritten. With ``--benchmark-scores scores.csv``
 (columns ``model,score``, e.g. LongBench averages) it also reports the Pearson and Spearman
 correlations of LongPPL and of PPL with the scores and draws them like the paper's Figure 1(b)
 (``correlation.png``, short model names, least-squares lines; needs matplotlib). Models without key
@@ -158,16 +160,12 @@ def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict
 
 
 def check_output_dir(path: str) -> None:
-    """Refuse an ``--output-dir`` that cannot become a folder (it, or a folder above it, is a file),
+    """Refuse an ``--output-dir`` the results cannot go to (under a file, through a loop of links, not
+    writable) or must not go to (a folder of the user's own files: :func:`~longppl.tools.reports.check_results_folder`),
     before the models are scored rather than when the results are written."""
-    here = os.path.abspath(path)
-    while not os.path.exists(here):
-        here = os.path.dirname(here)
-    if not os.path.isdir(here):
-        where = "is a file" if here == os.path.abspath(path) else f"is inside {here!r}, which is a file"
-        raise ValueError(
-            f"--output-dir {path!r} {where}; pass a folder for results.json and results.csv (created if missing)."
-        )
+    from longppl.tools.reports import check_results_folder
+
+    check_results_folder(path, "--output-dir")
 
 
 def warn(prog: str, message: str) -> None:
@@ -197,7 +195,13 @@ def main(argv=None, prog: str = PROG) -> dict:
     from longppl.loading import load_causal_lm
     from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
     from longppl.tools.cache_cli import open_selected
-    from longppl.tools.reports import explain_missing_key_tokens, format_table, write_results_csv, write_results_json
+    from longppl.tools.reports import (
+        explain_missing_key_tokens,
+        format_table,
+        write_outputs,
+        write_results_csv,
+        write_results_json,
+    )
 
     cache, settings, fingerprint, rows = open_selected(args)
     scores = read_benchmark_scores(args.benchmark_scores, args.models) if args.benchmark_scores else None
@@ -239,6 +243,7 @@ def main(argv=None, prog: str = PROG) -> dict:
         texts=len(texts),
     )
     found = None
+    outputs = {}  # {file name in --output-dir: write(path)}, written at the end
     if scores is not None:
         found = correlations(results, scores)
         if len(found["models"]) < 2:
@@ -271,8 +276,8 @@ def main(argv=None, prog: str = PROG) -> dict:
             from longppl.tools.figures import correlation_scatter
 
             chosen = [(name, r) for name, r in results if name in found["models"]]
-            correlation_scatter(
-                os.path.join(args.output_dir, "correlation.png"),
+            outputs["correlation.png"] = lambda path: correlation_scatter(
+                path,
                 [n for n, _ in chosen],
                 [r["longppl"] for _, r in chosen],
                 [r["ppl"] for _, r in chosen],
@@ -280,8 +285,10 @@ def main(argv=None, prog: str = PROG) -> dict:
                 args.benchmark_name,
             )
         meta["correlations"] = found
-    write_results_json(os.path.join(args.output_dir, "results.json"), results, meta)
-    write_results_csv(os.path.join(args.output_dir, "results.csv"), results)
+    outputs["results.json"] = lambda path: write_results_json(path, results, meta)
+    outputs["results.csv"] = lambda path: write_results_csv(path, results)
+    # the folder's files of an earlier run that this one does not make (an old correlation.png) go
+    write_outputs(args.output_dir, "longppl evaluate", outputs)
     print(
         f"\nwrote {os.path.join(args.output_dir, 'results.json')}, results.csv" + (", correlation.png" if found else "")
     )

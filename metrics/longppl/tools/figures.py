@@ -1,5 +1,6 @@
-"""PNG figures like the paper's: LongPPL and PPL against a benchmark (Fig. 1(b)), and the
-distribution of LSD values over a corpus (Fig. 4(a)).
+"""Figures like the paper's: LongPPL and PPL against a benchmark (Fig. 1(b)), and the distribution of
+LSD values over a corpus (Fig. 4(a)). Written in the format their file name's suffix names (PNG,
+JPEG, PDF, SVG, ...: :data:`FIGURE_FORMATS`).
 
 Needs matplotlib (``pip install "longppl-hf[plots]"``). Figures are drawn on matplotlib's Agg canvas
 without pyplot, so the caller's plotting backend and open figures are left alone, and saved
@@ -8,6 +9,7 @@ atomically.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,8 +31,32 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=120, layout="constrained")
 
 
+#: The formats a figure is written in, by the suffix of its name (matplotlib's names): raster images
+#: through Pillow, vector formats through matplotlib's own writers. A name without a suffix is PNG.
+FIGURE_FORMATS = ("png", "jpg", "jpeg", "tif", "tiff", "webp", "gif", "pdf", "svg", "svgz", "eps", "ps")
+
+
+def figure_format(path: str) -> str:
+    """The format of the figure file ``path``, from its suffix (``lsd.jpg`` -> ``jpg``; no suffix: ``png``).
+
+    Raises:
+        ValueError: a suffix none of ``FIGURE_FORMATS`` names (a figure is never written in one format
+            under another's name), naming the suffixes that work.
+    """
+    suffix = os.path.splitext(os.path.basename(path))[1].lower().lstrip(".")
+    if not suffix:
+        return "png"
+    if suffix not in FIGURE_FORMATS:
+        raise ValueError(
+            f"{path!r}: a figure cannot be written as .{suffix}; name it with one of the suffixes "
+            f"{', '.join('.' + name for name in FIGURE_FORMATS)}."
+        )
+    return suffix
+
+
 def _save(figure, path: str) -> None:
-    write_file_atomically(path, lambda handle: figure.savefig(handle, format="png"), binary=True)
+    file_format = figure_format(path)
+    write_file_atomically(path, lambda handle: figure.savefig(handle, format=file_format), binary=True)
 
 
 def short_model_names(models: Sequence[str]) -> list[str]:
@@ -99,7 +125,8 @@ def correlation_scatter(
     scores: Sequence[float],
     benchmark: str = "benchmark score",
 ) -> None:
-    """Write :func:`correlation_figure` to ``path`` as PNG (like the paper's Figure 1(b))."""
+    """Write :func:`correlation_figure` to ``path``, in the format its suffix names (like the paper's
+    Figure 1(b))."""
     _save(correlation_figure(models, longppl, ppl, scores, benchmark), path)
 
 

@@ -15,7 +15,7 @@ import argparse
 import importlib
 import sys
 
-from longppl.tools.cli import help_text
+from longppl.tools.cli import help_text, interruptible
 
 #: ``longppl``'s own commands, ``{command: (the console script's entry point "module:function", one line
 #: for --help)}``: the entry points are setup.cfg's, so a command and its old name run the same function.
@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     parsed = parser.parse_args(argv[:1])
     command = parsed.command
     module, function = parsed.table[command][0].split(":")
-    run = getattr(importlib.import_module(module), function)
+    # Importing a command's module can take seconds (numpy, datasets): a Ctrl-C then is one line too.
+    with interruptible(f"{prog} {command}"):
+        run = getattr(importlib.import_module(module), function)
     saved = sys.argv
     # The tools take their name from sys.argv[0] (run_command's `prog: error:` line, longce-train's
     # Hugging Face parser, the command line reproduce records), as when started by their own name.

@@ -197,9 +197,28 @@ def main(argv=None, prog: str = PROG) -> None:
     if (args.model is None) != (args.evaluator is None):
         parser.error("--model and --evaluator go together")
     toy = args.model is None
-    args.trunc_len = args.trunc_len or (TOY_TRUNC_LEN if toy else DEFAULT_TRUNC_LEN)
-    args.sliding_window = args.sliding_window or (TOY_SLIDING_WINDOW if toy else DEFAULT_SLIDING_WINDOW)
+    # None is "not given" (0 is a value, refused below, not the default)
+    if args.trunc_len is None:
+        args.trunc_len = TOY_TRUNC_LEN if toy else DEFAULT_TRUNC_LEN
+    if args.sliding_window is None:
+        args.sliding_window = TOY_SLIDING_WINDOW if toy else DEFAULT_SLIDING_WINDOW
+    check_numbers(parser, args)
     (toy_demo if toy else hub_demo)(args)
+
+
+def check_numbers(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse counts that are not positive (``--steps -5`` would train nothing and print NaN) and K and d
+    as the metric refuses them, with one usage line, before any model is trained or loaded."""
+    from longppl.settings import WindowSettings, require_int
+
+    try:
+        WindowSettings(args.trunc_len, args.sliding_window)
+        for option in ("--steps", "--documents", "--window"):
+            require_int(option, getattr(args, option[2:]))
+        if args.max_length is not None:
+            require_int("--max-length", args.max_length, minimum=2)
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def cli(argv=None) -> int:

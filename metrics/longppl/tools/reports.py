@@ -9,12 +9,18 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 
-from ..atomic_files import write_file_atomically
+from ..atomic_files import cannot_create, write_file_atomically
 from ..settings import KeyTokenRule
 
 CSV_COLUMNS = ("model", "longppl", "ppl", "key_tokens", "tokens")
+
+#: The marker of a results folder, like a key-token cache's ``longppl_checksums.json``: the files a
+#: command wrote there (``{"command": ..., "files": [names]}``). A folder holding it is the command's
+#: own, which a later run may write into; other folders with files are never written into.
+OUTPUTS_FILE = "longppl_outputs.json"
 
 
 def _totals(result: dict) -> tuple[float, int]:
@@ -124,3 +130,66 @@ def explain_missing_key_tokens(
         f"character spans (tokenizers that split the text very differently). Check the model's tokenizer "
         f"on these texts, or try --add-special-tokens if the model needs them."
     )
+
+
+def _listed_outputs(folder: str) -> list[str] | None:
+    """The file names ``OUTPUTS_FILE`` in ``folder`` lists, or ``None`` (no such readable marker). Only
+    plain names count: the list never leads a removal out of the folder."""
+    try:
+        with open(os.path.join(folder, OUTPUTS_FILE), encoding="utf-8") as handle:
+            files = json.load(handle)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(files, list):
+        return None
+    return [
+        name
+        for name in files
+        if isinstance(name, str) and name not in ("", ".", "..", OUTPUTS_FILE) and os.path.basename(name) == name
+    ]
+
+
+def check_results_folder(folder: str, argument: str) -> None:
+    """Refuse, with a ``ValueError`` naming ``argument``, a results folder a command must not write into:
+    one that cannot be created (under a file, through a loop of links, not writable), or an existing
+    folder with files but without ``OUTPUTS_FILE`` (the user's own files, which the results would
+    overwrite). A missing or empty folder, or one holding a command's earlier results, is fine.
+    Called before any model is loaded."""
+    problem = cannot_create(folder, folder=True)
+    if problem is not None:
+        raise ValueError(f"{argument} {folder!r} {problem}; pass a folder for results (created if missing).")
+    if os.path.isdir(folder) and os.listdir(folder) and _listed_outputs(folder) is None:
+        shown = sorted(os.listdir(folder))
+        raise ValueError(
+            f"{argument} {folder!r} holds files this command did not write ({', '.join(shown[:5])}"
+            f"{', …' if len(shown) > 5 else ''}) and the results would overwrite them: choose a new or empty "
+            f"folder (a folder of this command's earlier results, marked by its {OUTPUTS_FILE}, is reused)."
+        )
+
+
+def write_outputs(folder: str, command: str, writers: dict[str, Callable[[str], None]]) -> list[str]:
+    """Write a command's result files into ``folder`` (checked by :func:`check_results_folder`) and mark
+    it as theirs; returns their paths.
+
+    ``writers``: ``{file name: write(path)}``, called in order (each writes atomically). Files an earlier
+    run listed in ``OUTPUTS_FILE`` that this run does not write (an old ``correlation.png``) are removed,
+    so the folder holds this run's results only; nothing else in the folder is touched. The marker lists
+    every file of both runs while they are written, so an interrupted run leaves no file unlisted.
+    """
+    os.makedirs(folder, exist_ok=True)
+    before = _listed_outputs(folder) or []
+    names = list(writers)
+
+    def mark(files: list[str]) -> None:
+        payload = {"command": command, "files": files}
+        write_file_atomically(os.path.join(folder, OUTPUTS_FILE), lambda handle: json.dump(payload, handle, indent=1))
+
+    mark(sorted(set(before) | set(names)))
+    for name, write in writers.items():
+        write(os.path.join(folder, name))
+    for name in sorted(set(before) - set(names)):
+        stale = os.path.join(folder, name)
+        if os.path.isfile(stale) or os.path.islink(stale):
+            os.remove(stale)
+    mark(names)
+    return [os.path.join(folder, name) for name in names]

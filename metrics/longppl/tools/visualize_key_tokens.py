@@ -1,6 +1,7 @@
 """Pictures of a key-token cache, no model needed: a document as HTML with its key tokens
-highlighted and each token's LSD and LCL on hover (like the paper's Appendix F), and a PNG
-histogram of the LSD values of the whole corpus (like its Figure 4(a)).
+highlighted and each token's LSD and LCL on hover (like the paper's Appendix F), and a histogram
+of the LSD values of the whole corpus (like its Figure 4(a)), in the format its name's suffix names
+(``.png``, ``.jpg``, ``.pdf``, ``.svg``, ...).
 
     longppl-visualize --key-tokens key_tokens/govreport-llama3.1-8b \\
         --document 3 --html doc3.html --histogram lsd.png
@@ -47,7 +48,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "[0, cap] (default: 2 * alpha, at least 1)",
     )
     parser.add_argument(
-        "--histogram", help="write the PNG histogram of the corpus's LSD values here (default: no histogram)"
+        "--histogram",
+        help="write the histogram of the corpus's LSD values here, in the format the suffix names: .png, .jpg, "
+        ".pdf, .svg, ... (default: no histogram)",
     )
     return parser
 
@@ -62,6 +65,24 @@ def parse_args(argv=None, prog: str = PROG):
     return args
 
 
+def check_outputs(args) -> None:
+    """Refuse, before the cache is read, an ``--html`` or ``--histogram`` file that cannot be written (under
+    a file, through a loop of links, a folder, not writable) or a histogram suffix no format has."""
+    from longppl.atomic_files import cannot_create
+    from longppl.tools.figures import figure_format
+
+    for option, path in (("--html", args.html), ("--histogram", args.histogram)):
+        if path:
+            problem = cannot_create(path)
+            if problem is not None:
+                raise ValueError(f"{option} {path!r} {problem}; pass a file name in a folder you can write to.")
+    if args.histogram:
+        try:
+            figure_format(args.histogram)
+        except ValueError as err:
+            raise ValueError(f"--histogram {err}") from None
+
+
 def main(argv=None, prog: str = PROG) -> None:
     """Run the tool: write the HTML view and/or the histogram the options ask for.
 
@@ -70,6 +91,7 @@ def main(argv=None, prog: str = PROG) -> None:
             the command prints it as ``<prog>: error: ...``.
     """
     args = parse_args(argv, prog)
+    check_outputs(args)
     from longppl.atomic_files import write_file_atomically
     from longppl.key_token_html import key_token_html
     from longppl.tools.cache_cli import open_selected
