@@ -349,6 +349,31 @@ def test_the_command_reports_a_bad_config_in_one_line(tmp_path, capsys):
     assert "--seeds names [7], which are not in the config's finetune.seeds [0, 1]" in str(exit_.value.code)
 
 
+def test_a_config_that_does_not_parse_or_an_unusable_output_dir_is_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where an empty --output-dir would have written
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("population: {name: [x\n")
+    names_bad = _config(tmp_path, population=str(bad))  # the population config it names does not parse
+    for config in (str(bad), names_bad):
+        with pytest.raises(SystemExit) as exit_:
+            comparison.cli(["--config", config, "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
+        assert str(exit_.value.code).endswith(
+            f"error: {bad} is not valid YAML: expected ',' or ']', but got '<stream end>' at line 2, column 1 "
+            "(while parsing a flow sequence at line 1, column 20); fix the file there and run again."
+        )
+    (tmp_path / "f").write_text("a file")
+    for output, message in (
+        (str(tmp_path / "f" / "sub"), f"--output-dir {str(tmp_path / 'f' / 'sub')!r} lies below {tmp_path / 'f'}, "),
+        ("", "--output-dir='' is empty: pass the run's folder, e.g. repro2/."),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            comparison.cli(
+                ["--config", _config(tmp_path), "--corpus", DATA, "--output-dir", output, "--stages", "report"]
+            )
+        assert "error: " + message in str(exit_.value.code)
+    assert sorted(os.listdir(tmp_path)) == ["bad.yaml", "config.yaml", "f"]  # nothing written
+
+
 def test_stages_run_in_pipeline_order_and_unknown_ones_are_named(capsys):
     parser = comparison.build_parser("longppl-reproduce-longce")
     common = ["--config", SMOKE, "--output-dir", "out"]

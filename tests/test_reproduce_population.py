@@ -93,6 +93,29 @@ def test_the_command_reports_a_bad_config_as_one_error_line(tmp_path):
     assert "--members names ['pi9-s0'], which are not members" in str(exit_.value.code)
 
 
+def test_a_config_that_does_not_parse_or_an_unusable_output_dir_is_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where an empty --output-dir would have written
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: 0\nmodel: {name: [x\n")
+    with pytest.raises(SystemExit) as exit_:
+        population.cli(["--config", str(bad), "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
+    assert str(exit_.value.code).endswith(
+        f"error: {bad} is not valid YAML: expected ',' or ']', but got '<stream end>' at line 3, column 1 "
+        "(while parsing a flow sequence at line 2, column 15); fix the file there and run again."
+    )
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "f").write_text("a file")
+    for output, message in (
+        (str(tmp_path / "f" / "sub"), f"--output-dir {str(tmp_path / 'f' / 'sub')!r} lies below {tmp_path / 'f'}, "),
+        ("", "--output-dir='' is empty: pass the run's folder, e.g. repro2/."),
+        ("  ", "--output-dir='  ' is empty"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            population.cli(["--config", SMOKE, "--corpus", DATA, "--output-dir", output, "--stages", "report"])
+        assert "error: " + message in str(exit_.value.code)
+    assert sorted(os.listdir(tmp_path)) == ["bad.yaml", "f"]  # nothing written, here or in the current folder
+
+
 # ------------------------------------------------------------------ pure parts
 
 

@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 
 from longppl.atomic_files import directory_lock, write_file_atomically
+from longppl.sources import require_path
 
 #: Sums of wall seconds per stage and per model, over every call that did work.
 TIMINGS = "timings.json"
@@ -45,11 +46,20 @@ class RunFolder:
     """
 
     def __init__(self, root: str, log=print):
-        self.root = os.path.abspath(root)
+        self.root = os.path.abspath(require_path(root, "--output-dir", "the run's folder, e.g. repro2/"))
         self.log = log
-        if os.path.exists(self.root) and not os.path.isdir(self.root):
-            raise ValueError(f"--output-dir {root!r} is a file, not a folder: give a folder (created if missing).")
-        os.makedirs(self.root, exist_ok=True)
+        existing = self.root
+        while not os.path.exists(existing):  # the folder, or the nearest one above it that exists
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            where = "is a file" if existing == self.root else f"lies below {existing}, which is a file"
+            raise ValueError(f"--output-dir {root!r} {where}, not a folder: give a folder (created if missing).")
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"--output-dir {root!r} cannot be created ({err.strerror or err}): give a folder you can write."
+            ) from None
 
     def path(self, *parts: str) -> str:
         """``root/parts...``, its parent folder created."""
