@@ -188,6 +188,24 @@ def test_void_rule_on_constructed_numbers():
         comparison.void_rule([], 0.6, 0.5)
 
 
+def test_a_given_model_whose_training_record_is_cut_off_is_named_and_nothing_is_copied(tmp_path):
+    from longppl_reproduce.run_folder import RunFolder
+
+    source = tmp_path / "B"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "training.json").write_text('{"name": "B", "mod')
+    run = RunFolder(str(tmp_path / "run"), log=lambda *_: None)
+    with pytest.raises(ValueError) as error:
+        comparison.import_model(run, str(source), "B")
+    assert str(error.value) == (
+        f"{source / 'training.json'} is not JSON (Unterminated string starting at: line 1, column 15): give another "
+        "model folder (a population run's models/<name> or its export)."
+    )
+    assert os.listdir(tmp_path / "run" / "models") == ["B"]  # no half-made copy beside it
+    assert os.listdir(tmp_path / "run" / "models" / "B") == []  # and nothing copied into it
+
+
 @pytest.mark.slow
 def test_a_void_comparison_is_reported_with_its_rerun_due_then_done(smoke, tmp_path):
     source = smoke["out"]

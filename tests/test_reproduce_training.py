@@ -109,6 +109,18 @@ def test_a_checkpoint_of_other_settings_is_not_resumed_but_a_new_log_interval_is
     assert [row["step"] for row in record["losses"]] == [0, 1, 2, 4]  # logged every step, then every 2
 
 
+def test_a_cut_off_checkpoint_record_is_named_with_what_to_do(tmp_path):
+    progress = tmp_path / "m" / CHECKPOINT / "progress.json"
+    progress.parent.mkdir(parents=True)
+    progress.write_text('{"step": 2, "sec')
+    with pytest.raises(ValueError) as error:
+        _tiny(tmp_path, "m")
+    assert str(error.value) == (
+        f"{progress} is not JSON (Unterminated string starting at: line 1, column 13): delete it and run again, and "
+        "the model is trained from its first step."
+    )
+
+
 def test_a_cut_off_training_resumes_from_its_checkpoint_to_the_uninterrupted_weights(tmp_path):
     settings = {"steps": 8, "save_every": 3, "log_every": 1, "warmup_steps": 2}
     reference, reference_weights = _tiny(tmp_path, "whole", **settings)

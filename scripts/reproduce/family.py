@@ -31,6 +31,8 @@ import numpy as np
 
 from longppl.atomic_files import replace_directory_atomically, write_file_atomically
 
+from .run_folder import read_record
+
 #: The tokenizer's special tokens: an end-of-document token that separates concatenated documents,
 #: and a padding token (batches are packed, so it is only there for ``generate``). No BOS is added:
 #: every token of a text then counts, and a text of ``L`` tokens is exactly ``L`` positions.
@@ -45,6 +47,8 @@ CHECKPOINT = "checkpoint"
 #: Training settings that may change between a checkpoint and its resumption without changing
 #: what is computed (how often to log or save, compiled or eager kernels).
 RESUMABLE_CHANGES = ("log_every", "save_every", "compile")
+#: What to do about a checkpoint whose ``progress.json`` cannot be read.
+RESTART = "delete it and run again, and the model is trained from its first step"
 
 ARCHITECTURES = ("llama", "mistral")
 
@@ -262,8 +266,7 @@ def load_checkpoint(folder: str, model, optimizer) -> dict:
     import torch
     from safetensors.torch import load
 
-    with open(os.path.join(folder, "progress.json"), encoding="utf-8") as handle:
-        progress = json.load(handle)
+    progress = read_record(os.path.join(folder, "progress.json"), remedy=RESTART)
     with open(os.path.join(folder, "state.safetensors"), "rb") as handle:
         tensors = load(handle.read())
     model.load_state_dict({k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}, strict=True)
@@ -343,8 +346,7 @@ def train_variant(
     checkpoint, key = os.path.join(folder, CHECKPOINT), _resume_key(variant, len(tokenizer))
     first, seconds_before, resumed, first_step_seconds = 0, 0.0, [], float("nan")
     if os.path.isfile(os.path.join(checkpoint, "progress.json")):
-        with open(os.path.join(checkpoint, "progress.json"), encoding="utf-8") as handle:
-            saved = json.load(handle)
+        saved = read_record(os.path.join(checkpoint, "progress.json"), remedy=RESTART)
         if saved.get("settings") == key:
             progress = load_checkpoint(checkpoint, model, optimizer)
             first, seconds_before, losses = progress["step"], progress["seconds"], progress["losses"]

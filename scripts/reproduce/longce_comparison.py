@@ -76,7 +76,7 @@ from .config import (
     share,
 )
 from .report_text import closing_sections, fmt
-from .run_folder import RunFolder, finite
+from .run_folder import RunFolder, finite, read_record
 
 STAGES = ("start", "extend", "cache", "finetune", "evaluate", "rerun", "report")
 #: The fine-tuning methods and the ``LongCEConfig`` fields that select them (``ce-wallclock`` is CE).
@@ -317,13 +317,12 @@ def import_model(run: RunFolder, source: str, name: str) -> None:
         for entry in os.listdir(source):
             if os.path.isfile(os.path.join(source, entry)):
                 shutil.copy2(os.path.join(source, entry), os.path.join(tmp, entry))
-        record_file = os.path.join(tmp, TRAINING_RECORD)
         record = {"name": name, "model": {}}
-        if os.path.isfile(record_file):
-            with open(record_file, encoding="utf-8") as handle:
-                record = json.load(handle)
+        if os.path.isfile(os.path.join(source, TRAINING_RECORD)):
+            damaged = "give another model folder (a population run's models/<name> or its export)"
+            record = read_record(os.path.join(source, TRAINING_RECORD), remedy=damaged)
         record["imported_from"] = source
-        with open(record_file, "w", encoding="utf-8") as handle:
+        with open(os.path.join(tmp, TRAINING_RECORD), "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=1)
 
     replace_directory_atomically(target, write)

@@ -54,7 +54,7 @@ from longppl.tools.cli import command_line, run_command, tool_parser
 from .books import read_books
 from .config import Population, Pretrained, Window, read_population
 from .report_text import closing_sections, fmt
-from .run_folder import RunFolder, finite
+from .run_folder import RunFolder, finite, read_record
 
 STAGES = (
     "tokenizer",
@@ -131,8 +131,10 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 
 def read_texts(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line)["text"] for line in handle if line.strip()]
+    """The texts of a JSONL file this run wrote (``write_jsonl``), a bad line named by its file and line."""
+    from longppl.tools.corpus import jsonl_records
+
+    return [record["text"] for _, record in jsonl_records(path, ("text",), f"delete {path} and run again.")]
 
 
 def pool_name(kind: str, seq_len: int, within: int | None) -> str:
@@ -442,8 +444,7 @@ def load_member(folder: str, device: str):
 
     from .family import TRAINING_RECORD
 
-    with open(os.path.join(folder, TRAINING_RECORD), encoding="utf-8") as handle:
-        record = json.load(handle)
+    record = read_record(os.path.join(folder, TRAINING_RECORD))
     attention = "sdpa"
     extension = record["model"].get("extension") if isinstance(record.get("model"), dict) else None
     if extension and extension["method"] == "eabf":
