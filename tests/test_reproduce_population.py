@@ -340,6 +340,26 @@ def test_smoke_run_writes_every_stage_and_a_second_call_skips_the_work(tmp_path,
         assert json.loads((export / name / "config.json").read_text())["dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
+def test_a_member_whose_weights_were_deleted_is_trained_again_not_trusted_by_its_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(tmp_path), "--members", "pi2-s2"]
+    population.main([*argv, "--stages", "tokenizer,data,base,members"])
+    folder = tmp_path / "models" / "members" / "pi2-s2"
+    trained = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").unlink()  # deleted after training: its training.json stays
+
+    logged = []
+    population.stage_members(
+        read_population(SMOKE, corpus=DATA), RunFolder(str(tmp_path), log=logged.append), ["pi2-s2"]
+    )
+    assert not any("pi2-s2 trained, kept" in line for line in logged)
+    assert any("has its training record but no model.safetensors: training it again" in line for line in logged)
+    assert (folder / "model.safetensors").read_bytes() == trained  # the same member again, from its seed
+    model, _ = population.load_member(str(folder), "cpu")  # what the evaluate stage loads
+    assert model.config.max_position_embeddings >= 1024
+
+
 def test_document_interval_resamples_the_pooled_perplexity():
     nll, counts = [10.0, 30.0, 5.0], [5, 10, 5]
     found = population.document_interval(nll, counts, Analysis(resamples=500))

@@ -31,7 +31,8 @@ stage skips what its files say is done):
   weights -> ``data/finetune-cache-weights/`` (only when ``cache`` is a method).
 - ``finetune``: every run -> ``models/finetuned/<extension>-<method>-s<seed>/``, with its step
   times and its accuracy curve at ``finetune.eval_steps`` (accuracy at 512 and on the primary
-  benchmark); a finished run is never retrained, one cut off is trained again from its start.
+  benchmark); a finished run is never retrained, one cut off (or whose weights went after its
+  training record was written) is trained again from its start.
   ``--seeds`` splits the runs over calls.
 - ``evaluate``: per run -> ``eval/finetuned/<run>.json``: lines accuracy at the primary lengths
   (asked line beyond K), at 512, needle, the answer digits' log-likelihood, PPL and LongPPL under
@@ -743,7 +744,7 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
 
 
 def train_arms(config: Comparison, pop: Population, run: RunFolder, selected: list[Arm]) -> None:
-    from .family import is_trained
+    from .family import is_trained, stale_record
 
     for extension in {arm.extension.name: arm.extension for arm in selected}.values():
         if not run.has("eval", "extended", f"{extension.name}.json"):
@@ -754,6 +755,8 @@ def train_arms(config: Comparison, pop: Population, run: RunFolder, selected: li
         if is_trained(arm_folder(run, arm)):
             run.log(f"finetune: {arm.name} trained, kept")
             continue
+        if stale := stale_record(arm_folder(run, arm)):
+            run.log(f"finetune: {stale}")
         finetune(config, pop, run, arm)
 
 

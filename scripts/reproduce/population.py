@@ -10,7 +10,10 @@ Evaluators (E1, optionally E2) are trained apart, at ``L``, and are not members.
 on E1 before any member is scored; the analysis plan (exclusions, statistics) is in the config.
 
 Stages (``--stages``, comma separated, or ``all``), each resumable: every file is written
-atomically and a stage skips what its files say is done, so a run can be split into short calls.
+atomically and a stage skips what its files say is done, so a run can be split into short calls
+(a model counts as trained when its training record and its files are all there: one whose weights
+were deleted or cut off is trained again). A record that is not JSON or not of its shape stops the
+run with one line naming it (delete it, and its stage computes it again).
 
 - ``tokenizer``: byte-level BPE on the first ``data.tokenizer_books`` books -> ``tokenizer/``.
 - ``data``: ``data/train_tokens.npy`` (training books, one stream); ``data/validation.jsonl``
