@@ -188,6 +188,24 @@ def test_void_rule_on_constructed_numbers():
         comparison.void_rule([], 0.6, 0.5)
 
 
+def test_a_given_model_whose_training_record_is_cut_off_is_named_and_nothing_is_copied(tmp_path):
+    from longppl_reproduce.run_folder import RunFolder
+
+    source = tmp_path / "B"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "training.json").write_text('{"name": "B", "mod')
+    run = RunFolder(str(tmp_path / "run"), log=lambda *_: None)
+    with pytest.raises(ValueError) as error:
+        comparison.import_model(run, str(source), "B")
+    assert str(error.value) == (
+        f"{source / 'training.json'} is not JSON (Unterminated string starting at: line 1, column 15): give another "
+        "model folder (a population run's models/<name> or its export)."
+    )
+    assert os.listdir(tmp_path / "run" / "models") == ["B"]  # no half-made copy beside it
+    assert os.listdir(tmp_path / "run" / "models" / "B") == []  # and nothing copied into it
+
+
 @pytest.mark.slow
 def test_a_void_comparison_is_reported_with_its_rerun_due_then_done(smoke, tmp_path):
     source = smoke["out"]
@@ -347,6 +365,31 @@ def test_the_command_reports_a_bad_config_in_one_line(tmp_path, capsys):
             ["--config", _config(tmp_path), "--corpus", DATA, "--output-dir", str(tmp_path / "o"), "--seeds", "0,7"]
         )
     assert "--seeds names [7], which are not in the config's finetune.seeds [0, 1]" in str(exit_.value.code)
+
+
+def test_a_config_that_does_not_parse_or_an_unusable_output_dir_is_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where an empty --output-dir would have written
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("population: {name: [x\n")
+    names_bad = _config(tmp_path, population=str(bad))  # the population config it names does not parse
+    for config in (str(bad), names_bad):
+        with pytest.raises(SystemExit) as exit_:
+            comparison.cli(["--config", config, "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
+        assert str(exit_.value.code).endswith(
+            f"error: {bad} is not valid YAML: expected ',' or ']', but got '<stream end>' at line 2, column 1 "
+            "(while parsing a flow sequence at line 1, column 20); fix the file there and run again."
+        )
+    (tmp_path / "f").write_text("a file")
+    for output, message in (
+        (str(tmp_path / "f" / "sub"), f"--output-dir {str(tmp_path / 'f' / 'sub')!r} lies below {tmp_path / 'f'}, "),
+        ("", "--output-dir='' is empty: pass the run's folder, e.g. repro2/."),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            comparison.cli(
+                ["--config", _config(tmp_path), "--corpus", DATA, "--output-dir", output, "--stages", "report"]
+            )
+        assert "error: " + message in str(exit_.value.code)
+    assert sorted(os.listdir(tmp_path)) == ["bad.yaml", "config.yaml", "f"]  # nothing written
 
 
 def test_stages_run_in_pipeline_order_and_unknown_ones_are_named(capsys):

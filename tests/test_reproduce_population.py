@@ -93,6 +93,29 @@ def test_the_command_reports_a_bad_config_as_one_error_line(tmp_path):
     assert "--members names ['pi9-s0'], which are not members" in str(exit_.value.code)
 
 
+def test_a_config_that_does_not_parse_or_an_unusable_output_dir_is_one_error_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where an empty --output-dir would have written
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: 0\nmodel: {name: [x\n")
+    with pytest.raises(SystemExit) as exit_:
+        population.cli(["--config", str(bad), "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
+    assert str(exit_.value.code).endswith(
+        f"error: {bad} is not valid YAML: expected ',' or ']', but got '<stream end>' at line 3, column 1 "
+        "(while parsing a flow sequence at line 2, column 15); fix the file there and run again."
+    )
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "f").write_text("a file")
+    for output, message in (
+        (str(tmp_path / "f" / "sub"), f"--output-dir {str(tmp_path / 'f' / 'sub')!r} lies below {tmp_path / 'f'}, "),
+        ("", "--output-dir='' is empty: pass the run's folder, e.g. repro2/."),
+        ("  ", "--output-dir='  ' is empty"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            population.cli(["--config", SMOKE, "--corpus", DATA, "--output-dir", output, "--stages", "report"])
+        assert "error: " + message in str(exit_.value.code)
+    assert sorted(os.listdir(tmp_path)) == ["bad.yaml", "f"]  # nothing written, here or in the current folder
+
+
 # ------------------------------------------------------------------ pure parts
 
 
@@ -315,6 +338,26 @@ def test_smoke_run_writes_every_stage_and_a_second_call_skips_the_work(tmp_path,
         assert "tokenizer.json" in files and "config.json" in files
         assert all(os.path.getsize(export / name / f) <= 16 * 2**20 for f in files)
         assert json.loads((export / name / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+@pytest.mark.slow
+def test_a_member_whose_weights_were_deleted_is_trained_again_not_trusted_by_its_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(tmp_path), "--members", "pi2-s2"]
+    population.main([*argv, "--stages", "tokenizer,data,base,members"])
+    folder = tmp_path / "models" / "members" / "pi2-s2"
+    trained = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").unlink()  # deleted after training: its training.json stays
+
+    logged = []
+    population.stage_members(
+        read_population(SMOKE, corpus=DATA), RunFolder(str(tmp_path), log=logged.append), ["pi2-s2"]
+    )
+    assert not any("pi2-s2 trained, kept" in line for line in logged)
+    assert any("has its training record but no model.safetensors: training it again" in line for line in logged)
+    assert (folder / "model.safetensors").read_bytes() == trained  # the same member again, from its seed
+    model, _ = population.load_member(str(folder), "cpu")  # what the evaluate stage loads
+    assert model.config.max_position_embeddings >= 1024
 
 
 def test_document_interval_resamples_the_pooled_perplexity():

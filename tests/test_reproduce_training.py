@@ -16,7 +16,9 @@ from longppl_reproduce.family import (
     TRAINING_RECORD,
     TrainingBatches,
     Variant,
+    is_trained,
     learning_rate,
+    missing_model_files,
     train_variant,
 )
 from safetensors.torch import load_file
@@ -109,6 +111,18 @@ def test_a_checkpoint_of_other_settings_is_not_resumed_but_a_new_log_interval_is
     assert [row["step"] for row in record["losses"]] == [0, 1, 2, 4]  # logged every step, then every 2
 
 
+def test_a_cut_off_checkpoint_record_is_named_with_what_to_do(tmp_path):
+    progress = tmp_path / "m" / CHECKPOINT / "progress.json"
+    progress.parent.mkdir(parents=True)
+    progress.write_text('{"step": 2, "sec')
+    with pytest.raises(ValueError) as error:
+        _tiny(tmp_path, "m")
+    assert str(error.value) == (
+        f"{progress} is not JSON (Unterminated string starting at: line 1, column 13): delete it and run again, and "
+        "the model is trained from its first step."
+    )
+
+
 def test_a_cut_off_training_resumes_from_its_checkpoint_to_the_uninterrupted_weights(tmp_path):
     settings = {"steps": 8, "save_every": 3, "log_every": 1, "warmup_steps": 2}
     reference, reference_weights = _tiny(tmp_path, "whole", **settings)
@@ -130,6 +144,24 @@ def test_a_cut_off_training_resumes_from_its_checkpoint_to_the_uninterrupted_wei
     for name, tensor in reference_weights.items():
         assert torch.equal(weights[name], tensor), name
     assert not (folder / CHECKPOINT).exists()
+
+
+def test_a_model_whose_weights_went_after_training_is_trained_again(tmp_path):
+    record, _ = _tiny(tmp_path, "m")
+    folder = tmp_path / "m"
+    assert is_trained(str(folder)) and missing_model_files(str(folder)) is None
+    whole = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(whole[:-100])  # cut off: its header promises more bytes
+    assert not is_trained(str(folder)) and missing_model_files(str(folder)) == "a cut-off model.safetensors"
+    (folder / "model.safetensors").unlink()
+    assert (folder / TRAINING_RECORD).is_file() and not is_trained(str(folder))  # the record alone is not a model
+    seen = []
+    again, _ = _tiny(tmp_path, "m", log=seen.append)
+    assert f"  [tiny] {folder} has its training record but no model.safetensors: training it again" in seen
+    assert is_trained(str(folder)) and again["losses"] == record["losses"]
+    assert (folder / "model.safetensors").read_bytes() == whole  # the same seed trains the same weights
+    (folder / "tokenizer.json").unlink()
+    assert missing_model_files(str(folder)) == "no tokenizer.json"
 
 
 def test_learning_rate_warms_up_then_follows_the_cosine():

@@ -780,6 +780,16 @@ def test_missing_config_is_one_line(tmp_path, monkeypatch):
     )
 
 
+def test_a_recipe_that_does_not_parse_is_one_line_naming_the_file_line_and_column(tmp_path, monkeypatch):
+    path = tmp_path / "bad.yaml"
+    path.write_text("learning_rate: 1.0e-4\nmodel: {name: [x\n")
+    message = command_error(monkeypatch, ["--config", str(path)])
+    assert message == (
+        f"longce-train: error: {path} is not valid YAML: expected ',' or ']', but got '<stream end>' at line 3, "
+        "column 1 (while parsing a flow sequence at line 2, column 15); fix the file there and run again."
+    )
+
+
 def test_bad_value_is_one_line_naming_the_field_and_value(tmp_path, monkeypatch):
     message = command_error(monkeypatch, tiny_argv(tmp_path, "--longce_gamma", "-1"))
     assert message == (

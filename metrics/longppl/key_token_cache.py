@@ -102,6 +102,7 @@ from .atomic_files import (
 )
 from .fingerprints import ModelIdentity, file_sha256, text_fingerprint
 from .settings import KeyTokenSettings
+from .sources import require_path
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
     from .scoring import EvaluatorScores
@@ -311,8 +312,7 @@ def cache_directory(path, argument: str = "key_tokens", create: bool = False) ->
             f"{argument} is a {type(path).__name__}; pass the directory of a key-token cache or a datasets.Dataset."
         )
     name = os.fspath(path)
-    if not name.strip():
-        raise _refuse(argument, name, "is empty: pass the directory of a key-token cache, e.g. key_tokens/NAME.")
+    require_path(name, argument, "the directory of a key-token cache, e.g. key_tokens/NAME")
     real = os.path.realpath(os.path.expanduser(name))
     here = os.path.realpath(os.getcwd())
     home = os.path.realpath(os.path.expanduser("~"))

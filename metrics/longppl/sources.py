@@ -46,6 +46,19 @@ def env_flag(name: str, environ=None) -> bool:
     return (os.environ if environ is None else environ).get(name, "").strip().lower() in ("1", "on", "yes", "true")
 
 
+def require_path(name: str, argument: str, example: str) -> str:
+    """``name``, refused when it is empty or blank: ``os.path`` reads ``''`` as the current folder, so an
+    unset shell variable (``--output "$OUT"``) would write there. Checked by every option that names a
+    folder to write (a key-token cache, a reproduction's run folder).
+
+    Raises:
+        ValueError: ``<argument>='' is empty: pass <example>.``
+    """
+    if not name.strip():
+        raise ValueError(f"{argument}={name!r} is empty: pass {example}.")
+    return name
+
+
 def hub_offline() -> bool:
     """Whether the Hub may not be used (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
     from huggingface_hub import constants

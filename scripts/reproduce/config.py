@@ -192,12 +192,11 @@ def _value_at(instance, key: str):
 def read_config(cls, path: str, overrides: dict | None = None):
     """Dataclass ``cls`` from the YAML file at ``path`` (``yaml.safe_load``), with top-level
     ``overrides`` (e.g. the command line's corpus) replacing the file's keys before the checks."""
-    import yaml
+    from longppl.tools.cli import read_yaml_file
 
     if not os.path.isfile(path):
         raise ValueError(f"No config file at {path!r}: give the path of a YAML config.")
-    with open(path, encoding="utf-8") as handle:
-        raw = yaml.safe_load(handle)
+    raw = read_yaml_file(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a config is a YAML mapping of keys to values, got {type(raw).__name__}.")
     raw = {**raw, **{k: v for k, v in (overrides or {}).items() if v is not None}}

@@ -31,6 +31,8 @@ import numpy as np
 
 from longppl.atomic_files import replace_directory_atomically, write_file_atomically
 
+from .run_folder import read_record
+
 #: The tokenizer's special tokens: an end-of-document token that separates concatenated documents,
 #: and a padding token (batches are packed, so it is only there for ``generate``). No BOS is added:
 #: every token of a text then counts, and a text of ``L`` tokens is exactly ``L`` positions.
@@ -45,6 +47,8 @@ CHECKPOINT = "checkpoint"
 #: Training settings that may change between a checkpoint and its resumption without changing
 #: what is computed (how often to log or save, compiled or eager kernels).
 RESUMABLE_CHANGES = ("log_every", "save_every", "compile")
+#: What to do about a checkpoint whose ``progress.json`` cannot be read.
+RESTART = "delete it and run again, and the model is trained from its first step"
 
 ARCHITECTURES = ("llama", "mistral")
 
@@ -218,8 +222,59 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int, min_ratio: fl
 
 
 def is_trained(folder: str) -> bool:
-    """Whether ``folder`` holds a finished model (its training record is written last, atomically)."""
-    return os.path.isfile(os.path.join(folder, TRAINING_RECORD))
+    """Whether ``folder`` holds a finished model: its training record (written last, atomically) and
+    the files the record stands for (:func:`missing_model_files`), so that a model whose weights were
+    deleted or cut off after training is trained again instead of failing to load."""
+    return os.path.isfile(os.path.join(folder, TRAINING_RECORD)) and missing_model_files(folder) is None
+
+
+def stale_record(folder: str) -> str | None:
+    """Why ``folder``'s model is trained again though its training record says it is trained (a line
+    for the log), or ``None`` when there is no record or the model is complete."""
+    if not os.path.isfile(os.path.join(folder, TRAINING_RECORD)):
+        return None
+    missing = missing_model_files(folder)
+    return None if missing is None else f"{folder} has its training record but {missing}: training it again"
+
+
+def missing_model_files(folder: str) -> str | None:
+    """What ``folder`` lacks of a saved model (``save_pretrained`` of the model and its tokenizer):
+    ``config.json``, ``tokenizer.json`` and every safetensors file of the weights (one, or those its
+    ``model.safetensors.index.json`` names), each as long as its header says; ``None`` when complete."""
+    for name in ("config.json", "tokenizer.json"):
+        if not os.path.isfile(os.path.join(folder, name)):
+            return f"no {name}"
+    shards = ["model.safetensors"]
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as handle:
+                shards = sorted(set(json.load(handle)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "an unreadable model.safetensors.index.json"
+    for shard in shards:
+        if not os.path.isfile(os.path.join(folder, shard)):
+            return f"no {shard}"
+        if not _safetensors_complete(os.path.join(folder, shard)):
+            return f"a cut-off {shard}"
+    return None
+
+
+def _safetensors_complete(path: str) -> bool:
+    """Whether the safetensors file ``path`` is as long as its header says (8 bytes of header length,
+    the JSON header, then the tensors' bytes up to the largest ``data_offsets`` end), without reading
+    the tensors."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if size < 8 + length:
+                return False
+            header = json.loads(handle.read(length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return False
+    return size == 8 + length + end
 
 
 def _resume_key(variant: Variant, vocab_size: int) -> dict:
@@ -262,8 +317,7 @@ def load_checkpoint(folder: str, model, optimizer) -> dict:
     import torch
     from safetensors.torch import load
 
-    with open(os.path.join(folder, "progress.json"), encoding="utf-8") as handle:
-        progress = json.load(handle)
+    progress = read_record(os.path.join(folder, "progress.json"), remedy=RESTART)
     with open(os.path.join(folder, "state.safetensors"), "rb") as handle:
         tensors = load(handle.read())
     model.load_state_dict({k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}, strict=True)
@@ -340,11 +394,12 @@ def train_variant(
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
     losses, log_every = [], max(1, int(settings.get("log_every", 20)))
     save_every = int(settings.get("save_every") or 0)
+    if stale := stale_record(folder):
+        log(f"  [{variant.name}] {stale}")
     checkpoint, key = os.path.join(folder, CHECKPOINT), _resume_key(variant, len(tokenizer))
     first, seconds_before, resumed, first_step_seconds = 0, 0.0, [], float("nan")
     if os.path.isfile(os.path.join(checkpoint, "progress.json")):
-        with open(os.path.join(checkpoint, "progress.json"), encoding="utf-8") as handle:
-            saved = json.load(handle)
+        saved = read_record(os.path.join(checkpoint, "progress.json"), remedy=RESTART)
         if saved.get("settings") == key:
             progress = load_checkpoint(checkpoint, model, optimizer)
             first, seconds_before, losses = progress["step"], progress["seconds"], progress["losses"]

@@ -31,7 +31,8 @@ stage skips what its files say is done):
   weights -> ``data/finetune-cache-weights/`` (only when ``cache`` is a method).
 - ``finetune``: every run -> ``models/finetuned/<extension>-<method>-s<seed>/``, with its step
   times and its accuracy curve at ``finetune.eval_steps`` (accuracy at 512 and on the primary
-  benchmark); a finished run is never retrained, one cut off is trained again from its start.
+  benchmark); a finished run is never retrained, one cut off (or whose weights went after its
+  training record was written) is trained again from its start.
   ``--seeds`` splits the runs over calls.
 - ``evaluate``: per run -> ``eval/finetuned/<run>.json``: lines accuracy at the primary lengths
   (asked line beyond K), at 512, needle, the answer digits' log-likelihood, PPL and LongPPL under
@@ -76,7 +77,7 @@ from .config import (
     share,
 )
 from .report_text import closing_sections, fmt
-from .run_folder import RunFolder, finite
+from .run_folder import RunFolder, finite, read_record
 
 STAGES = ("start", "extend", "cache", "finetune", "evaluate", "rerun", "report")
 #: The fine-tuning methods and the ``LongCEConfig`` fields that select them (``ce-wallclock`` is CE).
@@ -317,13 +318,12 @@ def import_model(run: RunFolder, source: str, name: str) -> None:
         for entry in os.listdir(source):
             if os.path.isfile(os.path.join(source, entry)):
                 shutil.copy2(os.path.join(source, entry), os.path.join(tmp, entry))
-        record_file = os.path.join(tmp, TRAINING_RECORD)
         record = {"name": name, "model": {}}
-        if os.path.isfile(record_file):
-            with open(record_file, encoding="utf-8") as handle:
-                record = json.load(handle)
+        if os.path.isfile(os.path.join(source, TRAINING_RECORD)):
+            damaged = "give another model folder (a population run's models/<name> or its export)"
+            record = read_record(os.path.join(source, TRAINING_RECORD), remedy=damaged)
         record["imported_from"] = source
-        with open(record_file, "w", encoding="utf-8") as handle:
+        with open(os.path.join(tmp, TRAINING_RECORD), "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=1)
 
     replace_directory_atomically(target, write)
@@ -744,7 +744,7 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
 
 
 def train_arms(config: Comparison, pop: Population, run: RunFolder, selected: list[Arm]) -> None:
-    from .family import is_trained
+    from .family import is_trained, stale_record
 
     for extension in {arm.extension.name: arm.extension for arm in selected}.values():
         if not run.has("eval", "extended", f"{extension.name}.json"):
@@ -755,6 +755,8 @@ def train_arms(config: Comparison, pop: Population, run: RunFolder, selected: li
         if is_trained(arm_folder(run, arm)):
             run.log(f"finetune: {arm.name} trained, kept")
             continue
+        if stale := stale_record(arm_folder(run, arm)):
+            run.log(f"finetune: {stale}")
         finetune(config, pop, run, arm)
 
 

@@ -10,7 +10,10 @@ Evaluators (E1, optionally E2) are trained apart, at ``L``, and are not members.
 on E1 before any member is scored; the analysis plan (exclusions, statistics) is in the config.
 
 Stages (``--stages``, comma separated, or ``all``), each resumable: every file is written
-atomically and a stage skips what its files say is done, so a run can be split into short calls.
+atomically and a stage skips what its files say is done, so a run can be split into short calls
+(a model counts as trained when its training record and its files are all there: one whose weights
+were deleted or cut off is trained again). A record that is not JSON or not of its shape stops the
+run with one line naming it (delete it, and its stage computes it again).
 
 - ``tokenizer``: byte-level BPE on the first ``data.tokenizer_books`` books -> ``tokenizer/``.
 - ``data``: ``data/train_tokens.npy`` (training books, one stream); ``data/validation.jsonl``
@@ -54,7 +57,7 @@ from longppl.tools.cli import command_line, run_command, tool_parser
 from .books import read_books
 from .config import Population, Pretrained, Window, read_population
 from .report_text import closing_sections, fmt
-from .run_folder import RunFolder, finite
+from .run_folder import RunFolder, finite, read_record
 
 STAGES = (
     "tokenizer",
@@ -131,8 +134,10 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 
 def read_texts(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line)["text"] for line in handle if line.strip()]
+    """The texts of a JSONL file this run wrote (``write_jsonl``), a bad line named by its file and line."""
+    from longppl.tools.corpus import jsonl_records
+
+    return [record["text"] for _, record in jsonl_records(path, ("text",), f"delete {path} and run again.")]
 
 
 def pool_name(kind: str, seq_len: int, within: int | None) -> str:
@@ -442,8 +447,7 @@ def load_member(folder: str, device: str):
 
     from .family import TRAINING_RECORD
 
-    with open(os.path.join(folder, TRAINING_RECORD), encoding="utf-8") as handle:
-        record = json.load(handle)
+    record = read_record(os.path.join(folder, TRAINING_RECORD))
     attention = "sdpa"
     extension = record["model"].get("extension") if isinstance(record.get("model"), dict) else None
     if extension and extension["method"] == "eabf":

@@ -23,8 +23,9 @@ import sys
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass, replace
 from typing import Any, get_type_hints
 
-import yaml
 from transformers import HfArgumentParser
+
+from longppl.tools.cli import read_yaml_file
 
 from .config import LongCEConfig, LongCESettings
 from .context_extension import METHODS
@@ -386,13 +387,13 @@ def check_weight_source(data_args: DataArguments, training_args: LongCEConfig) -
 
 
 def load_recipe(path: str) -> dict[str, Any]:
-    """The YAML mapping of a recipe file (``yaml.safe_load``: plain data only)."""
+    """The YAML mapping of a recipe file (``yaml.safe_load``: plain data only), read by
+    ``longppl.tools.cli.read_yaml_file`` (a file that does not parse is a ``ValueError`` naming it)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"Config file {path!r} not found (--config takes a YAML recipe, e.g. configs/tiny_cpu.yaml)."
         )
-    with open(path, encoding="utf-8") as handle:
-        recipe = yaml.safe_load(handle)
+    recipe = read_yaml_file(path)
     if recipe is None:
         return {}
     if not isinstance(recipe, dict):

@@ -211,6 +211,47 @@ def exit_if_command_interrupted() -> None:
         sys.exit(INTERRUPTED_STATUS)
 
 
+def read_yaml_file(path: str):
+    """The plain data (``yaml.safe_load``) of the YAML file ``path``: the commands' configs and recipes
+    (``longce-train --config``, ``longppl reproduce --config``) are all read through here.
+
+    Returns:
+        what the file holds (a mapping for a config; ``None`` for an empty file); the caller checks
+        its shape.
+    Raises:
+        ValueError: the file does not parse (naming it, the YAML problem and its line and column), or
+            is not UTF-8 text. A missing file is the caller's to report (each names its own option).
+    """
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {err.start}): a config is a YAML text file; give its path."
+        ) from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {_yaml_problem(err)}; fix the file there and run again.") from None
+
+
+def _yaml_problem(err) -> str:
+    """A YAML error in one line: ``<problem> at line L, column C (<context> at line L', column C')``,
+    lines and columns counted from 1 as editors do (PyYAML's marks count from 0)."""
+
+    def at(mark) -> str:
+        return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+    problem = getattr(err, "problem", None)
+    if problem is None:  # a ReaderError (a character YAML does not allow) has no marks
+        return " ".join(str(err).split())
+    text = f"{problem}{at(getattr(err, 'problem_mark', None))}"
+    context = getattr(err, "context", None)
+    if context:
+        text += f" ({context}{at(getattr(err, 'context_mark', None))})"
+    return text
+
+
 def debugging(environ: dict[str, str] | None = None) -> bool:
     """Whether ``LONGPPL_DEBUG`` asks for tracebacks (1, true, yes or on)."""
     from longppl.sources import env_flag  # standard library only: the commands run this before torch
