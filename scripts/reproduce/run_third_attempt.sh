@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One device call of the third LongPPL attempt (docs/reproduction.md, "Third attempt ... — how it
+# runs"), on a machine of 4 GPUs. Run it again in the next call: every step resumes from RUN_DIR.
+#
+#   scripts/reproduce/run_third_attempt.sh RUN_DIR BOOKS_DIR OUT_DIR [SECONDS] [CONFIG]
+#
+# RUN_DIR: the run folder (kept between back-to-back calls); BOOKS_DIR: holds train.jsonl.gz and
+# validation.jsonl.gz; OUT_DIR: where the small records go at the end of the call (records.tgz:
+# eval/, timings.json, training.json of every model; the worker logs); SECONDS: this call's budget
+# (default 540), after which the workers are stopped (what they finished is on disk).
+#
+# The call: tokenizer and data on the CPU (skipped once written), then one worker per GPU:
+#   GPU 0: B, then members;   GPU 1: E1, its calibration, the answer tokens, then members;
+#   GPU 2: E1b, its calibration, then members;   GPU 3: E2, its calibration, then members.
+# Members are taken by claim (--claim, one id per call), so whichever GPU is free takes the next;
+# evaluation waits until every evaluator has calibrated its alpha (the plan: before any member is
+# scored), and passes again while other workers still train.
+set -u
+if [ $# -lt 3 ]; then
+    echo "usage: $0 RUN_DIR BOOKS_DIR OUT_DIR [SECONDS] [CONFIG]" >&2
+    exit 2
+fi
+RUN=$1 BOOKS=$2 OUT=$3 SECONDS_LEFT=${4:-540}
+CONFIG=${5:-configs/reproduce/population3_h100x4.yaml}
+START=$(date +%s)
+DEADLINE=$((START + SECONDS_LEFT))
+CALL=call-$START
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+mkdir -p "$OUT" "$RUN"
+COMMON=(scripts/reproduce_longppl.py --config "$CONFIG" --corpus "$BOOKS/train.jsonl.gz"
+        --validation-corpus "$BOOKS/validation.jsonl.gz" --output-dir "$RUN")
+MEMBERS=$(python - "$CONFIG" <<'EOF'
+import sys
+from longppl_reproduce.config import read_population
+print(len(read_population(sys.argv[1], corpus="x").members()))
+EOF
+)
+
+left() { echo $((DEADLINE - $(date +%s))); }
+evaluated() { find "$RUN/eval/members" -name '*.json' 2>/dev/null | wc -l; }
+wait_for() {  # wait_for FILE...: until every file exists (or the call's time is up)
+    for file in "$@"; do
+        until [ -f "$file" ]; do
+            [ "$(left)" -le 0 ] && return 1
+            sleep 5
+        done
+    done
+}
+
+worker() {  # worker GPU FIRST_STAGES [EVALUATOR]
+    local gpu=$1 first=$2 evaluator=${3:-}
+    export CUDA_VISIBLE_DEVICES=$gpu
+    if [ -n "$evaluator" ]; then
+        python "${COMMON[@]}" --stages "$first" --evaluators "$evaluator" || return 1
+    else
+        python "${COMMON[@]}" --stages "$first" || return 1
+    fi
+    [ "$evaluator" = E1 ] && { python "${COMMON[@]}" --stages answer_tokens || return 1; }
+    wait_for "$RUN/eval/gates/B.json" || return 0
+    python "${COMMON[@]}" --stages members --claim "$CALL" || return 1
+    wait_for "$RUN/eval/calibration.json" "$RUN/eval/calibration-E1b.json" "$RUN/eval/calibration-E2.json" || return 0
+    while [ "$(evaluated)" -lt "$MEMBERS" ] && [ "$(left)" -gt 30 ]; do
+        local before
+        before=$(evaluated)
+        python "${COMMON[@]}" --stages evaluate --claim "$CALL" || return 1
+        # nothing new by this worker's pass: the rest is being trained or scored elsewhere
+        [ "$(evaluated)" -eq "$before" ] && sleep 15
+    done
+}
+
+echo "[$(date -u +%T)] call $CALL: $(left) s; $(evaluated) of $MEMBERS members evaluated so far"
+timeout "$(left)" python "${COMMON[@]}" --stages tokenizer,data > "$OUT/data.log" 2>&1
+echo "[$(date -u +%T)] data: rc $? ($(left) s left)"
+
+PIDS=()
+for spec in "0 base" "1 evaluators,calibrate E1" "2 evaluators,calibrate E1b" "3 evaluators,calibrate E2"; do
+    set -- $spec
+    (timeout --kill-after=15 "$(left)" bash -c "$(declare -f worker wait_for left evaluated); \
+        $(declare -p COMMON RUN CALL DEADLINE MEMBERS); worker $*") > "$OUT/gpu$1.log" 2>&1 &
+    PIDS+=($!)
+done
+for pid in "${PIDS[@]}"; do wait "$pid"; done
+echo "[$(date -u +%T)] workers done: $(evaluated) of $MEMBERS members evaluated"
+
+# the small records, for a report on any CPU (the models stay here)
+(cd "$RUN" && tar czf "$OUT/records.tgz" --ignore-failed-read eval timings.json \
+    $(find models -name training.json 2>/dev/null) tokenizer/tokenizer_info.json 2>/dev/null)
+grep -h "gate lines accuracy\|calibrate:.*alpha\|error" "$OUT"/gpu*.log | head -20
+echo "[$(date -u +%T)] records: $OUT/records.tgz ($(du -h "$OUT/records.tgz" | cut -f1))"
