@@ -206,9 +206,11 @@ def data_jobs(config: Population, run: RunFolder) -> list[tuple]:
         for kind in mix.task_shares():
             if not run.has("data", "pools", pool_name(kind, seq_len, mix.asked_within)):
                 jobs.append(("pool", kind, seq_len, mix.asked_within))
-    for spec in gate_specs(config):
-        if not run.has("data", "cases", f"gate-{spec.gate.length}.jsonl"):
+    lengths = set()
+    for spec in gate_specs(config):  # one file a length: evaluators of one length share it
+        if spec.gate.length not in lengths and not run.has("data", "cases", f"gate-{spec.gate.length}.jsonl"):
             jobs.append(("gate", spec.name))
+        lengths.add(spec.gate.length)
     for length in config.evaluation.lines_lengths:
         if not run.has("data", "cases", f"lines-{length}.jsonl"):
             jobs.append(("lines", length))

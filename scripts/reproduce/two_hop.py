@@ -120,15 +120,18 @@ def two_hop_cases_beyond(
     for name, value in (("length", length), ("count", count), ("beyond", beyond)):
         require_int(name, value)
     rng = np.random.default_rng(seed)
+    # a line takes more than 6 tokens ("line", its id, ":", the content, "<", five digits, ">"), so no
+    # prompt of `length` tokens holds more lines: the bisection searches up to there, not MAX_LINES
+    cap = min(MAX_LINES, length // 6 + 2)
     cases = []
     for _ in range(count):
-        lines, numbers = draw_record(rng, MAX_LINES)
-        targets = draw_pointers(rng, MAX_LINES, share)
+        lines, numbers = draw_record(rng, cap)
+        targets = draw_pointers(rng, cap, share)
 
         def prompt(n: int) -> str:
             return record_text(lines[:n], numbers[:n], targets[:n])[0] + QUESTION_TEMPLATE.format(line=lines[0])
 
-        most = _most_lines(lambda n: len(_tokens(tokenizer, prompt(n))) <= length, MAX_LINES)
+        most = _most_lines(lambda n: len(_tokens(tokenizer, prompt(n))) <= length, cap)
         case = None
         for n in range(most, 1, -1):
             record, ends = record_text(lines[:n], numbers[:n], targets[:n])
