@@ -253,6 +253,8 @@ def _overall(rho, low, high, d, d_low, d_high, n=80):
         (_overall(-0.2, -0.45, 0.1, -0.1, -0.4, 0.2), [(-0.1, 0.0), (-0.2, 0.1)], "negative"),
         # the difference lies within +-0.15 although LongPPL correlates strongly
         (_overall(-0.7, -0.85, -0.5, -0.02, -0.12, 0.1), [(-0.6, 0.0), (-0.6, 0.0)], "negative"),
+        # both rules' first conditions hold ([-0.45, -0.35] is below -0.3 and above -0.5): positive first
+        (_overall(-0.4, -0.45, -0.35, -0.2, -0.3, -0.05), [(-0.4, -0.1), (-0.4, -0.1)], "positive"),
         # wide intervals: neither
         (_overall(-0.4, -0.7, 0.0, -0.2, -0.5, 0.1), [(-0.4, -0.2), (-0.4, -0.2)], "inconclusive"),
     ],

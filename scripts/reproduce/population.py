@@ -1158,6 +1158,20 @@ def verdict(found: dict, analysis) -> dict:
     }
 
 
+def results_header(config: Population) -> dict:
+    """What every ``results.json`` starts with: the command line, the config and every seed."""
+    return {
+        "command": command_line("longppl-reproduce"),
+        "config": dataclasses.asdict(config),
+        "seeds": {
+            "run": config.seed,
+            config.base.name: config.base.seed,
+            **{e.name: e.seed for e in config.evaluators if e.enabled},
+            **{m.name: m.seed for m in config.members()},
+        },
+    }
+
+
 def stage_report(config: Population, run: RunFolder, members=None) -> dict:
     if config.analysis.plan == "third":
         from . import third_attempt
@@ -1172,14 +1186,7 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
         rows.append(row)
     analysed = [r for r in rows if not r["excluded"]]
     results = {
-        "command": command_line("longppl-reproduce"),
-        "config": dataclasses.asdict(config),
-        "seeds": {
-            "run": config.seed,
-            config.base.name: config.base.seed,
-            **{e.name: e.seed for e in config.evaluators if e.enabled},
-            **{m.name: m.seed for m in config.members()},
-        },
+        **results_header(config),
         "gates": {
             spec.name: _without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
             for spec in gate_specs(config)

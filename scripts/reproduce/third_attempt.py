@@ -255,10 +255,6 @@ def report(config, run) -> dict:
     """The ``report`` stage under the third plan: ``results.json``, ``report.md`` and a scatter per
     step level, from the evaluation records in ``run`` (members without a record are listed as not
     evaluated, so a report can be made from what a cut-short run left)."""
-    import dataclasses
-
-    from longppl.tools.cli import command_line
-
     from . import population
 
     rows, missing = [], []
@@ -271,14 +267,7 @@ def report(config, run) -> dict:
     found = analyse(config, rows)
     enabled = [e for e in config.evaluators if e.enabled]
     results = {
-        "command": command_line("longppl-reproduce"),
-        "config": dataclasses.asdict(config),
-        "seeds": {
-            "run": config.seed,
-            config.base.name: config.base.seed,
-            **{e.name: e.seed for e in enabled},
-            **{m.name: m.seed for m in config.members()},
-        },
+        **population.results_header(config),
         "gates": {
             spec.name: population._without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
             for spec in population.gate_specs(config)
