@@ -72,6 +72,10 @@ echo "[$(date -u +%T)] call $CALL: $(left) s; $(evaluated) of $MEMBERS members e
 timeout "$(left)" python "${COMMON[@]}" --stages tokenizer,data > "$OUT/data.log" 2>&1
 echo "[$(date -u +%T)] data: rc $? ($(left) s left)"
 
+if [ "$(left)" -lt 30 ]; then  # (timeout 0 would mean no limit at all)
+    echo "[$(date -u +%T)] no time left for the GPU workers in this call"
+    exit 0
+fi
 PIDS=()
 for spec in "0 base" "1 evaluators,calibrate E1" "2 evaluators,calibrate E1b" "3 evaluators,calibrate E2"; do
     set -- $spec
