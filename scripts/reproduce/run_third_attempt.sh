@@ -4,10 +4,12 @@
 #
 #   scripts/reproduce/run_third_attempt.sh RUN_DIR BOOKS_DIR OUT_DIR [SECONDS] [CONFIG]
 #
-# RUN_DIR: the run folder (kept between back-to-back calls); BOOKS_DIR: holds train.jsonl.gz and
-# validation.jsonl.gz; OUT_DIR: where the small records go at the end of the call (records.tgz:
-# eval/, timings.json, training.json of every model; the worker logs); SECONDS: this call's budget
-# (default 540), after which the workers are stopped (what they finished is on disk).
+# RUN_DIR: the run folder (kept between back-to-back calls: put it in an ignored folder such as
+# outputs/); BOOKS_DIR: holds train.jsonl.gz and validation.jsonl.gz (read only by the data stage,
+# so only the first call needs them); OUT_DIR: where the small records go at the end of the call,
+# as records.tgz.partNN (pieces of at most 15 MiB of one gzipped tar: eval/, timings.json, every
+# model's training.json, the call logs; join them with cat); SECONDS: this call's budget (default
+# 540), after which the workers are stopped (what they finished is on disk).
 #
 # The call: tokenizer and data on the CPU (skipped once written), then one worker per GPU:
 #   GPU 0: B, then members;   GPU 1: E1, its calibration, the answer tokens, then members;
@@ -26,7 +28,8 @@ START=$(date +%s)
 DEADLINE=$((START + SECONDS_LEFT))
 CALL=call-$START
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
-mkdir -p "$OUT" "$RUN"
+LOGS=$RUN/logs/$CALL
+mkdir -p "$OUT" "$LOGS"
 COMMON=(scripts/reproduce_longppl.py --config "$CONFIG" --corpus "$BOOKS/train.jsonl.gz"
         --validation-corpus "$BOOKS/validation.jsonl.gz" --output-dir "$RUN")
 MEMBERS=$(python - "$CONFIG" <<'EOF'
@@ -69,7 +72,7 @@ worker() {  # worker GPU FIRST_STAGES [EVALUATOR]
 }
 
 echo "[$(date -u +%T)] call $CALL: $(left) s; $(evaluated) of $MEMBERS members evaluated so far"
-timeout "$(left)" python "${COMMON[@]}" --stages tokenizer,data > "$OUT/data.log" 2>&1
+timeout "$(left)" python "${COMMON[@]}" --stages tokenizer,data > "$LOGS/data.log" 2>&1
 echo "[$(date -u +%T)] data: rc $? ($(left) s left)"
 
 if [ "$(left)" -lt 30 ]; then  # (timeout 0 would mean no limit at all)
@@ -80,14 +83,17 @@ PIDS=()
 for spec in "0 base" "1 evaluators,calibrate E1" "2 evaluators,calibrate E1b" "3 evaluators,calibrate E2"; do
     set -- $spec
     (timeout --kill-after=15 "$(left)" bash -c "$(declare -f worker wait_for left evaluated); \
-        $(declare -p COMMON RUN CALL DEADLINE MEMBERS); worker $*") > "$OUT/gpu$1.log" 2>&1 &
+        $(declare -p COMMON RUN CALL DEADLINE MEMBERS); worker $*") > "$LOGS/gpu$1.log" 2>&1 &
     PIDS+=($!)
 done
 for pid in "${PIDS[@]}"; do wait "$pid"; done
 echo "[$(date -u +%T)] workers done: $(evaluated) of $MEMBERS members evaluated"
 
-# the small records, for a report on any CPU (the models stay here)
-(cd "$RUN" && tar czf "$OUT/records.tgz" --ignore-failed-read eval timings.json \
-    $(find models -name training.json 2>/dev/null) tokenizer/tokenizer_info.json 2>/dev/null)
-grep -h "gate lines accuracy\|calibrate:.*alpha\|error" "$OUT"/gpu*.log | head -20
-echo "[$(date -u +%T)] records: $OUT/records.tgz ($(du -h "$OUT/records.tgz" | cut -f1))"
+# the small records, for a report on any CPU (the models stay here); a file that comes back from
+# the device holds at most 16 MiB, so the archive is cut into pieces
+(cd "$RUN" && tar czf - --ignore-failed-read eval timings.json logs \
+    $(find models -name training.json 2>/dev/null) tokenizer/tokenizer_info.json 2>/dev/null) |
+    split -b 15m -d - "$OUT/records.tgz.part"
+for log in "$LOGS"/gpu*.log; do echo "--- $log"; grep -v "Loading weights\|Writing model" "$log" | tail -n 3; done
+grep -h "gate lines accuracy\|calibrate:.*alpha\|rror" "$LOGS"/*.log | sort -u | head -20
+echo "[$(date -u +%T)] records: $(ls "$OUT"/records.tgz.part* | wc -l) pieces, $(cat "$OUT"/records.tgz.part* | wc -c) bytes"
