@@ -24,6 +24,7 @@ if [ $# -lt 3 ]; then
 fi
 RUN=$1 BOOKS=$2 OUT=$3 SECONDS_LEFT=${4:-540}
 CONFIG=${5:-configs/reproduce/population3_h100x4.yaml}
+PYTHON=${PYTHON:-python3}  # the device's python3 holds PyTorch
 START=$(date +%s)
 DEADLINE=$((START + SECONDS_LEFT))
 CALL=call-$START
@@ -32,7 +33,7 @@ LOGS=$RUN/logs/$CALL
 mkdir -p "$OUT" "$LOGS"
 COMMON=(scripts/reproduce_longppl.py --config "$CONFIG" --corpus "$BOOKS/train.jsonl.gz"
         --validation-corpus "$BOOKS/validation.jsonl.gz" --output-dir "$RUN")
-MEMBERS=$(python - "$CONFIG" <<'EOF'
+MEMBERS=$("$PYTHON" - "$CONFIG" <<'EOF'
 import sys
 from longppl_reproduce.config import read_population
 print(len(read_population(sys.argv[1], corpus="x").members()))
@@ -54,25 +55,25 @@ worker() {  # worker GPU FIRST_STAGES [EVALUATOR]
     local gpu=$1 first=$2 evaluator=${3:-}
     export CUDA_VISIBLE_DEVICES=$gpu
     if [ -n "$evaluator" ]; then
-        python "${COMMON[@]}" --stages "$first" --evaluators "$evaluator" || return 1
+        "$PYTHON" "${COMMON[@]}" --stages "$first" --evaluators "$evaluator" || return 1
     else
-        python "${COMMON[@]}" --stages "$first" || return 1
+        "$PYTHON" "${COMMON[@]}" --stages "$first" || return 1
     fi
-    [ "$evaluator" = E1 ] && { python "${COMMON[@]}" --stages answer_tokens || return 1; }
+    [ "$evaluator" = E1 ] && { "$PYTHON" "${COMMON[@]}" --stages answer_tokens || return 1; }
     wait_for "$RUN/eval/gates/B.json" || return 0
-    python "${COMMON[@]}" --stages members --claim "$CALL" || return 1
+    "$PYTHON" "${COMMON[@]}" --stages members --claim "$CALL" || return 1
     wait_for "$RUN/eval/calibration.json" "$RUN/eval/calibration-E1b.json" "$RUN/eval/calibration-E2.json" || return 0
     while [ "$(evaluated)" -lt "$MEMBERS" ] && [ "$(left)" -gt 30 ]; do
         local before
         before=$(evaluated)
-        python "${COMMON[@]}" --stages evaluate --claim "$CALL" || return 1
+        "$PYTHON" "${COMMON[@]}" --stages evaluate --claim "$CALL" || return 1
         # nothing new by this worker's pass: the rest is being trained or scored elsewhere
         [ "$(evaluated)" -eq "$before" ] && sleep 15
     done
 }
 
 echo "[$(date -u +%T)] call $CALL: $(left) s; $(evaluated) of $MEMBERS members evaluated so far"
-timeout "$(left)" python "${COMMON[@]}" --stages tokenizer,data > "$LOGS/data.log" 2>&1
+timeout "$(left)" "$PYTHON" "${COMMON[@]}" --stages tokenizer,data > "$LOGS/data.log" 2>&1
 echo "[$(date -u +%T)] data: rc $? ($(left) s left)"
 
 if [ "$(left)" -lt 30 ]; then  # (timeout 0 would mean no limit at all)
@@ -83,7 +84,7 @@ PIDS=()
 for spec in "0 base" "1 evaluators,calibrate E1" "2 evaluators,calibrate E1b" "3 evaluators,calibrate E2"; do
     set -- $spec
     (timeout --kill-after=15 "$(left)" bash -c "$(declare -f worker wait_for left evaluated); \
-        $(declare -p COMMON RUN CALL DEADLINE MEMBERS); worker $*") > "$LOGS/gpu$1.log" 2>&1 &
+        $(declare -p COMMON RUN CALL DEADLINE MEMBERS PYTHON); worker $*") > "$LOGS/gpu$1.log" 2>&1 &
     PIDS+=($!)
 done
 for pid in "${PIDS[@]}"; do wait "$pid"; done
