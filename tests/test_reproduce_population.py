@@ -42,7 +42,10 @@ def test_the_shipped_configs_read_and_hold_the_plan():
         ({"base.training.lrr": 1.0}, r"base\.training\.lrr: unknown key"),
         ({"base.training.lr": "fast"}, r"base\.training\.lr = 'fast': must be a number"),
         ({"base.training.lr": -1.0}, r"base\.training\.lr = -1\.0: must be > 0"),
-        ({"base.mix.lines": 0.9}, r"base\.mix\.books = 0\.45: the shares books \+ lines \+ needle must sum to 1"),
+        (
+            {"base.mix.lines": 0.9},
+            r"base\.mix\.books = 0\.45: the shares books \+ lines \+ needle \+ two_hop must sum to 1",
+        ),
         ({"base.shape.architecture": "gpt2"}, r"base\.shape\.architecture = 'gpt2': must be 'llama' or 'mistral'"),
         ({"finetune.steps": [0, -5]}, r"finetune\.steps = \[0, -5\]: item -5 must be >= 0"),
         (
@@ -192,7 +195,9 @@ def _member_record(lines: dict) -> dict:
     scored["documents"].update(key_nll=[1.0, 2.0], key_tokens=[1, 2])
     counts = {"total": 300, "no_number": 0}
     return {
-        "lines": {n: {"accuracy": c / 300, "correct": c, **counts} for n, c in lines.items()},
+        "lines": {
+            n: {"accuracy": c / 300, "correct": c, **counts, "outputs": ["<12345>"] * 300} for n, c in lines.items()
+        },
         "acc512": {"accuracy": 0.9},
         "needle": {"accuracy": 0.1},
         "log_likelihood": {"640": [-1.0, -2.0]},

@@ -260,7 +260,8 @@ class Training:
 
 @dataclass(frozen=True)
 class Mix:
-    """Shares of the training sequences by kind: book text, lines documents, needle documents.
+    """Shares of the training sequences by kind: book text, lines documents, needle documents,
+    two-hop documents (``two_hop``: lines records whose asked lines name another line).
 
     ``asked_within``: a task document asks only about what lies within that many tokens of its
     question (``None``: anywhere), so that it keeps the task's format without teaching retrieval
@@ -270,18 +271,20 @@ class Mix:
     books: float = checked(share)
     lines: float = checked(share, default=0.0)
     needle: float = checked(share, default=0.0)
+    two_hop: float = checked(share, default=0.0)
     asked_within: int | None = checked(positive, default=None)
 
     def problems(self):
-        if abs(self.books + self.lines + self.needle - 1.0) > 1e-6:
-            yield (
-                "books",
-                f"the shares books + lines + needle must sum to 1, got {self.books + self.lines + self.needle:g}",
-            )
+        total = self.books + self.lines + self.needle + self.two_hop
+        if abs(total - 1.0) > 1e-6:
+            yield "books", f"the shares books + lines + needle + two_hop must sum to 1, got {total:g}"
+        if self.two_hop > 0 and self.asked_within is not None:
+            yield "two_hop", "two-hop documents ask anywhere in their record: use them without asked_within"
 
     def task_shares(self) -> dict[str, float]:
-        """``{kind: share}`` of the task documents with a share above 0."""
-        return {kind: getattr(self, kind) for kind in ("lines", "needle") if getattr(self, kind) > 0}
+        """``{kind: share}`` of the task documents with a share above 0 (kinds in a fixed order, so
+        that a mix without two-hop documents draws the batches it drew before they existed)."""
+        return {kind: getattr(self, kind) for kind in ("lines", "needle", "two_hop") if getattr(self, kind) > 0}
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,8 @@ class Extension:
     factor: float | None = checked(positive, default=None)
     rope_theta: float | None = checked(positive, default=None)
     eabf_base_length: int | None = checked(positive, default=None)
+    # a control is trained, evaluated and reported, but left out of every analysis
+    control: bool = False
 
     def problems(self):
         if self.method in ("pi", "ntk", "yarn") and (self.factor is None or self.factor < 1):
@@ -349,13 +354,16 @@ class Extension:
 
 @dataclass(frozen=True)
 class FineTuning:
-    """Each extension fine-tuned for each of ``steps`` (0: the extension alone); member ``i`` (in
-    order: extensions, then steps) gets seed ``seed_base + i``."""
+    """Each extension fine-tuned for each of ``steps`` (0: the extension alone), ``seeds`` times for
+    every step count above 0 (a seed sets the initial data order; 0 steps is one member, as it has
+    no training); member ``i`` (in order: extensions, then steps, then seeds) gets seed
+    ``seed_base + i``."""
 
     steps: tuple[int, ...] = checked(each(non_negative))
     seed_base: int = checked(non_negative)
     training: Training
     mix: Mix
+    seeds: int = checked(positive, default=1)
 
 
 @dataclass(frozen=True)
@@ -396,6 +404,9 @@ class Evaluation:
     max_new_tokens: int = checked(positive, default=24)
     batch_size: int = checked(positive, default=16)
     max_tokens_per_batch: int = checked(positive, default=32768)
+    # the two-hop benchmark (both hops beyond ``beyond``) at this length; None: not measured
+    two_hop_length: int | None = checked(positive, default=None)
+    two_hop_share: float = checked(share, default=0.25)  # of a record's lines that name another line
 
 
 @dataclass(frozen=True)
@@ -461,6 +472,22 @@ class Analysis:
     # its interval's upper end below success_max_high, and r(LongPPL) - r(PPL)'s interval below 0
     success_max_r: float = checked(correlation_bound, default=-0.7)
     success_max_high: float = checked(correlation_bound, default=-0.4)
+    # The third attempt's plan (docs/reproduction.md) sets the fields below; their defaults are
+    # the second attempt's rules.
+    plan: Literal["second", "third"] = "second"
+    # "acc512_and_format": the second attempt's two exclusion rules; "format": only the format rule
+    exclusion: Literal["acc512_and_format", "format"] = "acc512_and_format"
+    # what the cluster bootstrap resamples: extension methods (second attempt) or configurations
+    # (an extension at one setting, e.g. yarn at s = 2, with all its members)
+    cluster: Literal["method", "configuration"] = "method"
+    # the third attempt's outcome: the mean of these benchmarks, each standardised over the
+    # analysed members (a part without variance there is left out and named)
+    composite: tuple[str, ...] = ("primary_accuracy", "needle", "two_hop")
+    # the third attempt's decision (Spearman, cluster bootstrap over configurations)
+    positive_max_high: float = checked(correlation_bound, default=-0.3)
+    negative_min_low: float = checked(correlation_bound, default=-0.5)
+    equivalence_margin: float = checked(share, default=0.15)
+    mixed_model_resamples: int = checked(positive, default=2000)
 
     @property
     def bootstrap(self) -> dict:
@@ -515,6 +542,11 @@ class Population:
                 "evaluation.needle_length",
                 f"must leave evaluation.max_new_tokens inside data.length {length} (<= {room})",
             )
+        if (self.evaluation.two_hop_length or 0) > room:
+            yield (
+                "evaluation.two_hop_length",
+                f"must leave evaluation.max_new_tokens inside data.length {length} (<= {room})",
+            )
         for index, evaluator in enumerate(self.evaluators):
             if evaluator.shape.max_position_embeddings < length:
                 yield f"evaluators[{index}].shape.max_position_embeddings", f"must be >= data.length {length}"
@@ -523,13 +555,15 @@ class Population:
                 yield f"{key}.trunc_len", f"must be below data.length {length}"
 
     def members(self) -> list[Member]:
-        """The population: every extension with every step count, seeds ``finetune.seed_base + index``."""
+        """The population: every extension with every step count (``finetune.seeds`` members for a
+        step count above 0: ``<extension>-s<steps>``, then ``-r2``, ``-r3``, ...), seeds
+        ``finetune.seed_base + index``."""
         found = []
         for extension in self.extensions:
             for steps in self.finetune.steps:
-                found.append(
-                    Member(f"{extension.name}-s{steps}", extension, steps, self.finetune.seed_base + len(found))
-                )
+                for replicate in range(1 if steps == 0 else self.finetune.seeds):
+                    name = f"{extension.name}-s{steps}" + (f"-r{replicate + 1}" if replicate else "")
+                    found.append(Member(name, extension, steps, self.finetune.seed_base + len(found), replicate + 1))
         return found
 
 
@@ -541,6 +575,12 @@ class Member:
     extension: Extension
     steps: int
     seed: int
+    replicate: int = 1  # 1 for the first seed of its extension and step count, 2 for the second, ...
+
+    @property
+    def configuration(self) -> str:
+        """The member's configuration (its extension's name): the third attempt's cluster."""
+        return self.extension.name
 
 
 def read_population(path: str, corpus: str | None = None, validation_corpus: str | None = None) -> Population:

@@ -6,8 +6,11 @@
 A base model B is trained from scratch at a short context, then extended to the evaluation length
 ``L`` by several methods (PI, NTK-aware, YaRN, ABF, EABF), each fine-tuned for several step counts:
 the population differs in long-context ability while its short-context training is shared.
-Evaluators (E1, optionally E2) are trained apart, at ``L``, and are not members. alpha is calibrated
-on E1 before any member is scored; the analysis plan (exclusions, statistics) is in the config.
+Evaluators (E1, optionally E2, ...) are trained apart, at ``L``, and are not members. Each evaluator
+calibrates its own alpha before any member is scored; the analysis plan (exclusions, statistics) is
+in the config: ``analysis.plan`` ``second`` (this module's report) or ``third`` (the third attempt's,
+``longppl_reproduce.third_attempt``: format-only exclusion, a composite of lines, needle and the
+two-hop task of ``longppl_reproduce.two_hop``, clusters = configurations, a decision rule).
 
 Stages (``--stages``, comma separated, or ``all``), each resumable: every file is written
 atomically and a stage skips what its files say is done, so a run can be split into short calls
@@ -23,13 +26,16 @@ run with one line naming it (delete it, and its stage computes it again).
   lengths, lines beyond K per length, needle, answer tokens).
 - ``base``: B -> ``models/<base>/``, then its gate (lines accuracy at ``gate.length``) ->
   ``eval/gates/<base>.json``; a failed gate stops the run with a message (and is recorded).
-- ``evaluators``: E1 (and E2 when enabled) likewise.
-- ``members``: every member (``--members`` selects) -> ``models/members/<name>/``: B extended, then
-  fine-tuned for its steps with its own seed (0 steps: the extension alone).
-- ``calibrate``: E1's key-token caches (``longppl-score``) of the real and the null documents ->
-  ``caches/``; alpha from the tokens past ``L - K`` -> ``eval/calibration.json``.
+- ``evaluators``: every enabled evaluator (``--evaluators`` selects) likewise.
+- ``members``: every member (``--members`` / ``--shard i/n`` select) -> ``models/members/<name>/``:
+  B extended, then fine-tuned for its steps with its own seed (0 steps: the extension alone).
+- ``calibrate``: per evaluator (``--evaluators`` selects), its key-token caches (``longppl-score``) of
+  the real and the null documents -> ``caches/``; alpha from the tokens past ``L - K`` ->
+  ``eval/calibration.json`` (the first evaluator) or ``eval/calibration-<name>.json``; the first
+  evaluator's secondary-window cache too, so that ``evaluate`` only reads caches.
 - ``evaluate``: per member -> ``eval/members/<name>.json``: lines accuracy per length (asked line
-  beyond K), at the gate length, needle accuracy, the answer's log-likelihood, and PPL / LongPPL
+  beyond K), at the gate length, needle accuracy, two-hop accuracy (when
+  ``evaluation.two_hop_length`` is set), the answer's log-likelihood, and PPL / LongPPL
   against every evaluator cache (primary and secondary windows, soft, the alpha x beta grid), with
   per-document sums for bootstraps. Members are scored in this process with the library's scoring
   functions (``longppl.scoring``, what ``longppl-evaluate`` runs): EABF members need their attention
@@ -37,6 +43,9 @@ run with one line naming it (delete it, and its stage computes it again).
 - ``answer_tokens``: Figure 5(b) on E1 -> ``eval/answer_tokens.json``.
 - ``report``: ``results.json``, ``report.md``, ``figures/``.
 - ``export``: B and E1 in bf16, shards of at most 15 MB, into ``--export-dir``.
+
+Processes side by side (one per GPU) share the members with ``--claim <id>`` (one id per call): each
+member is trained / evaluated by the first process to claim it (``claims/<id>/``).
 
 Wall times per stage and per model are summed over calls in ``timings.json``; every seed is in
 ``results.json``.
@@ -55,7 +64,7 @@ from fractions import Fraction
 from longppl.tools.cli import command_line, run_command, tool_parser
 
 from .books import read_books
-from .config import Population, Pretrained, Window, read_population
+from .config import Population, Pretrained, Window, folder_name, read_population
 from .report_text import closing_sections, fmt
 from .run_folder import RunFolder, finite, read_record
 
@@ -202,14 +211,18 @@ def data_jobs(config: Population, run: RunFolder) -> list[tuple]:
         for kind in mix.task_shares():
             if not run.has("data", "pools", pool_name(kind, seq_len, mix.asked_within)):
                 jobs.append(("pool", kind, seq_len, mix.asked_within))
-    for spec in gate_specs(config):
-        if not run.has("data", "cases", f"gate-{spec.gate.length}.jsonl"):
+    lengths = set()
+    for spec in gate_specs(config):  # one file a length: evaluators of one length share it
+        if spec.gate.length not in lengths and not run.has("data", "cases", f"gate-{spec.gate.length}.jsonl"):
             jobs.append(("gate", spec.name))
+        lengths.add(spec.gate.length)
     for length in config.evaluation.lines_lengths:
         if not run.has("data", "cases", f"lines-{length}.jsonl"):
             jobs.append(("lines", length))
     if not run.has("data", "cases", "needle.jsonl"):
         jobs.append(("needle",))
+    if config.evaluation.two_hop_length and not run.has("data", "cases", "two_hop.jsonl"):
+        jobs.append(("two_hop",))
     if not run.has("data", "cases", "answer_tokens.jsonl"):
         jobs.append(("answer_tokens",))
     return jobs
@@ -252,6 +265,8 @@ def run_data_job(config: Population, root: str, job: tuple) -> str:
         return write_lines_cases_beyond(config, run, tokenizer, *arguments)
     if kind == "needle":
         return write_needle_cases(config, run, tokenizer)
+    if kind == "two_hop":
+        return write_two_hop_cases(config, run, tokenizer)
     return write_answer_token_cases(config, run, tokenizer)
 
 
@@ -301,12 +316,25 @@ def write_pool(config: Population, run: RunFolder, tokenizer, stream, kind: str,
     """``data.task_documents`` training documents of ``kind`` (lines or needle) for ``seq_len``."""
     import numpy as np
 
-    from . import lines, needle
+    from . import lines, needle, two_hop
     from .family import save_ragged, token_dtype
 
     name = pool_name(kind, seq_len, within)
-    rng = np.random.default_rng([config.seed, seq_len, within or 0, 0 if kind == "lines" else 1])
-    if kind == "lines":
+    rng = np.random.default_rng([config.seed, seq_len, within or 0, {"lines": 0, "needle": 1, "two_hop": 2}[kind]])
+    if kind == "two_hop":
+        most = max(config.data.lines_min + 1, int(0.8 * lines.lines_for_token_length(tokenizer, seq_len)))
+        documents = [
+            two_hop.fitted_two_hop_document(
+                tokenizer,
+                rng,
+                seq_len,
+                min_lines=config.data.lines_min,
+                max_lines=most,
+                share=config.evaluation.two_hop_share,
+            )
+            for _ in range(config.data.task_documents)
+        ]
+    elif kind == "lines":
         # Records of up to ~60% of the sequence, so the rest is questions (many retrieval targets).
         most = max(config.data.lines_min, int(0.6 * lines.lines_for_token_length(tokenizer, seq_len)))
         documents = [
@@ -373,6 +401,26 @@ def write_needle_cases(config: Population, run: RunFolder, tokenizer) -> str:
     )
     needle.write_needle_cases(run.path("data", "cases", "needle.jsonl"), cases)
     return f"data: {len(cases)} needle cases of {evaluation.needle_length} tokens"
+
+
+def write_two_hop_cases(config: Population, run: RunFolder, tokenizer) -> str:
+    """Two-hop cases (``two_hop``): the asked pointer line and the line it names both more than K
+    tokens before the question."""
+    from . import lines, two_hop
+
+    evaluation = config.evaluation
+    cases = two_hop.two_hop_cases_beyond(
+        tokenizer,
+        evaluation.two_hop_length,
+        evaluation.cases,
+        evaluation.beyond,
+        config.seed + 2,
+        evaluation.two_hop_share,
+    )
+    lines.write_lines_cases(run.path("data", "cases", "two_hop.jsonl"), cases)
+    return (
+        f"data: {len(cases)} two-hop cases of {evaluation.two_hop_length} tokens, both hops beyond {evaluation.beyond}"
+    )
 
 
 def write_answer_token_cases(config: Population, run: RunFolder, tokenizer) -> str:
@@ -500,6 +548,8 @@ def read_benchmark_cases(config: Population, run: RunFolder, with_needle: bool =
     }
     if with_needle:
         cases["needle"] = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
+        if config.evaluation.two_hop_length:
+            cases["two_hop"] = read_cases(run, "two_hop.jsonl")
     return cases
 
 
@@ -510,7 +560,7 @@ def benchmark_results(model, tokenizer, cases: dict, config: Population) -> dict
     from . import lines, needle
 
     batch_size = config.evaluation.batch_size
-    return {
+    found = {
         "lines": {str(n): lines_result(model, tokenizer, group, config) for n, group in cases["lines"].items()},
         "acc512": lines_result(model, tokenizer, cases["gate"], config),
         "needle": lines_result(model, tokenizer, cases["needle"], config, needle.needle_accuracy),
@@ -519,6 +569,9 @@ def benchmark_results(model, tokenizer, cases: dict, config: Population) -> dict
             for n, group in cases["lines"].items()
         },
     }
+    if "two_hop" in cases:  # scored like lines: the last number of the output is the named line's
+        found["two_hop"] = lines_result(model, tokenizer, cases["two_hop"], config)
+    return found
 
 
 def check_gate(config: Population, run: RunFolder, spec: Pretrained) -> dict:
@@ -545,10 +598,20 @@ def stage_base(config: Population, run: RunFolder, members=None) -> None:
     pretrain(config, run, config.base)
 
 
-def stage_evaluators(config: Population, run: RunFolder, members=None) -> None:
-    for spec in config.evaluators:
-        if spec.enabled:
-            pretrain(config, run, spec)
+def selected_evaluators(config: Population, names=None) -> list[Pretrained]:
+    """The enabled evaluators, or those of them named in ``names`` (``--evaluators``)."""
+    enabled = [spec for spec in config.evaluators if spec.enabled]
+    unknown = [n for n in names or [] if n not in [spec.name for spec in enabled]]
+    if unknown:
+        raise ValueError(
+            f"--evaluators names {unknown}, which are not enabled evaluators of the config: {[s.name for s in enabled]}."
+        )
+    return [spec for spec in enabled if not names or spec.name in names]
+
+
+def stage_evaluators(config: Population, run: RunFolder, members=None, evaluators=None) -> None:
+    for spec in selected_evaluators(config, evaluators):
+        pretrain(config, run, spec)
 
 
 def extended_config(config: Population, base_folder: str, extension):
@@ -574,16 +637,54 @@ def extended_config(config: Population, base_folder: str, extension):
     return model_config, attention or "sdpa"
 
 
-def selected_members(config: Population, names):
+def parse_shard(value: str) -> tuple[int, int]:
+    """``"i/n"`` (``0 <= i < n``) as ``(i, n)``: the i-th of n interleaved slices of the members."""
+    try:
+        index, count = (int(part) for part in value.split("/"))
+    except ValueError:
+        index = count = -1
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a shard; give i/n with 0 <= i < n, e.g. 0/4")
+    return index, count
+
+
+def selected_members(config: Population, names, shard: tuple[int, int] | None = None):
+    """The members named in ``names`` (all when empty), in the config's order; with ``shard``
+    ``(i, n)`` only every n-th of them from the i-th (interleaved, so that each slice holds every
+    step count: one process per GPU gets about equal work)."""
     members = config.members()
     known = [m.name for m in members]
     unknown = [n for n in names or [] if n not in known]
     if unknown:
         raise ValueError(f"--members names {unknown}, which are not members of the config's population: {known}.")
-    return [m for m in members if not names or m.name in names]
+    chosen = [m for m in members if names is None or m.name in names]
+    return chosen[shard[0] :: shard[1]] if shard else chosen
 
 
-def stage_members(config: Population, run: RunFolder, members=None) -> None:
+def claim_order(members: list) -> list:
+    """The order processes sharing a call (``--claim``) take members in: every first seed before any
+    second one (config order within), so that a call cut short leaves whole replicates undone
+    rather than whole configurations."""
+    return sorted(members, key=lambda m: m.replicate)
+
+
+def claimed(run: RunFolder, claim: str | None, stage: str, member: str) -> bool:
+    """With ``claim`` (``--claim``, one id per call shared by the processes working side by side):
+    whether ANOTHER process of this call has taken ``member`` for ``stage``; else this process takes
+    it now (the file ``claims/<claim>/<stage>/<member>`` is created exclusively, so exactly one
+    process gets each member). Without ``claim``: ``False``. Claims of an earlier call (another id)
+    are ignored, so a member a cut-off call left half done is taken up again."""
+    if not claim:
+        return False
+    path = run.path("claims", claim, stage, member)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return True
+    return False
+
+
+def stage_members(config: Population, run: RunFolder, members=None, claim: str | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     from .family import Variant, is_trained, train_variant
@@ -593,10 +694,13 @@ def stage_members(config: Population, run: RunFolder, members=None) -> None:
         raise ValueError(f"The base {config.base.name} is not trained ({base}): run the 'base' stage first.")
     check_gate(config, run, config.base)
     tokenizer = load_tokenizer(run)
-    for member in selected_members(config, members):
+    chosen = selected_members(config, members)
+    for member in claim_order(chosen) if claim else chosen:
         folder = member_folder(run, member.name)
         if is_trained(folder):
             run.log(f"members: {member.name} trained, kept")
+            continue
+        if claimed(run, claim, "members", member.name):
             continue
         model_config, attention = extended_config(config, base, member.extension)
         training = dataclasses.replace(config.finetune.training, steps=member.steps)
@@ -664,14 +768,34 @@ def tail_lsd_lcl(scores: list, start: int):
     return lsd, lcl
 
 
-def stage_calibrate(config: Population, run: RunFolder, members=None) -> None:
-    if run.has("eval", "calibration.json"):
-        run.log(f"calibrate: alpha {run.read_json('eval', 'calibration.json')['alpha']} (kept)")
+def calibration_parts(config: Population, evaluator: str) -> tuple[str, ...]:
+    """Where ``evaluator``'s calibration is written: ``eval/calibration.json`` for the first
+    evaluator (the second attempt's file), ``eval/calibration-<name>.json`` for the others."""
+    if evaluator == config.evaluators[0].name:
+        return ("eval", "calibration.json")
+    return ("eval", f"calibration-{evaluator}.json")
+
+
+def stage_calibrate(config: Population, run: RunFolder, members=None, evaluators=None) -> None:
+    """Each (selected) enabled evaluator calibrates its own alpha, before any member is scored; the
+    key-token caches that the ``evaluate`` stage reads are built here, so that processes evaluating
+    members side by side only read them."""
+    for spec in selected_evaluators(config, evaluators):
+        calibrate_one(config, run, spec)
+        if spec.name == config.evaluators[0].name:
+            evaluator_cache(config, run, spec.name, config.scoring.primary, "validation")
+            evaluator_cache(config, run, spec.name, config.scoring.secondary, "validation")
+
+
+def calibrate_one(config: Population, run: RunFolder, evaluator_spec: Pretrained) -> None:
+    parts = calibration_parts(config, evaluator_spec.name)
+    if run.has(*parts):
+        run.log(f"calibrate: {evaluator_spec.name} alpha {run.read_json(*parts)['alpha']} (kept)")
         return
     from .calibration import calibrate_alpha
 
-    spec, evaluator = config.calibration, config.evaluators[0].name
-    check_gate(config, run, config.evaluators[0])
+    spec, evaluator = config.calibration, evaluator_spec.name
+    check_gate(config, run, evaluator_spec)
     _, real = cache_scores(evaluator_cache(config, run, evaluator, spec.window, "validation"))
     _, null = cache_scores(evaluator_cache(config, run, evaluator, spec.window, "null"))
     start = config.data.length - spec.window.trunc_len  # the tokens whose short context is the kept tail
@@ -681,17 +805,20 @@ def stage_calibrate(config: Population, run: RunFolder, members=None) -> None:
         real_lsd, real_lcl, null_lsd, null_lcl, grid=spec.grid, beta=spec.beta, max_null_ratio=spec.max_null_ratio
     )
     record = {**found, "evaluator": evaluator, "window": dataclasses.asdict(spec.window), "from_token": start}
-    run.write_json(record, "eval", "calibration.json")
-    run.log(f"calibrate: alpha {found['alpha']} (null key tokens <= {spec.max_null_ratio:.0%} of the real ones)")
+    run.write_json(record, *parts)
+    run.log(
+        f"calibrate: {evaluator} alpha {found['alpha']} (null key tokens <= {spec.max_null_ratio:.0%} of the real ones)"
+    )
 
 
 # ------------------------------------------------------------------ evaluation
 
 
-def calibrated_alpha(run: RunFolder) -> float:
-    if not run.has("eval", "calibration.json"):
-        raise ValueError(f"No calibration in {run.path('eval')}: run the 'calibrate' stage first.")
-    return float(run.read_json("eval", "calibration.json")["alpha"])
+def calibrated_alpha(run: RunFolder, parts: tuple[str, ...] = ("eval", "calibration.json")) -> float:
+    """The alpha of the calibration at ``parts`` (default: the first evaluator's)."""
+    if not run.has(*parts):
+        raise ValueError(f"No {parts[-1]} in {run.path('eval')}: run the 'calibrate' stage first.")
+    return float(run.read_json(*parts)["alpha"])
 
 
 def longppl_columns(config: Population, run: RunFolder, alpha: float) -> dict[str, dict]:
@@ -712,9 +839,10 @@ def longppl_columns(config: Population, run: RunFolder, alpha: float) -> dict[st
         for b in scoring.sensitivity_betas:
             columns[f"alpha={a:g},beta={b:g}"] = {"cache": primary, "alpha": a, "beta": b, "soft": False}
     for spec in config.evaluators[1:]:
-        if spec.enabled:
+        if spec.enabled:  # each evaluator with the alpha it calibrated itself
+            own = calibrated_alpha(run, calibration_parts(config, spec.name))
             cache = evaluator_cache(config, run, spec.name, scoring.primary, "validation")
-            columns[f"primary:{spec.name}"] = {"cache": cache, "alpha": alpha, "beta": scoring.beta, "soft": False}
+            columns[f"primary:{spec.name}"] = {"cache": cache, "alpha": own, "beta": scoring.beta, "soft": False}
     return columns
 
 
@@ -754,10 +882,13 @@ def longppl_of(model, tokenizer, columns: dict, caches: dict, gamma: float, budg
     return found
 
 
-def stage_evaluate(config: Population, run: RunFolder, members=None) -> None:
+def stage_evaluate(config: Population, run: RunFolder, members=None, claim: str | None = None) -> None:
     from .family import is_trained
 
-    pending = [m for m in selected_members(config, members) if not run.has("eval", "members", f"{m.name}.json")]
+    chosen = selected_members(config, members)
+    pending = [
+        m for m in (claim_order(chosen) if claim else chosen) if not run.has("eval", "members", f"{m.name}.json")
+    ]
     if not pending:
         return
     alpha = calibrated_alpha(run)
@@ -768,7 +899,12 @@ def stage_evaluate(config: Population, run: RunFolder, members=None) -> None:
         path = ("eval", "members", f"{member.name}.json")
         folder = member_folder(run, member.name)
         if not is_trained(folder):
+            if claim:  # another process of this call may still be training it: left for a later pass
+                run.log(f"evaluate: {member.name} is not trained yet, left for a later pass")
+                continue
             raise ValueError(f"Member {member.name} is not trained ({folder}): run the 'members' stage first.")
+        if claimed(run, claim, "evaluate", member.name):
+            continue
         start = time.perf_counter()
         model, tokenizer = load_member(folder, device_of(config))
         evaluation = config.evaluation
@@ -824,10 +960,14 @@ def member_row(member, record: dict, analysis) -> dict:
     primary = record["longppl"]["primary"]
     per_length = {n: v["accuracy"] for n, v in record["lines"].items()}
     outputs = sum(v["total"] for v in record["lines"].values())
+    from .third_attempt import no_answer_shape_share
+
     row = {
         "member": member.name,
         "method": member.extension.method,
         "extension": member.extension.name,
+        "configuration": member.configuration,
+        "control": member.extension.control,
         "factor": member.extension.factor,
         "rope_theta": member.extension.rope_theta,
         "steps": member.steps,
@@ -840,7 +980,9 @@ def member_row(member, record: dict, analysis) -> dict:
             sum(Fraction(v["correct"], v["total"]) for v in record["lines"].values()) / len(record["lines"])
         ),
         "no_number_share": sum(v["no_number"] for v in record["lines"].values()) / outputs,
+        "no_answer_shape_share": no_answer_shape_share(record),
         "needle": record["needle"]["accuracy"],
+        "two_hop": record["two_hop"]["accuracy"] if "two_hop" in record else None,
         "log_likelihood": {n: float(sum(v) / len(v)) for n, v in record["log_likelihood"].items()},
         "mean_log_likelihood": float(
             sum(sum(v) for v in record["log_likelihood"].values())
@@ -1020,7 +1162,25 @@ def verdict(found: dict, analysis) -> dict:
     }
 
 
+def results_header(config: Population) -> dict:
+    """What every ``results.json`` starts with: the command line, the config and every seed."""
+    return {
+        "command": command_line("longppl-reproduce"),
+        "config": dataclasses.asdict(config),
+        "seeds": {
+            "run": config.seed,
+            config.base.name: config.base.seed,
+            **{e.name: e.seed for e in config.evaluators if e.enabled},
+            **{m.name: m.seed for m in config.members()},
+        },
+    }
+
+
 def stage_report(config: Population, run: RunFolder, members=None) -> dict:
+    if config.analysis.plan == "third":
+        from . import third_attempt
+
+        return third_attempt.report(config, run)
     rows = []
     base_gate = run.read_json("eval", "gates", f"{config.base.name}.json")
     for member in config.members():
@@ -1030,14 +1190,7 @@ def stage_report(config: Population, run: RunFolder, members=None) -> dict:
         rows.append(row)
     analysed = [r for r in rows if not r["excluded"]]
     results = {
-        "command": command_line("longppl-reproduce"),
-        "config": dataclasses.asdict(config),
-        "seeds": {
-            "run": config.seed,
-            config.base.name: config.base.seed,
-            **{e.name: e.seed for e in config.evaluators if e.enabled},
-            **{m.name: m.seed for m in config.members()},
-        },
+        **results_header(config),
         "gates": {
             spec.name: _without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
             for spec in gate_specs(config)
@@ -1246,6 +1399,19 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help=f"comma-separated stages of {', '.join(STAGES)}, or all (every one but export; default: all)",
     )
     parser.add_argument("--members", help="comma-separated members to train / evaluate in this call (default: all)")
+    parser.add_argument(
+        "--shard",
+        type=parse_shard,
+        help="i/n: train / evaluate only every n-th of the (selected) members from the i-th, e.g. one process per GPU",
+    )
+    parser.add_argument(
+        "--claim",
+        help="an id shared by processes working side by side in one call (e.g. one per GPU): each member is "
+        "trained / evaluated by the first process to claim it (claims/<id>/); use a new id for every call",
+    )
+    parser.add_argument(
+        "--evaluators", help="comma-separated evaluators to train / calibrate in this call (default: every enabled one)"
+    )
     parser.add_argument("--export-dir", help="where the export stage writes B and E1 (bf16, shards <= 15 MB)")
     return parser
 
@@ -1255,11 +1421,21 @@ def main(argv=None, prog: str | None = None) -> dict | None:
     args = build_parser(prog).parse_args(argv)
     config = read_population(args.config, args.corpus, args.validation_corpus)
     members = [m.strip() for m in args.members.split(",") if m.strip()] if args.members else None
-    selected_members(config, members)  # an unknown name fails before any work
+    chosen = selected_members(config, members, args.shard)  # an unknown name fails before any work
+    if args.shard:
+        members = [m.name for m in chosen]
+    if args.claim and folder_name(args.claim):
+        raise ValueError(f"--claim {args.claim!r}: {folder_name(args.claim)} (it names a folder under claims/).")
+    evaluators = [e.strip() for e in args.evaluators.split(",") if e.strip()] if args.evaluators else None
+    selected_evaluators(config, evaluators)
     run = RunFolder(args.output_dir)
 
     def run_stage(stage: str):
         extra = {"export_dir": args.export_dir} if stage == "export" else {}
+        if stage in ("evaluators", "calibrate"):
+            extra = {"evaluators": evaluators}
+        if stage in ("members", "evaluate"):
+            extra = {"claim": args.claim}
         return globals()[f"stage_{stage}"](config, run, members, **extra)
 
     return run.run_stages(args.stages, run_stage)
