@@ -127,7 +127,7 @@ def test_the_harness_gives_the_numbers_of_longppl_evaluate(files, expected, pair
     keyed = [d for d in documents if d["n_key_tokens"] > 0]
     weighted = sum(d["longppl"] * d["n_key_tokens"] for d in keyed) / sum(d["n_key_tokens"] for d in keyed)
     assert results["longppl,none"] == pytest.approx(weighted, rel=1e-12)
-    assert abs(weighted - np.mean([d["longppl"] for d in keyed])) > 1e-3 * weighted
+    assert abs(weighted - np.mean([d["longppl"] for d in keyed])) > 1e-4 * weighted  # far above the tolerance
     # a bootstrap standard error over documents where the harness reports one
     for metric in ("longppl", "ppl"):
         assert results[f"{metric}_stderr,none"] == bootstrap_stderr(documents, ITERS, metric, "official") > 0

@@ -39,7 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         parser = HarnessCLI()
         args = parser.parse_args()
         if hasattr(args, "include_path"):
-            args.include_path = harness.include_paths(args.include_path)
+            given = args.include_path
+            if given is None and getattr(args, "config", None):
+                # a --config YAML's include_path, which the command line's would otherwise replace
+                from lm_eval.config.evaluate_config import EvaluatorConfig
+
+                given = EvaluatorConfig.load_yaml_config(args.config).get("include_path")
+            args.include_path = harness.include_paths(given)
         parser.execute(args)
     except USER_ERRORS as err:
         if debugging():
