@@ -181,6 +181,13 @@ def test_the_corpus_value_is_weighted_by_key_token_counts_not_a_mean_of_document
     assert corpus_aggregation("ppl", "official")(docs) == pytest.approx((3.0 * 10 + 5.0 * 30 + 4.0 * 20) / 60)
 
 
+def test_a_corpus_without_key_tokens_warns_why_longppl_is_nan():
+    docs = items((float("nan"), 0, 3.0, 10), (float("nan"), 0, 5.0, 30))
+    with pytest.warns(UserWarning, match="No key tokens in any of the 2 documents, so LongPPL is NaN"):
+        assert math.isnan(corpus_aggregation("longppl", "official")(docs))
+    assert corpus_aggregation("ppl", "official")(docs) == pytest.approx(4.5)
+
+
 @pytest.mark.parametrize("metric", ["longppl", "ppl"])
 @pytest.mark.parametrize("aggregation", ["official", "pooled"])
 def test_the_bootstrap_resamples_documents_and_aggregates_each_resample_as_the_corpus(metric, aggregation):

@@ -9,7 +9,6 @@ from __future__ import annotations
 from longppl.scoring import DocumentResult, encode_texts
 from longppl.settings import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_MAX_TOKENS_PER_BATCH, require_bool, require_int
 from longppl.tools.cli import USER_ERRORS, debugging
-from longppl.tools.reports import explain_missing_key_tokens
 
 __all__ = [
     "AGGREGATIONS",
@@ -19,7 +18,6 @@ __all__ = [
     "DocumentResult",
     "debugging",
     "encode_texts",
-    "explain_missing_key_tokens",
     "require_bool",
     "require_int",
 ]

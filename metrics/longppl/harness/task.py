@@ -25,6 +25,7 @@ standard errors are bootstraps over documents (:func:`bootstrap_stderr`).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import datasets
 import numpy as np
@@ -109,6 +110,13 @@ def corpus_aggregation(metric: str, aggregation: str):
 
     def aggregate(items: list[dict]) -> float:
         results = [DocumentResult(**item) for item in items]
+        if metric == "longppl" and results and not any(r.n_key_tokens > 0 for r in results):
+            warnings.warn(  # as longppl evaluate warns
+                f"No key tokens in any of the {len(results)} documents, so LongPPL is NaN: the key-token rule is "
+                "too strict for this corpus and evaluator. Try a lower alpha or beta (--metadata alpha=... "
+                "beta=...), or use_lcl=false.",
+                stacklevel=2,
+            )
         return float(longppl.summarize_results(results, aggregation)[metric])
 
     aggregate.__name__ = aggregate.__qualname__ = f"{metric}_{aggregation}"
