@@ -296,3 +296,17 @@ def test_import_longppl_does_not_import_the_harness():
     code = "import sys, longppl; print('longppl.harness' in sys.modules, 'lm_eval' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"trunc_len": "47"}, "trunc_len must be an integer >= 1, got '47'"),
+        ({"sliding_window": 0}, "sliding_window must be an integer >= 1, got 0"),
+        ({"gamma": -1.0}, "gamma must be > 0"),
+        ({"soft": "yes"}, "soft must be True or False, got 'yes'"),
+    ],
+)
+def test_task_settings_are_checked_before_the_cache_is_read(setting, message):
+    with pytest.raises(ValueError, match=message):
+        harness.LongPPLTask({"task": "longppl", "metadata": {"key_tokens": "no/such-cache", **setting}})

@@ -33,7 +33,7 @@ from lm_eval.api.task import ConfigurableTask
 
 import longppl
 
-from ._internal import AGGREGATIONS, DEFAULT_AGGREGATION, DocumentResult
+from ._internal import AGGREGATIONS, DEFAULT_AGGREGATION, DocumentResult, require_int
 from .model import MODEL_TYPE, DocumentLogProbs, DocumentRequest
 
 #: The metrics of a LongPPL task, both lower-is-better.
@@ -134,8 +134,8 @@ class LongPPLTask(ConfigurableTask):
         config: the task's YAML as a dict (``task``, ``dataset_path``, ``metadata``, ...); the harness
             passes it. The request type, metrics and document fields are this class's.
     Raises:
-        ValueError: no cache named, two different ones, a cache without rows, settings that pick no
-            (or several) of the cache's combinations, a bad key-token rule or aggregation.
+        ValueError: no cache named, a cache without rows, settings that pick no (or several) of the
+            cache's combinations, a bad key-token rule, K, d or aggregation.
     """
 
     VERSION = 1
@@ -161,7 +161,13 @@ class LongPPLTask(ConfigurableTask):
         self.rule = longppl.KeyTokenRule(
             **{key: settings[key] for key in ("alpha", "beta", "use_lcl", "soft", "gamma") if key in settings}
         )
-        self.cache_selection = {key: settings.get(key) for key in ("evaluator", "trunc_len", "sliding_window")}
+        self.cache_selection = {
+            "evaluator": settings.get("evaluator"),
+            **{
+                key: require_int(key, settings[key]) if key in settings else None
+                for key in ("trunc_len", "sliding_window")
+            },
+        }
         self.cache_split = settings.get("split", "train")
         self.aggregation_name = aggregation
         config.update(
