@@ -310,3 +310,27 @@ def test_import_longppl_does_not_import_the_harness():
 def test_task_settings_are_checked_before_the_cache_is_read(setting, message):
     with pytest.raises(ValueError, match=message):
         harness.LongPPLTask({"task": "longppl", "metadata": {"key_tokens": "no/such-cache", **setting}})
+
+
+def test_a_peft_adapter_is_scored_as_the_adapted_model(files, tmp_path):
+    """``peft=<adapter>`` (the harness loads it on the base model): the documents are scored by the
+    adapted model, the same as scoring the merged model directly."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = files["models"]["same"]
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)  # B != 0: it changes
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), config).save_pretrained(tmp_path / "adapter")
+    ours = harness.LongPPLLM(pretrained=base, peft=str(tmp_path / "adapter"), device="cpu", dtype="float32")
+    request = harness.DocumentRequest("loglikelihood_rolling", {}, (files["texts"][0],), 0, ("longppl", 0, 1))
+    (answer,) = ours.loglikelihood_rolling([request], disable_tqdm=True)
+    merged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base), tmp_path / "adapter"
+    ).merge_and_unload()
+    tokenizer = ours.tokenizer
+    (adapted,) = longppl.score_with_model(merged, tokenizer, [files["texts"][0]], progress=False)
+    (plain,) = longppl.score_with_model(
+        AutoModelForCausalLM.from_pretrained(base), tokenizer, [files["texts"][0]], progress=False
+    )
+    assert np.allclose(answer.scores.lp, adapted.lp, rtol=0, atol=1e-5, equal_nan=True)
+    assert not np.allclose(answer.scores.lp, plain.lp, rtol=0, atol=1e-3, equal_nan=True)
