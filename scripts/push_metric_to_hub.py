@@ -24,12 +24,14 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 # Subfolders the Space does not need: `tools/` serves the command-line tools only (corpus readers, reports,
-# figures, the toy task); the metric and the app import none of it.
-SPACE_EXCLUDED_FOLDERS = frozenset({"__pycache__", "tools"})
+# figures, the toy task), `harness/` lm-evaluation-harness (not installed in the Space); the metric and the
+# app import neither.
+SPACE_EXCLUDED_FOLDERS = frozenset({"__pycache__", "tools", "harness"})
 
 
 def space_files(folder: str = METRIC_FOLDER) -> list[str]:
-    """The files of ``folder`` that the Space gets, relative and sorted: all but ``tools/``, caches and hidden files."""
+    """The files of ``folder`` that the Space gets, relative and sorted: all but ``tools/``, ``harness/``,
+    caches and hidden files."""
     files = []
     for root, dirs, names in os.walk(folder):
         excluded = SPACE_EXCLUDED_FOLDERS if root == folder else {"__pycache__"}

@@ -1,5 +1,5 @@
-""".ci/run: the README's two set-up commands, with the Space's extra installed and the lint run between them,
-in a copy."""
+""".ci/run: the README's two set-up commands, with the Space's and the harness's extras installed and the lint
+run between them, in a copy."""
 
 import os
 import shutil
@@ -19,7 +19,7 @@ echo python -m pytest -q tests >> "$LOG"
 
 @pytest.mark.skipif(shutil.which("git") is None, reason=".ci/run lists the files to copy with git")
 @pytest.mark.parametrize("torch_installed", [True, False])
-def test_space_and_browser_extras_are_installed_after_the_install_and_before_the_tests(
+def test_space_browser_and_harness_extras_are_installed_after_the_install_and_before_the_tests(
     repo_root, tmp_path, torch_installed
 ):
     repo = tmp_path / "repo"
@@ -54,7 +54,9 @@ def test_space_and_browser_extras_are_installed_after_the_install_and_before_the
         assert lines.pop(0).startswith("pip install torch==2.13.0 (in ")
     assert lines[0] == "first-command"
     assert lines.pop(1) == "true"  # the copy is a git work tree: tests and the Space's upload list files with git
-    assert lines[1].startswith("pip install -e .[space,browser] (in tmp.")  # in the isolated copy, not the checkout
+    assert lines[1].startswith(
+        "pip install -e .[space,browser,harness] (in tmp."
+    )  # in the isolated copy, not the checkout
     assert lines[2:4] == ["python -m ruff format --check .", "python -m ruff check ."]
     assert lines[4] == "python -m pytest -q tests"
     assert len(lines) == 5

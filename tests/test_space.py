@@ -588,8 +588,9 @@ def test_dry_run_lists_the_folder_as_tracked(push_script, repo_root, capsys):
         check=True,
     ).stdout.split()
     tracked = [os.path.relpath(p, "metrics/longppl") for p in tracked]
-    # everything tracked but tools/ (the command-line tools' helpers, which the Space never imports)
-    assert listed == sorted(p for p in tracked if not p.startswith("tools" + os.sep))
+    # everything tracked but tools/ (the command-line tools' helpers) and harness/ (lm-evaluation-harness),
+    # which the Space never imports
+    assert listed == sorted(p for p in tracked if not p.startswith(("tools" + os.sep, "harness" + os.sep)))
     assert any(p.startswith("tools" + os.sep) for p in tracked)
     essential = {"README.md", "app.py", "requirements.txt"} | {os.path.basename(p) for p in register.module_files()}
     assert essential <= set(listed)
@@ -604,7 +605,9 @@ def test_dry_run_leaves_out_caches_and_hidden_files(push_script, tmp_path, capsy
     (folder / "stray.pyc").write_bytes(b"\0")
     push_script.main(["--repo-id", "my-org/longppl", "--dry-run", "--folder", str(folder)])
     listed = capsys.readouterr().out.split()
-    assert listed == sorted(name for name in os.listdir(longppl.METRIC_PATH) if name not in ("__pycache__", "tools"))
+    assert listed == sorted(
+        name for name in os.listdir(longppl.METRIC_PATH) if name not in ("__pycache__", "tools", "harness")
+    )
     assert not [name for name in listed if "pycache" in name or name.startswith(".") or name.endswith(".pyc")]
 
 

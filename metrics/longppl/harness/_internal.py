@@ -1,0 +1,23 @@
+"""Every name this sub-package takes from ``longppl`` beyond its public ``__all__``, in one place.
+
+The integration reuses the scoring path of ``longppl evaluate`` as it is (that is what makes the
+numbers equal); these are the few pieces of it that ``import longppl`` does not export.
+"""
+
+from __future__ import annotations
+
+from longppl.scoring import DocumentResult, encode_texts
+from longppl.settings import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_MAX_TOKENS_PER_BATCH, require_bool, require_int
+from longppl.tools.cli import USER_ERRORS, debugging
+
+__all__ = [
+    "AGGREGATIONS",
+    "DEFAULT_AGGREGATION",
+    "DEFAULT_MAX_TOKENS_PER_BATCH",
+    "USER_ERRORS",
+    "DocumentResult",
+    "debugging",
+    "encode_texts",
+    "require_bool",
+    "require_int",
+]
