@@ -199,7 +199,9 @@ def test_the_bootstrap_resamples_documents_and_aggregates_each_resample_as_the_c
     for row, value in zip(counts, values):  # each resample = the corpus of the documents drawn, repeats kept
         drawn = [doc for doc, times in zip(docs, row) for _ in range(int(times))]
         assert value == pytest.approx(aggregate(drawn), nan_ok=True)
-    # the standard error: the sample standard deviation of the finite resample values
+    # the standard error: the sample standard deviation of the finite resample values, drawn from the
+    # documents in a canonical order (their results as sorted JSON), whatever order they come in
+    docs = sorted(docs, key=lambda doc: json.dumps(doc, sort_keys=True))
     rng = np.random.default_rng(harness.task.BOOTSTRAP_SEED)
     draws = rng.multinomial(len(docs), np.full(len(docs), 0.25), size=50)
     replicate = [aggregate([d for d, t in zip(docs, row) for _ in range(int(t))]) for row in draws]
@@ -207,6 +209,9 @@ def test_the_bootstrap_resamples_documents_and_aggregates_each_resample_as_the_c
     mean = sum(finite) / len(finite)
     plain = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
     assert bootstrap_stderr(docs, 50, metric, aggregation) == pytest.approx(plain)
+    # data parallelism gathers the documents rank by rank: the standard error must not change
+    interleaved = docs[0::2] + docs[1::2]
+    assert bootstrap_stderr(interleaved, 50, metric, aggregation) == bootstrap_stderr(docs, 50, metric, aggregation)
 
 
 def one_line_error(argv: list[str]) -> str:

@@ -25,6 +25,7 @@ standard errors are bootstraps over documents (:func:`bootstrap_stderr`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 
 import datasets
@@ -82,15 +83,24 @@ def _corpus_values(counts: np.ndarray, items: list[dict], metric: str, aggregati
     return mean if aggregation == "official" else np.exp(mean)
 
 
+def canonical_order(item: dict) -> str:
+    """Sort key of a per-document result that does not depend on the order the harness hands them in."""
+    return json.dumps(item, sort_keys=True)
+
+
 def bootstrap_stderr(items: list[dict], iters: int, metric: str, aggregation: str) -> float:
     """Standard error of a corpus value by the bootstrap over documents: the sample standard deviation
     (``n - 1``, as the harness's own bootstrap) of the corpus value over ``iters`` resamples of the
-    documents with replacement (seeded: reruns agree). Resamples without a finite value (no key
+    documents with replacement (seeded, over the documents in :func:`canonical_order`: reruns, and runs
+    that gather the documents in another order, agree). Resamples without a finite value (no key
     token drawn) are left out; ``nan`` when fewer than two remain.
 
     Args:
         items: per document, the dict a LongPPL task's ``process_results`` gives (``DocumentResult`` fields).
     """
+    # The documents in one canonical order: under data parallelism the harness gathers them rank by
+    # rank (0, 2, 4, ..., 1, 3, ...), and the seeded draws must pick the same documents either way.
+    items = sorted(items, key=canonical_order)
     n = len(items)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     values = []
