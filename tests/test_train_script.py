@@ -865,6 +865,30 @@ def test_rerun_into_a_folder_with_checkpoints_resumes_from_the_last(tmp_path, mo
     )
 
 
+def test_rerunning_a_finished_run_says_so_and_writes_nothing_unless_asked_for_more_steps(tmp_path, capsys):
+    out = tmp_path / "run"
+
+    def snapshot():
+        return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+
+    common = ("--save_steps", "2", "--logging_steps", "1")
+    cli.train(tiny_argv(tmp_path, "--max_steps", "3", *common))
+    capsys.readouterr()
+    before = snapshot()
+    assert cli.train(tiny_argv(tmp_path, "--max_steps", "3", *common)) is None
+    assert capsys.readouterr().err.splitlines() == [
+        f"longce-train: the run in '{out}' is finished (step 3 of max_steps 3, checkpoint-3/trainer_state.json): nothing to do, "
+        "nothing written. Raise --max_steps (or --num_train_epochs) to continue it, or choose another output_dir "
+        "to train afresh."
+    ]
+    assert snapshot() == before
+    assert cli.train(tiny_argv(tmp_path, "--max_steps", "2", *common, "--resume_from_checkpoint", "last")) is None
+    assert "finished (step 3 of max_steps 2" in capsys.readouterr().err and snapshot() == before
+    more = cli.train(tiny_argv(tmp_path, "--max_steps", "4", *common))
+    assert more.state.global_step == 4 and sorted(p.name for p in out.glob("checkpoint-*"))[-1] == "checkpoint-4"
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
 def test_non_empty_folder_without_checkpoint_is_refused_unless_overwrite(tmp_path, monkeypatch):
     out = tmp_path / "run"
     out.mkdir()

@@ -342,7 +342,8 @@ class RecipeConfig(LongCEConfig):
         default=False,
         metadata={
             "help": "An output_dir holding files: by default (as run_clm) a folder with checkpoint-* folders "
-            "resumes from its last checkpoint and any other non-empty folder is refused. With this flag, train "
+            "resumes from its last checkpoint (a finished run is left as it is: raise max_steps to continue it) and "
+            "any other non-empty folder is refused. With this flag, train "
             "afresh into it (same-named files replaced); checkpoint-* folders are still refused (never deleted)."
         },
     )

@@ -24,7 +24,9 @@ processed like the training data; ``--eval_strategy steps --eval_steps N`` then 
 ``resume_from_checkpoint`` takes a checkpoint folder, or ``last`` for the newest
 ``checkpoint-*`` folder of ``output_dir``. Without it, an ``output_dir`` that holds files is treated as
 transformers' run_clm treats it (``checkpoint_to_resume``): checkpoints there are resumed from, any other
-non-empty folder is refused unless ``--overwrite_output_dir``; nothing in it is ever deleted.
+non-empty folder is refused unless ``--overwrite_output_dir``; nothing in it is ever deleted. A run
+that has already reached its ``max_steps`` (or ``num_train_epochs``) is not trained again: one line
+says so and the command ends (status 0, nothing written); a larger ``max_steps`` resumes and continues.
 
 At the end the output folder holds the model (and tokenizer), ``trainer_state.json``,
 ``all_results.json`` (the training metrics, and the final evaluation's when there is evaluation data)
@@ -60,7 +62,7 @@ if TYPE_CHECKING:
     from .config import LongCEConfig
     from .trainer import LongCETrainer
 
-__all__ = ["build_parser", "checkpoint_to_resume", "load_model", "main", "parse_args", "train"]
+__all__ = ["build_parser", "checkpoint_to_resume", "finished_run", "load_model", "main", "parse_args", "train"]
 
 #: Tags of the model card (besides those transformers adds); the hub finds LongCE models by them.
 MODEL_CARD_TAGS = ("longce", "long-context")
@@ -167,9 +169,10 @@ def close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def train(argv: list[str] | None = None) -> LongCETrainer:
+def train(argv: list[str] | None = None) -> LongCETrainer | None:
     """Parse the arguments, train (resuming as ``checkpoint_to_resume`` says), evaluate, save the model,
-    ``all_results.json`` and the model card; returns the trainer.
+    ``all_results.json`` and the model card; returns the trainer. A run that ``finished_run`` finds
+    already done is not trained again: one line says so and ``None`` is returned, nothing written.
 
     With evaluation data, ``eval_strategy`` steps/epoch evaluates during training, and the final model
     is evaluated once more unless the last of those ran at the last step; with ``eval_strategy`` no,
@@ -191,6 +194,11 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
         )
     check_weight_source(data_args, training_args)
     resume = checkpoint_to_resume(training_args)
+    finished = finished_run(training_args, resume)
+    if finished is not None:
+        if training_args.process_index == 0:
+            print(f"{PROG}: {finished}", file=sys.stderr)
+        return None
     if training_args.torch_threads is not None:
         from longppl.tools.threads import choose_torch_threads
 
@@ -276,13 +284,49 @@ def checkpoint_to_resume(args: RecipeConfig) -> str | None:
             "or empty output_dir, or add --overwrite_output_dir to train afresh into it (files of the same "
             "names are replaced, others kept)."
         )
-    if args.process_index == 0:
+    if args.process_index == 0 and finished_run(args, last) is None:  # else train() says it is finished
         print(
             f"{PROG}: output_dir {folder!r} holds checkpoints of an earlier run: resuming from "
             f"{os.path.basename(last)} (choose another output_dir to train afresh).",
             file=sys.stderr,
         )
     return last
+
+
+def finished_run(args: RecipeConfig, resume: str | None) -> str | None:
+    """The line saying so when the run to resume has already reached ``max_steps`` (or, with
+    ``max_steps`` unset, ``num_train_epochs``); ``None`` when there is training left to do.
+
+    Resuming a finished run would train one step past its end (transformers' resume at the last step)
+    and rewrite the model, the checkpoints and ``all_results.json``. The run's progress is the
+    checkpoint's ``trainer_state.json`` and, when the checkpoint was found in ``output_dir`` rather than
+    named, the ``trainer_state.json`` the finished run wrote there (its last step may lie after its
+    last checkpoint). A larger ``max_steps`` / ``num_train_epochs`` resumes and continues.
+    """
+    if resume is None:
+        return None
+    states = [os.path.join(resume, "trainer_state.json")]
+    if args.resume_from_checkpoint is None or str(args.resume_from_checkpoint).lower() in ("last", "true"):
+        states.append(os.path.join(args.output_dir, "trainer_state.json"))
+    for path in states:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                state = json.load(handle)
+            step, epoch = int(state["global_step"]), float(state.get("epoch") or 0.0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # no state there (or not one transformers wrote): the trainer decides
+        if args.max_steps > 0 and step >= args.max_steps:
+            reached = f"step {step} of max_steps {args.max_steps}"
+        elif args.max_steps <= 0 and epoch >= args.num_train_epochs - 1e-6:
+            reached = f"epoch {epoch:g} of num_train_epochs {args.num_train_epochs:g}"
+        else:
+            continue
+        return (
+            f"the run in {args.output_dir!r} is finished ({reached}, {os.path.relpath(path, args.output_dir)}): "
+            "nothing to do, nothing written. Raise --max_steps (or --num_train_epochs) to continue it, or choose "
+            "another output_dir to train afresh."
+        )
+    return None
 
 
 def final_evaluation(trainer: LongCETrainer) -> dict[str, float]:
