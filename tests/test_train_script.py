@@ -167,6 +167,46 @@ def test_command_line_overrides_yaml_fields(tmp_path):
     assert logged(trainer, "learning_rate") == [pytest.approx(1e-4)] * 3
 
 
+def test_a_model_source_on_the_command_line_replaces_the_recipes(tmp_path):
+    from helpers import byte_level_bpe, tiny_model
+
+    tokenizer = byte_level_bpe()
+    tiny_model("llama", len(tokenizer), max_positions=256).save_pretrained(tmp_path / "mine")
+    tokenizer.save_pretrained(tmp_path / "mine")
+    model_args, _, _ = parse_args(tiny_argv(tmp_path, "--model_name_or_path", str(tmp_path / "mine")))
+    # the recipe's model_config and its byte-level tokenizer give way: the model's own tokenizer is used
+    assert model_args.model_name_or_path == str(tmp_path / "mine")
+    assert model_args.model_config is None and model_args.tokenizer_name_or_path is None
+    assert model_args.context_extension == "eabf"  # the rest of the recipe stays
+    trainer = cli.train(
+        tiny_argv(tmp_path, "--model_name_or_path", str(tmp_path / "mine"), "--max_steps", "1", "--save_strategy", "no")
+    )
+    assert trainer.state.global_step == 1 and len(trainer.processing_class) == len(tokenizer)
+    # and the reverse: a recipe's pretrained model gives way to --model_config
+    recipe = write_recipe(tmp_path, {"model_name_or_path": str(tmp_path / "mine")}, drop=("model_config",))
+    model_config = json.dumps(read_recipe()["model_config"])
+    model_args, _, _ = parse_args(["--config", recipe, "--model_config", model_config])
+    assert model_args.model_name_or_path is None and model_args.model_config == read_recipe()["model_config"]
+    assert model_args.tokenizer_name_or_path == "byte-level"
+    # a Hub dataset on the command line replaces the recipe's data files
+    _, data_args, _ = parse_args(["--config", TINY, "--dataset_name", "some/dataset"])
+    assert data_args.dataset_name == "some/dataset" and data_args.data_files is None
+
+
+def test_run_clm_and_trl_names_of_the_data_fields(tmp_path):
+    argv = ["--config", TINY, "--train_file", DATA, "--validation_file", DATA, "--block_size", "64"]
+    _, data_args, _ = parse_args([*argv, "--dataset_text_field", "body"])
+    assert data_args.data_files == [DATA] and data_args.eval_data_files == [DATA]
+    assert data_args.max_seq_length == 64 and data_args.text_column == "body"
+    recipe = write_recipe(
+        tmp_path, {"train_file": "../data.jsonl", "block_size": 32}, drop=("data_files", "max_seq_length")
+    )
+    _, data_args, _ = parse_args(["--config", recipe])
+    assert data_args.data_files == [str(tmp_path.parent / "data.jsonl")] and data_args.max_seq_length == 32
+    with pytest.raises(ValueError, match="max_seq_length=64 and block_size=32 are two names of one setting"):
+        parse_args(["--config", TINY, "--max_seq_length", "64", "--block_size", "32"])
+
+
 # ------------------------------------------------------------------ (c) checkpoint and resume
 
 
@@ -672,8 +712,9 @@ def test_help_shows_the_recipe_fields_config_first(capsys):
     names = option_names(text)
     assert names[:3] == ["-h", "--config", "--help-all"]
     assert names[3:] == [f"--{name}" for name in recipe_fields()]  # and nothing else: no TrainingArguments field
-    # short: no TrainingArguments field (the recipe fields, LongCE's and the command's own: about 210 lines)
-    assert "--adam_beta1" not in text and len(text.splitlines()) < 220
+    # short: no TrainingArguments field (the recipe fields with run_clm's / TRL's other names of four of
+    # them, LongCE's and the command's own: about 220 lines)
+    assert "--adam_beta1" not in text and len(text.splitlines()) < 230
     assert "`--help-all` lists them all" in text
 
 

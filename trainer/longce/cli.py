@@ -7,7 +7,9 @@
 
 (``python scripts/train_longce.py`` is the same command.) Every field of ``ModelArguments``,
 ``DataArguments`` and ``LongCEConfig`` (``TrainingArguments`` plus ``longce_*``) can be set in the
-YAML file and overridden on the command line; ``--help`` lists the model, data and LongCE fields,
+YAML file and overridden on the command line (a model or data source given there replaces the
+recipe's: ``--model_name_or_path`` its ``model_config`` and tokenizer; run_clm's ``--train_file``,
+``--validation_file``, ``--block_size`` and TRL's ``--dataset_text_field`` name our fields); ``--help`` lists the model, data and LongCE fields,
 ``--help-all`` every ``TrainingArguments`` field too (``--config recipe.yaml --help`` shows the
 recipe's values as the defaults). The recipe's rules (defaults, relative paths, aliases such as
 ``dtype`` / ``torch_dtype``) are in ``longce.arguments``; how the text becomes sequences
