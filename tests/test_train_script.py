@@ -998,9 +998,26 @@ def test_all_results_and_model_card(tmp_path):
     card = ModelCard.load(out / "README.md")
     assert "longce" in card.data.tags and card.data.library_name == "transformers"
     assert "learning_rate: 0.003" in card.text  # transformers' hyperparameters section
+    assert "[](https://huggingface.co/)" not in card.text and "unknown dataset" not in card.text
+    assert (
+        "This model is a randomly initialised llama model (model_config) on the local files `govreport_crs.jsonl`, "
+        "trained with LongCE (K = 32 (longce_trunc_len), d = 16 (longce_sliding_window), gamma = 5 (longce_gamma), "
+        "weights from 'self' (longce_weights))." in card.text
+    )
     bibtex = re.search(r"```bibtex\n(.*?)```", card.text, re.S).group(1)
     assert bibtex.startswith("@inproceedings{fang2025wrong,")
     assert "What is Wrong with Perplexity for Long-context Language Modeling?" in bibtex
+
+
+def test_model_card_names_a_hub_base_model_and_dataset():
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(model_name_or_path="Qwen/Qwen2-7B", model_config=None)
+    data = SimpleNamespace(dataset_name="emozilla/pg19", dataset_split="train", data_files=None)
+    assert cli.model_card_origin(model, data) == (
+        "a fine-tuned version of [Qwen/Qwen2-7B](https://huggingface.co/Qwen/Qwen2-7B) on the "
+        "[emozilla/pg19](https://huggingface.co/datasets/emozilla/pg19) dataset (split 'train')"
+    )
 
 
 def test_model_card_of_a_lora_run_keeps_peft_metadata(tmp_path):

@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -369,15 +370,48 @@ def write_model_card(trainer: LongCETrainer, model_args: ModelArguments, data_ar
     card = ModelCard.load(path)
     # A PEFT adapter's card is rewritten by PEFT after transformers' (create_model_card), with its own tags.
     card.data.tags = list(dict.fromkeys([*MODEL_CARD_TAGS, *(card.data.tags or [])]))
+    args = trainer.args
+    settings = (
+        f"K = {args.longce_trunc_len} (longce_trunc_len), d = {args.longce_sliding_window} (longce_sliding_window), "
+        f"gamma = {args.longce_gamma:g} (longce_gamma), weights from {args.longce_weights!r} (longce_weights)"
+        + (", plain CE (longce_plain_ce)" if args.longce_plain_ce else "")
+    )
+    # transformers' first sentence knows neither a model built from model_config nor local data files
+    # ("a fine-tuned version of [](https://huggingface.co/) on an unknown dataset"): ours names both.
+    text = re.sub(
+        r"^This model (is a fine-tuned version of|was trained from scratch on) .*$",
+        lambda _: f"This model is {model_card_origin(model_args, data_args)}, trained with LongCE ({settings}).",
+        card.text,
+        count=1,
+        flags=re.M,
+    )
     card.text = (
-        card.text.rstrip()
+        text.rstrip()
         + "\n\n## Training procedure: LongCE\n\nTrained with the LongCE loss (`longce-train`, `LongCETrainer`): "
         "each token's cross-entropy is weighted by min(exp(LSD), gamma), where LSD is the gain in its "
-        "log-probability from the long context over a short one.\n\n## Citation\n\n```bibtex\n"
-        + _CITATION.strip()
-        + "\n```\n"
+        "log-probability from the long context (the whole sequence) over a short one (windows of K tokens "
+        f"advancing by d): {settings}.\n\n## Citation\n\n```bibtex\n" + _CITATION.strip() + "\n```\n"
     )
     write_file_atomically(path, lambda handle: handle.write(str(card)))
+
+
+def model_card_origin(model_args: ModelArguments, data_args) -> str:
+    """What the model card's first sentence says the model came from: the base model (a Hub id linked,
+    a local folder by its name, or a random model of ``model_config``) and the training data (a Hub
+    dataset linked, else the local files by name)."""
+    base = model_args.model_name_or_path
+    if base is None:
+        origin = f"a randomly initialised {model_args.model_config['model_type']} model (model_config)"
+    elif os.path.isdir(base):
+        origin = f"a fine-tuned version of the local model `{os.path.basename(os.path.normpath(base))}`"
+    else:
+        origin = f"a fine-tuned version of [{base}](https://huggingface.co/{base})"
+    if data_args.dataset_name is not None:
+        name = data_args.dataset_name
+        data = f"the [{name}](https://huggingface.co/datasets/{name}) dataset (split {data_args.dataset_split!r})"
+    else:
+        data = "the local files " + ", ".join(f"`{os.path.basename(f)}`" for f in data_args.data_files)
+    return f"{origin} on {data}"
 
 
 def print_summary(trainer, model_args, data_args, training_args, sequences, training_loss, seconds, resume) -> None:
