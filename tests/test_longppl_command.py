@@ -345,3 +345,26 @@ def test_ctrl_c_is_one_line_and_status_130(moment, tmp_path, modules_cache):
     assert "Traceback" not in err and status == 130, err[-3000:]
     assert err.strip().splitlines()[-1] in ("longppl: interrupted", "longppl quickstart: interrupted")
     assert not os.path.exists(tmp_path / "models") or not os.listdir(tmp_path / "models")
+
+
+@pytest.mark.parametrize(
+    "tool, argv, hint",
+    [
+        (
+            compute_key_tokens,
+            ["--corpus", "c.jsonl", "--evaluator", "e", "--output", "o", "--trunk-len", "8"],
+            "--trunc-len",
+        ),
+        (compute_key_tokens, ["--trunk-len", "4096"], "--trunc-len"),  # before the missing required options
+        (evaluate_models, ["--key-tokens", "k", "--models", "m", "--output-dir", "d", "--evaluater=x"], "--evaluator"),
+        (visualize_key_tokens, ["--key-tokens", "k", "--histogram", "h.png", "--alhpa", "1"], "--alpha"),
+        (quickstart, ["--step", "5", "--retrian"], "--retrain"),
+    ],
+)
+def test_a_mistyped_option_is_one_line_with_the_closest_option_in_every_command(tool, argv, hint, capsys):
+    with pytest.raises(SystemExit) as exited:
+        tool.main(argv, prog="longppl x")
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()  # no usage block before it
+    assert line.startswith("longppl x: error: unknown option(s) --") and f"(did you mean {hint}?)" in line
+    assert line.endswith("`longppl x --help` lists the options.")

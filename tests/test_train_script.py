@@ -841,6 +841,16 @@ def test_mistyped_option_names_the_closest_field(tmp_path, monkeypatch):
         parse_args(tiny_argv(tmp_path, "stray"))
 
 
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_flag_value_and_type(tmp_path, monkeypatch):
+    message = command_error(monkeypatch, ["--learning_rate", "abc"])
+    assert message == (
+        "longce-train: error: argument --learning_rate/--learning-rate: invalid float value: 'abc'; "
+        "`longce-train --help` lists the fields and their types."
+    )
+    message = command_error(monkeypatch, ["--config"])
+    assert message.startswith("longce-train: error: argument --config: expected one argument")
+
+
 def test_torch_threads_below_one_is_refused(tmp_path, monkeypatch):
     message = command_error(monkeypatch, tiny_argv(tmp_path, "--torch_threads", "0"))
     assert (

@@ -16,7 +16,6 @@ Nothing here loads data or models: ``datasets`` and the model classes load after
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
@@ -516,6 +515,12 @@ class RecipeParser(HfArgumentParser):
             help="Show every option, TrainingArguments' included, and exit.",
         )
 
+    def error(self, message: str):
+        """A usage error (a value of the wrong type, an option without its value...) as a ``ValueError``,
+        which the command prints as one ``longce-train: error: ...`` line (``run_command``) instead of
+        argparse's usage block of every field first."""
+        raise ValueError(f"{message}; `{PROG} --help` lists the fields and their types.")
+
     @property
     def field_names(self) -> set[str]:
         """The names of the fields this parser sets (``init`` fields of its dataclasses)."""
@@ -657,6 +662,12 @@ def read_recipe(path: str, argv: list[str]) -> dict[str, Any]:
     return merge_aliases(recipe, argv, path)
 
 
+class _PreParser(argparse.ArgumentParser):
+    """The first pass of :func:`parse_args` (``--config``, the help flags), with one-line errors too."""
+
+    error = RecipeParser.error
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeConfig]:
     """Parse ``--config recipe.yaml`` plus command-line overrides into the three argument dataclasses.
 
@@ -664,7 +675,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     An option that is no field (``--max_stesp 5``) is a ``ValueError`` naming the closest field.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = _PreParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("-h", "--help", action="store_true")
     pre.add_argument("--help-all", "--help_all", action="store_true")
@@ -680,15 +691,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
 
 def _unknown_arguments(remaining: list[str], options: list[str]) -> str:
     """The error for arguments no field takes: each unknown option with the closest of ``options``."""
-    named = []
-    for arg in remaining:
-        if arg.startswith("-"):
-            name = arg.split("=", 1)[0]
-            close = difflib.get_close_matches(name, options, n=1)
-            named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    from longppl.tools.cli import with_closest_option
+
+    named = [arg.split("=", 1)[0] for arg in remaining if arg.startswith("-")]
     if not named:
         return (
             f"unexpected argument(s) {' '.join(remaining)}: a value follows the --FIELD it sets; "
             f"`{PROG} --help` lists the fields."
         )
-    return f"unknown option(s) {', '.join(named)}; `{PROG} --help-all` lists every field."
+    return f"unknown option(s) {with_closest_option(named, options)}; `{PROG} --help-all` lists every field."
