@@ -368,3 +368,15 @@ def test_a_mistyped_option_is_one_line_with_the_closest_option_in_every_command(
     [line] = capsys.readouterr().err.strip().splitlines()  # no usage block before it
     assert line.startswith("longppl x: error: unknown option(s) --") and f"(did you mean {hint}?)" in line
     assert line.endswith("`longppl x --help` lists the options.")
+
+
+@pytest.mark.parametrize("argv", [["--texts", "docs.jsonl"], ["--column", "body"], ["--max-length", "512"]])
+def test_quickstart_refuses_options_for_your_texts_without_models(argv, monkeypatch, capsys):
+    monkeypatch.setattr(quickstart, "toy_demo", lambda args: pytest.fail("ran the toy demo, ignoring " + argv[0]))
+    with pytest.raises(SystemExit) as exited:
+        quickstart.main(argv, prog="longppl quickstart")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"longppl quickstart: error: {argv[0]} need(s) --model and --evaluator (the models to score your texts "
+        "with); without them the quickstart runs its toy demo on synthetic documents."
+    ]
