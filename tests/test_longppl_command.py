@@ -380,3 +380,13 @@ def test_quickstart_refuses_options_for_your_texts_without_models(argv, monkeypa
         f"longppl quickstart: error: {argv[0]} need(s) --model and --evaluator (the models to score your texts "
         "with); without them the quickstart runs its toy demo on synthetic documents."
     ]
+
+
+def test_a_parser_with_subcommands_leaves_their_options_to_them(capsys):
+    parser = ToolParser(prog="tool")
+    sub = parser.add_subparsers(dest="check", required=True)
+    sub.add_parser("score").add_argument("--gpus", type=int)
+    assert parser.parse_args(["score", "--gpus", "4"]).gpus == 4
+    with pytest.raises(SystemExit):
+        parser.parse_args(["score", "--gpsu", "4"])
+    assert "unknown option(s) --gpsu (did you mean --gpus?)" in capsys.readouterr().err

@@ -764,11 +764,13 @@ def run_ok(argv: list[str]) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers: seconds
 def test_help_as_a_command():
     done = run_ok([sys.executable, "scripts/train_longce.py", "--help"])
     assert option_names(done.stdout)[:2] == ["-h", "--config"] and "--longce_gamma" in done.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers: seconds
 def test_help_of_the_installed_command():
     """`pip install` puts `longce-train` next to the interpreter (setup.cfg's console_scripts)."""
     command = os.path.join(os.path.dirname(sys.executable), "longce-train")
@@ -779,6 +781,7 @@ def test_help_of_the_installed_command():
     assert "--adam_beta1" not in done.stdout  # the short help: TrainingArguments' fields are behind --help-all
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers: seconds
 def test_help_all_through_python_m():
     """`python -m longce.cli` (what `accelerate launch -m longce.cli` runs in every process)."""
     done = run_ok([sys.executable, "-m", "longce.cli", "--help-all"])

@@ -98,7 +98,8 @@ class ToolParser(argparse.ArgumentParser):
         unknown = [
             name
             for name in _long_options(given)
-            if not any(option.startswith(name) for option in self._option_string_actions)
+            # a parser with subcommands leaves their options to them (each a ToolParser too)
+            if self._subparsers is None and not any(option.startswith(name) for option in self._option_string_actions)
         ]
         if unknown:  # before argparse's checks (required options...): the typo is the error to name first
             self.error(unknown_options_message(unknown, list(self._option_string_actions), self.prog))
