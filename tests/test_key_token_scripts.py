@@ -568,6 +568,7 @@ def test_a_cache_says_what_it_holds(cache):
     assert repr(KeyTokenCache()) == "KeyTokenCache(in memory, 0 rows: it is empty)"
 
 
+@pytest.mark.slow  # scores the corpus three times
 def test_a_second_evaluator_in_one_cache_is_announced_and_chosen_as_the_error_shows(tools, files, tmp_path, capsys):
     output = str(tmp_path / "cache")
     tiny_model("llama", len(byte_level_bpe()), seed=7).save_pretrained(tmp_path / "judge")

@@ -101,6 +101,7 @@ def test_help_lists_every_subcommand_on_one_line(modules_cache):
     assert all(len(line.split()) > 2 for line in listed)  # a name and what it does
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("command", list(OLD_NAMES))
 def test_subcommand_help_is_the_tools_help_under_its_new_name(command, modules_cache):
     done = python_m_longppl(command, "--help", modules_cache=modules_cache)
@@ -333,6 +334,7 @@ def interrupted_run(args, wait, env, ready=None):
     return process.returncode, err
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("moment", ["registering the metric", "importing torch", "training"])
 def test_ctrl_c_is_one_line_and_status_130(moment, tmp_path, modules_cache):
     # a fresh module cache: `import longppl` registers the metric (imports evaluate: seconds) first

@@ -1,6 +1,6 @@
 """LongPPL in one command: ``longppl-quickstart``.
 
-With no arguments (no network, about a minute on two CPU cores): trains a tiny model on a
+With no arguments (no network; 45 s to 2 minutes on two CPU cores, by their load): trains a tiny model on a
 synthetic task whose only long-context tokens are copies of segments seen 64 tokens earlier, then
 scores it twice with the ``longppl`` evaluate metric: with its full context, and with its
 attention cut to the last 48 tokens. LongPPL, computed over the key tokens, explodes when the
