@@ -348,3 +348,47 @@ def test_the_cache_setting_is_used_when_k_and_d_are_not_passed(metric, setup, bu
     ):
         run_without_window(path)
     assert_same_results(run_without_window(path, sliding_window=D), built["cached"])  # K from the cache
+
+
+def test_an_evaluator_is_chosen_by_each_form_the_messages_and_docs_show():
+    """Two evaluators in one cache: the full stored name, another spelling of its path, its folder name
+    and the start of its fingerprint (with or without ``checkpoint:``, as ``describe`` prints it) all
+    pick it; a form shared by both is one error line listing both."""
+    from longppl.key_token_cache import KeyTokenSettings, key_token_rows
+    from longppl.scoring import EvaluatorScores
+
+    def rows(text, name, fingerprint):
+        n = 3
+        scores = EvaluatorScores(
+            np.arange(n), np.stack([np.arange(n), np.arange(n) + 1], 1), np.zeros(n), np.full(n, np.nan)
+        )
+        return key_token_rows([text], [scores], KeyTokenSettings(K, D), ModelIdentity(name, "", "float32", fingerprint))
+
+    first, second = "checkpoint:88d3ba6040b1" + "0" * 52, "checkpoint:12ab34cd56ef" + "0" * 52
+    cache = KeyTokenCache(
+        datasets.concatenate_datasets(
+            [
+                rows("abc", "/data/models/evaluator", first),
+                rows("abc", "/data/other/judge/", second),
+            ]
+        )
+    )
+    assert "checkpoint:88d3ba6040b…" in cache.describe()
+    for form in (
+        "/data/models/evaluator",
+        "/data/models/../models/evaluator",
+        "evaluator",
+        "88d3ba6040b",
+        "checkpoint:88d3",
+        "88d3ba6040b1000",
+    ):
+        assert cache.select(form)[1] == first, form
+    assert cache.select("judge")[1] == second and cache.select("12ab")[1] == second
+    with pytest.raises(ValueError) as err:
+        cache.select()
+    message = str(err.value)
+    assert "\n" not in message and "/data/models/evaluator [88d3ba6040b1]" in message and "[12ab34cd56ef]" in message
+    with pytest.raises(ValueError, match="0 evaluator/settings combinations .*evaluator=nobody"):
+        cache.select("nobody")
+    with pytest.raises(ValueError, match="2 evaluator/settings combinations .*candidates"):
+        cache.select("checkpoint:")

@@ -566,3 +566,27 @@ def test_a_cache_says_what_it_holds(cache):
     assert repr(loaded) == f"KeyTokenCache({os.path.realpath(cache)!r}, 4 rows: {loaded.describe()})"
     assert loaded.describe().startswith("it holds 4 rows from evaluator ")
     assert repr(KeyTokenCache()) == "KeyTokenCache(in memory, 0 rows: it is empty)"
+
+
+@pytest.mark.slow  # scores the corpus three times
+def test_a_second_evaluator_in_one_cache_is_announced_and_chosen_as_the_error_shows(tools, files, tmp_path, capsys):
+    output = str(tmp_path / "cache")
+    tiny_model("llama", len(byte_level_bpe()), seed=7).save_pretrained(tmp_path / "judge")
+    byte_level_bpe().save_pretrained(tmp_path / "judge")
+    score = ["--corpus", files["corpus"], "--output", output, *SETTINGS]
+    tools["compute_key_tokens"].main([*score, "--evaluator", files["evaluator"]])
+    assert "warning" not in capsys.readouterr().err
+    tools["compute_key_tokens"].main([*score, "--evaluator", str(tmp_path / "judge")])
+    warning = capsys.readouterr().err
+    [line] = [line for line in warning.splitlines() if "warning" in line]
+    assert line.startswith("compute_key_tokens.py: warning: --output") and files["evaluator"] in line
+    tools["compute_key_tokens"].main([*score, "--evaluator", str(tmp_path / "judge")])  # nothing new: no warning
+    assert "warning" not in capsys.readouterr().err
+    show = ["--key-tokens", output, "--document", "0", "--html", str(tmp_path / "doc.html")]
+    with pytest.raises(ValueError, match="2 evaluator/settings") as err:
+        tools["visualize_key_tokens"].main(show)
+    start = re.search(r"evaluator \[([0-9a-f]{12})\]", str(err.value)).group(1)  # as the message prints it
+    for pick in ("evaluator", files["evaluator"], start, start[:6]):
+        tools["visualize_key_tokens"].main([*show, "--evaluator", pick])
+        page = (tmp_path / "doc.html").read_text(encoding="utf-8")
+        assert html.escape(f"Evaluator {files['evaluator']} (") in page and "judge" not in page, pick

@@ -101,6 +101,7 @@ def test_help_lists_every_subcommand_on_one_line(modules_cache):
     assert all(len(line.split()) > 2 for line in listed)  # a name and what it does
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("command", list(OLD_NAMES))
 def test_subcommand_help_is_the_tools_help_under_its_new_name(command, modules_cache):
     done = python_m_longppl(command, "--help", modules_cache=modules_cache)
@@ -333,6 +334,7 @@ def interrupted_run(args, wait, env, ready=None):
     return process.returncode, err
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("moment", ["registering the metric", "importing torch", "training"])
 def test_ctrl_c_is_one_line_and_status_130(moment, tmp_path, modules_cache):
     # a fresh module cache: `import longppl` registers the metric (imports evaluate: seconds) first
@@ -345,3 +347,48 @@ def test_ctrl_c_is_one_line_and_status_130(moment, tmp_path, modules_cache):
     assert "Traceback" not in err and status == 130, err[-3000:]
     assert err.strip().splitlines()[-1] in ("longppl: interrupted", "longppl quickstart: interrupted")
     assert not os.path.exists(tmp_path / "models") or not os.listdir(tmp_path / "models")
+
+
+@pytest.mark.parametrize(
+    "tool, argv, hint",
+    [
+        (
+            compute_key_tokens,
+            ["--corpus", "c.jsonl", "--evaluator", "e", "--output", "o", "--trunk-len", "8"],
+            "--trunc-len",
+        ),
+        (compute_key_tokens, ["--trunk-len", "4096"], "--trunc-len"),  # before the missing required options
+        (evaluate_models, ["--key-tokens", "k", "--models", "m", "--output-dir", "d", "--evaluater=x"], "--evaluator"),
+        (visualize_key_tokens, ["--key-tokens", "k", "--histogram", "h.png", "--alhpa", "1"], "--alpha"),
+        (quickstart, ["--step", "5", "--retrian"], "--retrain"),
+    ],
+)
+def test_a_mistyped_option_is_one_line_with_the_closest_option_in_every_command(tool, argv, hint, capsys):
+    with pytest.raises(SystemExit) as exited:
+        tool.main(argv, prog="longppl x")
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()  # no usage block before it
+    assert line.startswith("longppl x: error: unknown option(s) --") and f"(did you mean {hint}?)" in line
+    assert line.endswith("`longppl x --help` lists the options.")
+
+
+@pytest.mark.parametrize("argv", [["--texts", "docs.jsonl"], ["--column", "body"], ["--max-length", "512"]])
+def test_quickstart_refuses_options_for_your_texts_without_models(argv, monkeypatch, capsys):
+    monkeypatch.setattr(quickstart, "toy_demo", lambda args: pytest.fail("ran the toy demo, ignoring " + argv[0]))
+    with pytest.raises(SystemExit) as exited:
+        quickstart.main(argv, prog="longppl quickstart")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"longppl quickstart: error: {argv[0]} need(s) --model and --evaluator (the models to score your texts "
+        "with); without them the quickstart runs its toy demo on synthetic documents."
+    ]
+
+
+def test_a_parser_with_subcommands_leaves_their_options_to_them(capsys):
+    parser = ToolParser(prog="tool")
+    sub = parser.add_subparsers(dest="check", required=True)
+    sub.add_parser("score").add_argument("--gpus", type=int)
+    assert parser.parse_args(["score", "--gpus", "4"]).gpus == 4
+    with pytest.raises(SystemExit):
+        parser.parse_args(["score", "--gpsu", "4"])
+    assert "unknown option(s) --gpsu (did you mean --gpus?)" in capsys.readouterr().err

@@ -282,6 +282,11 @@ def test_no_key_tokens_anywhere_gives_nan_and_warning(metric, setup):
         (dict(self_evaluation=True), "do not pass an evaluator too"),
         (dict(tokenizer=None), "model is a model object, so pass its tokenizer too"),
         (dict(model_id="some/model"), "either model_id or model"),
+        (
+            dict(evaluator_model="models/evaluator", evaluator_tokenizer=None),
+            r"evaluator_model='models/evaluator' is a Hub id or path: pass it as evaluator_model_id='models/evaluator'",
+        ),
+        (dict(predictions=None, references=["a long text"]), "takes no references: pass them as predictions="),
     ],
 )
 def test_bad_input_messages(metric, setup, kwargs, message):

@@ -13,7 +13,6 @@ import yaml
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
-from longppl import register
 
 CARD = os.path.join(longppl.METRIC_PATH, "README.md")
 # The paper's tables as its LaTeX source has them (verbatim excerpts; provenance in tests/data/README.md).
@@ -134,12 +133,14 @@ def _save_to_hub_cache(hub_cache, repo_id, model, tokenizer):
 @pytest.mark.slow
 def test_card_examples_run(tmp_path):
     """Every example of the card, verbatim, as a doctest in a fresh process: the Hub ids it names are
-    tiny random models in an offline Hub cache, the metric is loaded by its bare name."""
+    tiny random models in an offline Hub cache, the metric is loaded by its bare name in a fresh
+    module cache."""
     home = tmp_path / "home"
     ev_tok, tok = byte_level_bpe(), metaspace_bpe()
     _save_to_hub_cache(home / "hub", "meta-llama/Llama-3.1-8B", tiny_model("llama", len(ev_tok), seed=1), ev_tok)
     _save_to_hub_cache(home / "hub", "Qwen/Qwen2-7B", tiny_model("qwen2", len(tok), seed=2), tok)
-    register.register_metric(str(home / "modules"))
+    # no register_metric here: a fresh setup, as a new user's; the card's example must itself make the
+    # bare name resolve (import longppl)
     work = tmp_path / "work"
     work.mkdir()
     texts = govreport_texts()

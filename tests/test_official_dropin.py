@@ -149,6 +149,17 @@ def test_bad_span_files_and_arguments(models, text, tmp_path):
         call(text, dict(models, tokenizer=None))
 
 
+def test_arguments_in_another_order_are_one_error_naming_the_order(models, text):
+    m, tok, ev, ev_tok = (models[k] for k in ("model", "tokenizer", "evaluator_model", "evaluator_tokenizer"))
+    order = r"compute_longppl takes \(text, model, evaluator_model, tokenizer, evaluator_tokenizer"
+    with pytest.raises(ValueError, match=r"evaluator_model is a \w+, not a model or its Hub id / path; " + order):
+        compute_longppl(text, m, tok, ev, ev_tok)  # the tokenizer right after its model
+    with pytest.raises(ValueError, match=rf"^tokenizer is a {type(ev).__name__}, not a tokenizer; " + order):
+        compute_longppl(text, m, ev, ev, ev_tok)  # a model where its tokenizer goes
+    with pytest.raises(ValueError, match=r"model is a dict, not a model"):
+        compute_longppl(text, {"model": m}, ev, tok, ev_tok)
+
+
 def test_interrupted_save_keeps_previous_file(models, text, tmp_path, monkeypatch):
     path = tmp_path / "spans.json"
     call(text, models, save_path=str(path))

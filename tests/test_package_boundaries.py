@@ -84,6 +84,7 @@ def test_the_source_check_finds_an_import_and_an_importlib_string(tmp_path):
     ]
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("package", list(PACKAGES))
 def test_importing_every_module_of_a_package_loads_no_package_above_it(package):
     folder, forbidden = PACKAGES[package]

@@ -44,6 +44,7 @@ def registered(tmp_path_factory):
     return tmp_path, modules_cache, env
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 def test_bare_name_loads_our_metric_offline_from_a_fresh_directory(registered):
     tmp_path, modules_cache, env = registered
     fresh = tmp_path / "fresh"
@@ -139,6 +140,7 @@ def _python(code, cwd, env):
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 def test_import_registers_a_missing_copy_and_the_bare_name_loads_quietly(tmp_path):
     modules_cache = tmp_path / "modules"
     env = offline_env(tmp_path, modules_cache)
@@ -175,6 +177,7 @@ def test_auto_registration_can_be_turned_off(tmp_path, monkeypatch):
     assert not (tmp_path / "modules").exists()
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 def test_import_never_fails_on_a_cache_it_cannot_write(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -188,6 +191,7 @@ def test_import_never_fails_on_a_cache_it_cannot_write(tmp_path):
     assert "evaluate.load(longppl.METRIC_PATH) works regardless" in done.stderr
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 def test_an_older_copy_is_named_as_such_instead_of_couldnt_be_found(tmp_path):
     modules_cache = tmp_path / "modules"
     older = tmp_path / "older"

@@ -91,6 +91,7 @@ def test_compiled_training_gives_the_eager_losses_and_weights(tmp_path):
         torch.testing.assert_close(tensor, eager_weights[name], rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.slow  # three training runs: seconds
 def test_a_checkpoint_of_other_settings_is_not_resumed_but_a_new_log_interval_is(tmp_path):
     seen = []
     with pytest.raises(Interrupted):

@@ -22,6 +22,7 @@ def _add_many(root: str, name: str) -> None:
         run.add_seconds("stage", "finetune", 1.0)
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 def test_processes_adding_timings_to_one_folder_lose_no_entry(tmp_path):
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_add_many, args=(str(tmp_path), f"arm-{i}")) for i in range(3)]

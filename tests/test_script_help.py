@@ -160,6 +160,7 @@ def test_setup_cfg_names_the_longppl_commands():
     assert console_scripts()["longppl-score"] == "longppl.tools.compute_key_tokens:cli"
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("command, target", sorted(console_scripts().items()))
 def test_console_script_is_installed_and_answers_help(command, target, modules_cache):
     installed = {e.name: e for e in importlib.metadata.entry_points(group="console_scripts")}
@@ -217,6 +218,7 @@ print(json.dumps({"code": code, "help": out.getvalue(), "heavy": [m for m in HEA
 """
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("command, target", sorted(console_scripts().items()))
 def test_command_help_is_rendered_for_the_terminal_and_names_no_issue(command, target, modules_cache):
     """The module docstrings behind the descriptions are reStructuredText (``x``): --help shows `x`."""

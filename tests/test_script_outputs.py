@@ -357,6 +357,7 @@ def test_run_command_reports_a_missing_input_file_in_one_line_and_longppl_debug_
         run_command(missing)
 
 
+@pytest.mark.slow  # fresh interpreters: seconds
 def test_the_installed_command_says_what_was_wrong_without_a_traceback(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('["text"]\n', encoding="utf-8")

@@ -54,6 +54,7 @@ def test_child_processes_get_the_count_unless_the_user_chose():
     assert requested_threads({"OMP_NUM_THREADS": "3"}) == 3
 
 
+@pytest.mark.slow  # fresh interpreters or processes: seconds each
 def test_quickstart_says_what_to_set_instead_of_a_traceback(repo_root, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="abc", HF_MODULES_CACHE=str(tmp_path / "modules"), LONGPPL_AUTO_REGISTER="0")
     done = subprocess.run(

@@ -167,6 +167,46 @@ def test_command_line_overrides_yaml_fields(tmp_path):
     assert logged(trainer, "learning_rate") == [pytest.approx(1e-4)] * 3
 
 
+def test_a_model_source_on_the_command_line_replaces_the_recipes(tmp_path):
+    from helpers import byte_level_bpe, tiny_model
+
+    tokenizer = byte_level_bpe()
+    tiny_model("llama", len(tokenizer), max_positions=256).save_pretrained(tmp_path / "mine")
+    tokenizer.save_pretrained(tmp_path / "mine")
+    model_args, _, _ = parse_args(tiny_argv(tmp_path, "--model_name_or_path", str(tmp_path / "mine")))
+    # the recipe's model_config and its byte-level tokenizer give way: the model's own tokenizer is used
+    assert model_args.model_name_or_path == str(tmp_path / "mine")
+    assert model_args.model_config is None and model_args.tokenizer_name_or_path is None
+    assert model_args.context_extension == "eabf"  # the rest of the recipe stays
+    trainer = cli.train(
+        tiny_argv(tmp_path, "--model_name_or_path", str(tmp_path / "mine"), "--max_steps", "1", "--save_strategy", "no")
+    )
+    assert trainer.state.global_step == 1 and len(trainer.processing_class) == len(tokenizer)
+    # and the reverse: a recipe's pretrained model gives way to --model_config
+    recipe = write_recipe(tmp_path, {"model_name_or_path": str(tmp_path / "mine")}, drop=("model_config",))
+    model_config = json.dumps(read_recipe()["model_config"])
+    model_args, _, _ = parse_args(["--config", recipe, "--model_config", model_config])
+    assert model_args.model_name_or_path is None and model_args.model_config == read_recipe()["model_config"]
+    assert model_args.tokenizer_name_or_path == "byte-level"
+    # a Hub dataset on the command line replaces the recipe's data files
+    _, data_args, _ = parse_args(["--config", TINY, "--dataset_name", "some/dataset"])
+    assert data_args.dataset_name == "some/dataset" and data_args.data_files is None
+
+
+def test_run_clm_and_trl_names_of_the_data_fields(tmp_path):
+    argv = ["--config", TINY, "--train_file", DATA, "--validation_file", DATA, "--block_size", "64"]
+    _, data_args, _ = parse_args([*argv, "--dataset_text_field", "body"])
+    assert data_args.data_files == [DATA] and data_args.eval_data_files == [DATA]
+    assert data_args.max_seq_length == 64 and data_args.text_column == "body"
+    recipe = write_recipe(
+        tmp_path, {"train_file": "../data.jsonl", "block_size": 32}, drop=("data_files", "max_seq_length")
+    )
+    _, data_args, _ = parse_args(["--config", recipe])
+    assert data_args.data_files == [str(tmp_path.parent / "data.jsonl")] and data_args.max_seq_length == 32
+    with pytest.raises(ValueError, match="max_seq_length=64 and block_size=32 are two names of one setting"):
+        parse_args(["--config", TINY, "--max_seq_length", "64", "--block_size", "32"])
+
+
 # ------------------------------------------------------------------ (c) checkpoint and resume
 
 
@@ -672,8 +712,9 @@ def test_help_shows_the_recipe_fields_config_first(capsys):
     names = option_names(text)
     assert names[:3] == ["-h", "--config", "--help-all"]
     assert names[3:] == [f"--{name}" for name in recipe_fields()]  # and nothing else: no TrainingArguments field
-    # short: no TrainingArguments field (the recipe fields, LongCE's and the command's own: about 210 lines)
-    assert "--adam_beta1" not in text and len(text.splitlines()) < 220
+    # short: no TrainingArguments field (the recipe fields with run_clm's / TRL's other names of four of
+    # them, LongCE's and the command's own: about 220 lines)
+    assert "--adam_beta1" not in text and len(text.splitlines()) < 230
     assert "`--help-all` lists them all" in text
 
 
@@ -723,11 +764,13 @@ def run_ok(argv: list[str]) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers: seconds
 def test_help_as_a_command():
     done = run_ok([sys.executable, "scripts/train_longce.py", "--help"])
     assert option_names(done.stdout)[:2] == ["-h", "--config"] and "--longce_gamma" in done.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers: seconds
 def test_help_of_the_installed_command():
     """`pip install` puts `longce-train` next to the interpreter (setup.cfg's console_scripts)."""
     command = os.path.join(os.path.dirname(sys.executable), "longce-train")
@@ -738,6 +781,7 @@ def test_help_of_the_installed_command():
     assert "--adam_beta1" not in done.stdout  # the short help: TrainingArguments' fields are behind --help-all
 
 
+@pytest.mark.slow  # a fresh interpreter importing transformers: seconds
 def test_help_all_through_python_m():
     """`python -m longce.cli` (what `accelerate launch -m longce.cli` runs in every process)."""
     done = run_ok([sys.executable, "-m", "longce.cli", "--help-all"])
@@ -810,6 +854,16 @@ def test_mistyped_option_names_the_closest_field(tmp_path, monkeypatch):
         parse_args(tiny_argv(tmp_path, "stray"))
 
 
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_flag_value_and_type(tmp_path, monkeypatch):
+    message = command_error(monkeypatch, ["--learning_rate", "abc"])
+    assert message == (
+        "longce-train: error: argument --learning_rate/--learning-rate: invalid float value: 'abc'; "
+        "`longce-train --help` lists the fields and their types."
+    )
+    message = command_error(monkeypatch, ["--config"])
+    assert message.startswith("longce-train: error: argument --config: expected one argument")
+
+
 def test_torch_threads_below_one_is_refused(tmp_path, monkeypatch):
     message = command_error(monkeypatch, tiny_argv(tmp_path, "--torch_threads", "0"))
     assert (
@@ -873,6 +927,30 @@ def test_rerun_into_a_folder_with_checkpoints_resumes_from_the_last(tmp_path, mo
         f"longce-train: output_dir '{tmp_path / 'run'}' holds checkpoints of an earlier run: resuming from checkpoint-4"
         in err
     )
+
+
+def test_rerunning_a_finished_run_says_so_and_writes_nothing_unless_asked_for_more_steps(tmp_path, capsys):
+    out = tmp_path / "run"
+
+    def snapshot():
+        return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+
+    common = ("--save_steps", "2", "--logging_steps", "1")
+    cli.train(tiny_argv(tmp_path, "--max_steps", "3", *common))
+    capsys.readouterr()
+    before = snapshot()
+    assert cli.train(tiny_argv(tmp_path, "--max_steps", "3", *common)) is None
+    assert capsys.readouterr().err.splitlines() == [
+        f"longce-train: the run in '{out}' is finished (step 3 of max_steps 3, checkpoint-3/trainer_state.json): nothing to do, "
+        "nothing written. Raise --max_steps (or --num_train_epochs) to continue it, or choose another output_dir "
+        "to train afresh."
+    ]
+    assert snapshot() == before
+    assert cli.train(tiny_argv(tmp_path, "--max_steps", "2", *common, "--resume_from_checkpoint", "last")) is None
+    assert "finished (step 3 of max_steps 2" in capsys.readouterr().err and snapshot() == before
+    more = cli.train(tiny_argv(tmp_path, "--max_steps", "4", *common))
+    assert more.state.global_step == 4 and sorted(p.name for p in out.glob("checkpoint-*"))[-1] == "checkpoint-4"
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
 
 
 def test_non_empty_folder_without_checkpoint_is_refused_unless_overwrite(tmp_path, monkeypatch):
@@ -943,9 +1021,26 @@ def test_all_results_and_model_card(tmp_path):
     card = ModelCard.load(out / "README.md")
     assert "longce" in card.data.tags and card.data.library_name == "transformers"
     assert "learning_rate: 0.003" in card.text  # transformers' hyperparameters section
+    assert "[](https://huggingface.co/)" not in card.text and "unknown dataset" not in card.text
+    assert (
+        "This model is a randomly initialised llama model (model_config) on the local files `govreport_crs.jsonl`, "
+        "trained with LongCE (K = 32 (longce_trunc_len), d = 16 (longce_sliding_window), gamma = 5 (longce_gamma), "
+        "weights from 'self' (longce_weights))." in card.text
+    )
     bibtex = re.search(r"```bibtex\n(.*?)```", card.text, re.S).group(1)
     assert bibtex.startswith("@inproceedings{fang2025wrong,")
     assert "What is Wrong with Perplexity for Long-context Language Modeling?" in bibtex
+
+
+def test_model_card_names_a_hub_base_model_and_dataset():
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(model_name_or_path="Qwen/Qwen2-7B", model_config=None)
+    data = SimpleNamespace(dataset_name="emozilla/pg19", dataset_split="train", data_files=None)
+    assert cli.model_card_origin(model, data) == (
+        "a fine-tuned version of [Qwen/Qwen2-7B](https://huggingface.co/Qwen/Qwen2-7B) on the "
+        "[emozilla/pg19](https://huggingface.co/datasets/emozilla/pg19) dataset (split 'train')"
+    )
 
 
 def test_model_card_of_a_lora_run_keeps_peft_metadata(tmp_path):

@@ -524,6 +524,41 @@ def _same_name(name: str, names: Sequence[str]) -> bool:
     return name in names or os.path.abspath(name) in {os.path.abspath(n) for n in names if n}
 
 
+def _last_component(name: str) -> str:
+    return os.path.basename(os.path.normpath(name)) if name else ""
+
+
+def _evaluator_candidates(query: str, configurations: Sequence[dict]) -> list[dict]:
+    """The configurations whose evaluator ``query`` names, by the first of these forms that matches any:
+    a stored name (or the same path spelled otherwise), a stored name's last path component (the
+    evaluator's folder name, ``Llama-3.1-8B`` of ``meta-llama/Llama-3.1-8B``), or the start of the
+    fingerprint, with or without its ``checkpoint:`` / ``weights:`` kind (as :meth:`KeyTokenCache.describe`
+    shows it). The forms are tried in this order so that a full name is never ambiguous with a
+    folder of the same name elsewhere."""
+    query = query.strip()
+    short = _last_component(query)
+    forms = (
+        lambda c: _same_name(query, c["evaluator_names"]),
+        lambda c: bool(short) and short in {_last_component(n) for n in c["evaluator_names"]},
+        lambda c: (
+            c["evaluator_fingerprint"].startswith(query)
+            or c["evaluator_fingerprint"].partition(":")[2].startswith(query)
+        ),
+    )
+    for matches in forms:
+        found = [c for c in configurations if matches(c)]
+        if found:
+            return found
+    return []
+
+
+def _evaluator_label(configuration: dict) -> str:
+    """How a message names an evaluator so that ``--evaluator`` takes it back: its stored name and the
+    start of its fingerprint."""
+    names = " = ".join(n or "(unnamed)" for n in configuration["evaluator_names"])
+    return f"{names} [{configuration['evaluator_fingerprint'].partition(':')[2][:12]}]"
+
+
 class KeyTokenCache:
     """A key-token cache: a ``datasets.Dataset`` of rows (schema above), optionally tied to a directory.
 
@@ -620,7 +655,8 @@ class KeyTokenCache:
         """The one (evaluator, settings) configuration that matches the filters, and its rows.
 
         Args:
-            evaluator: an evaluator name or the start of a fingerprint; ``None`` matches any.
+            evaluator: an evaluator's stored name, its last path component (folder name) or the start
+                of its fingerprint, with or without ``checkpoint:``; ``None`` matches any.
             settings: ``trunc_len``, ``sliding_window``, ``add_special_tokens``, ``window_bos``
                 (``None`` or absent matches any).
         Returns:
@@ -634,19 +670,22 @@ class KeyTokenCache:
         matching = [
             c
             for c in self.configurations()
-            if (
-                evaluator is None
-                or _same_name(evaluator, c["evaluator_names"])
-                or c["evaluator_fingerprint"].startswith(evaluator)
-            )
-            and all(value is None or c[name] == value for name, value in settings.items())
+            if all(value is None or c[name] == value for name, value in settings.items())
         ]
+        if evaluator is not None:
+            matching = _evaluator_candidates(evaluator, matching)
         if len(matching) != 1:
             asked = ", ".join(f"{k}={v}" for k, v in dict(evaluator=evaluator, **settings).items() if v is not None)
+            listed = matching or self.configurations()
+            candidates = "; ".join(
+                f"{_evaluator_label(c)} with " + KeyTokenSettings(*(c[name] for name in _SETTING_COLUMNS)).describe()
+                for c in listed
+            )
             raise ValueError(
                 f"{len(matching)} evaluator/settings combinations of the key-token cache match "
-                f"({asked or 'no filter'}): {self.describe()}. Choose one with the evaluator (name or "
-                "fingerprint start) and settings options."
+                f"({asked or 'no filter'}); {'candidates' if matching else 'it holds'}: {candidates or 'nothing'}. "
+                "Choose one with the evaluator (its name, folder name or fingerprint start, as in [...]) and the "
+                "settings options (K, d)."
             )
         chosen = matching[0]
         fingerprint = chosen["evaluator_fingerprint"]

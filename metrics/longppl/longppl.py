@@ -214,6 +214,11 @@ class _ModelSource:
         the argument in messages: ``"model"`` or ``"evaluator_model"``)."""
         if model is not None and model_id is not None:
             raise ValueError(f"Pass either {role}_id or {role} (an object), not both.")
+        if isinstance(model, (str, os.PathLike)):  # {role}= takes an object; a name goes to {role}_id=
+            raise ValueError(
+                f"{role}={os.fspath(model)!r} is a Hub id or path: pass it as {role}_id={os.fspath(model)!r} "
+                f"({role}= takes a model object, with its tokenizer)."
+            )
         if model is not None:
             if tokenizer is None:
                 raise ValueError(f"{role} is a model object, so pass its tokenizer too.")
@@ -537,6 +542,16 @@ def _output(request: _Request, results, model_scores, weights, evaluator_scores,
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+def _refuse_references(references, name: str = "predictions") -> None:
+    """LongPPL has no references: texts passed as such (evaluate's usual pair) would be stored nowhere,
+    and evaluate would then say that no data was added; say where they go instead."""
+    if references is not None:
+        raise ValueError(
+            f"LongPPL scores the texts given as {name}= (long documents, list of str) and takes no references: "
+            f"pass them as {name}=..."
+        )
+
+
 class LongPPL(evaluate.Metric):
     """LongPPL (Fang et al., ICLR 2025) as an ``evaluate`` metric."""
 
@@ -558,18 +573,21 @@ class LongPPL(evaluate.Metric):
     # Texts are checked before evaluate stores them: its Arrow encoding would turn 123 into "123".
     def compute(self, *, predictions=None, references=None, **kwargs):
         """Compute LongPPL and PPL of a model on ``predictions`` (the arguments are listed below)."""
+        _refuse_references(references)
         if predictions is not None:  # None: texts were given earlier through add() / add_batch()
             check_predictions(predictions)
         return super().compute(predictions=predictions, references=references, **kwargs)
 
     def add_batch(self, *, predictions=None, references=None, **kwargs):
         """Add a batch of texts to score at the next ``compute(...)``."""
+        _refuse_references(references)
         if predictions is not None:
             check_predictions(predictions, allow_empty=True)
         return super().add_batch(predictions=predictions, references=references, **kwargs)
 
     def add(self, *, prediction=None, reference=None, **kwargs):
         """Add one text to score at the next ``compute(...)``."""
+        _refuse_references(reference, "prediction")
         if prediction is not None:
             check_predictions([prediction])
         return super().add(prediction=prediction, reference=reference, **kwargs)

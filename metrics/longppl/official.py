@@ -153,8 +153,27 @@ def _key_spans(
     return spans
 
 
+_ORDER = (
+    "compute_longppl takes (text, model, evaluator_model, tokenizer, evaluator_tokenizer, save_path, ...): "
+    "text a str, the models causal LM objects or Hub ids / paths, the tokenizers their tokenizers"
+)
+
+
+def _check_argument_order(model, evaluator_model, tokenizer, evaluator_tokenizer) -> None:
+    """A ``ValueError`` naming the expected order when a model is not a model (a tokenizer, a text...) or a
+    tokenizer is a model: arguments passed in another order, which would otherwise fail deep inside
+    transformers (an ``AttributeError`` of a tokenizer used as a model)."""
+    for role, value, optional in (("model", model, False), ("evaluator_model", evaluator_model, True)):
+        if not (isinstance(value, (str, os.PathLike, torch.nn.Module)) or (optional and value is None)):
+            raise ValueError(f"{role} is a {type(value).__name__}, not a model or its Hub id / path; {_ORDER}.")
+    for role, value in (("tokenizer", tokenizer), ("evaluator_tokenizer", evaluator_tokenizer)):
+        if isinstance(value, torch.nn.Module) or (value is not None and not callable(value)):
+            raise ValueError(f"{role} is a {type(value).__name__}, not a tokenizer; {_ORDER}.")
+
+
 def _as_model(model, tokenizer, role: str):
-    if isinstance(model, str):
+    if isinstance(model, (str, os.PathLike)):
+        model = os.fspath(model)
         if tokenizer is not None:
             warnings.warn(f"{role} is a path; its own tokenizer is loaded and the one given is ignored.", stacklevel=3)
         return load_causal_lm(check_model_source(model, role))
@@ -218,6 +237,7 @@ def compute_longppl(
     is loaded, as in the metric.
     """
     settings, rule = _checked_arguments(text, trunc_len, sliding_window, alpha, beta)
+    _check_argument_order(model, evaluator_model, tokenizer, evaluator_tokenizer)
     model, tokenizer = _as_model(model, tokenizer, "model")
     if evaluator_model is not None:
         evaluator_model, evaluator_tokenizer = _as_model(evaluator_model, evaluator_tokenizer, "evaluator_model")

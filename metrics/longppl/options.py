@@ -157,7 +157,7 @@ class LongPPLOptions:
     add_start_token: object = _option(
         None,
         "`bool`",
-        "`evaluate`'s `perplexity` name: True puts the evaluated model's BOS token (`tokenizer.bos_token_id`) before each text, tokenized without special tokens, exactly as the `perplexity` metric does, so that the first token of the text is scored too; this works for tokenizers that have a BOS but do not add it (GPT-2, Qwen). Note the defaults differ: the `perplexity` metric adds it, LongPPL (like the official code) does not. Not together with `add_special_tokens=True`.",
+        "`evaluate`'s `perplexity` name: True puts the evaluated model's BOS token (`tokenizer.bos_token_id`) before each text, tokenized without special tokens, exactly as the `perplexity` metric does, so that the first token of the text is scored too; this works for tokenizers that have a BOS but do not add it (GPT-2, Qwen). Note the defaults differ: the `perplexity` metric adds it, LongPPL does not (default False), because the official LongPPL code does not and the paper's values are computed so; the text's first token is then not scored, which changes PPL slightly and LongPPL not at all (a first token has no context, so it is never a key token). Not together with `add_special_tokens=True`.",
     )
     evaluator_add_special_tokens: object = _option(
         True,

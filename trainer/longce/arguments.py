@@ -16,7 +16,6 @@ Nothing here loads data or models: ``datasets`` and the model classes load after
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
@@ -43,7 +42,21 @@ ALIASES = (
     ("dtype", "torch_dtype"),
     ("activation_checkpointing", "gradient_checkpointing"),
     ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"),
+    # the names of transformers' run_clm and TRL's SFTConfig for fields of DataArguments
+    ("data_files", "train_file"),
+    ("eval_data_files", "validation_file"),
+    ("max_seq_length", "block_size"),
+    ("text_column", "dataset_text_field"),
 )
+# A field given on the command line replaces these recipe fields too (command line > recipe >
+# defaults, as TRL's --config): the model or the data comes from one source, and the recipe's
+# tokenizer belongs to the recipe's model (the new model's own is the default).
+REPLACES = {
+    "model_name_or_path": ("model_config", "tokenizer_name_or_path"),
+    "model_config": ("model_name_or_path",),
+    "dataset_name": ("data_files",),
+    "data_files": ("dataset_name", "dataset_config_name"),
+}
 # DataArguments fields that choose rows of the key_tokens cache (an evaluator, its settings).
 KEY_TOKENS_CHOICES = ("key_tokens_evaluator", "key_tokens_trunc_len", "key_tokens_sliding_window")
 # Shown by --help besides ModelArguments and DataArguments (--help-all: every LongCEConfig field).
@@ -56,7 +69,10 @@ class ModelArguments:
 
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Hub id or local folder of a pretrained causal LM. Exactly one of this and model_config."},
+        metadata={
+            "help": "Hub id or local folder of a pretrained causal LM. Exactly one of this and model_config "
+            "(given on the command line, it replaces the recipe's model_config and tokenizer)."
+        },
     )
     model_config: dict | str | None = field(
         default=None,
@@ -265,7 +281,21 @@ class DataArguments:
         },
     )
 
+    train_file: str | None = field(default=None, metadata={"help": "Same as data_files (run_clm's name)."})
+    validation_file: str | None = field(default=None, metadata={"help": "Same as eval_data_files (run_clm's name)."})
+    block_size: int | None = field(default=None, metadata={"help": "Same as max_seq_length (run_clm's name)."})
+    dataset_text_field: str | None = field(default=None, metadata={"help": "Same as text_column (TRL's name)."})
+
     def __post_init__(self) -> None:
+        for name, alias in (("data_files", "train_file"), ("eval_data_files", "validation_file")):
+            if isinstance(getattr(self, alias), str):
+                setattr(self, alias, [getattr(self, alias)])
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, [getattr(self, name)])
+        _merge_alias(self, "data_files", "train_file")
+        _merge_alias(self, "eval_data_files", "validation_file")
+        _merge_alias(self, "max_seq_length", "block_size")
+        _merge_alias(self, "text_column", "dataset_text_field", default="text")
         if isinstance(self.data_files, str):
             self.data_files = [self.data_files]
         if (self.dataset_name is None) == (not self.data_files):
@@ -343,7 +373,8 @@ class RecipeConfig(LongCEConfig):
         default=False,
         metadata={
             "help": "An output_dir holding files: by default (as run_clm) a folder with checkpoint-* folders "
-            "resumes from its last checkpoint and any other non-empty folder is refused. With this flag, train "
+            "resumes from its last checkpoint (a finished run is left as it is: raise max_steps to continue it) and "
+            "any other non-empty folder is refused. With this flag, train "
             "afresh into it (same-named files replaced); checkpoint-* folders are still refused (never deleted)."
         },
     )
@@ -383,6 +414,17 @@ def check_weight_source(data_args: DataArguments, training_args: LongCEConfig) -
         )
 
 
+def _merge_alias(owner, name: str, alias: str, default=None) -> None:
+    """One value for a field and its other name (``ALIASES``): the one given, under both names; two
+    different values are a ``ValueError``. ``default``: the field's default, which the alias overrides.
+    The value ends under ``name``; ``alias`` is reset to ``None``."""
+    value, other = getattr(owner, name), getattr(owner, alias)
+    if other is not None and value not in (default, other):
+        raise ValueError(f"{name}={value!r} and {alias}={other!r} are two names of one setting; give only one of them.")
+    setattr(owner, name, other if other is not None else value)
+    setattr(owner, alias, None)  # one name holds it: dataclasses.replace(owner, name=...) must not see two
+
+
 # ------------------------------------------------------------------ recipes and the parser
 
 
@@ -420,10 +462,22 @@ def merge_aliases(recipe: dict[str, Any], argv: list[str], recipe_path: str) -> 
     """The recipe with each ``ALIASES`` group under one name, and none where the command line sets the group.
 
     A recipe giving both names of a group different values is an error; a name given on the command
-    line overrides the recipe's value under either name (otherwise the dataclass would see both).
+    line overrides the recipe's value under either name (otherwise the dataclass would see both). A
+    model or data source given on the command line replaces the recipe's (``REPLACES``): the recipe's
+    ``model_config`` (and its tokenizer) gives way to ``--model_name_or_path`` and the reverse, its
+    ``data_files`` to ``--dataset_name``.
     """
     recipe = dict(recipe)
     on_command_line = _given_on_command_line(argv)
+    canonical = {alias: names[0] for names in ALIASES for alias in names}
+    for given in {canonical.get(name, name) for name in on_command_line}:
+        for replaced in REPLACES.get(given, ()):
+            if canonical.get(replaced, replaced) not in {canonical.get(n, n) for n in on_command_line}:
+                for names in ALIASES:
+                    if replaced in names:
+                        for name in names:
+                            recipe.pop(name, None)
+                recipe.pop(replaced, None)
     for names in ALIASES:
         given = {name: recipe[name] for name in names if name in recipe}
         if len({repr(value) for value in given.values()}) > 1:
@@ -461,6 +515,12 @@ class RecipeParser(HfArgumentParser):
             action="store_true",
             help="Show every option, TrainingArguments' included, and exit.",
         )
+
+    def error(self, message: str):
+        """A usage error (a value of the wrong type, an option without its value...) as a ``ValueError``,
+        which the command prints as one ``longce-train: error: ...`` line (``run_command``) instead of
+        argparse's usage block of every field first."""
+        raise ValueError(f"{message}; `{PROG} --help` lists the fields and their types.")
 
     @property
     def field_names(self) -> set[str]:
@@ -595,12 +655,18 @@ def read_recipe(path: str, argv: list[str]) -> dict[str, Any]:
         )
     # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
     # command line stay relative to the current directory, as usual.
-    for key in ("data_files", "eval_data_files"):
+    for key in ("data_files", "eval_data_files", "train_file", "validation_file"):
         if recipe.get(key):
             recipe[key] = resolve_recipe_paths(recipe[key], path)
     if isinstance(recipe.get("key_tokens"), str):
         recipe["key_tokens"] = resolve_recipe_paths(recipe["key_tokens"], path)[0]
     return merge_aliases(recipe, argv, path)
+
+
+class _PreParser(argparse.ArgumentParser):
+    """The first pass of :func:`parse_args` (``--config``, the help flags), with one-line errors too."""
+
+    error = RecipeParser.error
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeConfig]:
@@ -610,7 +676,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     An option that is no field (``--max_stesp 5``) is a ``ValueError`` naming the closest field.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = _PreParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("-h", "--help", action="store_true")
     pre.add_argument("--help-all", "--help_all", action="store_true")
@@ -626,15 +692,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
 
 def _unknown_arguments(remaining: list[str], options: list[str]) -> str:
     """The error for arguments no field takes: each unknown option with the closest of ``options``."""
-    named = []
-    for arg in remaining:
-        if arg.startswith("-"):
-            name = arg.split("=", 1)[0]
-            close = difflib.get_close_matches(name, options, n=1)
-            named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    from longppl.tools.cli import with_closest_option
+
+    named = [arg.split("=", 1)[0] for arg in remaining if arg.startswith("-")]
     if not named:
         return (
             f"unexpected argument(s) {' '.join(remaining)}: a value follows the --FIELD it sets; "
             f"`{PROG} --help` lists the fields."
         )
-    return f"unknown option(s) {', '.join(named)}; `{PROG} --help-all` lists every field."
+    return f"unknown option(s) {with_closest_option(named, options)}; `{PROG} --help-all` lists every field."

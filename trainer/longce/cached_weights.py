@@ -145,8 +145,8 @@ def add_key_token_weights(
         add_special_tokens: tokenize with the tokenizer's special tokens (a BOS), as training does.
         append_eos: append the EOS token (weight ``min(1, gamma)``: no evaluator scored it) to every row, as
             ``scripts/train_longce.py`` does.
-        evaluator: with several evaluators or settings in the cache, the one to use (its name or the
-            start of its fingerprint; ``trunc_len`` / ``sliding_window`` narrow the settings).
+        evaluator: with several evaluators or settings in the cache, the one to use (its name, its
+            folder name or the start of its fingerprint, as ``KeyTokenCache.select``; ``trunc_len`` / ``sliding_window`` narrow the settings).
         evaluator_model, evaluator_tokenizer: the evaluator itself: rows must then be its own (its
             fingerprint covers its weights and tokenizer), and texts the cache lacks are scored with
             ``trunc_len`` and ``sliding_window`` (default K=4096, d=1024), added and saved, as the

@@ -7,7 +7,9 @@
 
 (``python scripts/train_longce.py`` is the same command.) Every field of ``ModelArguments``,
 ``DataArguments`` and ``LongCEConfig`` (``TrainingArguments`` plus ``longce_*``) can be set in the
-YAML file and overridden on the command line; ``--help`` lists the model, data and LongCE fields,
+YAML file and overridden on the command line (a model or data source given there replaces the
+recipe's: ``--model_name_or_path`` its ``model_config`` and tokenizer; run_clm's ``--train_file``,
+``--validation_file``, ``--block_size`` and TRL's ``--dataset_text_field`` name our fields); ``--help`` lists the model, data and LongCE fields,
 ``--help-all`` every ``TrainingArguments`` field too (``--config recipe.yaml --help`` shows the
 recipe's values as the defaults). The recipe's rules (defaults, relative paths, aliases such as
 ``dtype`` / ``torch_dtype``) are in ``longce.arguments``; how the text becomes sequences
@@ -24,7 +26,9 @@ processed like the training data; ``--eval_strategy steps --eval_steps N`` then 
 ``resume_from_checkpoint`` takes a checkpoint folder, or ``last`` for the newest
 ``checkpoint-*`` folder of ``output_dir``. Without it, an ``output_dir`` that holds files is treated as
 transformers' run_clm treats it (``checkpoint_to_resume``): checkpoints there are resumed from, any other
-non-empty folder is refused unless ``--overwrite_output_dir``; nothing in it is ever deleted.
+non-empty folder is refused unless ``--overwrite_output_dir``; nothing in it is ever deleted. A run
+that has already reached its ``max_steps`` (or ``num_train_epochs``) is not trained again: one line
+says so and the command ends (status 0, nothing written); a larger ``max_steps`` resumes and continues.
 
 At the end the output folder holds the model (and tokenizer), ``trainer_state.json``,
 ``all_results.json`` (the training metrics, and the final evaluation's when there is evaluation data)
@@ -46,6 +50,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -60,7 +65,7 @@ if TYPE_CHECKING:
     from .config import LongCEConfig
     from .trainer import LongCETrainer
 
-__all__ = ["build_parser", "checkpoint_to_resume", "load_model", "main", "parse_args", "train"]
+__all__ = ["build_parser", "checkpoint_to_resume", "finished_run", "load_model", "main", "parse_args", "train"]
 
 #: Tags of the model card (besides those transformers adds); the hub finds LongCE models by them.
 MODEL_CARD_TAGS = ("longce", "long-context")
@@ -167,9 +172,10 @@ def close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def train(argv: list[str] | None = None) -> LongCETrainer:
+def train(argv: list[str] | None = None) -> LongCETrainer | None:
     """Parse the arguments, train (resuming as ``checkpoint_to_resume`` says), evaluate, save the model,
-    ``all_results.json`` and the model card; returns the trainer.
+    ``all_results.json`` and the model card; returns the trainer. A run that ``finished_run`` finds
+    already done is not trained again: one line says so and ``None`` is returned, nothing written.
 
     With evaluation data, ``eval_strategy`` steps/epoch evaluates during training, and the final model
     is evaluated once more unless the last of those ran at the last step; with ``eval_strategy`` no,
@@ -191,6 +197,11 @@ def train(argv: list[str] | None = None) -> LongCETrainer:
         )
     check_weight_source(data_args, training_args)
     resume = checkpoint_to_resume(training_args)
+    finished = finished_run(training_args, resume)
+    if finished is not None:
+        if training_args.process_index == 0:
+            print(f"{PROG}: {finished}", file=sys.stderr)
+        return None
     if training_args.torch_threads is not None:
         from longppl.tools.threads import choose_torch_threads
 
@@ -276,13 +287,49 @@ def checkpoint_to_resume(args: RecipeConfig) -> str | None:
             "or empty output_dir, or add --overwrite_output_dir to train afresh into it (files of the same "
             "names are replaced, others kept)."
         )
-    if args.process_index == 0:
+    if args.process_index == 0 and finished_run(args, last) is None:  # else train() says it is finished
         print(
             f"{PROG}: output_dir {folder!r} holds checkpoints of an earlier run: resuming from "
             f"{os.path.basename(last)} (choose another output_dir to train afresh).",
             file=sys.stderr,
         )
     return last
+
+
+def finished_run(args: RecipeConfig, resume: str | None) -> str | None:
+    """The line saying so when the run to resume has already reached ``max_steps`` (or, with
+    ``max_steps`` unset, ``num_train_epochs``); ``None`` when there is training left to do.
+
+    Resuming a finished run would train one step past its end (transformers' resume at the last step)
+    and rewrite the model, the checkpoints and ``all_results.json``. The run's progress is the
+    checkpoint's ``trainer_state.json`` and, when the checkpoint was found in ``output_dir`` rather than
+    named, the ``trainer_state.json`` the finished run wrote there (its last step may lie after its
+    last checkpoint). A larger ``max_steps`` / ``num_train_epochs`` resumes and continues.
+    """
+    if resume is None:
+        return None
+    states = [os.path.join(resume, "trainer_state.json")]
+    if args.resume_from_checkpoint is None or str(args.resume_from_checkpoint).lower() in ("last", "true"):
+        states.append(os.path.join(args.output_dir, "trainer_state.json"))
+    for path in states:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                state = json.load(handle)
+            step, epoch = int(state["global_step"]), float(state.get("epoch") or 0.0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # no state there (or not one transformers wrote): the trainer decides
+        if args.max_steps > 0 and step >= args.max_steps:
+            reached = f"step {step} of max_steps {args.max_steps}"
+        elif args.max_steps <= 0 and epoch >= args.num_train_epochs - 1e-6:
+            reached = f"epoch {epoch:g} of num_train_epochs {args.num_train_epochs:g}"
+        else:
+            continue
+        return (
+            f"the run in {args.output_dir!r} is finished ({reached}, {os.path.relpath(path, args.output_dir)}): "
+            "nothing to do, nothing written. Raise --max_steps (or --num_train_epochs) to continue it, or choose "
+            "another output_dir to train afresh."
+        )
+    return None
 
 
 def final_evaluation(trainer: LongCETrainer) -> dict[str, float]:
@@ -323,15 +370,48 @@ def write_model_card(trainer: LongCETrainer, model_args: ModelArguments, data_ar
     card = ModelCard.load(path)
     # A PEFT adapter's card is rewritten by PEFT after transformers' (create_model_card), with its own tags.
     card.data.tags = list(dict.fromkeys([*MODEL_CARD_TAGS, *(card.data.tags or [])]))
+    args = trainer.args
+    settings = (
+        f"K = {args.longce_trunc_len} (longce_trunc_len), d = {args.longce_sliding_window} (longce_sliding_window), "
+        f"gamma = {args.longce_gamma:g} (longce_gamma), weights from {args.longce_weights!r} (longce_weights)"
+        + (", plain CE (longce_plain_ce)" if args.longce_plain_ce else "")
+    )
+    # transformers' first sentence knows neither a model built from model_config nor local data files
+    # ("a fine-tuned version of [](https://huggingface.co/) on an unknown dataset"): ours names both.
+    text = re.sub(
+        r"^This model (is a fine-tuned version of|was trained from scratch on) .*$",
+        lambda _: f"This model is {model_card_origin(model_args, data_args)}, trained with LongCE ({settings}).",
+        card.text,
+        count=1,
+        flags=re.M,
+    )
     card.text = (
-        card.text.rstrip()
+        text.rstrip()
         + "\n\n## Training procedure: LongCE\n\nTrained with the LongCE loss (`longce-train`, `LongCETrainer`): "
         "each token's cross-entropy is weighted by min(exp(LSD), gamma), where LSD is the gain in its "
-        "log-probability from the long context over a short one.\n\n## Citation\n\n```bibtex\n"
-        + _CITATION.strip()
-        + "\n```\n"
+        "log-probability from the long context (the whole sequence) over a short one (windows of K tokens "
+        f"advancing by d): {settings}.\n\n## Citation\n\n```bibtex\n" + _CITATION.strip() + "\n```\n"
     )
     write_file_atomically(path, lambda handle: handle.write(str(card)))
+
+
+def model_card_origin(model_args: ModelArguments, data_args) -> str:
+    """What the model card's first sentence says the model came from: the base model (a Hub id linked,
+    a local folder by its name, or a random model of ``model_config``) and the training data (a Hub
+    dataset linked, else the local files by name)."""
+    base = model_args.model_name_or_path
+    if base is None:
+        origin = f"a randomly initialised {model_args.model_config['model_type']} model (model_config)"
+    elif os.path.isdir(base):
+        origin = f"a fine-tuned version of the local model `{os.path.basename(os.path.normpath(base))}`"
+    else:
+        origin = f"a fine-tuned version of [{base}](https://huggingface.co/{base})"
+    if data_args.dataset_name is not None:
+        name = data_args.dataset_name
+        data = f"the [{name}](https://huggingface.co/datasets/{name}) dataset (split {data_args.dataset_split!r})"
+    else:
+        data = "the local files " + ", ".join(f"`{os.path.basename(f)}`" for f in data_args.data_files)
+    return f"{origin} on {data}"
 
 
 def print_summary(trainer, model_args, data_args, training_args, sequences, training_loss, seconds, resume) -> None:

@@ -23,7 +23,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="train", help="split of a Hub cache (default: train)")
     parser.add_argument(
         "--evaluator",
-        help="pick the cache's rows of this evaluator (name or fingerprint start) "
+        help="pick the cache's rows of this evaluator (its name, folder name or fingerprint start) "
         "(default: any; needed when the cache holds several)",
     )
     parser.add_argument(

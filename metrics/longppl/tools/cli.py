@@ -95,6 +95,14 @@ class ToolParser(argparse.ArgumentParser):
                     f"argument '{shown}' is not valid UTF-8 (a file name in another encoding?): rename the file "
                     "or folder to a UTF-8 name, or pass another one."
                 )
+        unknown = [
+            name
+            for name in _long_options(given)
+            # a parser with subcommands leaves their options to them (each a ToolParser too)
+            if self._subparsers is None and not any(option.startswith(name) for option in self._option_string_actions)
+        ]
+        if unknown:  # before argparse's checks (required options...): the typo is the error to name first
+            self.error(unknown_options_message(unknown, list(self._option_string_actions), self.prog))
         parsed, extras = super().parse_known_args(given, namespace)
         for action in self._actions:
             # Strings only (no type= conversion): paths, Hub ids, names. A Hub id or a name never starts
@@ -107,6 +115,11 @@ class ToolParser(argparse.ArgumentParser):
                     setattr(parsed, action.dest, [_expand_home(v) if isinstance(v, str) else v for v in value])
         return parsed, extras
 
+    def error(self, message: str):
+        """A usage error as one line, ``<prog>: error: <message>`` (status 2, as argparse's), without the
+        usage block that argparse prints first: ``--help`` shows it."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
     def _get_option_tuples(self, option_string):
         # Both spellings of an option share one action: a prefix of both is still one option. The first
         # item of each tuple is the action (Python 3.11's 3-tuples and 3.12's 4-tuples alike).
@@ -116,6 +129,34 @@ class ToolParser(argparse.ArgumentParser):
                 seen.add(id(match[0]))
                 unique.append(match)
         return unique
+
+
+def _long_options(argv: list[str]) -> list[str]:
+    """The ``--name`` of each long option in ``argv`` (``--name=value`` too), up to a bare ``--``."""
+    names = []
+    for arg in argv:
+        if arg == "--":
+            break
+        if isinstance(arg, str) and arg.startswith("--") and len(arg) > 2:
+            names.append(arg.split("=", 1)[0])
+    return names
+
+
+def unknown_options_message(unknown: list[str], options: list[str], prog: str) -> str:
+    """The error for options no flag takes, each with its closest option (:func:`with_closest_option`)."""
+    return f"unknown option(s) {with_closest_option(unknown, options)}; `{prog} --help` lists the options."
+
+
+def with_closest_option(unknown: list[str], options: list[str]) -> str:
+    """``--trunk-len (did you mean --trunc-len?), --x``: each unknown option with the closest of the
+    long ``options`` (difflib), the hint every command gives (``longce-train`` too)."""
+    import difflib
+
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, [o for o in options if o.startswith("--")], n=1)
+        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return ", ".join(named)
 
 
 def _is_utf8(value: str) -> bool:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import time
 
 import numpy as np
@@ -207,7 +208,7 @@ def main(argv=None, prog: str = PROG) -> dict:
     # cpu=True where there is no GPU: accelerate then joins the processes over gloo.
     state = PartialState(cpu=not torch.cuda.is_available())
     try:
-        return _run(args, state, start)
+        return _run(args, state, start, prog)
     finally:
         if state.use_distributed:
             state.destroy_process_group()  # a gloo group left open aborts the process at exit
@@ -236,7 +237,7 @@ def check_tensor_parallel(args, torch) -> None:
     )
 
 
-def _run(args, state, start: float) -> dict:
+def _run(args, state, start: float, prog: str = PROG) -> dict:
     import datasets
     from accelerate.utils import broadcast_object_list
 
@@ -278,6 +279,8 @@ def _run(args, state, start: float) -> dict:
     cache = KeyTokenCache.load(args.output, create=True)
     found = cache.find(texts, settings, identity.fingerprint)
     missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
+    if missing and state.is_main_process:
+        warn_if_another_evaluator(cache, identity, args.output, prog)
     # A tensor-parallel group of N ranks is one worker: its ranks score the same documents, its first writes.
     group_size = args.tensor_parallel
     worker, writes = state.process_index // group_size, state.process_index % group_size == 0
@@ -330,6 +333,23 @@ def _run(args, state, start: float) -> dict:
         if state.is_main_process:
             shutil.rmtree(shards, ignore_errors=True)
     return summary
+
+
+def warn_if_another_evaluator(cache, identity, output: str, prog: str) -> None:
+    """Say it (one warning line on stderr) when the rows about to be added are the first of this
+    evaluator in a cache that holds another's: the cache keeps both, and the commands that read it
+    then need ``--evaluator`` to choose."""
+    others = [c for c in cache.configurations() if c["evaluator_fingerprint"] != identity.fingerprint]
+    if not others or len(others) < len(cache.configurations()):
+        return
+    held = ", ".join(dict.fromkeys(n or "(unnamed)" for c in others for n in c["evaluator_names"]))
+    print(
+        f"{prog}: warning: --output {output} already holds rows of another evaluator ({held}); the rows of "
+        f"{identity.name or 'this evaluator'} are added beside them, and longppl evaluate / visualize will need "
+        "--evaluator to choose (use another --output to keep one evaluator per cache).",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:

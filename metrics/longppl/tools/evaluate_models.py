@@ -14,8 +14,8 @@ tokens (LongPPL NaN) get a warning saying why; with fewer than 2 models of finit
 correlation and its figure are skipped.
 
 The cache (``longppl-score``) is a directory or a Hub dataset name; the texts are the cache's own.
-A cache holding several evaluators or settings needs ``--evaluator`` (a name or the start of a
-fingerprint) and/or ``--trunc-len`` / ``--sliding-window`` to pick one.
+A cache holding several evaluators or settings needs ``--evaluator`` (its name, folder name or the
+start of its fingerprint, as the error lists them) and/or ``--trunc-len`` / ``--sliding-window`` to pick one.
 
 (``scripts/evaluate_longppl.py`` and ``python -m longppl.tools.evaluate_models`` run the same command.)
 """
