@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from longppl.scoring import score_with_evaluator
+from longppl.core.scoring import score_with_evaluator
 from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH
 from longppl.tools.cli import help_text
 from longppl.tools.corpus import read_jsonl_texts

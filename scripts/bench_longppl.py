@@ -55,9 +55,9 @@ def load_dependencies() -> None:
     import torch.nn.functional as F
 
     from longppl import short_context_log_probs
-    from longppl.batching import long_context_log_probs
-    from longppl.compilation import compiled_blocks
-    from longppl.key_tokens import key_token_mask
+    from longppl.core.batching import long_context_log_probs
+    from longppl.core.compilation import compiled_blocks
+    from longppl.rules.key_tokens import key_token_mask
 
 
 def build_model(tiny: bool, device: str, seed: int):
@@ -199,9 +199,9 @@ def cache_benchmark(args, device):
         summarize_results,
         text_key_weights,
     )
-    from longppl.fingerprints import ModelIdentity
-    from longppl.key_token_cache import cached_evaluator_scores, key_token_rows
-    from longppl.scoring import document_result
+    from longppl.cache.key_token_cache import cached_evaluator_scores, key_token_rows
+    from longppl.core.scoring import document_result
+    from longppl.models.fingerprints import ModelIdentity
     from longppl.tools.synthetic import word_tokenizer
 
     K, d, budget = args.trunc_len, args.sliding_window, args.budgets[0]

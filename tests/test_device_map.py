@@ -24,7 +24,7 @@ from helpers import byte_level_bpe, govreport_texts, tiny_model
 from virtual_devices import VirtualDevices, index_of
 
 import longppl
-from longppl.logprobs import CausalLMHead, resolve_lm_head, token_log_probs, verify_head
+from longppl.core.logprobs import CausalLMHead, resolve_lm_head, token_log_probs, verify_head
 
 K, D = 24, 8  # short windows of 24 tokens scored 8 at a time: many packed windows per document
 SPLIT = {

@@ -15,9 +15,9 @@ from helpers import govreport_texts, model_and_evaluator, tiny_model
 from reference import evaluator_scores as reference_evaluator_scores
 
 import longppl
-import longppl.scoring
-from longppl.fingerprints import ModelIdentity, text_fingerprint
-from longppl.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache
+import longppl.core.scoring
+from longppl.cache.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache
+from longppl.models.fingerprints import ModelIdentity, text_fingerprint
 
 K, D = 47, 13
 ALPHA, BETA = 0.005, -50.0
@@ -165,7 +165,7 @@ def test_adding_documents_scores_only_the_new_ones(metric, setup, tmp_path, monk
 
 
 def _settings(**changes):
-    from longppl.key_token_cache import KeyTokenSettings
+    from longppl.cache.key_token_cache import KeyTokenSettings
 
     return KeyTokenSettings(**dict(dict(trunc_len=K, sliding_window=D), **changes))
 
@@ -284,7 +284,7 @@ def test_fingerprints_follow_weights_dtype_and_files(setup, tmp_path):
 
 
 def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(built, monkeypatch):
-    import longppl.key_token_cache as module
+    import longppl.cache.key_token_cache as module
 
     cache = KeyTokenCache.load(built["path"])
     texts = cache.texts(range(3))
@@ -309,7 +309,7 @@ def test_packed_documents_share_passes_and_keep_each_alone_result_up_to_rounding
     gets the scores it gets alone, up to float rounding (the kernels may sum in another order for
     another number of rows, e.g. on several CPU threads); without it, each has passes of its own."""
     evaluator, tokenizer = setup["evaluator_model"], setup["evaluator_tokenizer"]
-    cut = longppl.scoring.truncate_texts([t[2000:6000] for t in govreport_texts()[:6]], tokenizer, 120)
+    cut = longppl.core.scoring.truncate_texts([t[2000:6000] for t in govreport_texts()[:6]], tokenizer, 120)
     texts = [t for t in cut if len(tokenizer(t)["input_ids"]) == 121][:4]  # 120 tokens and the BOS
     assert len(texts) >= 3
     calls = count_forward_calls(evaluator)

@@ -31,10 +31,10 @@ from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlatte
 from longce import LongCEConfig, LongCETrainer
 from longce.cached_weights import LongCEWeightsCollator, add_key_token_weights, place_weights
 from longce.config import LongCESettings
-from longppl.alignment import encode_with_offsets
-from longppl.fingerprints import ModelIdentity
-from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
-from longppl.scoring import EvaluatorScores, score_with_evaluator
+from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+from longppl.core.scoring import EvaluatorScores, score_with_evaluator
+from longppl.models.fingerprints import ModelIdentity
+from longppl.rules.alignment import encode_with_offsets
 from longppl.settings import DEFAULT_GAMMA
 
 GAMMA = 3.0

@@ -13,7 +13,7 @@ from reference import full_log_probs, longppl_document
 from transformers import LlamaConfig, LlamaModel
 
 import longppl
-import longppl.loading
+import longppl.models.loading
 import longppl.settings
 
 K, D = 47, 13  # neither divides the document lengths
@@ -53,7 +53,7 @@ def test_compute_keeps_its_keyword_interface(metric, tmp_path):
     import sys
     from dataclasses import fields
 
-    from longppl.options import LongPPLOptions, option_names
+    from longppl.metric.options import LongPPLOptions, option_names
 
     module = sys.modules[type(metric).__module__]
     assert len(option_names()) == 31 and "predictions" not in option_names()
@@ -548,7 +548,7 @@ def test_devices_are_checked_before_anything_loads(metric, setup, monkeypatch):
         run(metric, setup, device="gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert longppl.loading.check_device("gpu") == longppl.loading.check_device("GPU") == "cuda"
+    assert longppl.models.loading.check_device("gpu") == longppl.models.loading.check_device("GPU") == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"device='cuda', but PyTorch sees no cuda device here.*pass device='cpu'"):
         run(metric, setup, device="cuda")

@@ -16,7 +16,7 @@ from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 from reference import evaluator_scores, full_log_probs
 
 from longppl import compute_longppl
-from longppl.scoring import score_with_evaluator
+from longppl.core.scoring import score_with_evaluator
 from longppl.settings import KeyTokenRule
 
 K, D = 40, 16

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
-from longppl.scoring import score_with_evaluator, score_with_model
+from longppl.core.scoring import score_with_evaluator, score_with_model
 
 K, D = 16, 8
 

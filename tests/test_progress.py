@@ -8,12 +8,12 @@ from helpers import byte_level_bpe, govreport_texts, tiny_model
 
 import longppl
 from longppl import progress as progress_module
-from longppl.batching import long_context_log_probs
-from longppl.compilation import compiled_blocks, repeated_blocks
-from longppl.progress import Progress
-from longppl.scoring import score_with_evaluator, score_with_model
+from longppl.core.batching import long_context_log_probs
+from longppl.core.compilation import compiled_blocks, repeated_blocks
+from longppl.core.progress import Progress
+from longppl.core.scoring import score_with_evaluator, score_with_model
+from longppl.core.windows import window_bounds
 from longppl.settings import WindowSettings
-from longppl.windows import window_bounds
 
 K, D, BUDGET = 47, 13, 256
 

@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from longppl.key_token_html import MAX_OPACITY, key_token_html
-from longppl.scoring import EvaluatorScores
+from longppl.core.scoring import EvaluatorScores
+from longppl.rules.key_token_html import MAX_OPACITY, key_token_html
 from longppl.settings import KeyTokenRule
 from longppl.tools.correlation import least_squares_line, pearson
 from longppl.tools.figures import correlation_figure, correlation_scatter, short_model_names

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-import longppl.key_token_cache as key_token_cache
-import longppl.scoring as scoring
+import longppl.cache.key_token_cache as key_token_cache
+import longppl.core.scoring as scoring
 from longppl.settings import KeyTokenRule, KeyTokenSettings, WindowSettings, check_token_ids, settings_object
 
 
@@ -67,7 +67,8 @@ def test_the_space_ui_takes_its_defaults_from_the_metric_options(monkeypatch):
     """app.py writes no default of its own: changing one in the metric's options (whose defaults are
     the settings', tests/test_metric_card.py) changes the UI's."""
     pytest.importorskip("gradio", reason="the Space's tests need gradio: pip install -e '.[space]'")
-    from longppl import app, options
+    from longppl.metric import options
+    from longppl.space import app
 
     assert app._options is options
     declared = options.LongPPLOptions.__dataclass_fields__

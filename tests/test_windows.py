@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
-from longppl.batching import long_context_log_probs, pack_by_token_budget
+from longppl.core.batching import long_context_log_probs, pack_by_token_budget
+from longppl.core.windows import short_context_log_probs, window_bounds
 from longppl.settings import WindowSettings
-from longppl.windows import short_context_log_probs, window_bounds
 
 
 @contextlib.contextmanager

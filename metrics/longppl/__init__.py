@@ -3,7 +3,7 @@
 What users call is in ``__all__`` (small on purpose): ``evaluate.load(longppl.METRIC_PATH)``, the
 drop-in ``compute_longppl`` / ``find_key_token`` / ``load_key_token``, the key-token cache, the
 settings and the few scoring functions other tools build on. Everything else is imported from its
-module (``from longppl.key_tokens import key_token_mask``), without being part of that promise.
+module (``from longppl.rules.key_tokens import key_token_mask``), without being part of that promise.
 
 The package by role, from the bottom up:
 
@@ -32,18 +32,18 @@ from . import register as _register
 # `import longppl` and its light submodules (register, key_tokens, ...) do not import torch: a
 # script's `--help` answers at once.
 _EXPORTS = {
-    "key_token_cache": ("KeyTokenCache", "open_cache"),
-    "logprobs": ("token_log_probs",),
-    "official": ("compute_longppl", "find_key_token", "load_key_token"),
+    "cache.key_token_cache": ("KeyTokenCache", "open_cache"),
+    "core.logprobs": ("token_log_probs",),
+    "metric.official": ("compute_longppl", "find_key_token", "load_key_token"),
     "settings": ("KeyTokenRule", "KeyTokenSettings", "WindowSettings"),
-    "scoring": (
+    "core.scoring": (
         "document_results",
         "score_with_evaluator",
         "score_with_model",
         "summarize_results",
         "text_key_weights",
     ),
-    "windows": ("short_context_log_probs",),
+    "core.windows": ("short_context_log_probs",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

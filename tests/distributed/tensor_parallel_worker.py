@@ -28,8 +28,8 @@ try:
 except ImportError:  # torch < 2.5
     from torch.distributed._tensor import DTensor
 
-from longppl.loading import load_model, load_tokenizer
-from longppl.scoring import score_with_evaluator
+from longppl.core.scoring import score_with_evaluator
+from longppl.models.loading import load_model, load_tokenizer
 
 
 def main() -> None:

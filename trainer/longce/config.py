@@ -97,7 +97,7 @@ class LongCESettings:
 
     @cached_property
     def window(self) -> WindowSettings:
-        """K and d as the scoring core takes them (``longppl.windows``)."""
+        """K and d as the scoring core takes them (``longppl.core.windows``)."""
         return WindowSettings(self.trunc_len, self.sliding_window)
 
     @classmethod

@@ -12,7 +12,7 @@ short-context log-probs ``lp_short`` (``[N]``, NaN where the token has no short 
 replace ``w`` and ``lp_short`` is then unused. ``logits`` is the head's projection followed by
 the architecture's post-processing (Cohere/Granite multiplier, Gemma soft-capping).
 
-Three implementations; ours cut the rows into chunks (``longppl.logprobs.rows_per_chunk``) so that
+Three implementations; ours cut the rows into chunks (``longppl.core.logprobs.rows_per_chunk``) so that
 the largest logits tensor alive is ``[chunk, V]``. ``lm_head_loss`` puts them behind one interface
 and owns the rule that picks one for a head and a device:
 
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from longppl.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, rows_per_chunk
+from longppl.core.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, rows_per_chunk
 
 # float32 bytes of one logits chunk, the scoring core's (chunks are cut by its ``rows_per_chunk``):
 # 1 GiB is ~2k rows of a 128k vocabulary. Measured on an H200 (scripts/bench_longce.py

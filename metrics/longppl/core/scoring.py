@@ -17,15 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .alignment import encode_many_with_offsets, tokens_within_spans, transfer_token_weights
-from .batching import long_context_log_probs
-from .compilation import compiled_blocks
-from .key_tokens import key_char_spans, key_token_mask, soft_weights
-from .logprobs import unwrap_model
-from .progress import Progress, ProgressCallback
+from ..rules.alignment import encode_many_with_offsets, tokens_within_spans, transfer_token_weights
+from ..rules.key_tokens import key_char_spans, key_token_mask, soft_weights
 
 # The DEFAULT_* names live in settings and stay importable from here.
-from .settings import (  # noqa: F401
+from ..settings import (  # noqa: F401
     DEFAULT_AGGREGATION,
     DEFAULT_GAMMA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
@@ -37,6 +33,10 @@ from .settings import (  # noqa: F401
     check_token_ids,
     settings_object,
 )
+from .batching import long_context_log_probs
+from .compilation import compiled_blocks
+from .logprobs import unwrap_model
+from .progress import Progress, ProgressCallback
 from .windows import short_context_log_probs
 
 

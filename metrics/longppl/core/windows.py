@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..settings import DEFAULT_MAX_TOKENS_PER_BATCH, WindowSettings, settings_object
 from .batching import Segment, segment_log_probs
 from .progress import Progress
-from .settings import DEFAULT_MAX_TOKENS_PER_BATCH, WindowSettings, settings_object
 
 
 def window_bounds(n: int, window: WindowSettings) -> list[tuple[int, int]]:

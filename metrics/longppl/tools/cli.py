@@ -135,6 +135,6 @@ def run_command(main: Callable[..., object], argv: list[str] | None = None) -> i
 
 def debugging(environ: dict[str, str] | None = None) -> bool:
     """Whether ``LONGPPL_DEBUG`` asks for tracebacks (1, true, yes or on)."""
-    from longppl.sources import env_flag  # standard library only: the commands run this before torch
+    from longppl.models.sources import env_flag  # standard library only: the commands run this before torch
 
     return env_flag(DEBUG_VARIABLE, environ)

@@ -71,7 +71,7 @@ def main(argv=None, prog: str = PROG) -> None:
     """
     args = parse_args(argv, prog)
     from longppl.atomic_files import write_file_atomically
-    from longppl.key_token_html import key_token_html
+    from longppl.rules.key_token_html import key_token_html
     from longppl.tools.cache_cli import open_selected
 
     cache, settings, fingerprint, rows = open_selected(args)
@@ -102,7 +102,7 @@ def main(argv=None, prog: str = PROG) -> None:
     if args.histogram:
         import numpy as np
 
-        from longppl.key_tokens import long_short_difference
+        from longppl.rules.key_tokens import long_short_difference
         from longppl.tools.figures import lsd_histogram
 
         lsd = np.concatenate(
