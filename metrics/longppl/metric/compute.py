@@ -1,4 +1,9 @@
-"""LongPPL: perplexity over the key tokens of long-context language modeling (evaluate metric)."""
+"""What the ``evaluate`` metric's ``compute`` runs: check the arguments, resolve the two models'
+sources, get the evaluator's scores (live or from the key-token cache) and the evaluated model's,
+weigh its tokens, and sum up (:func:`compute_metric`); and the metric's description, citation and
+argument list, which the metric file ``longppl.py`` declares. That file is a thin shell over this
+module, so that ``evaluate`` copies one file and every other module comes from the installed package.
+"""
 
 from __future__ import annotations
 
@@ -10,34 +15,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 import datasets
-import evaluate
 import numpy as np
 import torch
 
-# evaluate copies only the sibling modules this file imports directly (it does not follow imports
-# recursively), so every module of the scoring core is imported here, even where unused. (No
-# comments on these lines: evaluate reads a comment after a relative import as a download URL.)
-from .alignment import encode_with_offsets
-from .atomic_files import write_file_atomically
-from .batching import long_context_log_probs
-from .compilation import compiled_blocks
-from .fingerprints import ModelIdentity
-from .key_token_cache import KeyTokenCache, KeyTokenSettings, cache_directory, cached_evaluator_scores
-from .key_tokens import key_char_spans
-from .loading import (
-    check_device,
-    default_device,
-    load_causal_lm,
-    load_model,
-    load_tokenizer,
-    merge_dtype_arguments,
-    resolve_dtype,
-)
-from .logprobs import resolve_lm_head
-from .official import compute_longppl, find_key_token, load_key_token
-from .options import LongPPLOptions, options_description
-from .progress import Progress, ProgressCallback
-from .scoring import (
+from ..cache.key_token_cache import KeyTokenCache, KeyTokenSettings, cache_directory, cached_evaluator_scores
+from ..core.logprobs import resolve_lm_head
+from ..core.progress import ProgressCallback
+from ..core.scoring import (
     EvaluatorScores,
     ModelScores,
     document_results,
@@ -48,7 +32,19 @@ from .scoring import (
     text_key_weights,
     truncate_texts,
 )
-from .settings import (
+from ..models.fingerprints import ModelIdentity
+from ..models.loading import (
+    check_device,
+    default_device,
+    load_causal_lm,
+    load_model,
+    load_tokenizer,
+    merge_dtype_arguments,
+    resolve_dtype,
+)
+from ..models.sources import check_model_source
+from ..rules.key_tokens import key_char_spans
+from ..settings import (
     AGGREGATIONS,
     DEFAULT_MAX_TOKENS_PER_BATCH,
     KeyTokenRule,
@@ -57,14 +53,9 @@ from .settings import (
     require_int,
     settings_object,
 )
-from .sources import check_model_source
-from .windows import window_bounds
+from .options import LongPPLOptions, options_description
 
-# Re-exported: the official package's scripts do `from longppl.longppl import *`.
-__all__ = ["LongPPL", "compute_longppl", "find_key_token", "load_key_token"]
-_CORE = (encode_with_offsets, long_context_log_probs, compiled_blocks, window_bounds, write_file_atomically, Progress)
-
-_CITATION = """\
+CITATION = """\
 @inproceedings{fang2025wrong,
   title={What is Wrong with Perplexity for Long-context Language Modeling?},
   author={Lizhe Fang and Yifei Wang and Zhaoyang Liu and Chenheng Zhang and Stefanie Jegelka and Jinyang Gao and Bolin Ding and Yisen Wang},
@@ -74,7 +65,7 @@ _CITATION = """\
 }
 """
 
-_DESCRIPTION = """\
+DESCRIPTION = """\
 LongPPL is perplexity computed only over the *key tokens* of a text: the tokens whose prediction
 needs long context. An evaluator model scores every token twice, with its full context and with a
 truncated context of K tokens (sliding windows of stride d). A token is key when its long-short
@@ -88,7 +79,7 @@ LongBench in the paper). Use a strong long-context model (e.g. Llama-3.1-8B) as 
 evaluating itself gives uninformative values (paper, Appendix B.2).
 """
 
-_KWARGS_DESCRIPTION = (
+KWARGS_DESCRIPTION = (
     """
 Computes LongPPL and PPL of a causal LM on long texts.
 
@@ -536,76 +527,40 @@ def _output(request: _Request, results, model_scores, weights, evaluator_scores,
     return output
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class LongPPL(evaluate.Metric):
-    """LongPPL (Fang et al., ICLR 2025) as an ``evaluate`` metric."""
+def compute_metric(predictions, **kwargs) -> dict:
+    """The metric's value for ``predictions`` (texts, checked by :func:`check_predictions`): check the
+    arguments, resolve the two models' sources, get the evaluator's scores (live or from the key-token
+    cache) and the evaluated model's, weigh its tokens, and sum up. The arguments are the fields of
+    ``options.LongPPLOptions``; they and the returned dict are described in ``KWARGS_DESCRIPTION``."""
+    request = _Request.from_options(predictions, LongPPLOptions.from_kwargs(kwargs))
+    sources = _resolve_sources(request)
+    window_from_cache = False
+    if request.key_tokens is None:
+        evaluator_scores = _score_live(request, sources)
+    else:  # the evaluator's scores from the cache (those it lacks scored and added)
+        cache = KeyTokenCache.load(request.key_tokens, create=sources.evaluator.given)
+        adopted = request.with_window_of(cache)
+        window_from_cache, request = adopted.window_given != request.window_given, adopted
+        evaluator_scores = _score_from_cache(request, sources, cache)
+    model_scores = _model_scores(request, sources, evaluator_scores)
+    weights = text_key_weights(sources.texts, evaluator_scores, model_scores, rule=request.rule)
+    results = document_results(model_scores, weights)
+    _warn_without_key_tokens(evaluator_scores, results, request.evaluator_settings.trunc_len)
+    return _output(request, results, model_scores, weights, evaluator_scores, window_from_cache)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # evaluate names a module after its class in snake case ("long_ppl"); it is loaded as "longppl".
-        self._module_info.module_name = "longppl"
 
-    def _info(self):
-        return evaluate.MetricInfo(
-            module_type="metric",
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("string")}),
-            reference_urls=["https://arxiv.org/abs/2410.23771", "https://github.com/PKU-ML/LongPPL"],
+def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:
+    # stacklevel 6 = the user's compute() call (through the metric's compute, evaluate's, the
+    # metric's _compute and compute_metric).
+    too_short = [i for i, s in enumerate(evaluator_scores) if s.input_ids.shape[0] <= trunc_len]
+    if too_short:
+        warnings.warn(
+            f"Texts {too_short} have at most trunc_len={trunc_len} evaluator tokens, so no token has a "
+            "short context to compare with: their LongPPL is NaN. Use longer texts or a smaller trunc_len.",
+            stacklevel=6,
         )
-
-    # Texts are checked before evaluate stores them: its Arrow encoding would turn 123 into "123".
-    def compute(self, *, predictions=None, references=None, **kwargs):
-        """Compute LongPPL and PPL of a model on ``predictions`` (the arguments are listed below)."""
-        if predictions is not None:  # None: texts were given earlier through add() / add_batch()
-            check_predictions(predictions)
-        return super().compute(predictions=predictions, references=references, **kwargs)
-
-    def add_batch(self, *, predictions=None, references=None, **kwargs):
-        """Add a batch of texts to score at the next ``compute(...)``."""
-        if predictions is not None:
-            check_predictions(predictions, allow_empty=True)
-        return super().add_batch(predictions=predictions, references=references, **kwargs)
-
-    def add(self, *, prediction=None, reference=None, **kwargs):
-        """Add one text to score at the next ``compute(...)``."""
-        if prediction is not None:
-            check_predictions([prediction])
-        return super().add(prediction=prediction, reference=reference, **kwargs)
-
-    def _compute(self, predictions, **kwargs):
-        """Check the arguments, resolve the two models' sources, get the evaluator's scores (live or
-        from the key-token cache) and the evaluated model's, weigh its tokens, and sum up (the
-        arguments are the fields of ``options.LongPPLOptions``, listed in ``_KWARGS_DESCRIPTION``)."""
-        request = _Request.from_options(predictions, LongPPLOptions.from_kwargs(kwargs))
-        sources = _resolve_sources(request)
-        window_from_cache = False
-        if request.key_tokens is None:
-            evaluator_scores = _score_live(request, sources)
-        else:  # the evaluator's scores from the cache (those it lacks scored and added)
-            cache = KeyTokenCache.load(request.key_tokens, create=sources.evaluator.given)
-            adopted = request.with_window_of(cache)
-            window_from_cache, request = adopted.window_given != request.window_given, adopted
-            evaluator_scores = _score_from_cache(request, sources, cache)
-        model_scores = _model_scores(request, sources, evaluator_scores)
-        weights = text_key_weights(sources.texts, evaluator_scores, model_scores, rule=request.rule)
-        results = document_results(model_scores, weights)
-        self._warn_without_key_tokens(evaluator_scores, results, request.evaluator_settings.trunc_len)
-        return _output(request, results, model_scores, weights, evaluator_scores, window_from_cache)
-
-    @staticmethod
-    def _warn_without_key_tokens(evaluator_scores, results, trunc_len: int) -> None:
-        # stacklevel 5 = the user's compute() call (through our compute, evaluate's, and _compute).
-        too_short = [i for i, s in enumerate(evaluator_scores) if s.input_ids.shape[0] <= trunc_len]
-        if too_short:
-            warnings.warn(
-                f"Texts {too_short} have at most trunc_len={trunc_len} evaluator tokens, so no token has a "
-                "short context to compare with: their LongPPL is NaN. Use longer texts or a smaller trunc_len.",
-                stacklevel=5,
-            )
-        no_keys = [i for i, r in enumerate(results) if r.n_key_tokens == 0 and i not in too_short]
-        if no_keys:
-            warnings.warn(f"Texts {no_keys} have no key tokens: their LongPPL is NaN.", stacklevel=5)
-        if all(r.n_key_tokens == 0 for r in results):
-            warnings.warn("No text has key tokens: the corpus LongPPL is NaN.", stacklevel=5)
+    no_keys = [i for i, r in enumerate(results) if r.n_key_tokens == 0 and i not in too_short]
+    if no_keys:
+        warnings.warn(f"Texts {no_keys} have no key tokens: their LongPPL is NaN.", stacklevel=6)
+    if all(r.n_key_tokens == 0 for r in results):
+        warnings.warn("No text has key tokens: the corpus LongPPL is NaN.", stacklevel=6)

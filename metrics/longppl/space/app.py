@@ -4,10 +4,9 @@ evaluate's ``launch_gradio_widget`` passes only the feature columns (the texts) 
 it cannot take model ids or settings (and it fails on current gradio); this small Blocks UI is
 ours. Nothing is loaded at start-up: the metric and both models load when "Compute" is clicked.
 
-The Space is this folder as it is (``app.py`` beside ``longppl.py``, nothing pip-installed but
-``requirements.txt``, no ``tools/``), so the metric is loaded from the file next to this one, and
-the modules the UI uses (``settings`` for its defaults, ``key_token_html`` for the key-token view)
-are imported from this folder, not from an installed package (``_sibling``).
+The Space runs the installed ``longppl`` package: its ``requirements.txt`` installs the package, and
+its ``app.py`` is a thin shell that imports this module's ``demo``. The metric is loaded from the
+package's metric file (``longppl.METRIC_PATH``), the same file ``evaluate.load`` takes from the Space.
 
 Every failure reaches the page as a ``gr.Error`` that says what failed and what to try, in the
 UI's words (K and d, texts numbered from 1): bad input, a request over the limits below, a model
@@ -44,14 +43,10 @@ import dataclasses
 import functools
 import gc
 import html
-import importlib
-import importlib.machinery
-import importlib.util
 import json
 import math
 import os
 import re
-import sys
 import threading
 import time
 import warnings
@@ -59,31 +54,16 @@ import warnings
 import evaluate
 import gradio as gr
 
+from .. import settings as _settings
+from ..metric import options as _options
+from ..models import sources as _sources
+from ..rules import key_token_html as _views
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-#: The package name under which the Space (this folder run as it is) imports its sibling modules.
-_SPACE_PACKAGE = "longppl_space"
-
-
-def _sibling(name: str):
-    """The module ``name`` of this folder: ``longppl.<name>`` when this file is imported from the
-    package; else (the Space runs the folder as it is, with nothing installed) the folder is made a
-    package of its own, ``longppl_space``, without running its ``__init__`` (which registers the
-    metric with evaluate), so that the module's relative imports of its siblings work."""
-    package = __package__
-    if not package:
-        package = _SPACE_PACKAGE
-        if package not in sys.modules:
-            spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
-            spec.submodule_search_locations = [HERE]
-            sys.modules[package] = importlib.util.module_from_spec(spec)
-    return importlib.import_module(f".{name}", package)
-
-
-_settings = _sibling("settings")
-_options = _sibling("options")
-_views = _sibling("key_token_html")
+#: The metric file (``longppl.py``), the thin shell that the Space serves to ``evaluate.load``.
+METRIC_FILE = os.path.join(os.path.dirname(HERE), "longppl.py")
 
 #: A line holding only this separates documents in the texts box.
 SEPARATOR = "---"
@@ -203,11 +183,11 @@ _metrics = threading.local()
 
 
 def load_metric():
-    """The LongPPL metric from ``longppl.py`` beside this file, loaded once per thread, on first use."""
+    """The LongPPL metric from the package's ``longppl.py``, loaded once per thread, on first use."""
     if getattr(_metrics, "metric", None) is None:
         # The file itself, not the folder: evaluate loads a folder only if it is named longppl,
         # and a Space's folder is not.
-        _metrics.metric = evaluate.load(os.path.join(HERE, "longppl.py"))
+        _metrics.metric = evaluate.load(METRIC_FILE)
     return _metrics.metric
 
 
@@ -275,7 +255,7 @@ def _check_hub(model_id: str, timeout_s: float) -> None:
     seconds, where ``from_pretrained`` would retry each file for a minute. Nothing to ask offline."""
     from huggingface_hub import HfApi
 
-    if _sibling("sources").hub_offline():  # the library's reading of HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE
+    if _sources.hub_offline():  # the library's reading of HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE
         return
     HfApi().model_info(model_id, timeout=timeout_s)
 
