@@ -384,7 +384,7 @@ def test_pictures_from_the_cache(tools, files, cache, tmp_path):
 
 
 def test_html_shows_tokens_sharing_a_character_as_one_piece():
-    from longppl.rules.key_token_html import key_token_html
+    from longppl.views.key_token_html import key_token_html
 
     text = "Café au lait"  # "é" split into two byte-level tokens, both spanning character 3
     offsets = np.array([[0, 0], [0, 3], [3, 4], [3, 4], [4, 7], [7, 12]])

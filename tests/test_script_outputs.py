@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from longppl.core.scoring import EvaluatorScores
-from longppl.rules.key_token_html import MAX_OPACITY, key_token_html
 from longppl.settings import KeyTokenRule
 from longppl.tools.correlation import least_squares_line, pearson
 from longppl.tools.figures import correlation_figure, correlation_scatter, short_model_names
 from longppl.tools.reports import explain_missing_key_tokens
+from longppl.views.key_token_html import MAX_OPACITY, key_token_html
 
 NAN = float("nan")
 

@@ -57,7 +57,7 @@ import gradio as gr
 from .. import settings as _settings
 from ..metric import options as _options
 from ..models import sources as _sources
-from ..rules import key_token_html as _views
+from ..views import key_token_html as _views
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -71,8 +71,8 @@ def main(argv=None, prog: str = PROG) -> None:
     """
     args = parse_args(argv, prog)
     from longppl.atomic_files import write_file_atomically
-    from longppl.rules.key_token_html import key_token_html
     from longppl.tools.cache_cli import open_selected
+    from longppl.views.key_token_html import key_token_html
 
     cache, settings, fingerprint, rows = open_selected(args)
     if args.html:

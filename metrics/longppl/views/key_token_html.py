@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..rules.key_tokens import key_token_mask, long_short_difference
 from ..settings import KeyTokenRule
-from .key_tokens import key_token_mask, long_short_difference
 
 if TYPE_CHECKING:  # only for the annotations: scoring imports torch
     from ..core.scoring import EvaluatorScores
