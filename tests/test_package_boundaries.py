@@ -86,8 +86,12 @@ def test_the_source_check_finds_an_import_and_an_importlib_string(tmp_path):
 @pytest.mark.parametrize("package", list(PACKAGES))
 def test_importing_every_module_of_a_package_loads_no_package_above_it(package):
     folder, forbidden = PACKAGES[package]
-    # the Space's app needs gradio (an extra); its imports are covered by the source check above
-    modules = [name for name in module_names(folder, package) if name not in ("longppl.space.app", "longppl.__main__")]
+    # the Space's app and its shell need gradio (an extra); their imports are covered by the source check above
+    modules = [
+        name
+        for name in module_names(folder, package)
+        if name not in ("longppl.app", "longppl.space.app", "longppl.__main__")
+    ]
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n    importlib.import_module(name)\n"
@@ -103,3 +107,94 @@ def test_importing_every_module_of_a_package_loads_no_package_above_it(package):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+# Inside `longppl`: rooms on floors. The package docstring's map gives each room its floor ("- floor N,
+# ``room/``: ..." for a sub-package; "- floor N, ...: ``module``, ..." for modules of the package folder),
+# and a room may import only rooms on lower floors, so that the arrows between rooms run one way.
+LONGPPL = os.path.join(REPO, "metrics", "longppl")
+
+
+def longppl_modules() -> dict[str, set[str]]:
+    """``{room: its module names}`` of the package as it is on disk: a sub-package by its folder name, the
+    package folder's own modules under ``""`` (``__init__`` files left out: they are their room's)."""
+    rooms = {}
+    for path in python_files("metrics/longppl"):
+        parts = os.path.relpath(path, LONGPPL).split(os.sep)
+        if parts[-1] != "__init__.py":
+            rooms.setdefault(parts[0] if len(parts) > 1 else "", set()).add(parts[-1][: -len(".py")])
+    return rooms
+
+
+def docstring_map() -> tuple[dict[str, int], dict[str, set[str]]]:
+    """The package docstring's map: ``{room: floor}`` (a module of the package folder is a room of its
+    own) and ``{room: the names it lists}`` (``""`` for the package folder)."""
+    with open(os.path.join(LONGPPL, "__init__.py"), encoding="utf-8") as handle:
+        doc = ast.get_docstring(ast.parse(handle.read()))
+    top = longppl_modules()[""]
+    floors, named = {}, {}
+    for floor, text in re.findall(r"^- floor (\d+), (.*?)(?=^- floor |\Z)", doc, re.M | re.S):
+        names = re.findall(r"``([^`]+)``", text)
+        if names and names[0].endswith("/"):
+            floors[names[0][:-1]] = int(floor)
+            named.setdefault(names[0][:-1], set()).update(names)
+        else:
+            floors.update({name: int(floor) for name in names if name in top})
+            named.setdefault("", set()).update(names)
+    return floors, named
+
+
+def imported_rooms(path: str, folder: str = LONGPPL) -> set[str]:
+    """The rooms of ``longppl`` (whose folder is ``folder``) that the module at ``path`` imports, relatively
+    or absolutely, by the names :func:`docstring_map` gives them."""
+    parts = os.path.relpath(path, folder).split(os.sep)
+    package = ["longppl", *parts[:-1]]
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    targets = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            targets += [f"{module}.{alias.name}" for alias in node.names] if node.module is None else [module]
+    return {target.split(".")[1] for target in targets if target.startswith("longppl.")}
+
+
+def upward_imports(floors: dict[str, int], folder: str = LONGPPL) -> list[str]:
+    """``module -> room`` for each import of a room on the same floor or above (none: the arrows run
+    down); ``module: not on the map`` for a module whose room has no floor."""
+    found = []
+    for path, _, names in os.walk(folder):
+        for name in sorted(n for n in names if n.endswith(".py")):
+            parts = os.path.relpath(os.path.join(path, name), folder).split(os.sep)
+            if parts == ["__init__.py"]:  # the package's front door: it may name any room lazily
+                continue
+            room = parts[0] if len(parts) > 1 else name[: -len(".py")]
+            shown = "/".join(parts)
+            if room not in floors:
+                found.append(f"{shown}: not on the map")
+                continue
+            for target in sorted(imported_rooms(os.path.join(path, name), folder) - {room}):
+                if floors.get(target, 1 << 30) >= floors[room]:
+                    found.append(f"{shown} -> {target}")
+    return found
+
+
+def test_rooms_of_longppl_import_only_rooms_on_lower_floors():
+    floors, _ = docstring_map()
+    assert {"settings", "rules", "core", "cache", "metric", "space", "tools", "longppl", "app"} <= set(floors)
+    assert upward_imports(floors) == []
+
+
+def test_the_floor_check_finds_an_upward_import_and_a_room_off_the_map(tmp_path):
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "scoring.py").write_text(
+        "from ..metric.compute import compute_metric\nfrom .. import settings\n"
+    )
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "thing.py").write_text("")
+    floors = {"settings": 0, "core": 2, "metric": 5}
+    found = upward_imports(floors, str(tmp_path))
+    assert sorted(found) == ["core/scoring.py -> metric", "extra/thing.py: not on the map"]
