@@ -49,7 +49,7 @@ def count_forward_calls(model):
 
 
 def metric_module(metric):
-    return sys.modules[type(metric).__module__]
+    return sys.modules["longppl.metric.compute"]  # what the metric file delegates to
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ PACKAGES = {
 
 
 def python_files(folder: str) -> list[str]:
-    root = os.path.join(REPO, folder)
+    root = os.path.join(REPO, folder)  # an absolute folder stays itself
     return sorted(
         os.path.join(path, name) for path, _, names in os.walk(root) for name in names if name.endswith(".py")
     )
@@ -198,3 +198,64 @@ def test_the_floor_check_finds_an_upward_import_and_a_room_off_the_map(tmp_path)
     floors = {"settings": 0, "core": 2, "metric": 5}
     found = upward_imports(floors, str(tmp_path))
     assert sorted(found) == ["core/scoring.py -> metric", "extra/thing.py: not on the map"]
+
+
+def import_graph(folder: str, package: str) -> dict[str, set[str]]:
+    """``{module: the modules of the same package it imports}``, counting imports inside functions too."""
+    paths = dict(zip(module_names(folder, package), python_files(folder)))
+    graph = {}
+    for module, path in paths.items():
+        own = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), path)
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(own[: len(own) - node.level + 1]) if node.level else ""
+                imported = ".".join(part for part in (base, node.module or "") if part)
+                targets |= {imported} | {f"{imported}.{alias.name}" for alias in node.names}
+        graph[module] = {t for t in targets if t in paths and t not in (module, package)}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another, directly or around a circle (Tarjan's algorithm)."""
+    index, low, stack, cycles = {}, {}, [], []
+
+    def visit(module):
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+@pytest.mark.parametrize("package", list(PACKAGES))
+def test_no_modules_of_a_package_import_each_other_around_a_circle(package):
+    folder, _ = PACKAGES[package]
+    assert import_cycles(import_graph(folder, package)) == []
+
+
+def test_the_circle_check_finds_a_circle_through_a_lazy_import(tmp_path):
+    (tmp_path / "a.py").write_text("from .b import B\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .c import C\n")
+    (tmp_path / "c.py").write_text("import pkg.a\n")
+    (tmp_path / "d.py").write_text("from . import a\n")
+    graph = import_graph(str(tmp_path), "pkg")
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]

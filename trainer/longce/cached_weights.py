@@ -37,9 +37,9 @@ from longppl.models.fingerprints import ModelIdentity, tokenizer_fingerprint
 from longppl.rules.alignment import encode_many_with_offsets, encode_with_offsets
 from longppl.settings import DEFAULT_GAMMA, KeyTokenRule, KeyTokenSettings, require_int, settings_object
 
-# The dataset column (and batch key) holding the per-token weights, defined with the weight sources
-# (``CachedWeights`` reads it).
-from .weight_sources import WEIGHTS_COLUMN
+# The dataset column (and batch key) holding the per-token weights, defined in config beside the
+# weights setting (``weight_sources.CachedWeights`` reads it; this module imports nothing of weight_sources).
+from .config import WEIGHTS_COLUMN
 
 #: The rule that carries the evaluator's weights to the trained model's tokens (part of the map's fingerprint).
 _TRANSFER = "same tokens keep their weights, else the mean over characters of the covering tokens' mean"
