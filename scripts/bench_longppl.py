@@ -41,7 +41,7 @@ import math
 import shutil
 import time
 
-from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule
+from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule, WindowSettings
 from longppl.tools.benchmarking import LLAMA_SHAPES, measure, write_json
 from longppl.tools.cli import tool_parser
 
@@ -144,7 +144,9 @@ def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None, c
         with compiled_blocks(evaluator, compile_blocks):
             lp_long = long_context_log_probs(evaluator, [ids], budget)
             mark()
-            lp_short = short_context_log_probs(evaluator, [ids], K, d, budget, long_log_probs=lp_long)
+            lp_short = short_context_log_probs(
+                evaluator, [ids], WindowSettings(K, d), max_tokens_per_batch=budget, long_log_probs=lp_long
+            )
             mark()
         key = torch.from_numpy(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), KeyTokenRule(alpha, beta)))
         with compiled_blocks(model, compile_blocks):
@@ -175,7 +177,9 @@ def key_token_agreement(device: str) -> None:
             ids = row.to(device)
             with torch.inference_mode():
                 lp_long = long_context_log_probs(m, [ids], 32768)
-                lp_short = short_context_log_probs(m, [ids], 32, 16, 32768, long_log_probs=lp_long)
+                lp_short = short_context_log_probs(
+                    m, [ids], WindowSettings(32, 16), max_tokens_per_batch=32768, long_log_probs=lp_long
+                )
             ours = set(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy()).nonzero()[0].tolist())
             ref = set(reference_longppl(m, m, ids, 32, 16, 2.0, -2.0, vectorized=True, return_keys=True))
             ours_total, ref_total, common = ours_total + len(ours), ref_total + len(ref), common + len(ours & ref)

@@ -65,7 +65,7 @@ import zlib
 
 import numpy as np
 
-from longppl.settings import require_int
+from longppl.settings import KeyTokenSettings, require_int
 from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE, write_json
 from longppl.tools.cli import tool_parser
 
@@ -428,7 +428,7 @@ def worker(args) -> None:
             counts = count_forwards(model)
             runs = {
                 part: (lambda part_texts=part_texts: score_with_evaluator(
-                    model, tokenizer, part_texts, K, D, progress=False, per_document=True))
+                    model, tokenizer, part_texts, KeyTokenSettings(K, D), progress=False, per_document=True))
                 for part, part_texts in (("document", [document]), ("corpus", corpus))
             }  # fmt: skip
             for _ in range(args.warmup):  # first-call costs (allocator, kernel choice, communicators) out

@@ -18,6 +18,7 @@ import longppl
 import longppl.core.scoring
 from longppl.cache.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache
 from longppl.models.fingerprints import ModelIdentity, text_fingerprint
+from longppl.settings import KeyTokenSettings
 
 K, D = 47, 13
 ALPHA, BETA = 0.005, -50.0
@@ -79,7 +80,9 @@ def test_rows_hold_the_evaluator_scores_in_a_plain_arrow_schema(setup, built):
     identity = ModelIdentity.of_model(setup["evaluator_model"], setup["evaluator_tokenizer"])
     assert dataset["evaluator_fingerprint"][0] == identity.fingerprint
     args = (setup["evaluator_model"], setup["evaluator_tokenizer"])
-    live = longppl.score_with_evaluator(*args, setup["texts"], K, D, progress=False, per_document=True)
+    live = longppl.score_with_evaluator(
+        *args, setup["texts"], KeyTokenSettings(K, D), progress=False, per_document=True
+    )
     for text, row, scores in zip(setup["texts"], dataset, live):
         assert row["text"] == text
         assert np.array_equal(row["input_ids"], scores.input_ids) and np.array_equal(row["offsets"], scores.offsets)
@@ -97,9 +100,13 @@ def test_rows_hold_the_evaluator_scores_in_a_plain_arrow_schema(setup, built):
 
 def test_per_document_scores_do_not_depend_on_the_other_texts(setup):
     args = (setup["evaluator_model"], setup["evaluator_tokenizer"])
-    together = longppl.score_with_evaluator(*args, setup["texts"], K, D, progress=False, per_document=True)
+    together = longppl.score_with_evaluator(
+        *args, setup["texts"], KeyTokenSettings(K, D), progress=False, per_document=True
+    )
     for text, scores in zip(setup["texts"], together):
-        alone = longppl.score_with_evaluator(*args, [text], K, D, progress=False, per_document=True)[0]
+        (alone,) = longppl.score_with_evaluator(
+            *args, [text], KeyTokenSettings(K, D), progress=False, per_document=True
+        )
         assert np.array_equal(alone.lp_long, scores.lp_long, equal_nan=True)
         assert np.array_equal(alone.lp_short, scores.lp_short, equal_nan=True)
 
@@ -314,18 +321,22 @@ def test_packed_documents_share_passes_and_keep_each_alone_result_up_to_rounding
     assert len(texts) >= 3
     calls = count_forward_calls(evaluator)
     options = dict(progress=False, per_document=True)
-    together = longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, pack_documents=True, **options)
+    together = longppl.score_with_evaluator(
+        evaluator, tokenizer, texts, KeyTokenSettings(K, D), pack_documents=True, **options
+    )
     # one long pass and one pass per window length (47 + 13 = 60 and the tail), not two per document
     assert 2 <= len(calls) < 2 * len(texts)
     calls.clear()
-    longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, **options)
+    longppl.score_with_evaluator(evaluator, tokenizer, texts, KeyTokenSettings(K, D), **options)
     assert len(calls) == 2 * len(texts)  # the default: two passes of its own per document
     for text, scores in zip(texts, together):
-        alone = longppl.score_with_evaluator(evaluator, tokenizer, [text], K, D, **options)[0]
+        alone = longppl.score_with_evaluator(evaluator, tokenizer, [text], KeyTokenSettings(K, D), **options)[0]
         np.testing.assert_allclose(scores.lp_long, alone.lp_long, rtol=0, atol=1e-5)
         np.testing.assert_allclose(scores.lp_short, alone.lp_short, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="pack_documents=True needs per_document=True"):
-        longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, progress=False, pack_documents=True)
+        longppl.score_with_evaluator(
+            evaluator, tokenizer, texts, KeyTokenSettings(K, D), progress=False, pack_documents=True
+        )
 
 
 def test_the_cache_setting_is_used_when_k_and_d_are_not_passed(metric, setup, built, tmp_path):

@@ -345,7 +345,9 @@ def test_pictures_from_the_cache(tools, files, cache, tmp_path):
     from longppl.models.loading import load_causal_lm
 
     evaluator, tokenizer = load_causal_lm(files["evaluator"], "cpu", "float32")
-    scores = longppl.score_with_evaluator(evaluator, tokenizer, [tricky], K, D, progress=False, per_document=True)
+    scores = longppl.score_with_evaluator(
+        evaluator, tokenizer, [tricky], KeyTokenSettings(K, D), progress=False, per_document=True
+    )
     identity = ModelIdentity.of_checkpoint(files["evaluator"], evaluator.dtype)
     one = KeyTokenCache(key_token_rows([tricky], scores, KeyTokenSettings(K, D), identity))
     one.save(str(tmp_path / "one"))

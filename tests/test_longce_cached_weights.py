@@ -185,7 +185,7 @@ def test_an_evaluator_model_scores_missing_texts_and_saves_them(tmp_path):
         trunc_len=16,
         sliding_window=8,
     )
-    live = score_with_evaluator(evaluator, tokenizer, texts, 16, 8, progress=False, per_document=True)
+    live = score_with_evaluator(evaluator, tokenizer, texts, KeyTokenSettings(16, 8), progress=False, per_document=True)
     for row, score in zip(out, live):  # the evaluator's own tokens: its own weights
         np.testing.assert_allclose(row["longce_weights"], reference_soft_weights(score), rtol=1e-5)
     assert max(max(w) for w in out["longce_weights"]) > 1  # the random evaluator's LSDs are not all 0
@@ -217,7 +217,9 @@ def test_window_settings_of_an_evaluator_model_are_taken_by_name(tmp_path, given
         given.get("sliding_window", KeyTokenSettings.sliding_window),
     )
     assert (row["trunc_len"], row["sliding_window"]) == (K, d)
-    (live,) = score_with_evaluator(evaluator, tokenizer, texts, K, d, progress=False, per_document=True)
+    (live,) = score_with_evaluator(
+        evaluator, tokenizer, texts, KeyTokenSettings(K, d), progress=False, per_document=True
+    )
     np.testing.assert_allclose(out[0]["longce_weights"], reference_soft_weights(live, DEFAULT_GAMMA), rtol=1e-5)
 
 

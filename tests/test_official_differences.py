@@ -17,7 +17,7 @@ from reference import evaluator_scores, full_log_probs
 
 from longppl import compute_longppl
 from longppl.core.scoring import score_with_evaluator
-from longppl.settings import KeyTokenRule
+from longppl.settings import KeyTokenRule, KeyTokenSettings
 
 K, D = 40, 16
 
@@ -31,7 +31,7 @@ def evaluator():
 def test_the_first_window_reuses_the_long_pass(evaluator):
     model, tok = evaluator
     text = govreport_texts()[2][:900]
-    [scores] = score_with_evaluator(model, tok, [text], K, D, per_document=True, progress=False)
+    [scores] = score_with_evaluator(model, tok, [text], KeyTokenSettings(K, D), per_document=True, progress=False)
     n = scores.input_ids.shape[0]
     assert n > K + D
     first = slice(K, K + D)  # the tokens scored by the window s = 0

@@ -101,10 +101,13 @@ def test_settings_object_takes_the_object_or_its_values_not_both():
 
 
 def test_score_with_evaluator_refuses_bad_or_doubled_settings_before_any_model_runs():
-    """The public scoring function is an edge: its numbers, or its settings object, are checked there."""
+    """The public scoring function is an edge with one signature: its settings object, checked when
+    built; numbers in its place are refused before any model runs."""
     with pytest.raises(ValueError, match="trunc_len must be an integer >= 1, got 0"):
-        scoring.score_with_evaluator(None, None, ["a text"], 0, 8)
+        scoring.score_with_evaluator(None, None, ["a text"], KeyTokenSettings(0, 8))
     with pytest.raises(ValueError, match="window_bos must be True or False, got 'yes'"):
-        scoring.score_with_evaluator(None, None, ["a text"], window_bos="yes")
-    with pytest.raises(ValueError, match="Got both a KeyTokenSettings and trunc_len"):
-        scoring.score_with_evaluator(None, None, ["a text"], 64, settings=KeyTokenSettings(64, 16))
+        scoring.score_with_evaluator(None, None, ["a text"], KeyTokenSettings(window_bos="yes"))
+    with pytest.raises(ValueError, match="settings must be a KeyTokenSettings, got 64; build one"):
+        scoring.score_with_evaluator(None, None, ["a text"], 64)
+    with pytest.raises(TypeError, match="trunc_len"):
+        scoring.score_with_evaluator(None, None, ["a text"], trunc_len=64, settings=KeyTokenSettings(64, 16))
