@@ -166,7 +166,7 @@ def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str
     from accelerate.utils import get_balanced_memory, set_module_tensor_to_device
     from transformers import AutoModelForCausalLM
 
-    from longppl import tensor_parallel
+    from longppl.parallel import tensor_parallel
 
     config, dtype = config_of(shape), (torch.float32 if device == "cpu" else torch.bfloat16)
     if layout in SPLIT_LAYOUTS:

@@ -20,8 +20,8 @@ from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, tiny_m
 
 import longppl
 import longppl.core.scoring
-from longppl import key_token_cache
 from longppl.atomic_files import _lock_path
+from longppl.cache import key_token_cache
 from longppl.cache.key_token_cache import CHECKSUM_FILE, KeyTokenCache, cache_directory, open_cache
 
 K, D = 47, 13

@@ -144,21 +144,28 @@ def docstring_map() -> tuple[dict[str, int], dict[str, set[str]]]:
     return floors, named
 
 
+def imports_of(path: str, package: list[str]) -> set[str]:
+    """The absolute names of what the module at ``path``, of the package ``package`` (its parts),
+    imports anywhere in it: ``from .x import y`` gives ``<package>.x`` and ``<package>.x.y``."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            imported = ".".join(part for part in (base, node.module or "") if part)
+            targets |= {imported} | {f"{imported}.{alias.name}" for alias in node.names}
+    return targets
+
+
 def imported_rooms(path: str, folder: str = LONGPPL) -> set[str]:
     """The rooms of ``longppl`` (whose folder is ``folder``) that the module at ``path`` imports, relatively
     or absolutely, by the names :func:`docstring_map` gives them."""
     parts = os.path.relpath(path, folder).split(os.sep)
-    package = ["longppl", *parts[:-1]]
-    with open(path, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read(), path)
-    targets = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
-            module = ".".join(p for p in (base, node.module or "") if p)
-            targets += [f"{module}.{alias.name}" for alias in node.names] if node.module is None else [module]
+    targets = imports_of(path, ["longppl", *parts[:-1]])
+    # `from . import settings` names the module settings; `from .core import scoring` the room core
     return {target.split(".")[1] for target in targets if target.startswith("longppl.")}
 
 
@@ -206,16 +213,7 @@ def import_graph(folder: str, package: str) -> dict[str, set[str]]:
     graph = {}
     for module, path in paths.items():
         own = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
-        with open(path, encoding="utf-8") as handle:
-            tree = ast.parse(handle.read(), path)
-        targets = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = ".".join(own[: len(own) - node.level + 1]) if node.level else ""
-                imported = ".".join(part for part in (base, node.module or "") if part)
-                targets |= {imported} | {f"{imported}.{alias.name}" for alias in node.names}
+        targets = imports_of(path, own)
         graph[module] = {t for t in targets if t in paths and t not in (module, package)}
     return graph
 

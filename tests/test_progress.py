@@ -7,7 +7,7 @@ import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
 import longppl
-from longppl import progress as progress_module
+from longppl.core import progress as progress_module
 from longppl.core.batching import long_context_log_probs
 from longppl.core.compilation import compiled_blocks, repeated_blocks
 from longppl.core.progress import Progress

@@ -14,7 +14,7 @@ import threading
 import pytest
 from conftest import REPO
 
-from longppl import sources
+from longppl.models import sources
 from longppl.models.sources import HUB_TIMEOUT_S, check_model_source, locate
 
 
