@@ -20,6 +20,7 @@ from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, tiny_m
 
 import longppl
 import longppl.core.scoring
+import longppl.metric.compute  # noqa: F401 (the metric's module binds scoring's functions when first imported: before a test patches them)
 from longppl.atomic_files import _lock_path
 from longppl.cache import key_token_cache
 from longppl.cache.key_token_cache import CHECKSUM_FILE, KeyTokenCache, cache_directory, open_cache
