@@ -19,10 +19,13 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from longppl.scoring import score_with_evaluator
-from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH
+from longppl.core.scoring import score_with_evaluator
+from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenSettings
 from longppl.tools.cli import help_text
 from longppl.tools.corpus import read_jsonl_texts
+
+#: K = 256, d = 64 (see above), and the default token budget of a forward pass.
+SETTINGS, BUDGET = KeyTokenSettings(256, 64), DEFAULT_MAX_TOKENS_PER_BATCH
 
 SHAPES = {
     "13.8M": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6),
@@ -65,15 +68,15 @@ def main() -> None:
                 **shape,
             )
             model = LlamaForCausalLM(config).to(args.device, dtype).eval()
-            score_with_evaluator(model, tokenizer, texts[:8], 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, **options)
+            score_with_evaluator(model, tokenizer, texts[:8], SETTINGS, max_tokens_per_batch=BUDGET, **options)
             sync()
             start = time.perf_counter()
             packed = score_with_evaluator(
-                model, tokenizer, texts, 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, pack_documents=True, **options
+                model, tokenizer, texts, SETTINGS, max_tokens_per_batch=BUDGET, pack_documents=True, **options
             )
             sync()
             middle = time.perf_counter()
-            alone = score_with_evaluator(model, tokenizer, texts, 256, 64, DEFAULT_MAX_TOKENS_PER_BATCH, **options)
+            alone = score_with_evaluator(model, tokenizer, texts, SETTINGS, max_tokens_per_batch=BUDGET, **options)
             sync()
             end = time.perf_counter()
             differing, worst = 0, 0.0

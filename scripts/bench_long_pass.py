@@ -4,7 +4,7 @@
 Each length runs in a fresh process (peak RSS is per process): a random-weight Llama-shaped model
 in float32 scores one document of random tokens with ``long_context_log_probs`` (the evaluator's
 long pass, the evaluated model's pass), with progress reported per decoder layer (the bars of
-``longppl.progress``). Prints one JSON line per length: seconds, peak RSS growth over the model's
+``longppl.core.progress``). Prints one JSON line per length: seconds, peak RSS growth over the model's
 own footprint (MiB), and layer steps reported.
 
     # the figures of longppl/progress.py's docstring (2-core CPU, OMP_NUM_THREADS=1):
@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from longppl.batching import long_context_log_probs
-from longppl.progress import Progress
+from longppl.core.batching import long_context_log_probs
+from longppl.core.progress import Progress
 
 SHAPES = {
     # the tests' tiny Llama (tests/helpers.py)

@@ -54,7 +54,7 @@ def load_dependencies() -> None:
             liger_weighted_linear_cross_entropy,
             longce_weights,
         )
-        from longppl.logprobs import resolve_lm_head
+        from longppl.core.logprobs import resolve_lm_head
     except ImportError:
         sys.exit("install the project first: pip install -e .")
 

@@ -41,7 +41,7 @@ import math
 import shutil
 import time
 
-from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule
+from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule, WindowSettings
 from longppl.tools.benchmarking import LLAMA_SHAPES, measure, write_json
 from longppl.tools.cli import tool_parser
 
@@ -55,9 +55,9 @@ def load_dependencies() -> None:
     import torch.nn.functional as F
 
     from longppl import short_context_log_probs
-    from longppl.batching import long_context_log_probs
-    from longppl.compilation import compiled_blocks
-    from longppl.key_tokens import key_token_mask
+    from longppl.core.batching import long_context_log_probs
+    from longppl.core.compilation import compiled_blocks
+    from longppl.rules.key_tokens import key_token_mask
 
 
 def build_model(tiny: bool, device: str, seed: int):
@@ -144,7 +144,9 @@ def our_longppl(evaluator, model, ids, K, d, alpha, beta, budget, phases=None, c
         with compiled_blocks(evaluator, compile_blocks):
             lp_long = long_context_log_probs(evaluator, [ids], budget)
             mark()
-            lp_short = short_context_log_probs(evaluator, [ids], K, d, budget, long_log_probs=lp_long)
+            lp_short = short_context_log_probs(
+                evaluator, [ids], WindowSettings(K, d), max_tokens_per_batch=budget, long_log_probs=lp_long
+            )
             mark()
         key = torch.from_numpy(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy(), KeyTokenRule(alpha, beta)))
         with compiled_blocks(model, compile_blocks):
@@ -175,7 +177,9 @@ def key_token_agreement(device: str) -> None:
             ids = row.to(device)
             with torch.inference_mode():
                 lp_long = long_context_log_probs(m, [ids], 32768)
-                lp_short = short_context_log_probs(m, [ids], 32, 16, 32768, long_log_probs=lp_long)
+                lp_short = short_context_log_probs(
+                    m, [ids], WindowSettings(32, 16), max_tokens_per_batch=32768, long_log_probs=lp_long
+                )
             ours = set(key_token_mask(lp_long[0].numpy(), lp_short[0].numpy()).nonzero()[0].tolist())
             ref = set(reference_longppl(m, m, ids, 32, 16, 2.0, -2.0, vectorized=True, return_keys=True))
             ours_total, ref_total, common = ours_total + len(ours), ref_total + len(ref), common + len(ours & ref)
@@ -199,9 +203,9 @@ def cache_benchmark(args, device):
         summarize_results,
         text_key_weights,
     )
-    from longppl.fingerprints import ModelIdentity
-    from longppl.key_token_cache import cached_evaluator_scores, key_token_rows
-    from longppl.scoring import document_result
+    from longppl.cache.key_token_cache import cached_evaluator_scores, key_token_rows
+    from longppl.core.scoring import document_result
+    from longppl.models.fingerprints import ModelIdentity
     from longppl.tools.synthetic import word_tokenizer
 
     K, d, budget = args.trunc_len, args.sliding_window, args.budgets[0]

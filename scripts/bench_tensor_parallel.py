@@ -8,7 +8,7 @@ on disk), and each layout:
 - ``one``: the whole evaluator on the first GPU (skipped for shapes in ``--too-big``);
 - ``device_map``: accelerate's layer split over ``--gpus`` GPUs (``dispatch_model``, what
   ``longppl-score --device auto`` gets from ``from_pretrained(device_map="auto")``);
-- ``tp``: ``--gpus`` processes under torchrun, the evaluator split by ``longppl.tensor_parallel``
+- ``tp``: ``--gpus`` processes under torchrun, the evaluator split by ``longppl.parallel.tensor_parallel``
   as ``longppl-score --tensor-parallel`` splits it, with sequence parallelism (the norms and residual
   adds on ``1/N`` of the tokens; built on the meta device, split, then each rank's shards drawn on
   its own GPU: a 72B model is never whole anywhere);
@@ -65,7 +65,7 @@ import zlib
 
 import numpy as np
 
-from longppl.settings import require_int
+from longppl.settings import KeyTokenSettings, require_int
 from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE, write_json
 from longppl.tools.cli import tool_parser
 
@@ -102,7 +102,7 @@ SHAPES = {  # config fields (model_type included); the byte-level tokenizer uses
 # fragments its lower-cased name holds. Collectives come first ("all_gather" holds "gather"), attention
 # before matmul (attention kernels are named after cutlass and sm90 too). The last two name CPU-side
 # work only: DTensor's dispatch (its profiler ranges, outside the aten operators they wrap) and CUDA
-# kernel launches. longppl.tensor_parallel splits with plain tensors, so dtensor_dispatch reads about 0
+# kernel launches. longppl.parallel.tensor_parallel splits with plain tensors, so dtensor_dispatch reads about 0
 # for the tp layout: kept to show that it does.
 PROFILE_GROUPS = {
     "collectives": ("nccl", "all_reduce", "allreduce", "c10d", "gloo"),
@@ -113,7 +113,7 @@ PROFILE_GROUPS = {
     "launch": ("cudalaunch", "culaunch"),
 }
 TOP_OPS = 25  # ops listed by --profile, by self time
-# The layouts split by longppl.tensor_parallel (processes under torchrun), with their sequence_parallel
+# The layouts split by longppl.parallel.tensor_parallel (processes under torchrun), with their sequence_parallel
 # (None: the library's default, on for these shapes)
 SPLIT_LAYOUTS = {"tp": None, "tp_plain": False}
 LAYOUTS = ("one", *SPLIT_LAYOUTS, "device_map")
@@ -166,7 +166,7 @@ def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str
     from accelerate.utils import get_balanced_memory, set_module_tensor_to_device
     from transformers import AutoModelForCausalLM
 
-    from longppl import tensor_parallel
+    from longppl.parallel import tensor_parallel
 
     config, dtype = config_of(shape), (torch.float32 if device == "cpu" else torch.bfloat16)
     if layout in SPLIT_LAYOUTS:
@@ -366,7 +366,7 @@ def probe_allreduce(model, record: dict) -> dict:
     """
     import torch
 
-    from longppl.tensor_parallel import RowwiseLinear
+    from longppl.parallel.tensor_parallel import RowwiseLinear
 
     size = torch.distributed.get_world_size()
     per_forward = sum(isinstance(module, RowwiseLinear) for module in model.modules())  # the split made them
@@ -397,7 +397,7 @@ def worker(args) -> None:
     import torch
 
     from longce.data import byte_level_tokenizer
-    from longppl.scoring import score_with_evaluator
+    from longppl.core.scoring import score_with_evaluator
 
     cpu = args.cpu or not torch.cuda.is_available()
     distributed = args.layout in SPLIT_LAYOUTS
@@ -428,7 +428,7 @@ def worker(args) -> None:
             counts = count_forwards(model)
             runs = {
                 part: (lambda part_texts=part_texts: score_with_evaluator(
-                    model, tokenizer, part_texts, K, D, progress=False, per_document=True))
+                    model, tokenizer, part_texts, KeyTokenSettings(K, D), progress=False, per_document=True))
                 for part, part_texts in (("document", [document]), ("corpus", corpus))
             }  # fmt: skip
             for _ in range(args.warmup):  # first-call costs (allocator, kernel choice, communicators) out
@@ -464,7 +464,7 @@ def worker(args) -> None:
 
 def compare(work: str, shape: str, layout: str, reference: str) -> dict | None:
     """Rows of ``layout`` against ``reference``'s for ``shape`` (both parts), or ``None`` if either is missing."""
-    from longppl.key_tokens import key_token_mask
+    from longppl.rules.key_tokens import key_token_mask
     from longppl.settings import KeyTokenRule
 
     default_rule = KeyTokenRule()  # alpha = 2, beta = -2

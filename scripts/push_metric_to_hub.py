@@ -1,12 +1,14 @@
 #!/usr/bin/env python
-"""Publish metrics/longppl as a Hugging Face Space (the metric, its card and its Gradio app).
+"""Publish the LongPPL metric as a Hugging Face Space (the metric, its card and its Gradio app).
 
     python scripts/push_metric_to_hub.py --repo-id ORG/longppl --dry-run   # list the files, upload nothing
     python scripts/push_metric_to_hub.py --repo-id ORG/longppl             # create/update the Space
 
 Afterwards ``evaluate.load("ORG/longppl")`` downloads the metric from the Space, and the Space runs
-``app.py``. The token comes from ``--token``, else ``HF_TOKEN``, else the saved login
-(``hf auth login``); it needs write access to ORG.
+``app.py``. Both are thin shells over the ``longppl`` package, which the Space installs from its
+``requirements.txt`` (``longppl-hf`` at this version): publish that version of the package first.
+The token comes from ``--token``, else ``HF_TOKEN``, else the saved login (``hf auth login``); it
+needs write access to ORG.
 """
 
 from __future__ import annotations
@@ -23,24 +25,18 @@ METRIC_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-# Subfolders the Space does not need: `tools/` serves the command-line tools only (corpus readers, reports,
-# figures, the toy task), `harness/` lm-evaluation-harness (not installed in the Space); the metric and the
-# app import neither.
-SPACE_EXCLUDED_FOLDERS = frozenset({"__pycache__", "tools", "harness"})
+# The Space is the two thin shells over the installed package (longppl.py for evaluate.load, app.py for the page),
+# the requirements that install that package, and the metric card (its YAML header configures the Space).
+SPACE_FILES = ("README.md", "app.py", "longppl.py", "requirements.txt")
 
 
 def space_files(folder: str = METRIC_FOLDER) -> list[str]:
-    """The files of ``folder`` that the Space gets, relative and sorted: all but ``tools/``, ``harness/``,
-    caches and hidden files."""
-    files = []
-    for root, dirs, names in os.walk(folder):
-        excluded = SPACE_EXCLUDED_FOLDERS if root == folder else {"__pycache__"}
-        dirs[:] = sorted(d for d in dirs if d not in excluded and not d.startswith("."))
-        for name in names:
-            if name.startswith(".") or name.endswith((".pyc", ".pyo")):
-                continue
-            files.append(os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/"))
-    return sorted(files)
+    """The files of ``folder`` that the Space gets, sorted: :data:`SPACE_FILES` (the package's code
+    comes from ``requirements.txt``, not from the upload); a ``ValueError`` if one is missing."""
+    missing = [name for name in SPACE_FILES if not os.path.isfile(os.path.join(folder, name))]
+    if missing:
+        raise ValueError(f"{folder} lacks the Space's {', '.join(missing)}: pass the metric folder.")
+    return sorted(SPACE_FILES)
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -107,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         repo_id = check_repo_id(args.repo_id)
+        files = space_files(args.folder)
         if args.dry_run:
-            for name in space_files(args.folder):
+            for name in files:
                 print(name)
             return
         token = resolve_token(args.token)

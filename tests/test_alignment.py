@@ -5,9 +5,9 @@ import pytest
 from helpers import SlowByteTokenizer, byte_level_bpe, govreport_texts, metaspace_bpe
 from reference import official_overlap
 
-from longppl.alignment import decode_offsets, encode_with_offsets, tokens_within_spans, transfer_token_weights
-from longppl.key_tokens import key_char_spans
-from longppl.scoring import EvaluatorScores, ModelScores, text_key_weights
+from longppl.core.scoring import EvaluatorScores, ModelScores, text_key_weights
+from longppl.rules.alignment import decode_offsets, encode_with_offsets, tokens_within_spans, transfer_token_weights
+from longppl.rules.key_tokens import key_char_spans
 
 MULTIBYTE = "Café déjà vu — naïve 北京 façade 🙂 end. Ünïcödé “quotes” ok"
 

@@ -19,10 +19,11 @@ from distributed.cache_writer_worker import synthetic_rows
 from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, tiny_model
 
 import longppl
-import longppl.scoring
-from longppl import key_token_cache
+import longppl.core.scoring
+import longppl.metric.compute  # noqa: F401 (the metric's module binds scoring's functions when first imported: before a test patches them)
 from longppl.atomic_files import _lock_path
-from longppl.key_token_cache import CHECKSUM_FILE, KeyTokenCache, cache_directory, open_cache
+from longppl.cache import key_token_cache
+from longppl.cache.key_token_cache import CHECKSUM_FILE, KeyTokenCache, cache_directory, open_cache
 
 K, D = 47, 13
 
@@ -136,7 +137,7 @@ def test_the_metric_and_the_trainer_refuse_before_scoring(work, models, value, m
     from longce import add_key_token_weights
 
     scored = []
-    monkeypatch.setattr(longppl.scoring, "score_with_evaluator", lambda *a, **k: scored.append(1))
+    monkeypatch.setattr(longppl.core.scoring, "score_with_evaluator", lambda *a, **k: scored.append(1))
     metric = evaluate.load(longppl.METRIC_PATH)
     text = govreport_texts()[0][:600]
     with pytest.raises(ValueError, match=re.escape(f"key_tokens={value!r} ")):

@@ -17,8 +17,8 @@ from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
 from longppl.atomic_files import _host, owned_temp_name
-from longppl.fingerprints import ModelIdentity, tokenizer_fingerprint
-from longppl.key_token_cache import CHECKSUM_FILE, CacheDamagedError, KeyTokenCache, KeyTokenSettings
+from longppl.cache.key_token_cache import CHECKSUM_FILE, CacheDamagedError, KeyTokenCache, KeyTokenSettings
+from longppl.models.fingerprints import ModelIdentity, tokenizer_fingerprint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "distributed", "cache_writer_worker.py")

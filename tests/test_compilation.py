@@ -4,7 +4,7 @@ import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
 from longppl import token_log_probs
-from longppl.compilation import compiled_blocks, repeated_blocks
+from longppl.core.compilation import compiled_blocks, repeated_blocks
 
 
 def test_compiled_blocks_give_the_same_scores_and_are_restored():

@@ -24,7 +24,8 @@ from helpers import byte_level_bpe, govreport_texts, tiny_model
 from virtual_devices import VirtualDevices, index_of
 
 import longppl
-from longppl.logprobs import CausalLMHead, resolve_lm_head, token_log_probs, verify_head
+from longppl.core.logprobs import CausalLMHead, resolve_lm_head, token_log_probs, verify_head
+from longppl.settings import KeyTokenSettings
 
 K, D = 24, 8  # short windows of 24 tokens scored 8 at a time: many packed windows per document
 SPLIT = {
@@ -68,7 +69,7 @@ def test_the_split_evaluator_really_sits_on_three_devices(evaluators):
 def test_split_evaluator_scores_equal_the_unsplit_ones(evaluators, options):
     tokenizer, whole, split = evaluators
     texts = [text[:400] for text in govreport_texts()[:3]] + [govreport_texts()[3][:400]]
-    args = (tokenizer, texts, K, D)
+    args = (tokenizer, texts, KeyTokenSettings(K, D))
     kwargs = dict(max_tokens_per_batch=256, progress=False, **options)
     expected = longppl.score_with_evaluator(whole, *args, **kwargs)
     with VirtualDevices():

@@ -15,9 +15,10 @@ from helpers import govreport_texts, model_and_evaluator, tiny_model
 from reference import evaluator_scores as reference_evaluator_scores
 
 import longppl
-import longppl.scoring
-from longppl.fingerprints import ModelIdentity, text_fingerprint
-from longppl.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache
+import longppl.core.scoring
+from longppl.cache.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache
+from longppl.models.fingerprints import ModelIdentity, text_fingerprint
+from longppl.settings import KeyTokenSettings
 
 K, D = 47, 13
 ALPHA, BETA = 0.005, -50.0
@@ -49,7 +50,7 @@ def count_forward_calls(model):
 
 
 def metric_module(metric):
-    return sys.modules[type(metric).__module__]
+    return sys.modules["longppl.metric.compute"]  # what the metric file delegates to
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,9 @@ def test_rows_hold_the_evaluator_scores_in_a_plain_arrow_schema(setup, built):
     identity = ModelIdentity.of_model(setup["evaluator_model"], setup["evaluator_tokenizer"])
     assert dataset["evaluator_fingerprint"][0] == identity.fingerprint
     args = (setup["evaluator_model"], setup["evaluator_tokenizer"])
-    live = longppl.score_with_evaluator(*args, setup["texts"], K, D, progress=False, per_document=True)
+    live = longppl.score_with_evaluator(
+        *args, setup["texts"], KeyTokenSettings(K, D), progress=False, per_document=True
+    )
     for text, row, scores in zip(setup["texts"], dataset, live):
         assert row["text"] == text
         assert np.array_equal(row["input_ids"], scores.input_ids) and np.array_equal(row["offsets"], scores.offsets)
@@ -97,9 +100,13 @@ def test_rows_hold_the_evaluator_scores_in_a_plain_arrow_schema(setup, built):
 
 def test_per_document_scores_do_not_depend_on_the_other_texts(setup):
     args = (setup["evaluator_model"], setup["evaluator_tokenizer"])
-    together = longppl.score_with_evaluator(*args, setup["texts"], K, D, progress=False, per_document=True)
+    together = longppl.score_with_evaluator(
+        *args, setup["texts"], KeyTokenSettings(K, D), progress=False, per_document=True
+    )
     for text, scores in zip(setup["texts"], together):
-        alone = longppl.score_with_evaluator(*args, [text], K, D, progress=False, per_document=True)[0]
+        (alone,) = longppl.score_with_evaluator(
+            *args, [text], KeyTokenSettings(K, D), progress=False, per_document=True
+        )
         assert np.array_equal(alone.lp_long, scores.lp_long, equal_nan=True)
         assert np.array_equal(alone.lp_short, scores.lp_short, equal_nan=True)
 
@@ -165,7 +172,7 @@ def test_adding_documents_scores_only_the_new_ones(metric, setup, tmp_path, monk
 
 
 def _settings(**changes):
-    from longppl.key_token_cache import KeyTokenSettings
+    from longppl.cache.key_token_cache import KeyTokenSettings
 
     return KeyTokenSettings(**dict(dict(trunc_len=K, sliding_window=D), **changes))
 
@@ -284,7 +291,7 @@ def test_fingerprints_follow_weights_dtype_and_files(setup, tmp_path):
 
 
 def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(built, monkeypatch):
-    import longppl.key_token_cache as module
+    import longppl.cache.key_token_cache as module
 
     cache = KeyTokenCache.load(built["path"])
     texts = cache.texts(range(3))
@@ -309,23 +316,27 @@ def test_packed_documents_share_passes_and_keep_each_alone_result_up_to_rounding
     gets the scores it gets alone, up to float rounding (the kernels may sum in another order for
     another number of rows, e.g. on several CPU threads); without it, each has passes of its own."""
     evaluator, tokenizer = setup["evaluator_model"], setup["evaluator_tokenizer"]
-    cut = longppl.scoring.truncate_texts([t[2000:6000] for t in govreport_texts()[:6]], tokenizer, 120)
+    cut = longppl.core.scoring.truncate_texts([t[2000:6000] for t in govreport_texts()[:6]], tokenizer, 120)
     texts = [t for t in cut if len(tokenizer(t)["input_ids"]) == 121][:4]  # 120 tokens and the BOS
     assert len(texts) >= 3
     calls = count_forward_calls(evaluator)
     options = dict(progress=False, per_document=True)
-    together = longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, pack_documents=True, **options)
+    together = longppl.score_with_evaluator(
+        evaluator, tokenizer, texts, KeyTokenSettings(K, D), pack_documents=True, **options
+    )
     # one long pass and one pass per window length (47 + 13 = 60 and the tail), not two per document
     assert 2 <= len(calls) < 2 * len(texts)
     calls.clear()
-    longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, **options)
+    longppl.score_with_evaluator(evaluator, tokenizer, texts, KeyTokenSettings(K, D), **options)
     assert len(calls) == 2 * len(texts)  # the default: two passes of its own per document
     for text, scores in zip(texts, together):
-        alone = longppl.score_with_evaluator(evaluator, tokenizer, [text], K, D, **options)[0]
+        alone = longppl.score_with_evaluator(evaluator, tokenizer, [text], KeyTokenSettings(K, D), **options)[0]
         np.testing.assert_allclose(scores.lp_long, alone.lp_long, rtol=0, atol=1e-5)
         np.testing.assert_allclose(scores.lp_short, alone.lp_short, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="pack_documents=True needs per_document=True"):
-        longppl.score_with_evaluator(evaluator, tokenizer, texts, K, D, progress=False, pack_documents=True)
+        longppl.score_with_evaluator(
+            evaluator, tokenizer, texts, KeyTokenSettings(K, D), progress=False, pack_documents=True
+        )
 
 
 def test_the_cache_setting_is_used_when_k_and_d_are_not_passed(metric, setup, built, tmp_path):
@@ -354,8 +365,8 @@ def test_an_evaluator_is_chosen_by_each_form_the_messages_and_docs_show():
     """Two evaluators in one cache: the full stored name, another spelling of its path, its folder name
     and the start of its fingerprint (with or without ``checkpoint:``, as ``describe`` prints it) all
     pick it; a form shared by both is one error line listing both."""
-    from longppl.key_token_cache import KeyTokenSettings, key_token_rows
-    from longppl.scoring import EvaluatorScores
+    from longppl.cache.key_token_cache import KeyTokenSettings, key_token_rows
+    from longppl.core.scoring import EvaluatorScores
 
     def rows(text, name, fingerprint):
         n = 3

@@ -24,9 +24,9 @@ from helpers import (
 )
 
 import longppl
-from longppl.fingerprints import ModelIdentity
-from longppl.key_token_cache import KeyTokenCache
-from longppl.scoring import EvaluatorScores
+from longppl.cache.key_token_cache import KeyTokenCache
+from longppl.core.scoring import EvaluatorScores
+from longppl.models.fingerprints import ModelIdentity
 from longppl.settings import KeyTokenRule
 from longppl.tools import compute_key_tokens, evaluate_models, visualize_key_tokens
 from longppl.tools.correlation import average_ranks, pearson, spearman
@@ -400,11 +400,13 @@ def test_a_results_marker_never_leads_a_removal_out_of_its_folder(tmp_path):
 def test_pictures_from_the_cache(tools, files, cache, tmp_path):
     tricky = '<b>Tom & Jerry</b> say "hi" ' + files["texts"][2]
     # a one-row cache of a text with markup in it, from the same evaluator
-    from longppl.key_token_cache import KeyTokenSettings, key_token_rows
-    from longppl.loading import load_causal_lm
+    from longppl.cache.key_token_cache import KeyTokenSettings, key_token_rows
+    from longppl.models.loading import load_causal_lm
 
     evaluator, tokenizer = load_causal_lm(files["evaluator"], "cpu", "float32")
-    scores = longppl.score_with_evaluator(evaluator, tokenizer, [tricky], K, D, progress=False, per_document=True)
+    scores = longppl.score_with_evaluator(
+        evaluator, tokenizer, [tricky], KeyTokenSettings(K, D), progress=False, per_document=True
+    )
     identity = ModelIdentity.of_checkpoint(files["evaluator"], evaluator.dtype)
     one = KeyTokenCache(key_token_rows([tricky], scores, KeyTokenSettings(K, D), identity))
     one.save(str(tmp_path / "one"))
@@ -443,7 +445,7 @@ def test_pictures_from_the_cache(tools, files, cache, tmp_path):
 
 
 def test_html_shows_tokens_sharing_a_character_as_one_piece():
-    from longppl.key_token_html import key_token_html
+    from longppl.views.key_token_html import key_token_html
 
     text = "Café au lait"  # "é" split into two byte-level tokens, both spanning character 3
     offsets = np.array([[0, 0], [0, 3], [3, 4], [3, 4], [4, 7], [7, 12]])

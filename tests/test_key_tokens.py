@@ -5,8 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from longppl.key_tokens import key_char_spans, key_token_mask, long_short_difference, merge_adjacent_spans, soft_weights
-from longppl.scoring import text_key_weights
+from longppl.core.scoring import text_key_weights
+from longppl.rules.key_tokens import (
+    key_char_spans,
+    key_token_mask,
+    long_short_difference,
+    merge_adjacent_spans,
+    soft_weights,
+)
 from longppl.settings import KeyTokenRule
 
 NAN = float("nan")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from longppl import METRIC_PATH, KeyTokenRule, score_with_evaluator
+from longppl import METRIC_PATH, KeyTokenRule, KeyTokenSettings, score_with_evaluator
 from longppl.tools.synthetic import (
     _cache_path,
     cut_context,
@@ -34,7 +34,7 @@ def trained():
 @pytest.mark.slow
 def test_copied_tokens_are_found_as_key_tokens(trained):
     model, docs, tok = trained
-    scores = score_with_evaluator(model, tok, docs.texts(), K, D, progress=False)
+    scores = score_with_evaluator(model, tok, docs.texts(), KeyTokenSettings(K, D), progress=False)
     found = np.concatenate([s.key_mask(KeyTokenRule(2.0, -2.0)) for s in scores])
     rank = docs.copy_rank.reshape(-1).numpy()
     copied = rank >= 1  # every copied token but the first of its segment

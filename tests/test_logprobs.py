@@ -6,7 +6,7 @@ from helpers import byte_level_bpe, govreport_texts, tiny_model
 from transformers import LlamaConfig, LlamaForSequenceClassification, LlamaModel
 
 from longppl import token_log_probs
-from longppl.logprobs import head_log_probs, resolve_lm_head
+from longppl.core.logprobs import head_log_probs, resolve_lm_head
 
 ARCHS = ["llama", "mistral", "qwen2", "gpt2", "gemma2"]
 

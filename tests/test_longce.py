@@ -29,7 +29,7 @@ from longce.lm_head_loss import (
     select_lm_head_loss,
 )
 from longce.trainer import _STAT_KEYS
-from longppl.logprobs import resolve_lm_head
+from longppl.core.logprobs import resolve_lm_head
 
 VOCAB = 97
 K, D, GAMMA = 8, 5, 5.0  # neither divides the lengths below

@@ -31,10 +31,10 @@ from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlatte
 from longce import LongCEConfig, LongCETrainer
 from longce.cached_weights import LongCEWeightsCollator, add_key_token_weights, place_weights
 from longce.config import LongCESettings
-from longppl.alignment import encode_with_offsets
-from longppl.fingerprints import ModelIdentity
-from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
-from longppl.scoring import EvaluatorScores, score_with_evaluator
+from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+from longppl.core.scoring import EvaluatorScores, score_with_evaluator
+from longppl.models.fingerprints import ModelIdentity
+from longppl.rules.alignment import encode_with_offsets
 from longppl.settings import DEFAULT_GAMMA
 
 GAMMA = 3.0
@@ -185,7 +185,7 @@ def test_an_evaluator_model_scores_missing_texts_and_saves_them(tmp_path):
         trunc_len=16,
         sliding_window=8,
     )
-    live = score_with_evaluator(evaluator, tokenizer, texts, 16, 8, progress=False, per_document=True)
+    live = score_with_evaluator(evaluator, tokenizer, texts, KeyTokenSettings(16, 8), progress=False, per_document=True)
     for row, score in zip(out, live):  # the evaluator's own tokens: its own weights
         np.testing.assert_allclose(row["longce_weights"], reference_soft_weights(score), rtol=1e-5)
     assert max(max(w) for w in out["longce_weights"]) > 1  # the random evaluator's LSDs are not all 0
@@ -217,7 +217,9 @@ def test_window_settings_of_an_evaluator_model_are_taken_by_name(tmp_path, given
         given.get("sliding_window", KeyTokenSettings.sliding_window),
     )
     assert (row["trunc_len"], row["sliding_window"]) == (K, d)
-    (live,) = score_with_evaluator(evaluator, tokenizer, texts, K, d, progress=False, per_document=True)
+    (live,) = score_with_evaluator(
+        evaluator, tokenizer, texts, KeyTokenSettings(K, d), progress=False, per_document=True
+    )
     np.testing.assert_allclose(out[0]["longce_weights"], reference_soft_weights(live, DEFAULT_GAMMA), rtol=1e-5)
 
 

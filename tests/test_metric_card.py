@@ -183,7 +183,7 @@ def test_inputs_table_is_the_options_dataclass():
     help, as ``options_table`` renders them: a field added, renamed or re-defaulted without the card fails."""
     from dataclasses import fields
 
-    from longppl.options import LongPPLOptions, options_table
+    from longppl.metric.options import LongPPLOptions, options_table
 
     _, body = card_parts()
     section = body[body.index("### Inputs") : body.index("### Output Values")]

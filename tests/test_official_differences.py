@@ -22,8 +22,8 @@ from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 from reference import evaluator_scores, full_log_probs
 
 from longppl import compute_longppl
-from longppl.scoring import score_with_evaluator
-from longppl.settings import KeyTokenRule
+from longppl.core.scoring import score_with_evaluator
+from longppl.settings import KeyTokenRule, KeyTokenSettings
 
 K, D = 40, 16
 
@@ -37,7 +37,7 @@ def evaluator():
 def test_the_first_window_reuses_the_long_pass(evaluator):
     model, tok = evaluator
     text = govreport_texts()[2][:900]
-    [scores] = score_with_evaluator(model, tok, [text], K, D, per_document=True, progress=False)
+    [scores] = score_with_evaluator(model, tok, [text], KeyTokenSettings(K, D), per_document=True, progress=False)
     n = scores.input_ids.shape[0]
     assert n > K + D
     first = slice(K, K + D)  # the tokens scored by the window s = 0
@@ -128,7 +128,7 @@ def test_every_path_weighs_tokens_without_a_short_score_as_the_official_loss(eva
 
     from longce import LongCETrainer, add_key_token_weights
     from longce.cached_weights import LongCEWeightsCollator
-    from longppl.scoring import model_key_weights
+    from longppl.core.scoring import model_key_weights
 
     model, tok = evaluator
     text = govreport_texts()[3][:600]

@@ -9,10 +9,10 @@ import pytest
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 from reference import longppl_document
 
-import longppl.official as official
+import longppl.metric.official as official
 from longppl import compute_longppl, find_key_token, load_key_token
 from longppl.atomic_files import write_file_atomically
-from longppl.fingerprints import text_fingerprint
+from longppl.models.fingerprints import text_fingerprint
 
 K, D, ALPHA, BETA = 41, 17, 0.005, -50.0
 

@@ -22,7 +22,7 @@ PACKAGES = {
 
 
 def python_files(folder: str) -> list[str]:
-    root = os.path.join(REPO, folder)
+    root = os.path.join(REPO, folder)  # an absolute folder stays itself
     return sorted(
         os.path.join(path, name) for path, _, names in os.walk(root) for name in names if name.endswith(".py")
     )
@@ -88,9 +88,9 @@ def test_the_source_check_finds_an_import_and_an_importlib_string(tmp_path):
 @pytest.mark.parametrize("package", list(PACKAGES))
 def test_importing_every_module_of_a_package_loads_no_package_above_it(package):
     folder, forbidden = PACKAGES[package]
-    # the Space's app needs gradio (an extra), longppl.harness lm-eval (another, where installed); their
-    # imports are covered by the source check above
-    skipped = ("longppl.app", "longppl.__main__", "longppl.harness.__main__")
+    # the Space's app and its shell need gradio (an extra), longppl.harness lm-eval (another, where installed);
+    # their imports are covered by the source check above
+    skipped = ("longppl.app", "longppl.space.app", "longppl.__main__", "longppl.harness.__main__")
     lean = importlib.util.find_spec("lm_eval") is None
     modules = [
         name
@@ -112,3 +112,153 @@ def test_importing_every_module_of_a_package_loads_no_package_above_it(package):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+# Inside `longppl`: rooms on floors. The package docstring's map gives each room its floor ("- floor N,
+# ``room/``: ..." for a sub-package; "- floor N, ...: ``module``, ..." for modules of the package folder),
+# and a room may import only rooms on lower floors, so that the arrows between rooms run one way.
+LONGPPL = os.path.join(REPO, "metrics", "longppl")
+
+
+def longppl_modules() -> dict[str, set[str]]:
+    """``{room: its module names}`` of the package as it is on disk: a sub-package by its folder name, the
+    package folder's own modules under ``""`` (``__init__`` files left out: they are their room's)."""
+    rooms = {}
+    for path in python_files("metrics/longppl"):
+        parts = os.path.relpath(path, LONGPPL).split(os.sep)
+        if parts[-1] != "__init__.py":
+            rooms.setdefault(parts[0] if len(parts) > 1 else "", set()).add(parts[-1][: -len(".py")])
+    return rooms
+
+
+def docstring_map() -> tuple[dict[str, int], dict[str, set[str]]]:
+    """The package docstring's map: ``{room: floor}`` (a module of the package folder is a room of its
+    own) and ``{room: the names it lists}`` (``""`` for the package folder)."""
+    with open(os.path.join(LONGPPL, "__init__.py"), encoding="utf-8") as handle:
+        doc = ast.get_docstring(ast.parse(handle.read()))
+    top = longppl_modules()[""]
+    floors, named = {}, {}
+    for floor, text in re.findall(r"^- floor (\d+), (.*?)(?=^- floor |\Z)", doc, re.M | re.S):
+        names = re.findall(r"``([^`]+)``", text)
+        if names and names[0].endswith("/"):
+            floors[names[0][:-1]] = int(floor)
+            named.setdefault(names[0][:-1], set()).update(names)
+        else:
+            floors.update({name: int(floor) for name in names if name in top})
+            named.setdefault("", set()).update(names)
+    return floors, named
+
+
+def imports_of(path: str, package: list[str]) -> set[str]:
+    """The absolute names of what the module at ``path``, of the package ``package`` (its parts),
+    imports anywhere in it: ``from .x import y`` gives ``<package>.x`` and ``<package>.x.y``."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            imported = ".".join(part for part in (base, node.module or "") if part)
+            targets |= {imported} | {f"{imported}.{alias.name}" for alias in node.names}
+    return targets
+
+
+def imported_rooms(path: str, folder: str = LONGPPL) -> set[str]:
+    """The rooms of ``longppl`` (whose folder is ``folder``) that the module at ``path`` imports, relatively
+    or absolutely, by the names :func:`docstring_map` gives them."""
+    parts = os.path.relpath(path, folder).split(os.sep)
+    targets = imports_of(path, ["longppl", *parts[:-1]])
+    # `from . import settings` names the module settings; `from .core import scoring` the room core
+    return {target.split(".")[1] for target in targets if target.startswith("longppl.")}
+
+
+def upward_imports(floors: dict[str, int], folder: str = LONGPPL) -> list[str]:
+    """``module -> room`` for each import of a room on the same floor or above (none: the arrows run
+    down); ``module: not on the map`` for a module whose room has no floor."""
+    found = []
+    for path, _, names in os.walk(folder):
+        for name in sorted(n for n in names if n.endswith(".py")):
+            parts = os.path.relpath(os.path.join(path, name), folder).split(os.sep)
+            if parts == ["__init__.py"]:  # the package's front door: it may name any room lazily
+                continue
+            room = parts[0] if len(parts) > 1 else name[: -len(".py")]
+            shown = "/".join(parts)
+            if room not in floors:
+                found.append(f"{shown}: not on the map")
+                continue
+            for target in sorted(imported_rooms(os.path.join(path, name), folder) - {room}):
+                if floors.get(target, 1 << 30) >= floors[room]:
+                    found.append(f"{shown} -> {target}")
+    return found
+
+
+def test_rooms_of_longppl_import_only_rooms_on_lower_floors():
+    floors, _ = docstring_map()
+    assert {"settings", "rules", "core", "cache", "metric", "space", "tools", "longppl", "app"} <= set(floors)
+    assert upward_imports(floors) == []
+
+
+def test_the_floor_check_finds_an_upward_import_and_a_room_off_the_map(tmp_path):
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "scoring.py").write_text(
+        "from ..metric.compute import compute_metric\nfrom .. import settings\n"
+    )
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "thing.py").write_text("")
+    floors = {"settings": 0, "core": 2, "metric": 5}
+    found = upward_imports(floors, str(tmp_path))
+    assert sorted(found) == ["core/scoring.py -> metric", "extra/thing.py: not on the map"]
+
+
+def import_graph(folder: str, package: str) -> dict[str, set[str]]:
+    """``{module: the modules of the same package it imports}``, counting imports inside functions too."""
+    paths = dict(zip(module_names(folder, package), python_files(folder)))
+    graph = {}
+    for module, path in paths.items():
+        own = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
+        targets = imports_of(path, own)
+        graph[module] = {t for t in targets if t in paths and t not in (module, package)}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another, directly or around a circle (Tarjan's algorithm)."""
+    index, low, stack, cycles = {}, {}, [], []
+
+    def visit(module):
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+@pytest.mark.parametrize("package", list(PACKAGES))
+def test_no_modules_of_a_package_import_each_other_around_a_circle(package):
+    folder, _ = PACKAGES[package]
+    assert import_cycles(import_graph(folder, package)) == []
+
+
+def test_the_circle_check_finds_a_circle_through_a_lazy_import(tmp_path):
+    (tmp_path / "a.py").write_text("from .b import B\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .c import C\n")
+    (tmp_path / "c.py").write_text("import pkg.a\n")
+    (tmp_path / "d.py").write_text("from . import a\n")
+    graph = import_graph(str(tmp_path), "pkg")
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
-from longppl.scoring import score_with_evaluator, score_with_model
+from longppl.core.scoring import score_with_evaluator, score_with_model
+from longppl.settings import KeyTokenSettings
 
 K, D = 16, 8
 
@@ -45,7 +46,7 @@ def test_learned_positions_refuse_a_longer_text_before_any_forward_pass(tokenize
             rf"predictions\[1\] is {long} of its tokens long \(1 text\(s\) are longer than 64\): it cannot score "
             r"past position 64\. Cut the texts with max_length \(the metric's argument; longppl-score --max-length",
         ):
-            score_with_evaluator(model, tokenizer, texts, K, D, progress=False)
+            score_with_evaluator(model, tokenizer, texts, KeyTokenSettings(K, D), progress=False)
         with pytest.raises(ValueError, match=r"^The model 'GPT2LMHeadModel' has learned position embeddings for 64"):
             score_with_model(model, tokenizer, texts, progress=False)
     finally:
@@ -71,7 +72,7 @@ def test_rope_models_run_past_their_positions_with_a_warning(tokenizer, texts):
         match=rf"The evaluator 'LlamaForCausalLM' was trained on 64 positions \(max_position_embeddings\), but 1 "
         rf"text\(s\) are longer, e.g. predictions\[1\] with {long} tokens",
     ):
-        scores = score_with_evaluator(model, tokenizer, texts, K, D, progress=False)
+        scores = score_with_evaluator(model, tokenizer, texts, KeyTokenSettings(K, D), progress=False)
     assert scores[1].lp_long.shape == (long,) and np.isfinite(scores[1].lp_long[1:]).all()
 
 

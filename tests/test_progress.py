@@ -7,13 +7,13 @@ import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
 import longppl
-from longppl import progress as progress_module
-from longppl.batching import long_context_log_probs
-from longppl.compilation import compiled_blocks, repeated_blocks
-from longppl.progress import Progress
-from longppl.scoring import score_with_evaluator, score_with_model
-from longppl.settings import WindowSettings
-from longppl.windows import window_bounds
+from longppl.core import progress as progress_module
+from longppl.core.batching import long_context_log_probs
+from longppl.core.compilation import compiled_blocks, repeated_blocks
+from longppl.core.progress import Progress
+from longppl.core.scoring import score_with_evaluator, score_with_model
+from longppl.core.windows import window_bounds
+from longppl.settings import KeyTokenSettings, WindowSettings
 
 K, D, BUDGET = 47, 13, 256
 
@@ -28,7 +28,7 @@ def setup():
 
 def scores(setup, **kwargs):
     model, tok, texts = setup
-    return score_with_evaluator(model, tok, texts, K, D, max_tokens_per_batch=BUDGET, **kwargs)
+    return score_with_evaluator(model, tok, texts, KeyTokenSettings(K, D), max_tokens_per_batch=BUDGET, **kwargs)
 
 
 def test_progress_leaves_scores_bit_identical_and_reports_layers_chunks_and_windows(setup, monkeypatch):

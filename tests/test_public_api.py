@@ -27,7 +27,7 @@ def test_the_package_exports_its_public_names_only():
         value = getattr(longppl, name)
         if hasattr(value, "__module__"):  # a function or class: the one of its own module
             assert getattr(importlib.import_module(value.__module__), name) is value, f"longppl.{name}"
-    # internals are imported from their modules (longppl.key_tokens.key_token_mask, ...), not the package
+    # internals are imported from their modules (longppl.rules.key_tokens.key_token_mask, ...), not the package
     internals = ("key_token_mask", "ModelIdentity", "Segment", "DocumentResult", "encode_with_offsets", "Progress")
     assert not set(internals) & set(dir(longppl))
     for name in internals:
@@ -37,10 +37,10 @@ def test_the_package_exports_its_public_names_only():
 
 def test_no_aliases_for_older_code():
     import longce
-    import longppl.key_tokens as key_tokens
+    import longppl.rules.key_tokens as key_tokens
 
     with pytest.raises(AttributeError, match="module 'longce' has no attribute 'LogitTransform'"):
-        _ = longce.LogitTransform  # the scoring core's: longppl.logprobs.LogitTransform
+        _ = longce.LogitTransform  # the scoring core's: longppl.core.logprobs.LogitTransform
     assert "LogitTransform" not in dir(longce)
     # the defaults are settings' (longppl.settings.DEFAULT_*), not re-exported by key_tokens
     assert not {"DEFAULT_ALPHA", "DEFAULT_BETA", "DEFAULT_GAMMA"} & set(dir(key_tokens))

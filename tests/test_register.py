@@ -159,7 +159,7 @@ def test_import_refreshes_a_stale_copy_once(tmp_path, monkeypatch):
     assert register.loaded_copy(str(modules_cache)) is None
     older = tmp_path / "older"
     shutil.copytree(longppl.METRIC_PATH, older, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(older / "scoring.py", "a", encoding="utf-8") as handle:
+    with open(older / "longppl.py", "a", encoding="utf-8") as handle:
         handle.write("\nOLDER = True\n")
     stale = register.register_metric(str(modules_cache), folder=str(older))
     assert register.loaded_copy(str(modules_cache)) == stale and not register.is_current(stale)

@@ -113,6 +113,51 @@ def test_the_design_notes_name_every_console_script_and_package_of_setup_cfg():
     assert f"{len(scripts)} console scripts" in section
 
 
+def design_map() -> dict[str, set[str]]:
+    """docs/design.md's Packages table for ``longppl``: ``{room: the module names of its row}``."""
+    with open(os.path.join(REPO, "docs", "design.md"), encoding="utf-8") as handle:
+        section = handle.read().split("\n## Packages\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `metrics/longppl/(\w*)/?` \|.*\| (.*) \|$", section, re.M)
+    return {room: set(re.findall(r"`(\w+)\.py`", files)) for room, files in rows}
+
+
+def readme_map() -> dict[str, set[str]]:
+    """The README's Layout for ``longppl``: ``{room: the words of its lines}`` (``""``: the package folder's
+    lines, before the first room's)."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
+        layout = handle.read().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    block = layout.split("\nmetrics/longppl/", 1)[1]
+    block = re.split(r"\n\S", block, maxsplit=1)[0]  # up to the next top-level folder
+    named, room = {}, ""
+    for line in block.splitlines():
+        match = re.match(r"^  (\w+)/\s", line)
+        room = match.group(1) if match else room
+        named.setdefault(room, set()).update(re.findall(r"\w+", line))
+    return named
+
+
+def test_one_map_of_longppl_names_every_module():
+    """The package docstring, docs/design.md's Packages table and the README's Layout are one map of
+    ``longppl``: each names every module of every room (a module added without them fails here)."""
+    from test_package_boundaries import docstring_map, longppl_modules
+
+    maps = {"the package docstring": docstring_map()[1], "docs/design.md": design_map(), "README.md": readme_map()}
+    for where, named in maps.items():
+        missing = [
+            f"{room}/{name}.py" if room else f"{name}.py"
+            for room, names in sorted(longppl_modules().items())
+            for name in sorted(names)
+            if name not in named.get(room, set())
+        ]
+        assert not missing, f"{where} does not name {missing} in their room"
+
+
+def test_the_map_check_reads_each_map_by_room():
+    assert design_map()["core"] == {"logprobs", "batching", "windows", "compilation", "progress", "scoring"}
+    assert "key_tokens" in readme_map()["rules"] and "key_tokens" not in readme_map()["core"]
+    assert {"settings", "longppl", "app", "register"} <= readme_map()[""] & design_map()[""]
+
+
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
 PROJECT_FOLDERS = ("metrics/", "trainer/", "scripts/", "configs/", "docs/")
 

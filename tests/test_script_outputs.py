@@ -14,12 +14,12 @@ import sys
 import numpy as np
 import pytest
 
-from longppl.key_token_html import MAX_OPACITY, key_token_html
-from longppl.scoring import EvaluatorScores
+from longppl.core.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
 from longppl.tools.correlation import least_squares_line, pearson
 from longppl.tools.figures import correlation_figure, correlation_scatter, lsd_histogram, short_model_names
 from longppl.tools.reports import explain_missing_key_tokens
+from longppl.views.key_token_html import MAX_OPACITY, key_token_html
 
 NAN = float("nan")
 

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-import longppl.key_token_cache as key_token_cache
-import longppl.scoring as scoring
+import longppl.cache.key_token_cache as key_token_cache
+import longppl.core.scoring as scoring
 from longppl.settings import KeyTokenRule, KeyTokenSettings, WindowSettings, check_token_ids, settings_object
 
 
@@ -67,7 +67,8 @@ def test_the_space_ui_takes_its_defaults_from_the_metric_options(monkeypatch):
     """app.py writes no default of its own: changing one in the metric's options (whose defaults are
     the settings', tests/test_metric_card.py) changes the UI's."""
     pytest.importorskip("gradio", reason="the Space's tests need gradio: pip install -e '.[space]'")
-    from longppl import app, options
+    from longppl.metric import options
+    from longppl.space import app
 
     assert app._options is options
     declared = options.LongPPLOptions.__dataclass_fields__
@@ -100,10 +101,13 @@ def test_settings_object_takes_the_object_or_its_values_not_both():
 
 
 def test_score_with_evaluator_refuses_bad_or_doubled_settings_before_any_model_runs():
-    """The public scoring function is an edge: its numbers, or its settings object, are checked there."""
+    """The public scoring function is an edge with one signature: its settings object, checked when
+    built; numbers in its place are refused before any model runs."""
     with pytest.raises(ValueError, match="trunc_len must be an integer >= 1, got 0"):
-        scoring.score_with_evaluator(None, None, ["a text"], 0, 8)
+        scoring.score_with_evaluator(None, None, ["a text"], KeyTokenSettings(0, 8))
     with pytest.raises(ValueError, match="window_bos must be True or False, got 'yes'"):
-        scoring.score_with_evaluator(None, None, ["a text"], window_bos="yes")
-    with pytest.raises(ValueError, match="Got both a KeyTokenSettings and trunc_len"):
-        scoring.score_with_evaluator(None, None, ["a text"], 64, settings=KeyTokenSettings(64, 16))
+        scoring.score_with_evaluator(None, None, ["a text"], KeyTokenSettings(window_bos="yes"))
+    with pytest.raises(ValueError, match="settings must be a KeyTokenSettings, got 64; build one"):
+        scoring.score_with_evaluator(None, None, ["a text"], 64)
+    with pytest.raises(TypeError, match="trunc_len"):
+        scoring.score_with_evaluator(None, None, ["a text"], trunc_len=64, settings=KeyTokenSettings(64, 16))

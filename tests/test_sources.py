@@ -1,4 +1,4 @@
-"""Local path or Hub repository (longppl.sources): the one rule every entry point uses for a model, a
+"""Local path or Hub repository (longppl.models.sources): the one rule every entry point uses for a model, a
 corpus or a key-token cache. A Hub stand-in on 127.0.0.1 answers for the Hub (no network); the
 commands run in a child Python, whose stderr and imports are checked (one line, before torch)."""
 
@@ -14,8 +14,8 @@ import threading
 import pytest
 from conftest import REPO
 
-from longppl import sources
-from longppl.sources import HUB_TIMEOUT_S, check_model_source, locate
+from longppl.models import sources
+from longppl.models.sources import HUB_TIMEOUT_S, check_model_source, locate
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import evaluate
 import huggingface_hub
 import pytest
 import torch
@@ -30,7 +31,7 @@ K, D, ALPHA, BETA = 47, 13, 0.005, -50.0  # as test_metric: random tiny models h
 
 @pytest.fixture(scope="module")
 def app():
-    from longppl import app as space_app
+    from longppl.space import app as space_app
 
     return space_app
 
@@ -123,7 +124,7 @@ def test_blocks_build_without_loading_models(app, monkeypatch):
     assert (defaults["K (short-context length)"], defaults["d (sliding window)"]) == (4096, 1024)
     assert (defaults["alpha (LSD threshold)"], defaults["beta (LCL threshold)"]) == (2.0, -2.0)
     # the metric's declared defaults (options.LongPPLOptions), the card's and the metric's alike
-    from longppl.options import default_of
+    from longppl.metric.options import default_of
 
     ui_names = {"trunc_len": "K (short-context length)", "sliding_window": "d (sliding window)"}
     ui_names.update(alpha="alpha (LSD threshold)", beta="beta (LCL threshold)")
@@ -250,7 +251,7 @@ def test_bad_input_is_shown_in_the_ui(space, texts, trunc_len, message):
 
 
 def test_the_metrics_words_become_the_uis():
-    from longppl import app
+    from longppl.space import app
 
     assert app.in_ui_terms("sliding_window must be an integer >= 1, got 0.") == "d must be an integer >= 1, got 0."
     assert app.in_ui_terms("predictions[2] is an empty string") == "text 3 is an empty string"
@@ -540,34 +541,37 @@ def _setup_cfg(repo_root):
 
 
 def test_space_requirements(repo_root):
-    """requirements.txt pins what the package pins, for every library the shipped code imports.
+    """requirements.txt installs the package at this version (the Space's files are thin shells over
+    it), and the package's install_requires name every library its code imports at module level.
 
     A library of an optional extra (matplotlib for ``figures.py``) may be imported inside a function
     only, where its absence is a clear error when that function is used, not when the module loads.
     """
     required = [line.strip() for line in open(os.path.join(longppl.METRIC_PATH, "requirements.txt")) if line.strip()]
     config = _setup_cfg(repo_root)
+    assert required == [f"{config['metadata']['name']}=={config['metadata']['version']}"]
     install_requires = config["options"]["install_requires"].split()
-    assert set(required) <= set(install_requires)
-    names = {re.split(r"[<>=!~ ]", line)[0].lower() for line in required}
+    names = {re.split(r"[<>=!~ ]", line)[0].lower() for line in install_requires if line.strip()}
     extras = {
         re.split(r"[<>=!~ \[]", line.strip())[0].lower()
         for name, value in config["options.extras_require"].items()
-        if name != "test"
+        if name not in ("test", "space")
         for line in value.splitlines()
         if line.strip() and not line.strip().startswith("#")
     }
     distributions = importlib.metadata.packages_distributions()
     top_level, in_functions = set(), set()
-    for name in os.listdir(longppl.METRIC_PATH):
-        if name.endswith(".py") and name != "app.py":  # gradio comes with the Space's sdk
-            source = open(os.path.join(longppl.METRIC_PATH, name), encoding="utf-8").read()
+    for folder, _, files in os.walk(longppl.METRIC_PATH):
+        for name in files:
+            if not name.endswith(".py") or name == "app.py":  # gradio comes with the Space's sdk
+                continue
+            source = open(os.path.join(folder, name), encoding="utf-8").read()
             statement = r"(?:import\s+([A-Za-z_]\w*)|from\s+([A-Za-z_]\w*)(?:\.\w+)*\s+import\b)"
             top_level |= {a or b for a, b in re.findall("^" + statement, source, re.M)}
             in_functions |= {a or b for a, b in re.findall(r"^\s+" + statement, source, re.M)}
     ours = set(sys.stdlib_module_names) | {"__future__", "longppl"}
     for module in sorted(top_level - ours):
-        assert {d.lower() for d in distributions[module]} & names, f"{module} is imported but not in requirements.txt"
+        assert {d.lower() for d in distributions[module]} & names, f"{module} is imported but not in install_requires"
     for module in sorted(in_functions - top_level - ours):
         assert {d.lower() for d in distributions[module]} & (names | extras), f"{module} is in no requirement or extra"
 
@@ -577,38 +581,37 @@ def test_gradio_is_the_space_extra(repo_root):
     assert f"gradio=={gr.__version__}" in space_extra  # the version the card's sdk_version names
 
 
-def test_dry_run_lists_the_folder_as_tracked(push_script, repo_root, capsys):
+def test_dry_run_lists_the_thin_shells_only(push_script, repo_root, capsys):
     push_script.main(["--repo-id", "my-org/longppl", "--dry-run"])
     listed = capsys.readouterr().out.split()
+    # the metric file, the app, the card and the requirements that install the package: no package code
+    assert listed == ["README.md", "app.py", "longppl.py", "requirements.txt"]
+    assert {os.path.basename(p) for p in register.module_files()} <= set(listed)
     tracked = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "metrics/longppl"],
+        [
+            "git",
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            *(f"metrics/longppl/{n}" for n in listed),
+        ],
         cwd=repo_root,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
-    tracked = [os.path.relpath(p, "metrics/longppl") for p in tracked]
-    # everything tracked but tools/ (the command-line tools' helpers) and harness/ (lm-evaluation-harness),
-    # which the Space never imports
-    assert listed == sorted(p for p in tracked if not p.startswith(("tools" + os.sep, "harness" + os.sep)))
-    assert any(p.startswith("tools" + os.sep) for p in tracked)
-    essential = {"README.md", "app.py", "requirements.txt"} | {os.path.basename(p) for p in register.module_files()}
-    assert essential <= set(listed)
+    assert len(tracked) == len(listed)
 
 
-def test_dry_run_leaves_out_caches_and_hidden_files(push_script, tmp_path, capsys):
+def test_dry_run_refuses_a_folder_without_the_shells(push_script, tmp_path, capsys):
     folder = tmp_path / "longppl"
-    shutil.copytree(longppl.METRIC_PATH, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (folder / "__pycache__").mkdir()
-    (folder / "__pycache__" / "longppl.cpython-311.pyc").write_bytes(b"\0")
-    (folder / ".DS_Store").write_bytes(b"\0")
-    (folder / "stray.pyc").write_bytes(b"\0")
-    push_script.main(["--repo-id", "my-org/longppl", "--dry-run", "--folder", str(folder)])
-    listed = capsys.readouterr().out.split()
-    assert listed == sorted(
-        name for name in os.listdir(longppl.METRIC_PATH) if name not in ("__pycache__", "tools", "harness")
-    )
-    assert not [name for name in listed if "pycache" in name or name.startswith(".") or name.endswith(".pyc")]
+    folder.mkdir()
+    (folder / "longppl.py").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        push_script.main(["--repo-id", "my-org/longppl", "--dry-run", "--folder", str(folder)])
+    assert "lacks the Space's README.md, app.py, requirements.txt" in str(exit_info.value.code)
 
 
 class RecordingApi:
@@ -680,17 +683,21 @@ def test_push_refuses_a_repo_id_that_is_not_owner_name(push_script, recording_ap
 
 
 def test_app_runs_from_a_copy_of_the_space_folder(push_script, tmp_path, monkeypatch):
-    """The Space is the uploaded files alone, in a folder not named longppl, with no package installed."""
+    """The Space is the uploaded files alone, in a folder not named longppl, over the installed package."""
     space = tmp_path / "space"
     space.mkdir()
-    # tools/ serves the command-line tools only; the Space must run without it
-    assert push_script.space_files() and not any(name.startswith("tools/") for name in push_script.space_files())
     for name in push_script.space_files():
         shutil.copyfile(os.path.join(longppl.METRIC_PATH, name), space / name)
     spec = importlib.util.spec_from_file_location("space_app", space / "app.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "space_app", module)  # as an import (or `python app.py`) has it
     spec.loader.exec_module(module)
-    metric = module.load_metric()
-    assert type(metric).__name__ == "LongPPL" and isinstance(module.demo, gr.Blocks)
+    from longppl.space import app as space_app
+
+    assert module.demo is space_app.demo and isinstance(module.demo, gr.Blocks)
+    metric = space_app.load_metric()
+    assert type(metric).__name__ == "LongPPL"
     assert "return_key_spans" in metric.inputs_description
+    # evaluate.load of the uploaded metric file gives the same metric, from the installed package
+    copied = evaluate.load(str(space / "longppl.py"))
+    assert type(copied).__name__ == "LongPPL" and copied.inputs_description == metric.inputs_description

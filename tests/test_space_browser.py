@@ -86,7 +86,9 @@ def server(models, tmp_path_factory, repo_root):
         shutil.copyfile(os.path.join(longppl.METRIC_PATH, name), space / name)
     port = _free_port()
     model, evaluator = models
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # nothing of ours installed
+    env = {
+        key: value for key, value in os.environ.items() if key != "PYTHONPATH"
+    }  # the installed package only, as requirements.txt gives the Space
     env.update(
         LONGPPL_SPACE_MODELS=f"{model},{UNREACHABLE},{evaluator}",
         LONGPPL_SPACE_LOCAL_MODELS="1",

@@ -1,4 +1,4 @@
-"""``longppl.tensor_parallel``'s split on one process: which modules the plan's patterns name, and
+"""``longppl.parallel.tensor_parallel``'s split on one process: which modules the plan's patterns name, and
 where each rank's part of a split parameter lies in the whole tensor. The split layers' arithmetic
 over two ranks is checked in tests/distributed/test_tensor_parallel.py.
 """
@@ -12,7 +12,7 @@ import torch
 from helpers import tiny_model
 from torch import nn
 
-from longppl.tensor_parallel import (
+from longppl.parallel.tensor_parallel import (
     SplitGroup,
     local_slice,
     plan_modules,

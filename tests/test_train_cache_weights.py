@@ -19,10 +19,10 @@ from longce import LongCESettings, LongCETrainer, cli
 from longce.arguments import parse_args
 from longce.cached_weights import add_key_token_weights
 from longce.data import byte_level_tokenizer, load_datasets
-from longppl.alignment import encode_with_offsets
-from longppl.fingerprints import ModelIdentity
-from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
-from longppl.scoring import EvaluatorScores
+from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+from longppl.core.scoring import EvaluatorScores
+from longppl.models.fingerprints import ModelIdentity
+from longppl.rules.alignment import encode_with_offsets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "configs", "tiny_cpu.yaml")

@@ -108,6 +108,22 @@ def test_the_settings_choose_one_source():
     assert type(trainer.weight_source) is NoWeights
 
 
+def test_the_weight_mode_is_one_field_and_plain_ce_is_its_alias():
+    from longce.config import WEIGHT_SOURCES
+    from longce.weight_sources import SOURCE_OF_SETTING
+
+    assert WEIGHT_SOURCES == tuple(SOURCE_OF_SETTING) == ("self", "cache", "none")
+    none = LongCESettings(weights="none")
+    assert type(weight_source_for(none)) is NoWeights and none.plain_ce is True
+    alias = LongCESettings(plain_ce=True)
+    assert alias.weights == "none" and alias == none
+    assert LongCESettings().plain_ce is False and LongCESettings(weights="cache").plain_ce is False
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_weights="none"))
+    assert type(trainer.weight_source) is NoWeights
+    with pytest.raises(ValueError, match=r"longce_weights must be one of \('self', 'cache', 'none'\)"):
+        LongCESettings(weights="plain")
+
+
 @pytest.mark.parametrize(
     "overrides, setting",
     [(dict(longce_weights="cache"), "longce_weights='cache'"), (dict(longce_plain_ce=True), "longce_plain_ce=True")],

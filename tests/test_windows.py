@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 
-from longppl.batching import long_context_log_probs, pack_by_token_budget
+from longppl.core.batching import long_context_log_probs, pack_by_token_budget
+from longppl.core.windows import short_context_log_probs, window_bounds
 from longppl.settings import WindowSettings
-from longppl.windows import short_context_log_probs, window_bounds
 
 
 @contextlib.contextmanager
@@ -80,7 +80,9 @@ def test_short_windows_match_reference(arch, bos, tokenizers):
     K, d = 37, 11  # neither divides the lengths
     docs = documents(tok, [203, 150, 38])
     with torch.no_grad():
-        ours = short_context_log_probs(model, [torch.tensor(x) for x in docs], K, d, max_tokens_per_batch=400)
+        ours = short_context_log_probs(
+            model, [torch.tensor(x) for x in docs], WindowSettings(K, d), max_tokens_per_batch=400
+        )
     for ids, got in zip(docs, ours):
         torch.testing.assert_close(got, reference_short(model, ids, K, d), equal_nan=True, atol=1e-5, rtol=1e-5)
         assert torch.isnan(got[:K]).all() and not torch.isnan(got[K:]).any()
@@ -92,7 +94,13 @@ def test_window_bos_prefix_matches_reference(tokenizers):
     K, d = 30, 13
     docs = documents(tok, [160])
     with torch.no_grad():
-        ours = short_context_log_probs(model, [torch.tensor(docs[0])], K, d, 1000, prefix_token_id=tok.bos_token_id)
+        ours = short_context_log_probs(
+            model,
+            [torch.tensor(docs[0])],
+            WindowSettings(K, d),
+            max_tokens_per_batch=1000,
+            prefix_token_id=tok.bos_token_id,
+        )
     expected = reference_short(model, docs[0], K, d, prefix=tok.bos_token_id)
     torch.testing.assert_close(ours[0], expected, equal_nan=True, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(ours[0][K + d :], reference_short(model, docs[0], K, d)[K + d :])
@@ -109,10 +117,12 @@ def test_first_window_reuses_the_long_pass(tokenizers):
     with torch.no_grad():
         long = long_context_log_probs(model, docs, 10_000)
         calls.clear()
-        with_reuse = short_context_log_probs(model, docs, K, d, K + d, long_log_probs=long)
+        with_reuse = short_context_log_probs(
+            model, docs, WindowSettings(K, d), max_tokens_per_batch=K + d, long_log_probs=long
+        )
         reused_calls = len(calls)
         calls.clear()
-        without = short_context_log_probs(model, docs, K, d, K + d)
+        without = short_context_log_probs(model, docs, WindowSettings(K, d), max_tokens_per_batch=K + d)
         plain_calls = len(calls)
     handle.remove()
     windows = [window_bounds(len(doc), WindowSettings(K, d)) for doc in docs]
@@ -129,7 +139,7 @@ def test_results_do_not_depend_on_batching(budget, tokenizers):
     docs = [torch.tensor(x) for x in documents(tok, [211, 64, 150, 97, 20])]
     K, d = 33, 14
     with torch.no_grad():
-        short = short_context_log_probs(model, docs, K, d, max_tokens_per_batch=budget)
+        short = short_context_log_probs(model, docs, WindowSettings(K, d), max_tokens_per_batch=budget)
         long = long_context_log_probs(model, docs, max_tokens_per_batch=budget)
     for ids, s, lo in zip(docs, short, long):
         torch.testing.assert_close(s, reference_short(model, ids.tolist(), K, d), equal_nan=True, atol=1e-5, rtol=1e-5)
@@ -149,7 +159,7 @@ def test_packing_respects_budget_and_counts_forward_calls(tokenizers):
     model = tiny_model("llama", len(tok))
     docs = [torch.tensor(x) for x in documents(tok, [200, 200])]
     with torch.no_grad(), pass_shapes(model, docs[0]) as shapes:
-        short_context_log_probs(model, docs, 40, 20, max_tokens_per_batch=60 * 4)
+        short_context_log_probs(model, docs, WindowSettings(40, 20), max_tokens_per_batch=60 * 4)
     # 8 windows of 60 tokens per document (starts 0..140), 4 per forward under a 240-token budget.
     assert shapes == [(4, 60)] * 4
 
@@ -158,13 +168,14 @@ def test_bad_window_settings_are_named_not_raw_errors():
     ids = torch.arange(60)
     model = tiny_model("llama", 100)
     with pytest.raises(ValueError, match="trunc_len must be an integer >= 1, got -5"):
-        short_context_log_probs(model, [ids], -5, 8, 1000)
-    with pytest.raises(ValueError, match="sliding_window must be an integer >= 1, got 0"):
-        short_context_log_probs(model, [ids], 16, 0, 1000)
+        WindowSettings(-5, 8)
     with pytest.raises(ValueError, match="sliding_window must be an integer >= 1, got 0"):
         WindowSettings(16, 0)
-    with pytest.raises(ValueError, match="Got both a WindowSettings and trunc_len: pass the settings object alone"):
-        short_context_log_probs(model, [ids], 16, max_tokens_per_batch=1000, window=WindowSettings(16, 8))
+    # one signature: K and d travel as a WindowSettings (numbers in its place are refused, by name)
+    with pytest.raises(ValueError, match=r"settings must be a WindowSettings, got 16; build one"):
+        short_context_log_probs(model, [ids], 16, max_tokens_per_batch=1000)
+    with pytest.raises(TypeError, match="trunc_len"):
+        short_context_log_probs(model, [ids], trunc_len=16, window=WindowSettings(16, 8))
 
 
 def test_a_window_object_gives_what_its_numbers_give(tokenizers):
@@ -172,10 +183,11 @@ def test_a_window_object_gives_what_its_numbers_give(tokenizers):
     model = tiny_model("llama", len(tok))
     docs = [torch.tensor(x) for x in documents(tok, [120, 75])]
     with torch.no_grad():
-        by_numbers = short_context_log_probs(model, docs, 30, 7, 500)
+        by_position = short_context_log_probs(model, docs, WindowSettings(30, 7), max_tokens_per_batch=500)
         by_object = short_context_log_probs(model, docs, max_tokens_per_batch=500, window=WindowSettings(30, 7))
-    for a, b in zip(by_numbers, by_object):
+    for a, b, ids in zip(by_position, by_object, docs):
         torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+        torch.testing.assert_close(a, reference_short(model, ids.tolist(), 30, 7), equal_nan=True, atol=1e-5, rtol=1e-5)
 
 
 def test_equal_length_packing_shares_passes_across_documents_and_matches_each_alone(tokenizers):
@@ -189,7 +201,9 @@ def test_equal_length_packing_shares_passes_across_documents_and_matches_each_al
     with torch.no_grad(), pass_shapes(model, docs[0]) as shapes:
         long = long_context_log_probs(model, docs, 10_000, equal_lengths=True)
         n_long = len(shapes)
-        short = short_context_log_probs(model, docs, K, d, 10_000, long_log_probs=long, equal_lengths=True)
+        short = short_context_log_probs(
+            model, docs, WindowSettings(K, d), max_tokens_per_batch=10_000, long_log_probs=long, equal_lengths=True
+        )
     # one pass per length, unpadded: four documents of 150 tokens, then two of 97
     assert shapes[:n_long] == [(4, 150), (2, 97)]
     # windows after the first (taken from the long pass): 150 tokens -> starts 20..100, lengths 60, 60,
@@ -199,7 +213,12 @@ def test_equal_length_packing_shares_passes_across_documents_and_matches_each_al
         with torch.no_grad():
             alone_long = long_context_log_probs(model, [ids], 10_000, equal_lengths=True)
             alone_short = short_context_log_probs(
-                model, [ids], K, d, 10_000, long_log_probs=alone_long, equal_lengths=True
+                model,
+                [ids],
+                WindowSettings(K, d),
+                max_tokens_per_batch=10_000,
+                long_log_probs=alone_long,
+                equal_lengths=True,
             )
         # up to float rounding: on several CPU threads the matmuls may sum in another order for
         # another number of rows (bit-identical on one thread)

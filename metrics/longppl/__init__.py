@@ -3,24 +3,43 @@
 What users call is in ``__all__`` (small on purpose): ``evaluate.load(longppl.METRIC_PATH)``, the
 drop-in ``compute_longppl`` / ``find_key_token`` / ``load_key_token``, the key-token cache, the
 settings and the few scoring functions other tools build on. Everything else is imported from its
-module (``from longppl.key_tokens import key_token_mask``), without being part of that promise.
+module (``from longppl.rules.key_tokens import key_token_mask``), without being part of that promise.
 
-The package by role, from the bottom up:
+The package by role, one room a bullet, from the bottom floor up. A room imports only rooms on
+lower floors (tests/test_package_boundaries.py checks the arrows); this map, docs/design.md's
+Packages table and the README's Layout name every module (tests/test_repository.py checks them):
 
-- scoring core: ``logprobs`` (token log-probs without a ``[sequence x vocabulary]`` logits
-  tensor), ``batching`` (forward passes packed to a token budget), ``windows`` (the short-context
-  windows of K tokens, stride d), ``compilation`` (optional ``torch.compile`` of the blocks);
-- rules and scoring: ``settings`` (every default and the validation of K, d, alpha, beta, ...),
-  ``key_tokens`` (LSD/LCL rules), ``alignment`` (key tokens across tokenizers by character spans),
-  ``scoring`` (per-document and corpus LongPPL / PPL);
-- cache: ``key_token_cache`` (an evaluator's scores of a corpus as a ``datasets.Dataset``, to
-  evaluate many models against at the cost of one perplexity pass each), ``fingerprints`` (which
-  evaluator and text a row belongs to), ``atomic_files`` (crash-safe writes);
-- entry points: ``longppl.py`` (the ``evaluate`` metric), ``official.py`` (the drop-in for the
-  official ``longppl`` package), ``app.py`` (the Hub Space), ``register`` (``evaluate.load("longppl")``
+- floor 0, modules of the package folder: ``settings`` (every default and the validation of K, d,
+  alpha, beta, ...), ``atomic_files`` (crash-safe writes), ``register`` (``evaluate.load("longppl")``
   by its bare name: after ``python -m longppl.register``, and by itself at ``import longppl`` when
-  evaluate's module-cache copy is missing or stale; ``LONGPPL_AUTO_REGISTER=0`` turns that off);
-- ``tools/`` (package ``longppl.tools``): what only the command-line tools need.
+  evaluate's module-cache copy is missing or stale; ``LONGPPL_AUTO_REGISTER=0`` turns that off).
+- floor 1, ``rules/``, the key-token rules: ``key_tokens`` (LSD/LCL), ``alignment`` (key tokens
+  across tokenizers by character spans).
+- floor 2, ``core/``, the scoring core: ``logprobs`` (token log-probs without a ``[sequence x
+  vocabulary]`` logits tensor), ``batching`` (forward passes packed to a token budget), ``windows``
+  (the short-context windows of K tokens, stride d), ``compilation`` (optional ``torch.compile`` of
+  the blocks), ``progress`` (progress bars, callbacks, time limits), ``scoring`` (per-document and
+  corpus LongPPL / PPL).
+- floor 2, ``parallel/``: ``tensor_parallel`` (an evaluator split over several GPUs).
+- floor 3, ``models/``, where models come from and which they are: ``sources`` (local path or Hub
+  id), ``loading`` (a model and its tokenizer on a device), ``fingerprints`` (which evaluator and
+  text a cache row belongs to).
+- floor 3, ``views/``: ``key_token_html`` (the key-token page of ``longppl-visualize`` and the Space).
+- floor 4, ``cache/``: ``key_token_cache`` (an evaluator's scores of a corpus as a
+  ``datasets.Dataset``, to evaluate many models at the cost of one perplexity pass each).
+- floor 5, ``metric/``, the ``evaluate`` metric's logic: ``options`` (its arguments, declared once),
+  ``compute`` (what ``compute`` runs), ``official`` (the drop-in for the official package).
+- floor 6, ``space/``: ``app`` (the Hub Space's page, with its limits as a public server).
+- floor 6, ``tools/`` (package ``longppl.tools``), the commands and what only they need: ``main``
+  (``longppl``), ``compute_key_tokens``, ``evaluate_models``, ``visualize_key_tokens``,
+  ``quickstart``; ``cli``, ``cache_cli``, ``corpus``, ``reports``, ``correlation``, ``figures``,
+  ``threads``, ``synthetic``, ``benchmarking``.
+- floor 7, ``harness/`` (package ``longppl.harness``, the ``harness`` extra; ``import longppl`` never
+  imports it): LongPPL in lm-evaluation-harness: ``model`` (the ``longppl`` model type), ``task``
+  (``LongPPLTask`` and its aggregation), ``__main__`` (``python -m longppl.harness``), ``_internal``
+  (what it takes from the package beyond ``__all__``).
+- floor 7, the thin shells in the package folder: ``longppl`` (the ``evaluate`` metric file, which
+  evaluate copies alone), ``app`` (the Hub Space's), ``__main__`` (``python -m longppl``).
 """
 
 import importlib
@@ -32,18 +51,18 @@ from . import register as _register
 # `import longppl` and its light submodules (register, key_tokens, ...) do not import torch: a
 # script's `--help` answers at once.
 _EXPORTS = {
-    "key_token_cache": ("KeyTokenCache", "open_cache"),
-    "logprobs": ("token_log_probs",),
-    "official": ("compute_longppl", "find_key_token", "load_key_token"),
+    "cache.key_token_cache": ("KeyTokenCache", "open_cache"),
+    "core.logprobs": ("token_log_probs",),
+    "metric.official": ("compute_longppl", "find_key_token", "load_key_token"),
     "settings": ("KeyTokenRule", "KeyTokenSettings", "WindowSettings"),
-    "scoring": (
+    "core.scoring": (
         "document_results",
         "score_with_evaluator",
         "score_with_model",
         "summarize_results",
         "text_key_weights",
     ),
-    "windows": ("short_context_log_probs",),
+    "core.windows": ("short_context_log_probs",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -9,8 +9,9 @@ network, or no such Space) loads the most recently written copy in its module ca
 ``HF_MODULES_CACHE/evaluate_modules/metrics/evaluate-metric--longppl/<hash>/longppl.py``. This
 writes that copy exactly as a download from the Hub would (``longppl.py``, the sibling modules it
 imports, evaluate's ``longppl.json`` record; the metric card goes along for reference), under the
-hash evaluate itself computes for the same code. The copy is a snapshot: run the command again
-after upgrading the package.
+hash evaluate itself computes for the same code. ``longppl.py`` is a thin shell that imports no
+sibling (the code it runs comes from the installed package), so the copy is that one file, and it
+goes stale only when the shell itself changes.
 
 ``HF_MODULES_CACHE`` (or ``HF_HOME``) decides where evaluate's module cache is, for this command and
 for ``evaluate.load`` alike.
@@ -40,7 +41,7 @@ import warnings
 # at `import longppl` must stay cheap.
 
 METRIC_NAME = "longppl"
-#: Folder holding longppl.py and its sibling modules (this package's folder).
+#: Folder holding the metric file longppl.py (this package's folder).
 METRIC_DIR = os.path.dirname(os.path.abspath(__file__))
 #: evaluate's cache entry for the canonical metric name (the Space id ``evaluate-metric/longppl``).
 CACHE_ENTRY = f"evaluate-metric--{METRIC_NAME}"

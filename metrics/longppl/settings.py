@@ -15,8 +15,9 @@ arguments, so a bad value gets the same clear message wherever it is given, befo
 The functions below the public ones (``windows``, ``batching``, ``key_tokens``, ``scoring``'s inner
 helpers) take these objects whole and trust them: a value is checked once, when its object is built
 at the public edge (the metric, the drop-in, the commands, ``LongCEConfig``, ``add_key_token_weights``).
-A public function that has always taken the numbers one by one takes the object too
-(:func:`settings_object`), so that callers holding one pass it on instead of unpacking it.
+The scoring calls take the object alone (``score_with_evaluator(settings=...)``,
+``short_context_log_probs(window=...)``: one signature each); ``text_key_weights`` still takes the
+rule's numbers too (:func:`settings_object` refuses both at once).
 
 This module imports nothing else from the package, so every other module may import it.
 """

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from longppl.key_tokens import long_short_difference
-from longppl.scoring import score_with_evaluator
+from longppl.core.scoring import score_with_evaluator
+from longppl.rules.key_tokens import long_short_difference
 from longppl.settings import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from longppl.key_tokens import key_rule_mask
+from longppl.rules.key_tokens import key_rule_mask
 from longppl.settings import KeyTokenRule, require_finite
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from longppl.atomic_files import write_file_atomically
-from longppl.progress import Progress, ProgressCallback
+from longppl.core.progress import Progress, ProgressCallback
 from longppl.settings import require_int
 
 PROMPT_HEADER = (
@@ -418,7 +418,7 @@ def answer_log_likelihood(model, tokenizer, cases: Sequence[LinesCase], *, batch
     (:func:`answer_number_span`): the reference number's log-likelihood by teacher forcing.
 
     Needs a fast tokenizer (character offsets). Cases run in right-padded batches of
-    ``batch_size``; the LM head runs at the scored positions only (``longppl.logprobs``).
+    ``batch_size``; the LM head runs at the scored positions only (``longppl.core.logprobs``).
 
     Raises:
         ValueError: a case without an answer, or whose number no token lies inside (e.g. a
@@ -426,7 +426,7 @@ def answer_log_likelihood(model, tokenizer, cases: Sequence[LinesCase], *, batch
     """
     import torch
 
-    from longppl.logprobs import token_log_probs
+    from longppl.core.logprobs import token_log_probs
 
     require_int("batch_size", batch_size)
     cases = list(cases)

@@ -335,7 +335,7 @@ def import_tokenizer(run: RunFolder, source: str) -> None:
     from transformers import AutoTokenizer
 
     from longppl.atomic_files import replace_directory_atomically
-    from longppl.fingerprints import tokenizer_fingerprint
+    from longppl.models.fingerprints import tokenizer_fingerprint
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     if run.has("tokenizer", "tokenizer.json"):
@@ -514,7 +514,7 @@ def saved_dataset(run: RunFolder, name: str, key: dict, build, log: str):
 
 def pool_key(config: Comparison, run: RunFolder, tokenizer) -> dict:
     """What the tokenized pool depends on: its texts, the tokenizer, the sequence length."""
-    from longppl.fingerprints import file_sha256, tokenizer_fingerprint
+    from longppl.models.fingerprints import file_sha256, tokenizer_fingerprint
 
     return {
         "length": config.finetune.training.seq_len,
@@ -529,8 +529,8 @@ def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, t
     from datasets import Dataset
 
     from longce import add_key_token_weights
-    from longppl.fingerprints import file_sha256
-    from longppl.key_token_cache import CHECKSUM_FILE
+    from longppl.cache.key_token_cache import CHECKSUM_FILE
+    from longppl.models.fingerprints import file_sha256
 
     first, _ = evaluator_names(config, pop)
     cache = population.evaluator_cache(pop, run, first, config.finetune.window, "finetune")

@@ -38,7 +38,7 @@ run with one line naming it (delete it, and its stage computes it again).
   ``evaluation.two_hop_length`` is set), the answer's log-likelihood, and PPL / LongPPL
   against every evaluator cache (primary and secondary windows, soft, the alpha x beta grid), with
   per-document sums for bootstraps. Members are scored in this process with the library's scoring
-  functions (``longppl.scoring``, what ``longppl-evaluate`` runs): EABF members need their attention
+  functions (``longppl.core.scoring``, what ``longppl-evaluate`` runs): EABF members need their attention
   function registered in the process that loads them.
 - ``answer_tokens``: Figure 5(b) on E1 -> ``eval/answer_tokens.json``.
 - ``report``: ``results.json``, ``report.md``, ``figures/``.
@@ -752,7 +752,7 @@ def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: 
 
 def cache_scores(folder: str) -> tuple[list[str], list]:
     """``(texts, EvaluatorScores per text)`` of a one-configuration cache."""
-    from longppl.key_token_cache import KeyTokenCache
+    from longppl.cache.key_token_cache import KeyTokenCache
 
     cache = KeyTokenCache.load(folder)
     _, _, rows = cache.select()
@@ -849,7 +849,7 @@ def longppl_columns(config: Population, run: RunFolder, alpha: float) -> dict[st
 def longppl_of(model, tokenizer, columns: dict, caches: dict, gamma: float, budget: int) -> dict:
     """PPL and LongPPL (pooled over documents) of ``model`` for every column, with per-document
     sums (for bootstraps)."""
-    from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
+    from longppl.core.scoring import document_results, score_with_model, summarize_results, text_key_weights
 
     by_texts: dict[tuple, list] = {}
     found = {}

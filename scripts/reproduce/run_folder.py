@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 
 from longppl.atomic_files import directory_lock, write_file_atomically
-from longppl.sources import require_path
+from longppl.models.sources import require_path
 
 #: Sums of wall seconds per stage and per model, over every call that did work.
 TIMINGS = "timings.json"

@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from longppl.fingerprints import ModelIdentity
-from longppl.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
-from longppl.scoring import EvaluatorScores
+from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+from longppl.core.scoring import EvaluatorScores
+from longppl.models.fingerprints import ModelIdentity
 
 IDENTITY = ModelIdentity("writer-test", "", "float32", "weights:" + "0" * 64)
 SETTINGS = KeyTokenSettings(4, 2)
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
     path, writer, rows, rounds, barrier, writers = argv[:6]
     writer, rows, rounds, writers = int(writer), int(rows), int(rounds), int(writers)
     if "--die-in-save" in argv:
-        import longppl.key_token_cache as module
+        import longppl.cache.key_token_cache as module
 
         def die(folder):
             os.kill(os.getpid(), signal.SIGKILL)

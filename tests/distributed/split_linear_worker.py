@@ -1,6 +1,6 @@
 """One rank of a two-process gloo group, started by ``accelerate launch`` from
 tests/distributed/test_tensor_parallel.py: split a column-wise and a row-wise ``nn.Linear``, both
-with a bias, with ``longppl.tensor_parallel.split_linear`` over the group, run ``relu(x W1^T + b1)
+with a bias, with ``longppl.parallel.tensor_parallel.split_linear`` over the group, run ``relu(x W1^T + b1)
 W2^T + b2`` through them both ways the row-wise layer can sum over the group, and write this
 rank's outputs to ``<out>/split-linear-<rank>.npz``:
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from accelerate import PartialState
 
-from longppl.tensor_parallel import SplitGroup, group_mesh, split_linear
+from longppl.parallel.tensor_parallel import SplitGroup, group_mesh, split_linear
 
 
 def linear(weight: np.ndarray, bias: np.ndarray) -> torch.nn.Linear:

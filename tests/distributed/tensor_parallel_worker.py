@@ -28,8 +28,9 @@ try:
 except ImportError:  # torch < 2.5
     from torch.distributed._tensor import DTensor
 
-from longppl.loading import load_model, load_tokenizer
-from longppl.scoring import score_with_evaluator
+from longppl.core.scoring import score_with_evaluator
+from longppl.models.loading import load_model, load_tokenizer
+from longppl.settings import KeyTokenSettings
 
 
 def main() -> None:
@@ -71,9 +72,8 @@ def main() -> None:
                 model,
                 load_tokenizer(folder),
                 texts,
-                int(trunc_len),
-                int(stride),
-                256,
+                KeyTokenSettings(int(trunc_len), int(stride)),
+                max_tokens_per_batch=256,
                 progress=False,
                 per_document=True,
             )

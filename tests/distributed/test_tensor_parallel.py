@@ -1,4 +1,4 @@
-"""Tensor parallelism (``longppl.tensor_parallel``, ``longppl-score --tensor-parallel N``): an
+"""Tensor parallelism (``longppl.parallel.tensor_parallel``, ``longppl-score --tensor-parallel N``): an
 evaluator split over two CPU processes (gloo, the same collectives as NCCL on GPUs) scores
 as the unsplit evaluator does, with and without sequence parallelism, and what cannot be split is
 refused in one line before any model loads.
@@ -21,7 +21,7 @@ import torch
 from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, tiny_model
 from reference import evaluator_scores
 
-from longppl.key_tokens import key_token_mask
+from longppl.rules.key_tokens import key_token_mask
 from longppl.settings import KeyTokenRule
 from longppl.tools import compute_key_tokens
 
@@ -158,7 +158,7 @@ def test_longppl_score_with_two_ranks_writes_the_one_process_cache(saved, tmp_pa
 
 
 def test_sequence_parallel_without_tensor_parallel_is_refused(saved):
-    from longppl.loading import load_model
+    from longppl.models.loading import load_model
 
     with pytest.raises(
         ValueError, match=r"^sequence_parallel=True with tensor_parallel=1: .* pass tensor_parallel=N > 1"
@@ -167,7 +167,7 @@ def test_sequence_parallel_without_tensor_parallel_is_refused(saved):
 
 
 def test_sequence_parallel_without_decoder_layers_and_a_final_norm_is_refused(saved):
-    from longppl.tensor_parallel import SplitGroup, has_llama_layout, split_tokens
+    from longppl.parallel.tensor_parallel import SplitGroup, has_llama_layout, split_tokens
 
     gpt2 = tiny_model("gpt2", len(saved["tokenizer"]))  # its blocks are `h`, its final norm `ln_f`
     with pytest.raises(ValueError, match=r"^sequence_parallel=True needs .* `layers` .* `norm` .*; GPT2Model has not"):

@@ -2,14 +2,14 @@
 
 The paper's LongCE weighs each token by the trained model's own ``min(exp(LSD), gamma)``, which
 costs a short-context pass per step. With a frozen evaluator that scored the corpus once into the
-key-token cache (``scripts/compute_key_tokens.py``, ``longppl.key_token_cache``), the weights are
+key-token cache (``scripts/compute_key_tokens.py``, ``longppl.cache.key_token_cache``), the weights are
 fixed per token and can live in the dataset:
 
 - :func:`add_key_token_weights` tokenizes each text for the trained model and adds a
   ``longce_weights`` column, one float per token of ``input_ids``: the evaluator's
   ``min(exp(LSD), gamma)`` (``min(1, gamma)`` where the evaluator has no short score), carried to the trained
   model's tokens by the character-level average of the soft LongPPL variant
-  (``longppl.scoring.model_key_weights``, ``longppl.alignment.transfer_token_weights``), or taken
+  (``longppl.core.scoring.model_key_weights``, ``longppl.rules.alignment.transfer_token_weights``), or taken
   token for token where the trained model's tokens are the evaluator's;
 - :class:`LongCEWeightsCollator` wraps any collator that pads rows or packs them
   (``DataCollatorWithFlattening``, which drops unknown keys) and returns the weights as a
@@ -31,16 +31,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from longppl.alignment import encode_many_with_offsets, encode_with_offsets
-from longppl.fingerprints import ModelIdentity, tokenizer_fingerprint
-from longppl.key_token_cache import KeyTokenCache, cached_evaluator_scores
-from longppl.key_tokens import unscored_weight
-from longppl.scoring import model_key_weights, score_with_evaluator
+from longppl.cache.key_token_cache import KeyTokenCache, cached_evaluator_scores
+from longppl.core.scoring import model_key_weights, score_with_evaluator
+from longppl.models.fingerprints import ModelIdentity, tokenizer_fingerprint
+from longppl.rules.alignment import encode_many_with_offsets, encode_with_offsets
+from longppl.rules.key_tokens import unscored_weight
 from longppl.settings import DEFAULT_GAMMA, KeyTokenRule, KeyTokenSettings, require_int, settings_object
 
-# The dataset column (and batch key) holding the per-token weights, defined with the weight sources
-# (``CachedWeights`` reads it).
-from .weight_sources import WEIGHTS_COLUMN
+# The dataset column (and batch key) holding the per-token weights, defined in config beside the
+# weights setting (``weight_sources.CachedWeights`` reads it; this module imports nothing of weight_sources).
+from .config import WEIGHTS_COLUMN
 
 #: The rule that carries the evaluator's weights to the trained model's tokens (part of the map's fingerprint).
 _TRANSFER = (
@@ -130,7 +130,7 @@ def add_key_token_weights(
 
     ``longce_weights[k]`` (float32, one per token of ``input_ids``) is the evaluator's soft weight
     ``min(exp(LSD), gamma)`` carried to token ``k`` by the character-level average (``min(1, gamma)``,
-    ``longppl.key_tokens.unscored_weight``, where the evaluator has no short score, and for tokens
+    ``longppl.rules.key_tokens.unscored_weight``, where the evaluator has no short score, and for tokens
     without characters: special tokens, the EOS); where
     ``tokenizer`` gives the evaluator's tokens (a BOS only one side adds aside), token ``k`` keeps its
     evaluator weight exactly.

@@ -358,7 +358,7 @@ def write_model_card(trainer: LongCETrainer, model_args: ModelArguments, data_ar
     from huggingface_hub import ModelCard
 
     from longppl.atomic_files import write_file_atomically
-    from longppl.longppl import _CITATION  # the metric's citation: one copy of the paper's BibTeX
+    from longppl.metric.compute import CITATION as _CITATION  # the metric's citation: one copy of the paper's BibTeX
 
     trainer.create_model_card(
         model_name=os.path.basename(os.path.normpath(trainer.args.output_dir)),

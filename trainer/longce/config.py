@@ -31,15 +31,19 @@ from longppl.settings import (
 )
 
 from .lm_head_loss import LOSS_KERNELS, check_loss_kernel
-from .weight_sources import SOURCE_OF_SETTING
 from .weighted_loss import DEFAULT_LOSS_CHUNK_BYTES
 
 _PREFIX = "longce_"
 
-#: Values of ``longce_weights``: "self" = the trained model scores each batch (short-context pass);
-#: "cache" = the batch's ``longce_weights`` column (an evaluator's, ``cached_weights.add_key_token_weights``).
-#: ``weight_sources.weight_source_for`` turns them (and ``plain_ce``) into the trainer's ``WeightSource``.
-WEIGHT_SOURCES = tuple(SOURCE_OF_SETTING)
+#: Values of ``longce_weights``, the one setting of where the weights come from: "self" = the trained
+#: model scores each batch (short-context pass); "cache" = the batch's ``longce_weights`` column (an
+#: evaluator's, ``cached_weights.add_key_token_weights``); "none" = every weight 1 (plain CE, as
+#: ``longce_plain_ce=True``). ``weight_sources.weight_source_for`` turns one into the trainer's ``WeightSource``.
+WEIGHT_SOURCES = ("self", "cache", "none")
+
+#: The dataset and batch column of the cached weights (``[B, T]`` float32 in a batch, one per token):
+#: ``cached_weights`` writes it, ``weight_sources.CachedWeights`` reads it.
+WEIGHTS_COLUMN = "longce_weights"
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,11 @@ class LongCESettings:
         sliding_window: ``d``, stride of the short-context windows.
         gamma: cap of the token weights ``min(exp(LSD), gamma)``, finite and > 0 (``longppl.settings.require_gamma``).
         max_tokens_per_batch: token budget of one short-context forward pass.
-        plain_ce: all weights 1, no short-context pass (the CE baseline; ``weight_sources.NoWeights``).
-        weights: the ``longce_weights`` setting, where the weights come from: one of ``WEIGHT_SOURCES``
-            ("cache": the batch's ``longce_weights`` column, no short-context pass; ``weight_sources``).
+        plain_ce: the older name of ``weights="none"``, kept as an alias: ``True`` sets ``weights`` to
+            ``"none"``; once built, ``plain_ce`` is ``weights == "none"``.
+        weights: the ``longce_weights`` setting, the one field saying where the weights come from: one
+            of ``WEIGHT_SOURCES`` ("cache": the batch's ``longce_weights`` column, no short-context
+            pass; "none": all weights 1, no short-context pass, the CE baseline; ``weight_sources``).
         compile_windows: ``torch.compile`` the transformer blocks for the short-context pass.
         loss_kernel: one of ``LOSS_KERNELS`` (``lm_head_loss.select_lm_head_loss``).
         loss_chunk_bytes: float32 bytes of logits computed at a time by the loss.
@@ -75,7 +81,7 @@ class LongCESettings:
         if self.weights not in WEIGHT_SOURCES:
             raise ValueError(
                 f"longce_weights must be one of {WEIGHT_SOURCES} ('self': the trained model scores each batch; "
-                f"'cache': the dataset's longce_weights column), got {self.weights!r}."
+                f"'cache': the dataset's longce_weights column; 'none': every weight 1), got {self.weights!r}."
             )
         # The integer, boolean and gamma checks are the metric's own (longppl.settings), under the trainer's field names.
         checked = {
@@ -92,12 +98,15 @@ class LongCESettings:
                 "longce_plain_ce=True trains with all weights 1, but longce_weights='cache' asks for the dataset's "
                 "weights: set only one of them."
             )
+        if checked["plain_ce"]:  # the alias: the mode lives in `weights` alone
+            object.__setattr__(self, "weights", "none")
+        checked["plain_ce"] = self.weights == "none"
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
     @cached_property
     def window(self) -> WindowSettings:
-        """K and d as the scoring core takes them (``longppl.windows``)."""
+        """K and d as the scoring core takes them (``longppl.core.windows``)."""
         return WindowSettings(self.trunc_len, self.sliding_window)
 
     @classmethod
@@ -146,7 +155,7 @@ class LongCEConfig(TrainingArguments):
         default=LongCESettings.plain_ce,
         metadata={
             "help": "Train with plain cross-entropy (all weights 1, no short-context pass), through the same "
-            "memory-lean loss: the CE baseline of the paper's tables."
+            "memory-lean loss: the CE baseline of the paper's tables. The same as longce_weights='none'."
         },
     )
     longce_weights: str = field(
@@ -155,7 +164,8 @@ class LongCEConfig(TrainingArguments):
             "help": "Where the token weights come from: 'self' (the model being trained scores each batch with "
             "a short-context pass: the paper's LongCE) or 'cache' (a 'longce_weights' column of the dataset, "
             "an evaluator's min(exp(LSD), gamma) from a key-token cache, built by "
-            "longce.add_key_token_weights: no short-context pass, the cost of plain cross-entropy).",
+            "longce.add_key_token_weights: no short-context pass, the cost of plain cross-entropy) or 'none' "
+            "(every weight 1: plain cross-entropy, as longce_plain_ce=True).",
             "choices": list(WEIGHT_SOURCES),
         },
     )

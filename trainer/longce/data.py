@@ -26,7 +26,7 @@ from .arguments import BYTE_LEVEL, DataArguments, ModelArguments
 from .config import LongCESettings
 
 if TYPE_CHECKING:
-    from longppl.key_token_cache import KeyTokenCache
+    from longppl.cache.key_token_cache import KeyTokenCache
 
 DATA_FILE_BUILDERS = {
     ".jsonl": "json",
@@ -174,7 +174,7 @@ def load_key_token_cache(data_args: DataArguments) -> KeyTokenCache | None:
             f"the training and evaluation texts into it first: longppl-score --corpus <the texts> --evaluator "
             f"<model> --output {path}"
         )
-    from longppl.key_token_cache import KeyTokenCache
+    from longppl.cache.key_token_cache import KeyTokenCache
 
     return KeyTokenCache.load(path)
 

@@ -3,9 +3,9 @@
 A batch ``[B, T]`` holds documents as maximal runs of real tokens (``attention_mask == 1``, left or
 right padding) whose position ids count up by one; in a packed batch
 (``DataCollatorWithFlattening``) ``position_ids`` restart at 0 at every document. Short windows
-(the K/d scheme of ``longppl.windows``) are built per document, so they never cross a document
+(the K/d scheme of ``longppl.core.windows``) are built per document, so they never cross a document
 boundary, and the first ``K`` tokens of every document get no short score (LongCE weight
-``min(1, gamma)``, ``longppl.key_tokens.unscored_weight``).
+``min(1, gamma)``, ``longppl.rules.key_tokens.unscored_weight``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from longppl.batching import pack_by_token_budget
+from longppl.core.batching import pack_by_token_budget
+from longppl.core.windows import short_context_log_probs, window_segments
 from longppl.settings import WindowSettings
-from longppl.windows import short_context_log_probs, window_segments
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from longppl.logprobs import CausalLMHead
+from longppl.core.logprobs import CausalLMHead
 
 from .weighted_loss import (
     DEFAULT_LOSS_CHUNK_BYTES,
@@ -72,7 +72,7 @@ class LMHeadLoss(ABC):
             head: the model's LM head with its logit post-processing (``head.transform``).
             hidden: ``[N, H]`` final hidden states of the trained positions; row ``r`` predicts ``targets[r]``.
             project: the head module's own forward, ``[n, H] -> [n, V]`` raw logits (the head is
-                intercepted while the loss runs, see ``longppl.logprobs.intercept_head``).
+                intercepted while the loss runs, see ``longppl.core.logprobs.intercept_head``).
             targets: ``[N]`` int64 target ids. lp_short: ``[N]`` float32 short-context log-probs of
                 the targets, NaN where there is none (weight ``min(1, gamma)``).
             gamma: cap of the weights ``min(exp(lp_long - lp_short), gamma)``, > 0.

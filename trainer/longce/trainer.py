@@ -3,7 +3,7 @@
 Per batch (paper Sec. 3.2, App. A.2), with the model being trained as its own scorer:
 
 1. short-context pass, ``torch.no_grad()``, model in eval mode: every document of the batch is cut
-   into the K/d windows of ``longppl.windows`` (never across a document boundary), packed into few
+   into the K/d windows of ``longppl.core.windows`` (never across a document boundary), packed into few
    forward passes, giving ``lp_short`` for each token with at least ``K + d`` tokens before it in
    its document (the first window is the tokens' full context: LSD exactly 0; a token without a short
    score weighs ``min(1, gamma)``, as the official LongCE's does);
@@ -44,8 +44,8 @@ import torch.distributed as dist
 from torch import nn
 from transformers import Trainer
 
-from longppl.compilation import compiled_blocks
-from longppl.logprobs import CausalLMHead, intercept_head, resolve_lm_head
+from longppl.core.compilation import compiled_blocks
+from longppl.core.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
 from .config import LongCESettings
 from .documents import batch_documents, batch_short_log_probs, count_window_passes

@@ -22,8 +22,9 @@ of the row (the column's convention, as ``lp[k] = log P(x_k | x_<k)``); the trai
 into per-position weights (position ``t`` predicts token ``t + 1``) once, before context
 parallelism shards the sequence.
 
-This module imports only torch: ``LongCEConfig`` reads its choices, and the dataset side of the
-cached weights (``cached_weights``, which imports ``datasets``) loads when a trainer is built.
+The setting's values and the column's name are ``config``'s (``WEIGHT_SOURCES``, ``WEIGHTS_COLUMN``),
+which imports nothing of this module; the dataset side of the cached weights (``cached_weights``,
+which imports ``datasets``) loads when a trainer is built, and imports nothing of this module either.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 
-#: The dataset and batch column of the cached weights (``[B, T]`` float32 in a batch, one per token).
-WEIGHTS_COLUMN = "longce_weights"
+from .config import WEIGHTS_COLUMN
 
 
 def aligned_weights(weights: torch.Tensor, input_ids: torch.Tensor, key: str, fix: str) -> torch.Tensor:
@@ -165,16 +165,20 @@ class CachedWeights(WeightSource):
         return aligned_weights(weights, input_ids, WEIGHTS_COLUMN, fix)
 
 
-#: The source of each ``longce_weights`` value (``LongCEConfig``'s choices, in this order).
-SOURCE_OF_SETTING: dict[str, type[WeightSource]] = {"self": SelfScoredWeights, "cache": CachedWeights}
+#: The source of each ``longce_weights`` value (``config.WEIGHT_SOURCES``, in this order).
+SOURCE_OF_SETTING: dict[str, type[WeightSource]] = {
+    "self": SelfScoredWeights,
+    "cache": CachedWeights,
+    "none": NoWeights,
+}
 
 
 def weight_source_for(settings: Any, given: WeightSource | None = None) -> WeightSource:
     """The ``WeightSource`` of a trainer: ``given`` (a source of one's own), else the one that the
-    ``LongCESettings`` ``settings`` choose: ``NoWeights`` with ``plain_ce``, else the source of
-    ``settings.weights`` (``SOURCE_OF_SETTING``). ``settings`` are checked already; a ``given`` that is no
+    ``LongCESettings`` ``settings`` choose: the source of ``settings.weights`` (``SOURCE_OF_SETTING``;
+    ``longce_plain_ce=True`` is ``weights="none"``). ``settings`` are checked already; a ``given`` that is no
     ``WeightSource``, or beside settings that choose a source other than the default, is a ``ValueError``."""
-    chosen = NoWeights() if settings.plain_ce else SOURCE_OF_SETTING[settings.weights]()
+    chosen = SOURCE_OF_SETTING[settings.weights]()
     if given is None:
         return chosen
     if not isinstance(given, WeightSource):

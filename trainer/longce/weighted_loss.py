@@ -12,7 +12,7 @@ short-context log-probs ``lp_short`` (``[N]``, NaN where the token has no short 
 replace ``w`` and ``lp_short`` is then unused. ``logits`` is the head's projection followed by
 the architecture's post-processing (Cohere/Granite multiplier, Gemma soft-capping).
 
-Three implementations; ours cut the rows into chunks (``longppl.logprobs.rows_per_chunk``) so that
+Three implementations; ours cut the rows into chunks (``longppl.core.logprobs.rows_per_chunk``) so that
 the largest logits tensor alive is ``[chunk, V]``. ``lm_head_loss`` puts them behind one interface
 and owns the rule that picks one for a head and a device:
 
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from longppl.key_tokens import unscored_weight
-from longppl.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, rows_per_chunk
+from longppl.core.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, rows_per_chunk
+from longppl.rules.key_tokens import unscored_weight
 
 # float32 bytes of one logits chunk, the scoring core's (chunks are cut by its ``rows_per_chunk``):
 # 1 GiB is ~2k rows of a 128k vocabulary. Measured on an H200 (scripts/bench_longce.py
@@ -49,7 +49,7 @@ DEFAULT_LOSS_CHUNK_BYTES = DEFAULT_LOGITS_CHUNK_BYTES
 
 def lsd_weights(lp_long: torch.Tensor, lp_short: torch.Tensor, gamma: float) -> torch.Tensor:
     """``min(exp(lp_long - lp_short), gamma)`` (``min(exp(LSD), gamma)``), and ``min(1, gamma)``
-    (``longppl.key_tokens.unscored_weight``) where ``lp_short`` is NaN (no short score: LSD counts as 0).
+    (``longppl.rules.key_tokens.unscored_weight``) where ``lp_short`` is NaN (no short score: LSD counts as 0).
 
     Shapes: any, broadcastable; float32 result. ``gamma=None`` would be unbounded: always pass one.
     """

@@ -6,7 +6,7 @@ numbers equal); these are the few pieces of it that ``import longppl`` does not 
 
 from __future__ import annotations
 
-from longppl.scoring import DocumentResult, encode_texts
+from longppl.core.scoring import DocumentResult, encode_texts
 from longppl.settings import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_MAX_TOKENS_PER_BATCH, require_bool, require_int
 from longppl.tools.cli import USER_ERRORS, debugging
 

@@ -48,7 +48,7 @@ class DocumentLogProbs(float):
     answers, and what the harness writes in its samples) with the scores it comes from.
 
     Attributes:
-        scores: ``longppl.scoring.ModelScores`` of the document: the model's tokens ``input_ids``
+        scores: ``longppl.core.scoring.ModelScores`` of the document: the model's tokens ``input_ids``
             ``[n]``, their character spans ``offsets`` ``[n, 2]`` and ``lp`` ``[n]``,
             ``lp[i] = log P(x_i | x_<i)`` (NaN at ``i = 0``, which has no prediction).
     """

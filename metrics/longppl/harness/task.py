@@ -15,7 +15,7 @@ combinations), ``alpha``, ``beta``, ``use_lcl``, ``soft``, ``gamma`` (the key-to
 ``aggregation`` (``official``, the default, or ``pooled``).
 
 Per document (``--log_samples``), both metrics hold the document's result: ``longppl``, ``ppl``,
-``n_key_tokens``, ``n_tokens``, ``key_nll``, ``nll``, ``n_predicted`` (``longppl.scoring.DocumentResult``).
+``n_key_tokens``, ``n_tokens``, ``key_nll``, ``nll``, ``n_predicted`` (``longppl.core.scoring.DocumentResult``).
 The corpus values are ``longppl.summarize_results`` of those results: with ``official`` the mean of
 per-document LongPPLs weighted by their key-token counts (documents without key tokens left out) and
 of per-document PPLs weighted by their token counts, never a plain mean of per-document values. Their

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..settings import DEFAULT_ALPHA, DEFAULT_BETA
 
 if TYPE_CHECKING:
-    from ..key_token_cache import KeyTokenCache, KeyTokenSettings
+    from ..cache.key_token_cache import KeyTokenCache, KeyTokenSettings
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
 def open_selected(args: argparse.Namespace) -> tuple[KeyTokenCache, KeyTokenSettings, str, list[int]]:
     """``(cache, settings, evaluator_fingerprint, rows)`` of the combination the options pick
     (see :meth:`KeyTokenCache.select`)."""
-    from ..key_token_cache import open_cache
+    from ..cache.key_token_cache import open_cache
 
     cache = open_cache(args.key_tokens, args.split, "--key-tokens")
     settings, fingerprint, rows = cache.select(

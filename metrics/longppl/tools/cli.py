@@ -295,6 +295,6 @@ def _yaml_problem(err) -> str:
 
 def debugging(environ: dict[str, str] | None = None) -> bool:
     """Whether ``LONGPPL_DEBUG`` asks for tracebacks (1, true, yes or on)."""
-    from longppl.sources import env_flag  # standard library only: the commands run this before torch
+    from longppl.models.sources import env_flag  # standard library only: the commands run this before torch
 
     return env_flag(DEBUG_VARIABLE, environ)

@@ -192,8 +192,8 @@ def main(argv=None, prog: str = PROG) -> dict:
     """
     args = parse_args(argv, prog)  # before the heavy imports: `--help` and usage errors answer at once
     # Where the corpus and the evaluator are (here, or on the Hub: asked once) is settled before torch
-    # loads, so that a wrong name fails in a second (longppl.sources).
-    from longppl.sources import check_model_source
+    # loads, so that a wrong name fails in a second (longppl.models.sources).
+    from longppl.models.sources import check_model_source
     from longppl.tools.corpus import locate_corpus
 
     locate_corpus(args.corpus, "--corpus")
@@ -219,7 +219,7 @@ def check_tensor_parallel(args, torch) -> None:
     environment, before any process group is joined or any weight loaded."""
     from transformers import AutoConfig
 
-    from longppl.tensor_parallel import check_launch, tensor_parallel_plan
+    from longppl.parallel.tensor_parallel import check_launch, tensor_parallel_plan
 
     if args.device is not None:
         raise ValueError(
@@ -242,10 +242,10 @@ def _run(args, state, start: float, prog: str = PROG) -> dict:
     from accelerate.utils import broadcast_object_list
 
     from longppl.atomic_files import owned_temp_name
-    from longppl.fingerprints import ModelIdentity
-    from longppl.key_token_cache import KeyTokenCache, cache_directory, key_token_rows, write_failed
-    from longppl.loading import load_model, load_tokenizer, resolve_dtype
-    from longppl.scoring import score_with_evaluator, truncate_texts
+    from longppl.cache.key_token_cache import KeyTokenCache, cache_directory, key_token_rows, write_failed
+    from longppl.core.scoring import score_with_evaluator, truncate_texts
+    from longppl.models.fingerprints import ModelIdentity
+    from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
     from longppl.tools.corpus import read_documents
     from longppl.tools.threads import choose_torch_threads
 

@@ -11,7 +11,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ..sources import Location, locate
+from ..models.sources import Location, locate
 
 if TYPE_CHECKING:  # datasets loads when a dataset is read: longppl-score checks its --corpus before that
     import datasets

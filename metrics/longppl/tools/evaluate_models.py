@@ -186,14 +186,14 @@ def main(argv=None, prog: str = PROG) -> dict:
     rule = KeyTokenRule(args.alpha, args.beta, not args.no_lcl, args.soft, args.gamma)  # checked before any loading
     check_output_dir(args.output_dir)
     # Where the cache and the models are (here, or on the Hub: asked once) is settled before torch
-    # loads or any model is scored, so that a wrong name fails in a second (longppl.sources).
-    from longppl.sources import check_model_source, locate_cache
+    # loads or any model is scored, so that a wrong name fails in a second (longppl.models.sources).
+    from longppl.models.sources import check_model_source, locate_cache
 
     locate_cache(args.key_tokens, "--key-tokens")
     for name in args.models:
         check_model_source(name, "--models", tokenizer=True)
-    from longppl.loading import load_causal_lm
-    from longppl.scoring import document_results, score_with_model, summarize_results, text_key_weights
+    from longppl.core.scoring import document_results, score_with_model, summarize_results, text_key_weights
+    from longppl.models.loading import load_causal_lm
     from longppl.tools.cache_cli import open_selected
     from longppl.tools.reports import (
         explain_missing_key_tokens,

@@ -101,7 +101,7 @@ def explain_missing_key_tokens(
     """
     import numpy as np
 
-    from ..key_tokens import key_token_mask, long_short_difference
+    from ..rules.key_tokens import key_token_mask, long_short_difference
 
     alpha, beta, use_lcl = rule.alpha, rule.beta, rule.use_lcl
     k = f"K={trunc_len}" if trunc_len is not None else "K"

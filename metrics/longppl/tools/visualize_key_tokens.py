@@ -93,8 +93,8 @@ def main(argv=None, prog: str = PROG) -> None:
     args = parse_args(argv, prog)
     check_outputs(args)
     from longppl.atomic_files import write_file_atomically
-    from longppl.key_token_html import key_token_html
     from longppl.tools.cache_cli import open_selected
+    from longppl.views.key_token_html import key_token_html
 
     cache, settings, fingerprint, rows = open_selected(args)
     if args.html:
@@ -124,7 +124,7 @@ def main(argv=None, prog: str = PROG) -> None:
     if args.histogram:
         import numpy as np
 
-        from longppl.key_tokens import long_short_difference
+        from longppl.rules.key_tokens import long_short_difference
         from longppl.tools.figures import lsd_histogram
 
         lsd = np.concatenate(

@@ -200,7 +200,7 @@ def locate(name, repo_type: str = "model", argument: str = "model_id", hint: str
 
 def locate_cache(source, argument: str = "key_tokens") -> Location:
     """Where the key-token cache ``source`` is: a local directory, or a Hub dataset id (:func:`locate`)."""
-    from .atomic_files import swap_interrupted
+    from ..atomic_files import swap_interrupted
 
     # A swap killed between its two renames leaves only the previous copy (``.NAME.previous``):
     # still a local cache, which KeyTokenCache.load recovers; never a name to look up on the Hub.

@@ -137,7 +137,7 @@ def load_model(
     name_or_path = check_model_source(name_or_path)
     device = check_device(device) or default_device()
     if tensor_parallel > 1:
-        from .tensor_parallel import load_sharded_model
+        from ..parallel.tensor_parallel import load_sharded_model
 
         dtype = resolve_dtype(torch_dtype, device)
         return load_sharded_model(name_or_path, tensor_parallel, device, dtype, sequence_parallel)

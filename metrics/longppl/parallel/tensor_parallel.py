@@ -69,7 +69,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .settings import require_int
+from ..settings import require_int
 
 # The plan styles this module applies; a family whose plan uses others (packed, expert, sequence
 # parallel...) is refused rather than half-split.

@@ -121,7 +121,7 @@ class ModelIdentity:
         DDP / PEFT wrappers are looked through (LoRA weights injected into the model count), so a
         wrapped model has the fingerprint of the model it computes with.
         """
-        from .logprobs import unwrap_model
+        from ..core.logprobs import unwrap_model
 
         model = unwrap_model(model)
         digest = hashlib.sha256(b"longppl-weights-v1\0")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .settings import KeyTokenRule
+from ..settings import KeyTokenRule
 
 
 def long_short_difference(lp_long: np.ndarray, lp_short: np.ndarray) -> np.ndarray:

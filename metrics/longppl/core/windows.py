@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..settings import DEFAULT_MAX_TOKENS_PER_BATCH, WindowSettings, settings_object
 from .batching import Segment, segment_log_probs
 from .progress import Progress
-from .settings import DEFAULT_MAX_TOKENS_PER_BATCH, WindowSettings, settings_object
 
 
 def window_bounds(n: int, window: WindowSettings) -> list[tuple[int, int]]:
@@ -60,8 +60,8 @@ def window_segments(
 def short_context_log_probs(
     model: nn.Module,
     sequences: Sequence[torch.Tensor],
-    trunc_len: int | None = None,
-    sliding_window: int | None = None,
+    window: WindowSettings | None = None,
+    *,
     max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
     long_log_probs: Sequence[torch.Tensor] | None = None,
     prefix_token_id: int | None = None,
@@ -70,13 +70,14 @@ def short_context_log_probs(
     via_forward: bool = False,
     progress: Progress | None = None,
     equal_lengths: bool = False,
-    window: WindowSettings | None = None,
 ) -> list[torch.Tensor]:
     """Short-context log-probs of every token with at least ``trunc_len`` tokens before it.
 
     Args:
         sequences: ``[n_k]`` int64 token ids per document.
-        window: K and d; or, as before, ``trunc_len`` and ``sliding_window`` (defaults 4096, 1024).
+        window: K and d (``WindowSettings``, checked when built; default ``WindowSettings()``: 4096,
+            1024). The only way to give them: ``WindowSettings(K, d)`` replaces the former numbers.
+        max_tokens_per_batch: token budget of one forward pass (results do not depend on it).
         long_log_probs: the documents' full-context log-probs, if already computed. The first window
             (``s = 0``) reads ``x[0 : K+d]``, which *is* the full context of its scored tokens, so its
             values are taken from here instead of running it again.
@@ -95,7 +96,7 @@ def short_context_log_probs(
     Returns:
         ``[n_k]`` float32 per document: ``lp_short[i]`` for ``i >= K``, NaN for ``i < K``.
     """
-    window = settings_object(WindowSettings, window, trunc_len=trunc_len, sliding_window=sliding_window)
+    window = settings_object(WindowSettings, window)
     results = [torch.full((int(seq.shape[0]),), float("nan")) for seq in sequences]
     skip = skip_first_window or long_log_probs is not None
     segments, owners = window_segments(sequences, window, skip, prefix_token_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field, fields
 
-from .settings import (
+from ..settings import (
     DEFAULT_AGGREGATION,
     DEFAULT_ALPHA,
     DEFAULT_BETA,

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .key_tokens import key_token_mask, long_short_difference
-from .settings import KeyTokenRule
+from ..rules.key_tokens import key_token_mask, long_short_difference
+from ..settings import KeyTokenRule
 
 if TYPE_CHECKING:  # only for the annotations: scoring imports torch
-    from .scoring import EvaluatorScores
+    from ..core.scoring import EvaluatorScores
 
 #: Background opacity of a token whose LSD reaches the cap (text stays readable on it).
 MAX_OPACITY = 0.85

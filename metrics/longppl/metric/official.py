@@ -20,12 +20,12 @@ import warnings
 import numpy as np
 import torch
 
-from .alignment import tokens_within_spans
-from .atomic_files import write_file_atomically
-from .fingerprints import text_fingerprint
-from .loading import check_model_source, load_causal_lm
-from .scoring import document_result, score_with_evaluator, score_with_model
-from .settings import (
+from ..atomic_files import write_file_atomically
+from ..core.scoring import document_result, score_with_evaluator, score_with_model
+from ..models.fingerprints import text_fingerprint
+from ..models.loading import check_model_source, load_causal_lm
+from ..rules.alignment import tokens_within_spans
+from ..settings import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
     DEFAULT_SLIDING_WINDOW,

@@ -17,15 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .alignment import encode_many_with_offsets, tokens_within_spans, transfer_token_weights
-from .batching import long_context_log_probs
-from .compilation import compiled_blocks
-from .key_tokens import key_char_spans, key_token_mask, soft_weights, unscored_weight
-from .logprobs import unwrap_model
-from .progress import Progress, ProgressCallback
+from ..rules.alignment import encode_many_with_offsets, tokens_within_spans, transfer_token_weights
+from ..rules.key_tokens import key_char_spans, key_token_mask, soft_weights, unscored_weight
 
 # The DEFAULT_* names live in settings and stay importable from here.
-from .settings import (  # noqa: F401
+from ..settings import (  # noqa: F401
     DEFAULT_AGGREGATION,
     DEFAULT_GAMMA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
@@ -37,6 +33,10 @@ from .settings import (  # noqa: F401
     check_token_ids,
     settings_object,
 )
+from .batching import long_context_log_probs
+from .compilation import compiled_blocks
+from .logprobs import unwrap_model
+from .progress import Progress, ProgressCallback
 from .windows import short_context_log_probs
 
 
@@ -244,27 +244,24 @@ def score_with_evaluator(
     evaluator,
     tokenizer,
     texts: Sequence[str],
-    trunc_len: int | None = None,
-    sliding_window: int | None = None,
+    settings: KeyTokenSettings | None = None,
+    *,
     max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
-    add_special_tokens: bool | None = None,
-    window_bos: bool | None = None,
     progress: bool = True,
     torch_compile: bool = False,
     per_document: bool = False,
     progress_callback: ProgressCallback | None = None,
     pack_documents: bool = False,
     text_names: Sequence[str] | None = None,
-    settings: KeyTokenSettings | None = None,
 ) -> list[EvaluatorScores]:
     """Long- and short-context log-probs of every evaluator token of every text.
 
     Args:
-        settings: K, d and the evaluator's tokenization (``KeyTokenSettings``); or, as before, any of
-            ``trunc_len``, ``sliding_window`` (default 4096, 1024), ``add_special_tokens`` (default
-            True: the evaluator's special tokens, its BOS, as the official code) and ``window_bos``
-            (default False; opt-in improvement over the official code: the evaluator's BOS at the
-            head of every short window after the first, which starts at the document's head).
+        settings: K, d and the evaluator's tokenization (``KeyTokenSettings``, checked when built;
+            default ``KeyTokenSettings()``: K=4096, d=1024, the evaluator's special tokens as the
+            official code, no BOS at the head of the short windows). The only way to give them:
+            ``KeyTokenSettings(trunc_len=K, sliding_window=d)`` replaces the former numbers.
+        max_tokens_per_batch: token budget of one forward pass (results do not depend on it).
         torch_compile: compile the evaluator's transformer blocks while scoring (see ``compilation``).
         per_document: a document's scores are bit-for-bit the same whatever other texts are scored
             with it (what a shareable cache needs): each document gets forward passes of its own.
@@ -282,14 +279,7 @@ def score_with_evaluator(
             batches, decoder layers and LM-head chunks (see ``progress``); raise in it to stop.
         text_names: what error messages call each text (default ``predictions[i]``).
     """
-    settings = settings_object(
-        KeyTokenSettings,
-        settings,
-        trunc_len=trunc_len,
-        sliding_window=sliding_window,
-        add_special_tokens=add_special_tokens,
-        window_bos=window_bos,
-    )
+    settings = settings_object(KeyTokenSettings, settings)
     encoded = encode_texts(tokenizer, texts, settings.add_special_tokens, evaluator, "evaluator", text_names=text_names)
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
     if pack_documents and not per_document:

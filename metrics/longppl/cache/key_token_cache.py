@@ -92,7 +92,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .atomic_files import (
+from ..atomic_files import (
     cannot_create,
     directory_lock,
     recover_directory,
@@ -100,12 +100,12 @@ from .atomic_files import (
     swap_interrupted,
     write_file_atomically,
 )
-from .fingerprints import ModelIdentity, file_sha256, text_fingerprint
-from .settings import KeyTokenSettings
-from .sources import require_path
+from ..models.fingerprints import ModelIdentity, file_sha256, text_fingerprint
+from ..models.sources import require_path
+from ..settings import KeyTokenSettings
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
-    from .scoring import EvaluatorScores
+    from ..core.scoring import EvaluatorScores
 
 FORMAT_VERSION = 2
 CHECKSUM_FILE = "longppl_checksums.json"
@@ -133,7 +133,7 @@ _SETTING_COLUMNS = ("trunc_len", "sliding_window", "add_special_tokens", "window
 _KEY_COLUMNS = ("text_fingerprint", "evaluator_fingerprint") + _SETTING_COLUMNS
 _EVALUATOR_COLUMNS = ("evaluator_name", "evaluator_revision", "evaluator_dtype", "evaluator_fingerprint")
 _ARRAY_COLUMNS = ("input_ids", "offsets", "lp_long", "lp_short")
-_DESCRIPTION = f"LongPPL key-token cache, format {FORMAT_VERSION} (see longppl.key_token_cache)."
+_DESCRIPTION = f"LongPPL key-token cache, format {FORMAT_VERSION} (see longppl.cache.key_token_cache)."
 _HOW_TO_BUILD = (
     "Build one with the longppl-score command, or with the metric: "
     "compute(..., key_tokens=<new directory>, evaluator_model_id=...)."
@@ -746,7 +746,7 @@ class KeyTokenCache:
             return table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
 
         offsets = table.column("offsets").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
-        from .scoring import EvaluatorScores
+        from ..core.scoring import EvaluatorScores
 
         scores = EvaluatorScores(
             values("input_ids").astype(np.int64),
@@ -832,7 +832,7 @@ def open_cache(source: str, split: str = "train", argument: str = "key_tokens") 
     Which of the two is decided by ``sources.locate_cache``: a missing local path, or a
     Hub id while offline or the Hub unreachable, fails at once with one line naming ``argument``.
     """
-    from .sources import locate_cache
+    from ..models.sources import locate_cache
 
     location = locate_cache(source, argument)
     if location.local:

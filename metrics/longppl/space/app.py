@@ -1,0 +1,601 @@
+"""The LongPPL Space: long texts in; LongPPL, PPL and the highlighted key tokens out.
+
+evaluate's ``launch_gradio_widget`` passes only the feature columns (the texts) to ``compute``, so
+it cannot take model ids or settings (and it fails on current gradio); this small Blocks UI is
+ours. Nothing is loaded at start-up: the metric and both models load when "Compute" is clicked.
+
+The Space runs the installed ``longppl`` package: its ``requirements.txt`` installs the package, and
+its ``app.py`` is a thin shell that imports this module's ``demo``. The metric is loaded from the
+package's metric file (``longppl.METRIC_PATH``), the same file ``evaluate.load`` takes from the Space.
+
+Every failure reaches the page as a ``gr.Error`` that says what failed and what to try, in the
+UI's words (K and d, texts numbered from 1): bad input, a request over the limits below, a model
+that cannot be loaded (Hub unreachable, gated or missing model, out of memory) and anything
+unexpected. The Hub is asked once, with a short timeout (``LONGPPL_SPACE_HUB_TIMEOUT_S``), whether
+a model is there before it is loaded, so an outage fails in seconds rather than after a minute of
+retries.
+
+The Space is a public server, so every request is bounded (all settable by the Space's owner as
+environment variables / Space secrets; see ``SpaceSettings.from_env``):
+
+* models: only the Hub ids of ``LONGPPL_SPACE_MODELS`` (comma-separated; default
+  ``DEFAULT_MODELS``, small public models). Anything else (another id, a local path) is refused
+  by comparing strings, before anything is loaded or the file system is looked at; remote code is
+  never trusted. Loaded models stay in memory for the next requests (the two last used). For
+  tests only, ``LONGPPL_SPACE_LOCAL_MODELS=1`` lets the list name absolute paths of model folders
+  too (a visitor still picks only among the listed entries).
+* size: at most ``LONGPPL_SPACE_MAX_CHARS`` characters per request, ``LONGPPL_SPACE_MAX_TOKENS``
+  tokens (under each model's tokenizer), K <= ``LONGPPL_SPACE_MAX_K``, and at most
+  ``LONGPPL_SPACE_MAX_WINDOW_TOKENS`` tokens read by the evaluator in short windows (a small d
+  multiplies the work by about ``(K + d) / d``).
+* time: a request is stopped once ``LONGPPL_SPACE_TIME_LIMIT_S`` seconds have passed. The metric
+  calls ``progress_callback`` after every decoder layer of every forward pass, every LM-head chunk
+  and every batch of windows; the callback raises past the deadline, which ends scoring at once.
+  So a request overruns by at most one such step (one layer of a pass of at most
+  ``LONGPPL_SPACE_MAX_TOKENS`` tokens), plus loading a model not yet in memory.
+* load: a queue running ``LONGPPL_SPACE_CONCURRENCY`` requests at a time (default 1: one request
+  already uses every CPU core) and holding at most ``LONGPPL_SPACE_QUEUE_SIZE`` waiting ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import html
+import json
+import math
+import os
+import re
+import threading
+import time
+import warnings
+
+import evaluate
+import gradio as gr
+
+from .. import settings as _settings
+from ..metric import options as _options
+from ..models import sources as _sources
+from ..views import key_token_html as _views
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+#: The metric file (``longppl.py``), the thin shell that the Space serves to ``evaluate.load``.
+METRIC_FILE = os.path.join(os.path.dirname(HERE), "longppl.py")
+
+#: A line holding only this separates documents in the texts box.
+SEPARATOR = "---"
+#: The example texts offered under the texts box (public-domain excerpts; see the file's "about").
+EXAMPLES_FILE = os.path.join(HERE, "space_examples.json")
+#: Small public models that run on a CPU Space (evaluated model first, evaluator last).
+DEFAULT_MODELS = ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-360M", "Qwen/Qwen2.5-0.5B")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_RUN_IT_YOURSELF = 'To go beyond, run the metric on your own hardware: evaluate.load("<this Space\'s id>").'
+
+
+def _env_int(environ, name: str, default: int, minimum: int = 1) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"The Space setting {name}={raw!r} must be an integer >= {minimum}; fix or remove it.")
+    return value
+
+
+def _env_float(environ, name: str, default: float) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"The Space setting {name}={raw!r} must be a number of seconds > 0; fix or remove it.")
+    return value
+
+
+def _env_bool(environ, name: str) -> bool:
+    raw = environ.get(name, "").strip().lower()
+    if raw not in ("", "0", "1", "false", "true"):
+        raise ValueError(f"The Space setting {name}={raw!r} must be 1 or 0 (true or false); fix or remove it.")
+    return raw in ("1", "true")
+
+
+def _check_model_entry(model: str, local_models: bool) -> None:
+    """Raise a ``ValueError`` unless ``model`` is a Hub id, or (``local_models``) an absolute path of a folder."""
+    if local_models and os.path.isabs(model):
+        if not os.path.isdir(model):
+            raise ValueError(f"LONGPPL_SPACE_MODELS lists {model!r}, which is not a folder: list model folders.")
+        return
+    if not _HUB_ID.match(model) or ".." in model:
+        raise ValueError(
+            f"LONGPPL_SPACE_MODELS lists {model!r}, which is not a Hub model id: list ids such as "
+            "Qwen/Qwen2.5-0.5B separated by commas (local paths are served only to tests, with "
+            "LONGPPL_SPACE_LOCAL_MODELS=1, and only as absolute paths)."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceSettings:
+    """What a request may ask of this Space (see the module docstring)."""
+
+    # Sized for a free CPU Space (see longppl/progress.py): an 8k-token pass of a 135M model takes
+    # about a minute on one core, a 0.5B evaluator's several.
+    models: tuple[str, ...] = DEFAULT_MODELS
+    max_chars: int = 50_000
+    max_tokens: int = 8192
+    max_trunc_len: int = 4096
+    max_window_tokens: int = 65_536
+    time_limit_s: float = 300.0
+    concurrency: int = 1
+    queue_size: int = 16
+    # Seconds the Hub may take to answer whether a model is there, before it is loaded.
+    hub_timeout_s: float = 10.0
+    # Tests only: the models may also be absolute paths of local folders (never a visitor's choice).
+    local_models: bool = False
+
+    @classmethod
+    def from_env(cls, environ=None) -> "SpaceSettings":
+        """The settings from ``LONGPPL_SPACE_*`` environment variables, defaults for those unset.
+
+        Raises:
+            ValueError: a variable is not a valid value (named in the message), or
+                ``LONGPPL_SPACE_MODELS`` lists something that is not a Hub id ``owner/name`` (nor,
+                with ``LONGPPL_SPACE_LOCAL_MODELS=1``, an absolute path of a folder).
+        """
+        environ = os.environ if environ is None else environ
+        local_models = _env_bool(environ, "LONGPPL_SPACE_LOCAL_MODELS")
+        models = tuple(m.strip() for m in environ.get("LONGPPL_SPACE_MODELS", "").split(",") if m.strip())
+        for model in models:
+            _check_model_entry(model, local_models)
+        defaults = cls()
+        return cls(
+            models=models or DEFAULT_MODELS,
+            max_chars=_env_int(environ, "LONGPPL_SPACE_MAX_CHARS", defaults.max_chars),
+            max_tokens=_env_int(environ, "LONGPPL_SPACE_MAX_TOKENS", defaults.max_tokens, minimum=2),
+            max_trunc_len=_env_int(environ, "LONGPPL_SPACE_MAX_K", defaults.max_trunc_len),
+            max_window_tokens=_env_int(environ, "LONGPPL_SPACE_MAX_WINDOW_TOKENS", defaults.max_window_tokens),
+            time_limit_s=_env_float(environ, "LONGPPL_SPACE_TIME_LIMIT_S", defaults.time_limit_s),
+            concurrency=_env_int(environ, "LONGPPL_SPACE_CONCURRENCY", defaults.concurrency),
+            queue_size=_env_int(environ, "LONGPPL_SPACE_QUEUE_SIZE", defaults.queue_size),
+            hub_timeout_s=_env_float(environ, "LONGPPL_SPACE_HUB_TIMEOUT_S", defaults.hub_timeout_s),
+            local_models=local_models,
+        )
+
+
+SETTINGS = SpaceSettings.from_env()
+
+
+class TimeLimitExceeded(Exception):
+    """Raised from the metric's progress callback once a request's deadline has passed."""
+
+
+# One metric object per worker thread: an evaluate metric buffers its texts in its own state,
+# so two concurrent requests must not share one.
+_metrics = threading.local()
+
+
+def load_metric():
+    """The LongPPL metric from the package's ``longppl.py``, loaded once per thread, on first use."""
+    if getattr(_metrics, "metric", None) is None:
+        # The file itself, not the folder: evaluate loads a folder only if it is named longppl,
+        # and a Space's folder is not.
+        _metrics.metric = evaluate.load(METRIC_FILE)
+    return _metrics.metric
+
+
+def _error(message: str) -> gr.Error:
+    """A ``gr.Error`` showing ``message`` as text (gradio renders it as HTML), until closed."""
+    return gr.Error(html.escape(message, quote=False), duration=None)
+
+
+def _chain(err: BaseException):
+    """``err`` and the exceptions it was raised from or while handling (transformers wraps the Hub's)."""
+    seen = []
+    while err is not None and err not in seen:
+        seen.append(err)
+        err = err.__cause__ or err.__context__
+    return seen
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    return any(
+        isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
+        for e in _chain(err)
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]
+
+
+_NETWORK_ERRORS = frozenset({"ConnectionError", "TimeoutError", "TransportError", "TimeoutException", "NetworkError"})
+
+
+def describe_load_failure(model_id: str, err: BaseException) -> str:
+    """What the page says when ``model_id`` cannot be loaded because of ``err``: what failed, why, and
+    what to try (a gated or missing model, an unreachable Hub, no memory left, anything else)."""
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    chain = _chain(err)
+    if any(isinstance(e, GatedRepoError) for e in chain):
+        return (
+            f"{model_id} is a gated model and this Space has no access to it; pick another model (the Space's "
+            "owner can accept the model's licence on the Hub and give the Space a token as its HF_TOKEN secret)."
+        )
+    if any(isinstance(e, RepositoryNotFoundError) for e in chain):
+        return (
+            f"{model_id} was not found on the Hub (or is private); pick another model (the Space's owner should "
+            "correct LONGPPL_SPACE_MODELS)."
+        )
+    if _is_out_of_memory(err):
+        return f"Not enough memory to load {model_id} ({_first_line(err)}); try again later, or pick a smaller model."
+    status = next(
+        (e.response.status_code for e in chain if isinstance(e, HfHubHTTPError) and e.response is not None), None
+    )
+    unreachable = isinstance(status, int) and (status >= 500 or status in (408, 429))
+    # The HTTP client's connection errors and timeouts (httpx's, or requests'), by their classes' names.
+    unreachable |= any(c.__name__ in _NETWORK_ERRORS for e in chain for c in type(e).__mro__)
+    unreachable |= "couldn't connect" in str(err)  # transformers' message when every retry failed
+    if unreachable:
+        return f"Could not reach the Hub for {model_id}: {_first_line(err)}; try again later."
+    return f"Could not load {model_id}: {_first_line(err)}; try again later, or pick another model."
+
+
+def _check_hub(model_id: str, timeout_s: float) -> None:
+    """Ask the Hub once, with a short timeout, whether ``model_id`` is there: an outage then fails in
+    seconds, where ``from_pretrained`` would retry each file for a minute. Nothing to ask offline."""
+    from huggingface_hub import HfApi
+
+    if _sources.hub_offline():  # the library's reading of HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE
+        return
+    HfApi().model_info(model_id, timeout=timeout_s)
+
+
+def _free_models() -> None:
+    """Drop the models kept for the next requests (after running out of memory: a retry may fit)."""
+    load_model.cache_clear()
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@functools.lru_cache(maxsize=2)
+def load_model(model_id: str, local: bool = False, hub_timeout_s: float = SpaceSettings.hub_timeout_s):
+    """``(model, tokenizer)`` of an allow-listed Hub id, kept in memory for the next requests.
+
+    Only ``score`` calls it, after checking ``model_id`` against ``SETTINGS.models``; remote code
+    is never run, and an id that is also a folder beside the server is refused. ``local``: the
+    settings allow local folders (tests; ``SpaceSettings.local_models``) and ``model_id`` is an
+    absolute path, loaded without the Hub.
+
+    Raises:
+        gr.Error: the model cannot be loaded; the message says why and what to try
+            (``describe_load_failure``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = local and os.path.isabs(model_id)
+    if not local and os.path.exists(model_id):  # an owner's id that would resolve to a local folder, not the Hub
+        raise _error(f"The Space is misconfigured: the listed model {model_id!r} is not loaded from the Hub.")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    try:
+        if not local:
+            _check_hub(model_id, hub_timeout_s)
+        options = dict(trust_remote_code=False, local_files_only=local)
+        tokenizer = AutoTokenizer.from_pretrained(model_id, **options)
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **options)
+        return model.to(device).eval(), tokenizer
+    except Exception as err:
+        if _is_out_of_memory(err):
+            _free_models()
+        raise _error(describe_load_failure(model_id, err)) from err
+
+
+def split_texts(raw: str | None) -> list[str]:
+    """Documents of the texts box: separated by lines holding only ``---``; blank ones dropped."""
+    documents, current = [], []
+    for line in (raw or "").splitlines(keepends=True):
+        if line.strip() == SEPARATOR:
+            documents.append("".join(current))
+            current = []
+        else:
+            current.append(line)
+    documents.append("".join(current))
+    return [doc.strip("\n") for doc in documents if doc.strip()]
+
+
+def key_token_view(texts: list[str], scores, alpha: float, beta: float, trunc_len: int) -> str:
+    """The key-token view: the legend, then each text (numbered from 1) with its evaluator tokens
+    shaded by LSD, key tokens marked and LSD / LCL on hover, as ``longppl-visualize``'s HTML shows
+    them (``key_token_html``). ``scores``: the metric's ``evaluator_scores``, one per text."""
+    lsd_cap = _views.check_lsd_cap(None, alpha)
+    parts = [_views.key_token_legend(alpha, beta, True, trunc_len, lsd_cap)]
+    for index, (text, text_scores) in enumerate(zip(texts, scores), 1):
+        counts, document = _views.key_token_document(text, text_scores, alpha, beta, True, trunc_len, lsd_cap)
+        parts.append(f"<h3>Text {index}</h3>{counts}{document}")
+    return f'<div class="longppl-keys">{"".join(parts)}</div>'
+
+
+def _shown(value: float, digits: int) -> str:
+    return "–" if math.isnan(value) else f"{value:.{digits}f}"  # a dash rather than "nan": no key tokens
+
+
+def summary(result: dict) -> str:
+    """A Markdown table: LongPPL, PPL, key tokens and tokens of each text (numbered from 1, as in
+    the key-token view and the messages)."""
+    rows = ["| text | LongPPL | PPL | key tokens | tokens |", "|---:|---:|---:|---:|---:|"]
+    for index, values in enumerate(
+        zip(result["longppls"], result["perplexities"], result["n_key_tokens"], result["n_tokens"]), 1
+    ):
+        longppl, ppl, n_key, n_tokens = values
+        rows.append(f"| {index} | {_shown(longppl, 3)} | {_shown(ppl, 3)} | {n_key} | {n_tokens} |")
+    return "\n".join(rows)
+
+
+#: The metric's argument names -> the UI's, in the metric's messages.
+_UI_NAMES = {"trunc_len": "K", "sliding_window": "d"}
+
+
+def _renumber(match: re.Match) -> str:
+    numbers = [str(int(n) + 1) for n in re.findall(r"\d+", match.group(1))]
+    verb = match.group(2) or ""
+    if len(numbers) == 1:
+        return f"Text {numbers[0]}" + (" has" if verb else "")
+    return f"Texts {', '.join(numbers)}{verb}"
+
+
+def in_ui_terms(message: str) -> str:
+    """The metric's ``message`` in the UI's words: K and d for ``trunc_len`` and ``sliding_window``,
+    texts numbered from 1 (the metric counts ``predictions[0]``, ``Texts [0, 2]`` from 0)."""
+    message = re.sub(r"\b(trunc_len|sliding_window)\b", lambda m: _UI_NAMES[m.group(1)], message)
+    message = re.sub(r"predictions\[(\d+)\]", lambda m: f"text {int(m.group(1)) + 1}", message)
+    return re.sub(r"Texts \[([\d, ]*)\]( have)?", _renumber, message)
+
+
+def _check_unicode(texts: list[str]) -> None:
+    """Refuse a text that cannot be encoded as UTF-8 (a lone surrogate such as U+D800, which a broken
+    copy-paste can leave): the tokenizers would fail on it with a bare TypeError."""
+    for index, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise _error(
+                f"Text {index} holds a character that is not valid Unicode (U+{ord(text[err.start]):04X}, a lone "
+                f"surrogate, at character {err.start + 1}); remove it, or copy the text again from its source."
+            ) from err
+
+
+def _allowed_model(value, role: str, settings: SpaceSettings) -> str:
+    """``value`` if it is one of the Space's models; refused otherwise (never looked up, never echoed)."""
+    if isinstance(value, str) and value.strip() in settings.models:
+        return value.strip()
+    raise _error(
+        f"The {role} must be one of the models this Space offers: {', '.join(settings.models)}. " + _RUN_IT_YOURSELF
+    )
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def short_window_tokens(n_tokens: int, trunc_len: int, sliding_window: int) -> int:
+    """Tokens the evaluator reads in the short windows of an ``n_tokens`` document (the first window,
+    taken from the long pass, not counted): windows ``[s, min(s+K+d, n))`` for ``s = d, 2d, ...``
+    while ``s + K < n`` (see ``windows.py``)."""
+    return sum(
+        min(s + trunc_len + sliding_window, n_tokens) - s
+        for s in range(sliding_window, max(n_tokens - trunc_len, 0), sliding_window)
+    )
+
+
+def _check_size(texts, trunc_len, sliding_window, tokenizers, settings: SpaceSettings) -> None:
+    """Refuse a request over the Space's character, token, K or short-window limits."""
+    if isinstance(trunc_len, (int, float)) and trunc_len > settings.max_trunc_len:
+        raise _error(
+            f"K = {trunc_len:g} is more than this Space allows ({settings.max_trunc_len}); "
+            f"use K <= {settings.max_trunc_len}. " + _RUN_IT_YOURSELF
+        )
+    for role, tokenizer, special in tokenizers:
+        n_tokens = [len(tokenizer(text, add_special_tokens=special)["input_ids"]) for text in texts]
+        if sum(n_tokens) > settings.max_tokens:
+            raise _error(
+                f"The texts have {sum(n_tokens)} tokens for the {role}, more than this Space scores per request "
+                f"({settings.max_tokens}); score shorter texts. " + _RUN_IT_YOURSELF
+            )
+        if role == "evaluator model" and _is_count(trunc_len) and _is_count(sliding_window):
+            windows = sum(short_window_tokens(n, trunc_len, sliding_window) for n in n_tokens)
+            if windows > settings.max_window_tokens:
+                raise _error(
+                    f"With K = {trunc_len} and d = {sliding_window} the evaluator would read {windows} tokens in "
+                    f"short windows, more than this Space allows ({settings.max_window_tokens}); use a larger d "
+                    "(sliding window) or shorter texts. " + _RUN_IT_YOURSELF
+                )
+
+
+def score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, alpha, beta, progress=gr.Progress()):
+    """The "Compute" button: ``(LongPPL, PPL, key-token view (HTML), per-text table)``.
+
+    Every failure is shown in the UI as a ``gr.Error`` that says what failed and what to try: bad
+    input, a request over the Space's limits (``SETTINGS``), a model that cannot be loaded, the
+    metric's own ``ValueError`` (in the UI's words: ``in_ui_terms``) and anything unexpected; the
+    metric's warnings (e.g. a text too short to have key tokens) as ``gr.Warning``.
+    ``progress``: gradio's progress bar.
+    """
+    try:
+        return _score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, alpha, beta, progress)
+    except gr.Error:
+        raise
+    except Exception as err:  # gradio would show a bare "Error" badge with no message
+        if _is_out_of_memory(err):
+            _free_models()
+            raise _error(
+                f"The Space ran out of memory while scoring ({_first_line(err)}); score shorter texts, or try again "
+                "later. " + _RUN_IT_YOURSELF
+            ) from err
+        raise _error(
+            f"Scoring failed: {type(err).__name__}: {in_ui_terms(_first_line(err))}. Try again; if it fails again, "
+            "try other texts or settings. " + _RUN_IT_YOURSELF
+        ) from err
+
+
+def _score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, alpha, beta, progress):
+    settings = SETTINGS
+    deadline = time.monotonic() + settings.time_limit_s
+    if len(raw_texts or "") > settings.max_chars:
+        raise _error(
+            f"The texts have {len(raw_texts)} characters, more than this Space scores per request "
+            f"({settings.max_chars}); score shorter texts. " + _RUN_IT_YOURSELF
+        )
+    texts = split_texts(raw_texts)
+    if not texts:
+        raise _error(f"Paste at least one long text (separate several with a line holding only {SEPARATOR}).")
+    _check_unicode(texts)
+    try:  # K and d as the metric checks them, here too: an emptied box (None) is not "the default"
+        _settings.WindowSettings(trunc_len, sliding_window)
+    except ValueError as err:
+        raise _error(in_ui_terms(str(err))) from None
+    model_id = _allowed_model(model_id, "evaluated model", settings)
+    evaluator_model_id = _allowed_model(evaluator_model_id, "evaluator model", settings)
+    model, tokenizer = load_model(model_id, settings.local_models, settings.hub_timeout_s)
+    evaluator, evaluator_tokenizer = load_model(evaluator_model_id, settings.local_models, settings.hub_timeout_s)
+    tokenizers = [("evaluator model", evaluator_tokenizer, True), ("evaluated model", tokenizer, False)]
+    _check_size(texts, trunc_len, sliding_window, tokenizers, settings)
+
+    def on_progress(desc: str, done: int, total: int) -> None:
+        if time.monotonic() > deadline:
+            raise TimeLimitExceeded(desc)
+        progress((done, total), desc=desc)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = load_metric().compute(
+                predictions=texts,
+                model=model,
+                tokenizer=tokenizer,
+                evaluator_model=evaluator,
+                evaluator_tokenizer=evaluator_tokenizer,
+                trunc_len=trunc_len,
+                sliding_window=sliding_window,
+                alpha=alpha,
+                beta=beta,
+                return_evaluator_scores=True,
+                progress=False,
+                progress_callback=on_progress,
+            )
+        except ValueError as err:
+            raise _error(in_ui_terms(str(err))) from err
+        except TimeLimitExceeded as err:
+            raise _error(
+                f"This request took longer than this Space allows ({settings.time_limit_s:g} s) and was stopped "
+                f"during: {err}. Score shorter texts, with a larger d or a smaller K. " + _RUN_IT_YOURSELF
+            ) from err
+    for warning in caught:
+        if issubclass(warning.category, UserWarning):
+            gr.Warning(html.escape(in_ui_terms(str(warning.message)), quote=False))
+    return (
+        _shown(result["longppl"], 4),
+        _shown(result["ppl"], 4),
+        key_token_view(texts, result["evaluator_scores"], alpha, beta, trunc_len),
+        summary(result),
+    )
+
+
+def load_examples(path: str = EXAMPLES_FILE) -> tuple[list[list], list[str]]:
+    """``(rows, titles)`` for ``gr.Examples``: each row is ``[text, K, d]`` (the file's K and d: the
+    excerpts are short, so K must be too) and its title labels it."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    rows = [[example["text"], data["K"], data["d"]] for example in data["examples"]]
+    return rows, [example["title"] for example in data["examples"]]
+
+
+def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
+    """The Space's UI with its request queue (builds components only: no model or metric is loaded)."""
+    settings = settings or SETTINGS
+    with gr.Blocks(title="LongPPL") as demo:
+        gr.Markdown(
+            "# LongPPL\n"
+            "Perplexity over the **key tokens** of long texts: the tokens an evaluator model predicts much "
+            "better with the full context than with only the last K tokens (Fang et al., ICLR 2025). "
+            "Texts need more than K evaluator tokens.\n\n"
+            f"This Space runs small models only, on at most {settings.max_chars} characters and "
+            f"{settings.max_tokens} tokens per request, K <= {settings.max_trunc_len}, for at most "
+            f"{settings.time_limit_s:g} s. For 7-8B models (the paper's evaluator is Llama-3.1-8B) and "
+            "long documents, run the metric on a GPU of your own."
+        )
+        texts = gr.Textbox(
+            label=f"Texts (separate documents with a line holding only {SEPARATOR})",
+            lines=12,
+            max_lines=30,
+            max_length=settings.max_chars,
+        )
+        with gr.Row():
+            model_id = gr.Dropdown(
+                label="Evaluated model (Hub id)",
+                choices=list(settings.models),
+                value=settings.models[0],
+                allow_custom_value=False,
+            )
+            evaluator_model_id = gr.Dropdown(
+                label="Evaluator model (Hub id)",
+                choices=list(settings.models),
+                value=settings.models[-1],
+                allow_custom_value=False,
+            )
+        with gr.Row():
+            trunc_len = gr.Number(
+                label="K (short-context length)",
+                value=min(_options.default_of("trunc_len"), settings.max_trunc_len),
+                precision=0,
+                minimum=1,
+                maximum=settings.max_trunc_len,
+            )
+            sliding_window = gr.Number(
+                label="d (sliding window)", value=_options.default_of("sliding_window"), precision=0, minimum=1
+            )
+            alpha = gr.Number(label="alpha (LSD threshold)", value=_options.default_of("alpha"))
+            beta = gr.Number(label="beta (LCL threshold)", value=_options.default_of("beta"))
+        examples, titles = load_examples()
+        gr.Examples(
+            examples,
+            inputs=[texts, trunc_len, sliding_window],
+            example_labels=titles,
+            label="Examples (public-domain report excerpts, with a K and d short enough for them)",
+        )
+        button = gr.Button("Compute", variant="primary")
+        with gr.Row():
+            # Text boxes: empty until a request has been scored (a gr.Number would show 0).
+            longppl = gr.Textbox(label="LongPPL", interactive=False)
+            ppl = gr.Textbox(label="PPL", interactive=False)
+        per_text = gr.Markdown(label="Per text")
+        key_tokens = gr.HTML(
+            label="Key tokens", css_template=_views.STYLE, show_label=True, container=True, padding=True
+        )
+        button.click(
+            score,
+            inputs=[texts, model_id, evaluator_model_id, trunc_len, sliding_window, alpha, beta],
+            outputs=[longppl, ppl, key_tokens, per_text],
+        )
+    # One request at a time by default: a forward pass already uses every core of a CPU Space.
+    demo.queue(default_concurrency_limit=settings.concurrency, max_size=settings.queue_size)
+    return demo
+
+
+demo = build_demo()
+
+if __name__ == "__main__":
+    demo.launch()
