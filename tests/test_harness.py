@@ -28,10 +28,10 @@ except ImportError:
 
 import longppl
 import longppl.harness as harness
-from longppl.harness.__main__ import main as harness_main
-from longppl.harness.task import _corpus_values, bootstrap_stderr, corpus_aggregation
 from longppl.cache.key_token_cache import CACHE_FEATURES, KeyTokenCache
 from longppl.core.scoring import DocumentResult
+from longppl.harness.__main__ import main as harness_main
+from longppl.harness.task import _corpus_values, bootstrap_stderr, corpus_aggregation
 from longppl.tools import compute_key_tokens, evaluate_models
 
 K, D = 47, 13

@@ -141,7 +141,7 @@ def test_every_path_weighs_tokens_without_a_short_score_as_the_official_loss(eva
         assert (weights[K + D - 1 :] < min(1.0, gamma)).any()
 
     # soft metric (the evaluated model's tokens are the evaluator's)
-    [scores] = score_with_evaluator(model, tok, [text], K, D, per_document=True, progress=False)
+    [scores] = score_with_evaluator(model, tok, [text], KeyTokenSettings(K, D), per_document=True, progress=False)
     rule = KeyTokenRule(soft=True, gamma=gamma)
     soft = model_key_weights(scores, scores.offsets, len(text), rule, model_ids=scores.input_ids)
     torch.testing.assert_close(torch.tensor(soft[1:], dtype=torch.float32), weights, atol=1e-4, rtol=1e-4)

@@ -248,6 +248,29 @@ def _replace_dir(source: str, destination: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+#: The exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
+INTERRUPTED_STATUS = 130
+
+
+def exit_if_command_interrupted() -> None:
+    """For a Ctrl-C that arrives while ``import longppl`` registers the metric (:func:`ensure_registered`),
+    which runs before any command's ``longppl.tools.cli.interruptible``: when this process is one of the
+    project's commands (a console script of the ``longppl``, ``longce`` or ``longppl_reproduce``
+    packages, or ``python -m ...``, whose module is still being found), end it with one line and
+    :data:`INTERRUPTED_STATUS`, as ``interruptible`` does; otherwise (``import longppl`` in a program,
+    or ``LONGPPL_DEBUG`` set) return, and the ``KeyboardInterrupt`` goes on. Standard library only: it
+    runs in the bottom floor, below the commands."""
+    from importlib.metadata import entry_points
+
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "longppl"
+    ours = ("longppl.", "longppl_reproduce.", "longce.")
+    scripts = {point.name for point in entry_points(group="console_scripts") if point.value.startswith(ours)}
+    debugging = os.environ.get("LONGPPL_DEBUG", "").strip().lower() in ("1", "on", "yes", "true")
+    if (sys.argv[:1] == ["-m"] or name in scripts) and not debugging:
+        print(f"{name if name != '-m' else 'longppl'}: interrupted", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_STATUS)
+
+
 def _auto_register_enabled() -> bool:
     return os.environ.get(AUTO_REGISTER_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -273,10 +296,8 @@ def ensure_registered() -> str | None:
         return register_metric(modules_cache, if_stale=True)
     except KeyboardInterrupt:
         # Registering imports evaluate (seconds), before a command's own Ctrl-C handling runs: a command
-        # started by this import ends with its one line (tools.cli.interruptible). The copy is written
-        # atomically, so nothing is half-written either way.
-        from longppl.tools.cli import exit_if_command_interrupted
-
+        # started by this import ends with its one line (as tools.cli.interruptible ends one). The copy is
+        # written atomically, so nothing is half-written either way.
         exit_if_command_interrupted()
         raise
     except Exception as err:  # noqa: BLE001 (see the docstring: warn, never fail the import)

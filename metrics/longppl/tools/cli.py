@@ -21,13 +21,14 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 
+# The exit status of a command ended by Ctrl-C (130), and the Ctrl-C handling of `import longppl` itself,
+# live in the bottom floor (register), which runs before any command code.
+from longppl.register import INTERRUPTED_STATUS, exit_if_command_interrupted  # noqa: F401
+
 #: Set to 1 (or true/yes/on) to see the traceback of a bad input instead of the one-line error. An
 #: environment variable rather than a ``--debug`` flag: ``longce-train`` takes every ``TrainingArguments``
 #: field as a flag, and ``--debug`` is one of them (transformers' debug options).
 DEBUG_VARIABLE = "LONGPPL_DEBUG"
-
-#: The exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
-INTERRUPTED_STATUS = 130
 
 #: What a command reports in one line: bad inputs the tools explain in their message (a missing
 #: column, an unknown model in a score file, a missing input file or folder, ...).
@@ -233,22 +234,6 @@ def interruptible(prog: str) -> Iterator[None]:
         if debugging():
             raise
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED_STATUS)
-
-
-def exit_if_command_interrupted() -> None:
-    """For a Ctrl-C that arrives while ``import longppl`` registers the metric (:mod:`longppl.register`),
-    which runs before any command's :func:`interruptible`: when this process is one of the project's
-    commands (a console script of the ``longppl``, ``longce`` or ``longppl_reproduce`` packages, or
-    ``python -m ...``, whose module is still being found), end it as :func:`interruptible` does;
-    otherwise (``import longppl`` in a program) return, and the ``KeyboardInterrupt`` goes on."""
-    from importlib.metadata import entry_points
-
-    name = invoked_name()
-    ours = ("longppl.", "longppl_reproduce.", "longce.")
-    scripts = {point.name for point in entry_points(group="console_scripts") if point.value.startswith(ours)}
-    if (sys.argv[:1] == ["-m"] or name in scripts) and not debugging():
-        print(f"{name if name != '-m' else 'longppl'}: interrupted", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED_STATUS)
 
 
