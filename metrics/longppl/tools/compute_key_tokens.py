@@ -17,11 +17,14 @@ share of the corpus (every rank of a group the same documents; the group's first
 The corpus is a ``.jsonl`` file, a directory saved with ``datasets``' ``save_to_disk`` or a Hub
 dataset name (``--split``), with the texts in ``--text-column``. Documents already in the cache
 for the same evaluator and settings are skipped, so adding documents scores only the new ones.
-Each process scores its share of the new documents and writes it to a shard beside the output
-(the output's folder must be shared by all processes, e.g. one machine or a shared file system);
-the main process merges the shards in corpus order and replaces the cache atomically. The result
-does not depend on the number of processes. Then evaluate models with ``longppl-evaluate`` or
-``compute(..., key_tokens=<output>)``.
+Each process scores its share of the new documents and commits its rows to the cache as it goes,
+as immutable shards (every ``--shard-documents`` documents or ``--shard-minutes`` minutes; the
+output's folder must be shared by all processes, e.g. one machine or a shared file system). Old
+files of the cache are never rewritten. A run that is killed keeps every committed shard: running
+the same command again scores only what is missing. The rows do not depend on the number of
+processes or on the interruptions (their order in the cache does); ``longppl cache compact``
+merges the shards into one folder when you wish. Then evaluate models with ``longppl-evaluate``
+or ``compute(..., key_tokens=<output>)``.
 
 (``scripts/compute_key_tokens.py`` and ``python -m longppl.tools.compute_key_tokens`` run the same
 command.)
@@ -31,10 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import time
-
-import numpy as np
 
 # torch, datasets and transformers load after the arguments are parsed (in _run): `--help` is immediate.
 from longppl.settings import (
@@ -49,6 +49,10 @@ from longppl.tools.cli import run_command, tool_parser
 # The name in usage lines and messages when main() is called from Python; commands show the name they
 # were started by (tools/cli.py).
 PROG = "compute_key_tokens.py"
+# A shard of 256 documents (or 10 minutes) at most: a killed run loses that much scoring per process;
+# a commit costs a file rename and a manifest rewrite (docs/benchmarks.md).
+DEFAULT_SHARD_DOCUMENTS = 256
+DEFAULT_SHARD_MINUTES = 10.0
 
 
 def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int]]:
@@ -146,6 +150,20 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "processes is no longer bit-identical to one process's (default: off; docs/cache.md)",
     )
     parser.add_argument(
+        "--shard-documents",
+        type=int,
+        default=DEFAULT_SHARD_DOCUMENTS,
+        help="commit each process's rows to the cache every N documents (a shard), so that a killed run keeps "
+        "them and a rerun resumes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--shard-minutes",
+        type=float,
+        default=DEFAULT_SHARD_MINUTES,
+        help="and at the latest after the first document that ends M minutes after the shard began "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
         "--alpha",
         type=float,
         default=DEFAULT_ALPHA,
@@ -175,6 +193,9 @@ def parse_args(argv=None, prog: str = PROG):
         args.rule = KeyTokenRule(args.alpha, args.beta)
         require_int("max_tokens_per_batch", args.max_tokens_per_batch)
         require_int("--tensor-parallel", args.tensor_parallel)
+        require_int("--shard-documents", args.shard_documents)
+        if not args.shard_minutes > 0:
+            raise ValueError(f"--shard-minutes must be a positive number of minutes, got {args.shard_minutes}")
         if args.max_length is not None:
             require_int("max_length", args.max_length, minimum=2)
     except ValueError as err:
@@ -238,10 +259,8 @@ def check_tensor_parallel(args, torch) -> None:
 
 def _run(args, state, start: float) -> dict:
     import datasets
-    from accelerate.utils import broadcast_object_list
 
-    from longppl.atomic_files import owned_temp_name
-    from longppl.cache.key_token_cache import KeyTokenCache, cache_directory, key_token_rows, write_failed
+    from longppl.cache.key_token_cache import KeyTokenCache, append_rows, cache_directory, key_token_rows
     from longppl.core.scoring import score_with_evaluator, truncate_texts
     from longppl.models.fingerprints import ModelIdentity
     from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
@@ -274,10 +293,11 @@ def _run(args, state, start: float) -> dict:
         evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
         identity = ModelIdentity.of_model(evaluator, tokenizer)
 
-    # Every process reads the same cache before any writes it, so all agree on what is missing.
+    # Every process reads the same cache before any commits to it, so all agree on what is missing.
     cache = KeyTokenCache.load(args.output, create=True)
     found = cache.find(texts, settings, identity.fingerprint)
     missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
+    state.wait_for_everyone()
     # A tensor-parallel group of N ranks is one worker: its ranks score the same documents, its first writes.
     group_size = args.tensor_parallel
     worker, writes = state.process_index // group_size, state.process_index % group_size == 0
@@ -287,49 +307,69 @@ def _run(args, state, start: float) -> dict:
     for index, text in enumerate(texts):
         first.setdefault(text, index)
 
-    # Named after the main process, so that a later save removes them if it dies (atomic_files).
-    shards = [owned_temp_name(args.output, "shards")]
-    broadcast_object_list(shards)  # the main process's name for all
-    shards = shards[0]
-    try:
-        if mine:
-            if evaluator is None:
-                evaluator = load_model(args.evaluator, device, args.torch_dtype, args.tensor_parallel)
-            scores = score_with_evaluator(
+    if mine:
+        if evaluator is None:
+            evaluator = load_model(args.evaluator, device, args.torch_dtype, args.tensor_parallel)
+
+        def score(block: list[str]) -> list:
+            return score_with_evaluator(
                 evaluator,
                 tokenizer,
-                mine,
+                block,
                 max_tokens_per_batch=args.max_tokens_per_batch,
                 settings=settings,
-                progress=state.is_main_process,
+                progress=False,
                 torch_compile=args.torch_compile,
                 per_document=True,
                 pack_documents=args.pack_documents,
-                text_names=[f"document {first[text]} of --corpus (counted from 0)" for text in mine],
+                text_names=[f"document {first[text]} of --corpus (counted from 0)" for text in block],
             )
-            rows = key_token_rows(mine, scores, settings, identity)
-            try:
-                if writes:
-                    rows.save_to_disk(f"{shards}/{worker}")
-            except OSError as err:  # a full disk or a file-size limit, before the cache is touched
-                raise write_failed(args.output, err, rows) from err
-        state.wait_for_everyone()
 
-        summary = {}
-        if state.is_main_process:
-            if missing:
-                parts = [datasets.load_from_disk(f"{shards}/{rank}") for rank, share in enumerate(shares) if share]
-                order = np.argsort(np.concatenate([share for share in shares if share]), kind="stable")
-                cache.add(datasets.concatenate_datasets(parts).select(order.tolist()))
-                cache.save(args.output)
-            summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
-        state.wait_for_everyone()
-    finally:  # after a failure too: no shard is left behind (a killed run's go at the next save)
-        if writes:
-            shutil.rmtree(f"{shards}/{worker}", ignore_errors=True)
-        if state.is_main_process:
-            shutil.rmtree(shards, ignore_errors=True)
+        committed = 0
+        for block, scores in scored_shards(
+            mine, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
+        ):
+            if writes:  # one shard per block, committed at once: a kill loses the block in progress only
+                append_rows(args.output, key_token_rows(block, scores, settings, identity))
+                committed += len(block)
+                if state.is_main_process:
+                    print(f"committed {committed} of {len(mine)} documents of process 0", flush=True)
+    state.wait_for_everyone()
+
+    summary = {}
+    if state.is_main_process:
+        cache = KeyTokenCache.load(args.output)
+        summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
+    state.wait_for_everyone()
     return summary
+
+
+def scored_shards(texts: list[str], score, documents: int, seconds: float, together: bool):
+    """Score ``texts`` in blocks that each become one shard of the cache.
+
+    A block closes after ``documents`` documents, or after the first document that ends ``seconds``
+    or more after the block began, whichever comes first. Documents are scored one by one (their
+    rows do not depend on the others, ``per_document``), unless ``together`` (``--pack-documents``:
+    documents share passes), where each block of ``documents`` is scored in one call.
+
+    Args:
+        score: ``texts -> [EvaluatorScores]``.
+    Yields:
+        ``(block texts, their scores)`` in the order of ``texts``.
+    """
+    done = 0
+    while done < len(texts):
+        if together:
+            block = texts[done : done + documents]
+            yield block, score(block)
+            done += len(block)
+            continue
+        began, block, scores = time.monotonic(), [], []
+        while done < len(texts) and len(block) < documents and (not block or time.monotonic() - began < seconds):
+            block.append(texts[done])
+            scores.extend(score([texts[done]]))
+            done += 1
+        yield block, scores
 
 
 def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:

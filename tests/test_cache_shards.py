@@ -1,0 +1,282 @@
+"""The key-token cache in shards: appends that never rewrite old files, one memory-mapped Dataset over
+them, old single-folder caches, compaction, damaged shards and manifests, a full disk; and
+``longppl score`` committing shards as it goes, killed (SIGKILL) at several points on one and two
+processes, then resumed to the uninterrupted run's cache."""
+
+import errno
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from distributed.cache_writer_worker import IDENTITY, SETTINGS, synthetic_rows
+from helpers import accelerate_launch_on_cpu, assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
+
+from longppl.cache import key_token_cache
+from longppl.cache.key_token_cache import CacheDamagedError, KeyTokenCache, append_rows
+from longppl.cache.shards import MANIFEST_FILE, SHARD_FOLDER
+from longppl.settings import KeyTokenSettings
+from longppl.tools import cache_tool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCORE_WORKER = os.path.join(HERE, "distributed", "score_worker.py")
+
+
+def texts(prefix: str, n: int) -> list[str]:
+    return [f"{prefix} document {i}: " + "y" * (15 + i) for i in range(n)]
+
+
+def files_state(path: str) -> dict[str, tuple[int, str]]:
+    """``{relative file: (mtime_ns, sha256)}`` of every file under ``path``."""
+    state = {}
+    for folder, _, names in os.walk(path):
+        for name in names:
+            file = os.path.join(folder, name)
+            with open(file, "rb") as handle:
+                state[os.path.relpath(file, path)] = (
+                    os.stat(file).st_mtime_ns,
+                    hashlib.sha256(handle.read()).hexdigest(),
+                )
+    return state
+
+
+def rows_of(cache: KeyTokenCache) -> dict[str, tuple]:
+    """``{text: (input_ids, lp_long, lp_short)}`` of a cache, NaN kept (compared with ``np.array_equal``)."""
+    data = cache.dataset
+    return {
+        t: (ids, np.array(long, dtype=np.float32), np.array(short, dtype=np.float32))
+        for t, ids, long, short in zip(data["text"], data["input_ids"], data["lp_long"], data["lp_short"])
+    }
+
+
+def same_rows(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[t][0] == b[t][0] and all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a[t][1:], b[t][1:])) for t in a
+    )
+
+
+def test_append_adds_shards_and_never_rewrites_old_files(tmp_path):
+    path = str(tmp_path / "cache")
+    first, second = texts("first", 3), texts("second", 2)
+    append_rows(path, synthetic_rows(first, seed=1))
+    before = files_state(path)
+    append_rows(path, synthetic_rows(second, seed=2))
+    after = files_state(path)
+    # every file of the first commit is untouched (same mtime, same bytes), except the manifest
+    assert {name: after[name] for name in before if name != MANIFEST_FILE} == {
+        name: state for name, state in before.items() if name != MANIFEST_FILE
+    }
+    shards = sorted(name for name in after if name.startswith(SHARD_FOLDER + os.sep))
+    assert len(shards) == 2
+    cache = KeyTokenCache.load(path)
+    assert cache.texts(range(len(cache))) == first + second
+    # one Dataset over the shard files themselves, memory-mapped (no copy in memory or on disk)
+    assert sorted(os.path.relpath(f["filename"], path) for f in cache.dataset.cache_files) == shards
+    expected = {
+        **rows_of(KeyTokenCache(synthetic_rows(first, seed=1))),
+        **rows_of(KeyTokenCache(synthetic_rows(second, seed=2))),
+    }
+    assert same_rows(rows_of(cache), expected)
+    assert cache.find(second, SETTINGS, IDENTITY.fingerprint) == [3, 4]
+
+
+def test_an_old_single_folder_cache_loads_and_takes_shards_beside_it(tmp_path):
+    path = str(tmp_path / "cache")
+    old = KeyTokenCache(synthetic_rows(texts("old", 4), seed=3))
+    old.save(path)  # what every earlier version wrote: one save_to_disk folder
+    base = files_state(path)
+    assert KeyTokenCache.load(path).texts(range(4)) == texts("old", 4)
+    append_rows(path, synthetic_rows(texts("new", 2), seed=4))
+    assert {name: files_state(path)[name] for name in base} == base
+    cache = KeyTokenCache.load(path)
+    assert cache.texts(range(6)) == texts("old", 4) + texts("new", 2)
+    # a save to the cache (the metric's) merges base and shards into one folder again, losing nothing
+    cache.add(synthetic_rows(texts("metric", 1), seed=5))
+    cache.save()
+    assert sorted(os.listdir(path)) == [
+        "data-00000-of-00001.arrow",
+        "dataset_info.json",
+        "longppl_checksums.json",
+        "state.json",
+    ]
+    assert KeyTokenCache.load(path).texts(range(7)) == texts("old", 4) + texts("new", 2) + texts("metric", 1)
+
+
+def test_compaction_merges_shards_keeps_each_key_once_and_the_users_files(tmp_path, capsys):
+    path = str(tmp_path / "cache")
+    append_rows(path, synthetic_rows(texts("a", 2), seed=1))
+    append_rows(path, synthetic_rows(texts("a", 2), seed=1))  # two runs that scored the same documents
+    append_rows(path, synthetic_rows(texts("b", 1), seed=2))
+    (tmp_path / "cache" / "NOTES.md").write_text("mine", encoding="utf-8")
+    before = rows_of(KeyTokenCache.load(path))
+    summary = cache_tool.main(["compact", path])
+    assert summary["shards"] == 3 and summary["rows_before"] == 5 and summary["rows"] == 3
+    assert "3 shards compacted, 3 rows (2 repeated rows dropped)" in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(path, SHARD_FOLDER)) and not os.path.exists(
+        os.path.join(path, MANIFEST_FILE)
+    )
+    assert (tmp_path / "cache" / "NOTES.md").read_text(encoding="utf-8") == "mine"
+    cache = KeyTokenCache.load(path)
+    assert cache.texts(range(3)) == texts("a", 2) + texts("b", 1) and same_rows(rows_of(cache), before)
+    info = cache_tool.main(["info", path])
+    assert info["rows"] == 3 and info["shards"] == 0
+
+
+def test_rows_of_other_settings_live_beside_each_other(tmp_path):
+    """Two jobs writing one cache with different settings: each keeps its rows, found by its settings."""
+    path = str(tmp_path / "cache")
+    other = KeyTokenSettings(8, 4)
+    append_rows(path, synthetic_rows(texts("x", 2), seed=1))
+    append_rows(path, synthetic_rows(texts("x", 2), seed=2, settings=other))
+    cache = KeyTokenCache.load(path)
+    assert cache.find(texts("x", 2), SETTINGS, IDENTITY.fingerprint) == [0, 1]
+    assert cache.find(texts("x", 2), other, IDENTITY.fingerprint) == [2, 3]
+    with pytest.raises(ValueError, match="2 evaluator/settings combinations"):
+        cache.select()
+
+
+def damage_truncate(path, shard):
+    with open(shard, "r+b") as handle:
+        handle.truncate(os.path.getsize(shard) // 2)
+
+
+def damage_flip(path, shard):
+    with open(shard, "r+b") as handle:
+        handle.seek(os.path.getsize(shard) - 40)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def damage_remove(path, shard):
+    os.remove(shard)
+
+
+def damage_manifest(path, shard):
+    with open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8") as handle:
+        handle.write('{"format": "longppl-shards", "version": 1, "shards": [')
+
+
+def damage_escape(path, shard):
+    manifest = json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))
+    manifest["shards"][0]["file"] = "../elsewhere.arrow"
+    json.dump(manifest, open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (damage_truncate, r"its shard shards/\S+\.arrow is \d+ bytes, but \d+ were committed \(truncated"),
+        (damage_flip, r"the content of its shard shards/\S+\.arrow does not match its SHA-256 checksum"),
+        (damage_remove, r"its manifest longppl_shards\.json names the shard shards/\S+\.arrow, which is missing"),
+        (damage_manifest, r"its shard manifest longppl_shards\.json is unreadable \(JSONDecodeError"),
+        (damage_escape, r"names '\.\./elsewhere\.arrow', not a file in shards/"),
+    ],
+)
+def test_a_damaged_shard_or_manifest_is_named_in_one_line(tmp_path, damage, message):
+    path = str(tmp_path / "cache")
+    append_rows(path, synthetic_rows(texts("a", 3), seed=1))
+    append_rows(path, synthetic_rows(texts("b", 3), seed=2))
+    shard = os.path.join(
+        path, json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))["shards"][1]["file"]
+    )
+    damage(path, shard)
+    with pytest.raises(CacheDamagedError, match=message) as caught:
+        KeyTokenCache.load(path)
+    assert "\n" not in str(caught.value) and "delete the directory and rebuild it" in str(caught.value)
+
+
+def test_a_shard_file_the_manifest_does_not_name_is_not_read(tmp_path):
+    """A writer killed between moving its shard in and naming it: its rows were never committed."""
+    path = str(tmp_path / "cache")
+    append_rows(path, synthetic_rows(texts("a", 2), seed=1))
+    shard = os.path.join(
+        path, json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))["shards"][0]["file"]
+    )
+    with open(shard, "rb") as source, open(os.path.join(path, SHARD_FOLDER, "orphan.arrow"), "wb") as copy:
+        copy.write(source.read())
+    assert len(KeyTokenCache.load(path)) == 2
+
+
+def test_a_full_disk_mid_shard_keeps_every_committed_row_and_leaves_nothing(tmp_path, monkeypatch):
+    path = str(tmp_path / "cache")
+    append_rows(path, synthetic_rows(texts("a", 2), seed=1))
+    before = files_state(path)
+
+    class FullDisk(key_token_cache.ArrowWriter):
+        def write_table(self, *args, **kwargs):
+            super().write_table(*args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(key_token_cache, "ArrowWriter", FullDisk)
+    with pytest.raises(
+        ValueError, match=r"No space left on device \(errno 28\); it needs about .* while the new shard"
+    ):
+        append_rows(path, synthetic_rows(texts("b", 2), seed=2))
+    assert files_state(path) == before and sorted(os.listdir(tmp_path)) == ["cache"]
+    assert KeyTokenCache.load(path).texts(range(2)) == texts("a", 2)
+
+
+# ---- longppl score: commits as it goes, killed and resumed ----
+
+K, D = 31, 11
+
+
+@pytest.fixture(scope="module")
+def scoring(tmp_path_factory):
+    """A corpus of 10 documents, a saved tiny evaluator, and the uninterrupted single-process cache."""
+    root = tmp_path_factory.mktemp("shards")
+    corpus_texts = [t[300 : 300 + 150 + 40 * i] for i, t in enumerate(govreport_texts()[:10])]
+    corpus = root / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus_texts), encoding="utf-8")
+    tokenizer = byte_level_bpe()
+    tiny_model("llama", len(tokenizer), seed=1).save_pretrained(root / "evaluator")
+    tokenizer.save_pretrained(root / "evaluator")
+    files = dict(root=root, corpus=str(corpus), evaluator=str(root / "evaluator"), texts=corpus_texts)
+    reference = str(root / "reference")
+    done = run_score(files, reference, processes=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files["reference"] = reference
+    return files
+
+
+def run_score(files, output, processes=1, die=None, shard_documents=2):
+    options = ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output,
+               "--trunc-len", str(K), "--sliding-window", str(D), "--shard-documents", str(shard_documents)]  # fmt: skip
+    ours = ["--die", die] if die else []
+    launcher = [*accelerate_launch_on_cpu(processes), SCORE_WORKER] if processes > 1 else [sys.executable, SCORE_WORKER]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
+    return subprocess.run([*launcher, *ours, *options], env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, n, kept", [("written", 3, 4), ("renamed", 2, 2), ("committed", 4, 8)])
+def test_a_killed_single_process_run_keeps_its_shards_and_resumes_to_the_same_cache(scoring, tmp_path, point, n, kept):
+    output = str(tmp_path / "cache")
+    killed = run_score(scoring, output, die=f"0:{point}:{n}")
+    assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL: no handler ran
+    # every shard committed before the kill is there, and nothing else (shards of 2 documents)
+    assert len(KeyTokenCache.load(output)) == kept
+    resumed = run_score(scoring, output)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"10 documents ({10 - kept} scored now, {kept} already cached)" in resumed.stdout
+    assert_same_cache(scoring["reference"], output)
+    # the killed writer's temporary folder was removed by the next commit (its process is gone)
+    assert sorted(os.listdir(tmp_path)) == ["cache"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("die", ["1:committed:1", "0:written:2"])
+def test_a_killed_two_process_run_resumes_to_the_single_process_cache(scoring, tmp_path, die):
+    output = str(tmp_path / "cache")
+    killed = run_score(scoring, output, processes=2, die=die)
+    assert killed.returncode != 0
+    partial = len(KeyTokenCache.load(output))
+    assert 0 < partial < 10
+    resumed = run_score(scoring, output, processes=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"({10 - partial} scored now, {partial} already cached)" in resumed.stdout
+    assert_same_cache(scoring["reference"], output)
