@@ -280,3 +280,62 @@ def test_a_killed_two_process_run_resumes_to_the_single_process_cache(scoring, t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"({10 - partial} scored now, {partial} already cached)" in resumed.stdout
     assert_same_cache(scoring["reference"], output)
+
+
+# ---- the same step under datatrove's executor (several workers standing in for nodes) ----
+
+PIPELINE_WORKER = os.path.join(HERE, "distributed", "pipeline_worker.py")
+
+
+def require_datatrove():
+    """Fail in CI, which installs the ``corpus`` extra (``.ci/run``); skip, saying why, elsewhere."""
+    try:
+        import datatrove  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("datatrove is not installed: CI installs it with pip install -e '.[corpus]'")
+        pytest.skip("the datatrove step's tests need datatrove: pip install -e '.[corpus]'")
+
+
+def run_pipeline(files, output, logs, tasks, workers, die=None):
+    options = ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output,
+               "--trunc-len", str(K), "--sliding-window", str(D), "--shard-documents", "2"]  # fmt: skip
+    command = [
+        sys.executable,
+        PIPELINE_WORKER,
+        str(tasks),
+        str(workers),
+        logs,
+        *(["--die", die] if die else []),
+        *options,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
+
+
+def test_the_task_shares_split_the_distinct_documents_whatever_the_cache_holds():
+    from longppl.tools.score_pipeline import task_share
+
+    corpus = ["a" * n for n in (5, 9, 2, 7, 7, 3, 9)]  # the documents of 7 and 9 repeat: each is scored once
+    shares = [task_share(corpus, rank, 3) for rank in range(3)]
+    assert sorted(t for share in shares for t in share) == sorted(set(corpus))
+    # longest first, each to the least loaded task: 9 | 7 | 5; then 3 to the third, 2 to the second
+    assert [sorted(map(len, share)) for share in shares] == [[9], [2, 7], [3, 5]]
+
+
+@pytest.mark.slow
+def test_the_datatrove_step_on_three_workers_killed_mid_run_resumes_to_the_single_process_cache(scoring, tmp_path):
+    require_datatrove()
+    output, logs = str(tmp_path / "cache"), str(tmp_path / "logs")
+    killed = run_pipeline(scoring, output, logs, tasks=3, workers=3, die="1:1")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    partial = len(KeyTokenCache.load(output))
+    assert 0 < partial < 10
+    resumed = run_pipeline(scoring, output, logs, tasks=3, workers=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(os.listdir(os.path.join(logs, "completions"))) == ["00000", "00001", "00002"]
+    assert_same_cache(scoring["reference"], output)
+    # run again: every task is complete, nothing is scored, the cache is unchanged
+    before = files_state(output)
+    again = run_pipeline(scoring, output, logs, tasks=3, workers=2)
+    assert again.returncode == 0 and files_state(output) == before

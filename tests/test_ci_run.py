@@ -54,7 +54,9 @@ def test_space_and_browser_extras_are_installed_after_the_install_and_before_the
         assert lines.pop(0).startswith("pip install torch==2.13.0 (in ")
     assert lines[0] == "first-command"
     assert lines.pop(1) == "true"  # the copy is a git work tree: tests and the Space's upload list files with git
-    assert lines[1].startswith("pip install -e .[space,browser] (in tmp.")  # in the isolated copy, not the checkout
+    assert lines[1].startswith(
+        "pip install -e .[space,browser,corpus] (in tmp."
+    )  # in the isolated copy, not the checkout
     assert lines[2:4] == ["python -m ruff format --check .", "python -m ruff check ."]
     assert lines[4] == "python -m pytest -q tests"
     assert len(lines) == 5

@@ -33,7 +33,7 @@ Packages table and the README's Layout name every module (tests/test_repository.
 - floor 6, ``space/``: ``app`` (the Hub Space's page, with its limits as a public server).
 - floor 6, ``tools/`` (package ``longppl.tools``), the commands and what only they need: ``main``
   (``longppl``), ``compute_key_tokens``, ``evaluate_models``, ``visualize_key_tokens``,
-  ``quickstart``, ``cache_tool``; ``cli``, ``cache_cli``, ``corpus``, ``reports``, ``correlation``, ``figures``,
+  ``quickstart``, ``cache_tool``, ``score_pipeline`` (the datatrove step); ``cli``, ``cache_cli``, ``corpus``, ``reports``, ``correlation``, ``figures``,
   ``threads``, ``synthetic``, ``benchmarking``.
 - floor 7, the thin shells in the package folder: ``longppl`` (the ``evaluate`` metric file, which
   evaluate copies alone), ``app`` (the Hub Space's), ``__main__`` (``python -m longppl``).

@@ -258,13 +258,7 @@ def check_tensor_parallel(args, torch) -> None:
 
 
 def _run(args, state, start: float) -> dict:
-    import datasets
-
-    from longppl.cache.key_token_cache import KeyTokenCache, append_rows, cache_directory, key_token_rows
-    from longppl.core.scoring import score_with_evaluator, truncate_texts
-    from longppl.models.fingerprints import ModelIdentity
-    from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
-    from longppl.tools.corpus import read_documents
+    from longppl.cache.key_token_cache import KeyTokenCache
     from longppl.tools.threads import choose_torch_threads
 
     if args.device is not None and state.num_processes > 1:
@@ -272,76 +266,120 @@ def _run(args, state, start: float) -> dict:
     device = args.device or str(state.device)
     if device == "cpu":  # the processes share the cores (unless OMP_NUM_THREADS says otherwise)
         choose_torch_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
-    settings = args.settings
-    # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
-    cache_directory(args.output, argument="--output", create=True)
-
-    texts = read_documents(args.corpus, args.text_column, args.split, "--corpus")
-    if not texts:
-        raise ValueError(f"{args.corpus!r} holds no documents.")
-    datasets.disable_progress_bars()  # shards and the cache are small writes; ours is the bar that counts
-    tokenizer = load_tokenizer(args.evaluator)
-    texts = truncate_texts(texts, tokenizer, args.max_length)
-    identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
-    evaluator = None
-    if identity is None and args.tensor_parallel > 1:
-        raise ValueError(
-            f"--evaluator {args.evaluator!r}: its Hub revision cannot be resolved to a commit (offline?), and a split "
-            "evaluator cannot be fingerprinted from its weights (each rank holds a part); pass a local copy's folder."
-        )
-    if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
-        evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
-        identity = ModelIdentity.of_model(evaluator, tokenizer)
+    job = ScoringJob(args, device)
 
     # Every process reads the same cache before any commits to it, so all agree on what is missing.
-    cache = KeyTokenCache.load(args.output, create=True)
-    found = cache.find(texts, settings, identity.fingerprint)
-    missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
+    missing = job.missing(list(dict.fromkeys(job.texts)))
     state.wait_for_everyone()
     # A tensor-parallel group of N ranks is one worker: its ranks score the same documents, its first writes.
     group_size = args.tensor_parallel
     worker, writes = state.process_index // group_size, state.process_index % group_size == 0
     shares = assign_to_processes([len(t) for t in missing], state.num_processes // group_size)
-    mine = [missing[i] for i in shares[worker]]
-    first = {}
-    for index, text in enumerate(texts):
-        first.setdefault(text, index)
-
-    if mine:
-        if evaluator is None:
-            evaluator = load_model(args.evaluator, device, args.torch_dtype, args.tensor_parallel)
-
-        def score(block: list[str]) -> list:
-            return score_with_evaluator(
-                evaluator,
-                tokenizer,
-                block,
-                max_tokens_per_batch=args.max_tokens_per_batch,
-                settings=settings,
-                progress=False,
-                torch_compile=args.torch_compile,
-                per_document=True,
-                pack_documents=args.pack_documents,
-                text_names=[f"document {first[text]} of --corpus (counted from 0)" for text in block],
-            )
-
-        committed = 0
-        for block, scores in scored_shards(
-            mine, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
-        ):
-            if writes:  # one shard per block, committed at once: a kill loses the block in progress only
-                append_rows(args.output, key_token_rows(block, scores, settings, identity))
-                committed += len(block)
-                if state.is_main_process:
-                    print(f"committed {committed} of {len(mine)} documents of process 0", flush=True)
+    job.score([missing[i] for i in shares[worker]], writes, "process 0" if state.is_main_process else None)
     state.wait_for_everyone()
 
     summary = {}
     if state.is_main_process:
         cache = KeyTokenCache.load(args.output)
-        summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
+        summary = summarize(
+            cache, job.texts, args.settings, job.identity, len(missing), args, time.perf_counter() - start
+        )
     state.wait_for_everyone()
     return summary
+
+
+class ScoringJob:
+    """The corpus, the evaluator's tokenizer and identity of one ``longppl score`` run, and the
+    scoring of a share of the corpus into the cache, committed shard by shard.
+
+    Shared by the ``accelerate launch`` path (:func:`main`) and the datatrove step
+    (``score_pipeline``). Building one reads the corpus and the tokenizer, and loads the evaluator
+    only where its identity needs the weights (a Hub id that does not resolve to a commit).
+
+    Attributes:
+        texts: the corpus's documents (after ``--max-length``), in corpus order.
+        identity: the evaluator's ``ModelIdentity`` (its fingerprint keys the cache's rows).
+    """
+
+    def __init__(self, args, device: str):
+        import datasets
+
+        from longppl.cache.key_token_cache import cache_directory
+        from longppl.core.scoring import truncate_texts
+        from longppl.models.fingerprints import ModelIdentity
+        from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
+        from longppl.tools.corpus import read_documents
+
+        self.args, self.device = args, device
+        # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
+        cache_directory(args.output, argument="--output", create=True)
+        texts = read_documents(args.corpus, args.text_column, args.split, "--corpus")
+        if not texts:
+            raise ValueError(f"{args.corpus!r} holds no documents.")
+        datasets.disable_progress_bars()  # shards are small writes; our lines are the progress that counts
+        self.tokenizer = load_tokenizer(args.evaluator)
+        self.texts = truncate_texts(texts, self.tokenizer, args.max_length)
+        self.identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
+        self.evaluator = None
+        if self.identity is None and args.tensor_parallel > 1:
+            raise ValueError(
+                f"--evaluator {args.evaluator!r}: its Hub revision cannot be resolved to a commit (offline?), and a "
+                "split evaluator cannot be fingerprinted from its weights (each rank holds a part); pass a local "
+                "copy's folder."
+            )
+        if self.identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
+            self.evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
+            self.identity = ModelIdentity.of_model(self.evaluator, self.tokenizer)
+        self.first = {}
+        for index, text in enumerate(self.texts):
+            self.first.setdefault(text, index)
+
+    def missing(self, texts: list[str]) -> list[str]:
+        """Those of ``texts`` that the cache has no row for (this evaluator and settings), in order."""
+        from longppl.cache.key_token_cache import KeyTokenCache
+
+        found = KeyTokenCache.load(self.args.output, create=True).find(
+            texts, self.args.settings, self.identity.fingerprint
+        )
+        return [text for text, row in zip(texts, found) if row is None]
+
+    def score(self, texts: list[str], writes: bool = True, name: str | None = None) -> None:
+        """Score ``texts`` and commit their rows to the cache, one shard per block
+        (:func:`scored_shards`); ``writes=False`` scores without committing (a tensor-parallel rank
+        other than its group's first). ``name``: print a line per commit, naming the worker."""
+        from longppl.cache.key_token_cache import append_rows, key_token_rows
+        from longppl.core.scoring import score_with_evaluator
+        from longppl.models.loading import load_model
+
+        args = self.args
+        if not texts:
+            return
+        if self.evaluator is None:
+            self.evaluator = load_model(args.evaluator, self.device, args.torch_dtype, args.tensor_parallel)
+
+        def score(block: list[str]) -> list:
+            return score_with_evaluator(
+                self.evaluator,
+                self.tokenizer,
+                block,
+                max_tokens_per_batch=args.max_tokens_per_batch,
+                settings=args.settings,
+                progress=False,
+                torch_compile=args.torch_compile,
+                per_document=True,
+                pack_documents=args.pack_documents,
+                text_names=[f"document {self.first[text]} of --corpus (counted from 0)" for text in block],
+            )
+
+        committed = 0
+        for block, scores in scored_shards(
+            texts, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
+        ):
+            if writes:  # one shard per block, committed at once: a kill loses the block in progress only
+                append_rows(args.output, key_token_rows(block, scores, args.settings, self.identity))
+                committed += len(block)
+                if name is not None:
+                    print(f"committed {committed} of {len(texts)} documents of {name}", flush=True)
 
 
 def scored_shards(texts: list[str], score, documents: int, seconds: float, together: bool):
