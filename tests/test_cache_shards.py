@@ -6,10 +6,12 @@ processes, then resumed to the uninterrupted run's cache."""
 import errno
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
 
+import datasets
 import numpy as np
 import pytest
 from distributed.cache_writer_worker import IDENTITY, SETTINGS, synthetic_rows
@@ -339,3 +341,56 @@ def test_the_datatrove_step_on_three_workers_killed_mid_run_resumes_to_the_singl
     before = files_state(output)
     again = run_pipeline(scoring, output, logs, tasks=3, workers=2)
     assert again.returncode == 0 and files_state(output) == before
+
+
+# ---- curation columns ----
+
+
+def direct_curation(lp_long, lp_short, k, alpha, beta):
+    """The curation columns of one document, token by token in plain Python (the reference)."""
+    n = len(lp_long)
+    lsd = [None if math.isnan(lp_long[i]) or math.isnan(lp_short[i]) else float(lp_long[i]) - float(lp_short[i]) for i in range(n)]  # fmt: skip
+    scored = [i for i in range(n) if lsd[i] is not None]
+    key = [i for i in scored if lsd[i] > alpha and float(lp_long[i]) > beta]
+    ordered = sorted(lsd[i] for i in scored)
+    rank = 0.9 * (len(ordered) - 1)
+    low = int(math.floor(rank))
+    p90 = ordered[low] + (ordered[min(low + 1, len(ordered) - 1)] - ordered[low]) * (rank - low)
+    long_ = [float(lp_long[i]) for i in range(1, n)]
+    return dict(
+        tokens=n,
+        scored_tokens=len(scored),
+        key_tokens=len(key),
+        key_share=len(key) / n,
+        lsd_mean=sum(lsd[i] for i in scored) / len(scored),
+        lsd_p90=p90,
+        longppl=math.exp(-sum(float(lp_long[i]) for i in key) / len(key)) if key else float("nan"),
+        ppl=math.exp(-sum(long_) / len(long_)),
+        benefit_near=sum(lsd[i] for i in scored if i < 2 * k),
+        benefit_far=sum(lsd[i] for i in scored if i >= 2 * k),
+    )
+
+
+def test_curation_columns_match_a_direct_computation(tmp_path):
+    path = str(tmp_path / "cache")
+    documents = texts("curate", 6)
+    append_rows(path, synthetic_rows(documents, seed=7))
+    output = str(tmp_path / "curation.parquet")
+    cache_tool.main(["curate", path, "--output", output, "--alpha", "0.3", "--beta", "-1.5"])
+    table = datasets.Dataset.from_parquet(output)
+    cache = KeyTokenCache.load(path)
+    assert table["text"] == documents and table["text_fingerprint"] == cache.dataset["text_fingerprint"]
+    for row in range(len(documents)):
+        scores = cache.scores(row)
+        expected = direct_curation(scores.lp_long, scores.lp_short, SETTINGS.trunc_len, 0.3, -1.5)
+        got = table[row]
+        assert expected["key_tokens"] > 0 and expected["benefit_far"] != 0  # the columns are exercised
+        for name, value in expected.items():
+            # LSD is float32, as everywhere in the library; the reference sums in float64
+            assert got[name] == pytest.approx(value, rel=1e-5, abs=1e-5, nan_ok=True), (row, name)
+
+
+def test_curate_without_an_output_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cache_tool.main(["curate", str(tmp_path / "cache")])
+    assert "curate needs --output" in capsys.readouterr().err

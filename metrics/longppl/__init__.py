@@ -27,7 +27,8 @@ Packages table and the README's Layout name every module (tests/test_repository.
 - floor 3, ``views/``: ``key_token_html`` (the key-token page of ``longppl-visualize`` and the Space).
 - floor 4, ``cache/``: ``key_token_cache`` (an evaluator's scores of a corpus as a
   ``datasets.Dataset``, to evaluate many models at the cost of one perplexity pass each),
-  ``shards`` (its immutable shards and their manifest: rows committed as they are scored).
+  ``shards`` (its immutable shards and their manifest: rows committed as they are scored),
+  ``curation`` (per-document columns to filter or rank a corpus by, from the cached log-probs).
 - floor 5, ``metric/``, the ``evaluate`` metric's logic: ``options`` (its arguments, declared once),
   ``compute`` (what ``compute`` runs), ``official`` (the drop-in for the official package).
 - floor 6, ``space/``: ``app`` (the Hub Space's page, with its limits as a public server).
