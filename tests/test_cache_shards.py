@@ -394,3 +394,39 @@ def test_curate_without_an_output_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cache_tool.main(["curate", str(tmp_path / "cache")])
     assert "curate needs --output" in capsys.readouterr().err
+
+
+# ---- the context ladder ----
+
+
+def only_k(path: str, k: int, folder: str) -> str:
+    """The rows of the cache ``path`` with ``trunc_len == k``, saved alone in ``folder``."""
+    dataset = KeyTokenCache.load(path).dataset
+    KeyTokenCache(dataset.select([i for i, t in enumerate(dataset["trunc_len"]) if t == k])).save(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_ladder_of_k_gives_the_rows_of_separate_runs_per_k(scoring, tmp_path, monkeypatch):
+    from accelerate import PartialState
+
+    from longppl.core import scoring as scoring_module
+    from longppl.tools import compute_key_tokens
+
+    long_passes = []
+    long_pass = scoring_module.long_context_log_probs
+    monkeypatch.setattr(
+        scoring_module, "long_context_log_probs", lambda *a, **k: long_passes.append(1) or long_pass(*a, **k)
+    )
+    common = ["--corpus", scoring["corpus"], "--evaluator", scoring["evaluator"], "--sliding-window", str(D)]
+    try:
+        ladder = str(tmp_path / "ladder")
+        summary = compute_key_tokens.main([*common, "--output", ladder, "--trunc-len", str(K), "17", "64"])
+        assert summary["scored"] == 10 and len(long_passes) == 10  # one long pass per document for the 3 K
+        for k in (17, 64):
+            compute_key_tokens.main([*common, "--output", str(tmp_path / f"alone{k}"), "--trunc-len", str(k)])
+    finally:
+        PartialState._reset_state()  # compute_key_tokens set up accelerate's (process-wide) state
+    assert len(KeyTokenCache.load(ladder)) == 30
+    for k, alone in ((K, scoring["reference"]), (17, str(tmp_path / "alone17")), (64, str(tmp_path / "alone64"))):
+        assert_same_cache(alone, only_k(ladder, k, str(tmp_path / f"ladder{k}")))

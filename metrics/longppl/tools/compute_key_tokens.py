@@ -23,8 +23,10 @@ output's folder must be shared by all processes, e.g. one machine or a shared fi
 files of the cache are never rewritten. A run that is killed keeps every committed shard: running
 the same command again scores only what is missing. The rows do not depend on the number of
 processes or on the interruptions (their order in the cache does); ``longppl cache compact``
-merges the shards into one folder when you wish. Then evaluate models with ``longppl-evaluate``
-or ``compute(..., key_tokens=<output>)``.
+merges the shards into one folder when you wish. Several ``--trunc-len`` values (a context
+ladder, e.g. ``--trunc-len 1024 2048 4096``) share each document's long pass and give one row per
+K. The same scoring runs as a datatrove step on a cluster (``longppl.tools.score_pipeline``). Then
+evaluate models with ``longppl-evaluate`` or ``compute(..., key_tokens=<output>)``.
 
 (``scripts/compute_key_tokens.py`` and ``python -m longppl.tools.compute_key_tokens`` run the same
 command.)
@@ -85,8 +87,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument(
         "--trunc-len",
         type=int,
+        nargs="+",
         default=DEFAULT_TRUNC_LEN,
-        help="K: context length of the short-context scores (default %(default)s)",
+        help="K: context length of the short-context scores; several (a ladder, e.g. 1024 2048 4096) share one "
+        "long pass and give one row per K (default %(default)s)",
     )
     parser.add_argument(
         "--sliding-window",
@@ -187,9 +191,13 @@ def parse_args(argv=None, prog: str = PROG):
     from longppl.settings import KeyTokenRule, KeyTokenSettings, require_int
 
     try:  # the settings travel on as objects (args.settings, args.rule), checked here once
-        args.settings = KeyTokenSettings(
-            args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos
-        )
+        ladder = args.trunc_len if isinstance(args.trunc_len, list) else [args.trunc_len]
+        # one row per K; the first K's settings are the run's (its summary)
+        args.ladder = [
+            KeyTokenSettings(k, args.sliding_window, not args.no_special_tokens, args.window_bos)
+            for k in dict.fromkeys(ladder)
+        ]
+        args.settings = args.ladder[0]
         args.rule = KeyTokenRule(args.alpha, args.beta)
         require_int("max_tokens_per_batch", args.max_tokens_per_batch)
         require_int("--tensor-parallel", args.tensor_parallel)
@@ -335,20 +343,22 @@ class ScoringJob:
             self.first.setdefault(text, index)
 
     def missing(self, texts: list[str]) -> list[str]:
-        """Those of ``texts`` that the cache has no row for (this evaluator and settings), in order."""
+        """Those of ``texts`` that the cache lacks a row for (this evaluator, under any settings of
+        the ladder), in order."""
         from longppl.cache.key_token_cache import KeyTokenCache
 
-        found = KeyTokenCache.load(self.args.output, create=True).find(
-            texts, self.args.settings, self.identity.fingerprint
-        )
-        return [text for text, row in zip(texts, found) if row is None]
+        cache = KeyTokenCache.load(self.args.output, create=True)
+        found = [cache.find(texts, settings, self.identity.fingerprint) for settings in self.args.ladder]
+        return [text for text, *rows in zip(texts, *found) if None in rows]
 
     def score(self, texts: list[str], writes: bool = True, name: str | None = None) -> None:
         """Score ``texts`` and commit their rows to the cache, one shard per block
         (:func:`scored_shards`); ``writes=False`` scores without committing (a tensor-parallel rank
         other than its group's first). ``name``: print a line per commit, naming the worker."""
+        import datasets
+
         from longppl.cache.key_token_cache import append_rows, key_token_rows
-        from longppl.core.scoring import score_with_evaluator
+        from longppl.core.scoring import score_context_ladder
         from longppl.models.loading import load_model
 
         args = self.args
@@ -357,26 +367,31 @@ class ScoringJob:
         if self.evaluator is None:
             self.evaluator = load_model(args.evaluator, self.device, args.torch_dtype, args.tensor_parallel)
 
-        def score(block: list[str]) -> list:
-            return score_with_evaluator(
+        def score(block: list[str]) -> list[tuple]:  # per document, its scores under each K of the ladder
+            rungs = score_context_ladder(
                 self.evaluator,
                 self.tokenizer,
                 block,
+                args.ladder,
                 max_tokens_per_batch=args.max_tokens_per_batch,
-                settings=args.settings,
                 progress=False,
                 torch_compile=args.torch_compile,
                 per_document=True,
                 pack_documents=args.pack_documents,
                 text_names=[f"document {self.first[text]} of --corpus (counted from 0)" for text in block],
             )
+            return list(zip(*rungs))
 
         committed = 0
         for block, scores in scored_shards(
             texts, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
         ):
             if writes:  # one shard per block, committed at once: a kill loses the block in progress only
-                append_rows(args.output, key_token_rows(block, scores, args.settings, self.identity))
+                rows = [
+                    key_token_rows(block, [document[rung] for document in scores], settings, self.identity)
+                    for rung, settings in enumerate(args.ladder)
+                ]
+                append_rows(args.output, datasets.concatenate_datasets(rows) if len(rows) > 1 else rows[0])
                 committed += len(block)
                 if name is not None:
                     print(f"committed {committed} of {len(texts)} documents of {name}", flush=True)
