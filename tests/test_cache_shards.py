@@ -14,7 +14,7 @@ import sys
 import datasets
 import numpy as np
 import pytest
-from distributed.cache_writer_worker import IDENTITY, SETTINGS, synthetic_rows
+from distributed.cache_writer_worker import IDENTITY, SETTINGS, all_texts, synthetic_rows
 from helpers import accelerate_launch_on_cpu, assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
 
 from longppl.cache import key_token_cache
@@ -138,6 +138,33 @@ def test_rows_of_other_settings_live_beside_each_other(tmp_path):
     assert cache.find(texts("x", 2), other, IDENTITY.fingerprint) == [2, 3]
     with pytest.raises(ValueError, match="2 evaluator/settings combinations"):
         cache.select()
+
+
+@pytest.mark.slow
+def test_concurrent_appends_and_saves_keep_every_row(tmp_path):
+    """Four writers at once, each round after a barrier: three commit shards, one adds and saves (the
+    metric's path, which rewrites the cache with the shards merged in). No row may be lost, without
+    any rerun to fill the gaps."""
+    path, barrier = str(tmp_path / "cache"), str(tmp_path / "barrier")
+    os.makedirs(barrier)
+    writers, rows, rounds = 4, 3, 3
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
+    worker = os.path.join(HERE, "distributed", "cache_writer_worker.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, worker, path, str(w), str(rows), str(rounds), barrier, str(writers)]
+            + (["--append"] if w < 3 else []),
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(writers)
+    ]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    cache = KeyTokenCache.load(path)
+    expected = all_texts(writers, rounds, rows)
+    assert len(cache) == len(expected) == 36 and set(cache.texts(range(len(cache)))) == expected
 
 
 def damage_truncate(path, shard):
