@@ -343,6 +343,7 @@ def run_pipeline(files, output, logs, tasks, workers, die=None):
 
 
 def test_the_task_shares_split_the_distinct_documents_whatever_the_cache_holds():
+    require_datatrove()
     from longppl.tools.score_pipeline import task_share
 
     corpus = ["a" * n for n in (5, 9, 2, 7, 7, 3, 9)]  # the documents of 7 and 9 repeat: each is scored once
