@@ -174,9 +174,9 @@ def key_tokens_command(
 
 def caches_identical(first: str, second: str) -> tuple[bool, str]:
     """Whether two key-token caches hold the same rows with equal columns; and what differs, if anything."""
-    import datasets
+    from longppl.cache.key_token_cache import KeyTokenCache
 
-    a, b = datasets.load_from_disk(first), datasets.load_from_disk(second)
+    a, b = KeyTokenCache.load(first).dataset, KeyTokenCache.load(second).dataset
     if a.column_names != b.column_names or len(a) != len(b):
         return False, f"columns {a.column_names} / {b.column_names}, rows {len(a)} / {len(b)}"
     a, b = (cache.select(np.argsort(cache["text_fingerprint"], kind="stable").tolist()) for cache in (a, b))

@@ -269,12 +269,22 @@ def one_step_args(cls, **overrides):
 
 
 def assert_same_cache(a: str, b: str) -> None:
-    """The key-token caches saved in folders ``a`` and ``b`` have the same columns and rows; the
-    log-probability columns (``lp_*``) are compared as arrays, NaN equal to NaN."""
-    import datasets
+    """The key-token caches in folders ``a`` and ``b`` (single folders or shards) have the same
+    columns and rows, taken in the order of their keys (shards committed by several processes, or by
+    a resumed run, list rows in commit order); the log-probability columns (``lp_*``) are compared as
+    arrays, NaN equal to NaN."""
     import numpy as np
 
-    a, b = datasets.load_from_disk(a), datasets.load_from_disk(b)
+    from longppl.cache.key_token_cache import KeyTokenCache
+
+    def by_key(path):
+        dataset = KeyTokenCache.load(path).dataset
+        keys = list(zip(dataset["text_fingerprint"], dataset["evaluator_fingerprint"], dataset["trunc_len"],
+                        dataset["sliding_window"], dataset["add_special_tokens"], dataset["window_bos"]))  # fmt: skip
+        assert len(set(keys)) == len(keys), f"{path} holds a key twice"
+        return dataset.select(sorted(range(len(keys)), key=keys.__getitem__))
+
+    a, b = by_key(a), by_key(b)
     assert a.column_names == b.column_names and len(a) == len(b)
     for name in a.column_names:
         if name.startswith("lp_"):

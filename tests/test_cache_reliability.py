@@ -12,7 +12,7 @@ import datasets
 import evaluate
 import numpy as np
 import pytest
-from distributed.cache_writer_worker import IDENTITY, SETTINGS, synthetic_rows
+from distributed.cache_writer_worker import IDENTITY, SETTINGS, all_texts, synthetic_rows
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
@@ -50,12 +50,7 @@ def test_concurrent_writers_keep_every_row(tmp_path):
     for proc, _, err in run_writers(path, str(tmp_path / "barrier"), writers, rows, rounds):
         assert proc.returncode == 0, err[-3000:]
     cache = KeyTokenCache.load(path)
-    expected = {
-        f"writer {w} round {r} row {i}: " + "x" * (20 + i)
-        for w in range(writers)
-        for r in range(rounds)
-        for i in range(rows)
-    }
+    expected = all_texts(writers, rounds, rows)
     found = cache.texts(range(len(cache)))
     assert len(found) == len(expected) == 24 and set(found) == expected
     # every row holds its own writer's scores

@@ -55,7 +55,7 @@ def test_space_browser_and_harness_extras_are_installed_after_the_install_and_be
     assert lines[0] == "first-command"
     assert lines.pop(1) == "true"  # the copy is a git work tree: tests and the Space's upload list files with git
     assert lines[1].startswith(
-        "pip install -e .[space,browser,harness] (in tmp."
+        "pip install -e .[space,browser,harness,corpus] (in tmp."
     )  # in the isolated copy, not the checkout
     assert lines[2:4] == ["python -m ruff format --check .", "python -m ruff check ."]
     assert lines[4] == "python -m pytest -q tests"

@@ -11,12 +11,12 @@ import subprocess
 import sys
 import time
 
-import datasets
 import pytest
 from conftest import REPO
 from helpers import assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
 from longppl_reproduce import longce_comparison, population
 
+from longppl.cache.key_token_cache import KeyTokenCache
 from longppl.tools import (
     compute_key_tokens,
     evaluate_models,
@@ -32,6 +32,7 @@ OLD_NAMES = {
     "score": "longppl-score",
     "evaluate": "longppl-evaluate",
     "visualize": "longppl-visualize",
+    "cache": "longppl-cache",
     "quickstart": "longppl-quickstart",
     "train": "longce-train",
     "reproduce": "longppl-reproduce",
@@ -192,7 +193,7 @@ def test_longppl_score_writes_the_cache_longppl_score_writes(tmp_path, monkeypat
         assert longppl_command.main(["score", *args("new")]) == 0
     finally:
         PartialState._reset_state()  # compute_key_tokens set up accelerate's (process-wide) state
-    assert len(datasets.load_from_disk(str(tmp_path / "old"))) == 2
+    assert len(KeyTokenCache.load(str(tmp_path / "old"))) == 2
     assert_same_cache(str(tmp_path / "old"), str(tmp_path / "new"))
 
 

@@ -354,9 +354,9 @@ def test_max_length_means_the_same_in_the_metric_and_compute_key_tokens(metric, 
     """A cache built with longppl-score --max-length N holds the texts compute(max_length=N) cuts."""
     import sys
 
-    import datasets
     from accelerate import PartialState
 
+    from longppl.cache.key_token_cache import KeyTokenCache
     from longppl.tools import compute_key_tokens
 
     folder = str(tmp_path / "evaluator")
@@ -384,7 +384,7 @@ def test_max_length_means_the_same_in_the_metric_and_compute_key_tokens(metric, 
         )
     finally:
         PartialState._reset_state()
-    rows = len(datasets.load_from_disk(cache))
+    rows = len(KeyTokenCache.load(cache))
     loaded = []
     metric_module = sys.modules["longppl.metric.compute"]  # what the metric file delegates to
     monkeypatch.setattr(metric_module, "load_causal_lm", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
@@ -398,7 +398,7 @@ def test_max_length_means_the_same_in_the_metric_and_compute_key_tokens(metric, 
         torch_dtype="float32",
         max_length=120,
     )
-    assert loaded == [] and len(datasets.load_from_disk(cache)) == rows == 3  # every cut text was found
+    assert loaded == [] and len(KeyTokenCache.load(cache)) == rows == 3  # every cut text was found
     assert result["n_key_tokens"] == run(metric, setup, max_length=120)["n_key_tokens"]
 
 

@@ -26,13 +26,15 @@ Packages table and the README's Layout name every module (tests/test_repository.
   text a cache row belongs to).
 - floor 3, ``views/``: ``key_token_html`` (the key-token page of ``longppl-visualize`` and the Space).
 - floor 4, ``cache/``: ``key_token_cache`` (an evaluator's scores of a corpus as a
-  ``datasets.Dataset``, to evaluate many models at the cost of one perplexity pass each).
+  ``datasets.Dataset``, to evaluate many models at the cost of one perplexity pass each),
+  ``shards`` (its immutable shards and their manifest: rows committed as they are scored),
+  ``curation`` (per-document columns to filter or rank a corpus by, from the cached log-probs).
 - floor 5, ``metric/``, the ``evaluate`` metric's logic: ``options`` (its arguments, declared once),
   ``compute`` (what ``compute`` runs), ``official`` (the drop-in for the official package).
 - floor 6, ``space/``: ``app`` (the Hub Space's page, with its limits as a public server).
 - floor 6, ``tools/`` (package ``longppl.tools``), the commands and what only they need: ``main``
   (``longppl``), ``compute_key_tokens``, ``evaluate_models``, ``visualize_key_tokens``,
-  ``quickstart``; ``cli``, ``cache_cli``, ``corpus``, ``reports``, ``correlation``, ``figures``,
+  ``quickstart``, ``cache_tool``, ``score_pipeline`` (the datatrove step); ``cli``, ``cache_cli``, ``corpus``, ``reports``, ``correlation``, ``figures``,
   ``threads``, ``synthetic``, ``benchmarking``.
 - floor 7, ``harness/`` (package ``longppl.harness``, the ``harness`` extra; ``import longppl`` never
   imports it): LongPPL in lm-evaluation-harness: ``model`` (the ``longppl`` model type), ``task``

@@ -739,6 +739,7 @@ def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: 
         if not os.path.isfile(source):
             raise ValueError(f"No documents at {source}: run the 'data' stage first.")
         # longppl-score's own main (what the command runs), in this process: no second start-up
+        from longppl.cache.key_token_cache import compact_cache
         from longppl.tools import compute_key_tokens
 
         arguments = ["--corpus", source, "--evaluator", model_folder(run, evaluator), "--output", folder]
@@ -747,6 +748,8 @@ def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: 
         run.log("$ longppl-score " + " ".join(arguments))
         with run.timed("cache", name):
             compute_key_tokens.main(arguments, prog="longppl-score")
+            # one folder (dataset_info.json): the mark of a finished cache; a killed run resumes from its shards
+            compact_cache(folder)
     return folder
 
 

@@ -6,7 +6,8 @@ Per round: opens CACHE (``create=True``), waits until all WRITERS processes have
 barrier in BARRIER_DIR, so that every writer reads the same old cache before any writes: the race
 that lost rows), adds ROWS rows of synthetic scores (texts ``writer W round R row i``) and saves.
 ``--die-in-save`` kills the process (SIGKILL) inside its first save, after the new copy is
-written and before it is swapped in.
+written and before it is swapped in. ``--append`` commits the rows as a shard
+(``append_rows``) instead of adding and saving.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
+from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, append_rows, key_token_rows
 from longppl.core.scoring import EvaluatorScores
 from longppl.models.fingerprints import ModelIdentity
 
@@ -40,6 +41,16 @@ def synthetic_rows(
         lp_long[0], lp_short[: settings.trunc_len] = np.nan, np.nan
         scores.append(EvaluatorScores(rng.integers(0, 500, n), offsets, lp_long, lp_short))
     return key_token_rows(texts, scores, settings, identity)
+
+
+def writer_texts(writer: int, round_: int, rows: int) -> list[str]:
+    """The texts writer ``writer`` adds in round ``round_``."""
+    return [f"writer {writer} round {round_} row {i}: " + "x" * (20 + i) for i in range(rows)]
+
+
+def all_texts(writers: int, rounds: int, rows: int) -> set[str]:
+    """Every text the writers add over all rounds."""
+    return {text for w in range(writers) for r in range(rounds) for text in writer_texts(w, r, rows)}
 
 
 def wait_for_all(barrier: str, name: str, writers: int, timeout: float = 120.0) -> None:
@@ -64,7 +75,10 @@ def main(argv: list[str]) -> None:
     for round_ in range(rounds):
         cache = KeyTokenCache.load(path, create=True)
         wait_for_all(barrier, f"round{round_}", writers)
-        texts = [f"writer {writer} round {round_} row {i}: " + "x" * (20 + i) for i in range(rows)]
+        texts = writer_texts(writer, round_, rows)
+        if "--append" in argv:
+            append_rows(path, synthetic_rows(texts, seed=1000 * writer + round_))
+            continue
         cache.add(synthetic_rows(texts, seed=1000 * writer + round_))
         cache.save()
 

@@ -45,7 +45,18 @@ tokenizer (other vocabulary, merges, normaliser, BOS setting) never reuse rows. 
 cannot tell which tokenizer produced it, so format-1 caches are refused with an error that says to
 rebuild them, rather than matched (stale rows) or kept beside new rows (ambiguous lookups).
 
-Guarantees of a cache directory (written by :meth:`KeyTokenCache.save`):
+A cache directory holds a ``save_to_disk`` folder (its base), immutable shards (``shards``: rows
+committed by ``longppl score`` and :func:`append_rows` as they are scored, named in the manifest
+``longppl_shards.json``), or both; an old single-folder cache is a base alone. Reading it gives one
+``Dataset`` over every file, memory-mapped: the base's rows, then each shard's in commit order.
+:func:`compact_cache` (``longppl cache compact``) rewrites base and shards as one base.
+
+Guarantees of a cache directory (written by :meth:`KeyTokenCache.save` and :func:`append_rows`):
+
+- **Appends rewrite nothing**: :func:`append_rows` writes a new shard beside the cache, then moves
+  it in and names it in the manifest under the cache's lock; no other file changes, and a process
+  killed at any point loses the rows of that shard only. A save to the cache's own directory (the
+  metric's) merges base and shards into one new base, as compaction does.
 
 - **Atomic swap**: a save writes a new copy beside the cache and swaps it in (``atomic_files``);
   a save killed at any point leaves the previous cache in place or recoverable on the next open.
@@ -57,7 +68,9 @@ Guarantees of a cache directory (written by :meth:`KeyTokenCache.save`):
   only for the merge and swap, never while scoring. Readers take the lock shared, so a load never
   sees a swap half done. Saving to another directory than the one a cache was loaded from
   replaces that directory's content with this cache's rows (a copy), under the same lock.
-- **Checksums**: a save stores the size and SHA-256 of every file it wrote in
+- **Checksums**: each shard's size and SHA-256 are in the manifest, checked at every load like the
+  base's (a missing, truncated or changed shard, an unreadable manifest: :class:`CacheDamagedError`).
+  A save stores the size and SHA-256 of every file it wrote in
   ``longppl_checksums.json`` inside the directory; every load verifies them before reading (a
   streaming SHA-256 per file, files in parallel: about 1 ms per MB of cache on one core). A
   truncated or emptied data file, a damaged ``state.json`` / ``dataset_info.json`` or changed
@@ -68,8 +81,8 @@ Guarantees of a cache directory (written by :meth:`KeyTokenCache.save`):
   its own files.
 - **Locking scope**: ``fcntl.flock``, so POSIX only (on Windows saves are not serialised) and on a
   network file system as reliable as its ``flock``; all writers must use this version or later.
-- **Leftovers**: temporary directories (``.<name>.new-…`` of a save, ``.<name>.shards-…`` of
-  ``compute_key_tokens.py``) carry their owner's host and process id; the next save removes those
+- **Leftovers**: temporary directories (``.<name>.new-…`` of a save, ``.<name>.shard-…`` of a shard
+  being written) carry their owner's host and process id; the next save or shard removes those
   whose owner ran on this host and is gone, and leaves a live writer's alone.
 """
 
@@ -91,6 +104,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from datasets.arrow_writer import ArrowWriter
 
 from ..atomic_files import (
     cannot_create,
@@ -103,6 +117,7 @@ from ..atomic_files import (
 from ..models.fingerprints import ModelIdentity, file_sha256, text_fingerprint
 from ..models.sources import require_path
 from ..settings import KeyTokenSettings
+from .shards import MANIFEST_FILE, SHARD_FOLDER, commit_shard, has_manifest, read_manifest, shard_problem, write_shard
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
     from ..core.scoring import EvaluatorScores
@@ -207,7 +222,52 @@ def verify_checksums(path: str) -> bool:
 
 
 def _read_directory(path: str) -> datasets.Dataset:
-    """The cache's dataset at ``path`` after verifying its checksums; errors name ``path``."""
+    """The cache's dataset at ``path`` after verifying its checksums; errors name ``path``.
+
+    The rows are the base's (the ``save_to_disk`` folder, if any) and then each committed shard's
+    (``shards``), every file memory-mapped: one ``Dataset`` over them, nothing copied.
+    """
+    parts = [] if has_manifest(path) and not _has_base(path) else [_read_base(path)]
+    try:
+        entries = read_manifest(path)
+    except ValueError as err:
+        raise _damaged(path, str(err)) from err
+    for entry in entries:  # sizes first (cheap), then the content
+        problem = shard_problem(path, entry)
+        if problem:
+            raise _damaged(path, problem)
+    names = [entry["file"] for entry in entries]
+    # hashlib releases the GIL on large buffers: shards are hashed in parallel, as the base's files.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
+        digests = list(pool.map(lambda name: file_sha256(os.path.join(path, name)), names))
+    for entry, digest in zip(entries, digests):
+        if digest != entry["sha256"]:
+            raise _damaged(
+                path, f"the content of its shard {entry['file']} does not match its SHA-256 checksum (changed on disk)"
+            )
+    info = datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES)
+    for entry in entries:
+        try:
+            shard = datasets.Dataset.from_file(os.path.join(path, entry["file"]), info=info)
+        except (OSError, ValueError, pa.ArrowException) as err:
+            raise _damaged(
+                path, f"datasets could not read its shard {entry['file']} ({type(err).__name__}: {err})"
+            ) from err
+        if len(shard) != entry["rows"]:
+            raise _damaged(
+                path, f"its shard {entry['file']} holds {len(shard)} rows, but {entry['rows']} were committed"
+            )
+        parts.append(shard)
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _has_base(path: str) -> bool:
+    """Whether ``path`` holds a ``save_to_disk`` folder (beside its shards, or alone)."""
+    return any(os.path.exists(os.path.join(path, name)) for name in (CHECKSUM_FILE, "state.json"))
+
+
+def _read_base(path: str) -> datasets.Dataset:
+    """The ``save_to_disk`` folder at ``path`` after verifying its checksums."""
     verify_checksums(path)
     try:
         return datasets.load_from_disk(path)
@@ -235,7 +295,7 @@ _DATASETS_FILE = re.compile(r"(data-\d+-of-\d+|cache-[0-9a-f]+)\.arrow|state\.js
 def _own_files(path: str) -> set[str]:
     """Names in the cache directory ``path`` that belong to the cache (``_DATASETS_FILE``, the
     checksum file, and every file it lists)."""
-    own = {CHECKSUM_FILE}
+    own = {CHECKSUM_FILE, MANIFEST_FILE, SHARD_FOLDER}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
         with open(os.path.join(path, CHECKSUM_FILE), encoding="utf-8") as handle:
             own.update(str(name) for name in json.load(handle)["files"])
@@ -256,7 +316,7 @@ def _is_cache_directory(path: str) -> bool:
     """Whether the existing directory ``path`` holds a key-token cache: its marker (the checksum
     file every save writes), or, for a plain ``save_to_disk`` copy, a ``dataset_info.json``
     declaring the cache's columns. Contents are checked when the cache is read."""
-    if os.path.isfile(os.path.join(path, CHECKSUM_FILE)):
+    if os.path.isfile(os.path.join(path, CHECKSUM_FILE)) or has_manifest(path):
         return True
     return set(CACHE_FEATURES) <= set(_dataset_columns(path) or ())
 
@@ -360,7 +420,7 @@ def cache_directory(path, argument: str = "key_tokens", create: bool = False) ->
     return real
 
 
-def write_failed(path: str, err: OSError, dataset: datasets.Dataset) -> ValueError:
+def write_failed(path: str, err: OSError, dataset: datasets.Dataset, what: str = "the new copy") -> ValueError:
     """A write of ``dataset`` for the cache ``path`` that the file system refused (full, over a
     size limit, read-only), as one clear line: what failed, about how much space it needs."""
     needed = dataset.data.nbytes
@@ -373,7 +433,7 @@ def write_failed(path: str, err: OSError, dataset: datasets.Dataset) -> ValueErr
         )
     return ValueError(
         f"Could not write the key-token cache {path!r}: {err.strerror or err} (errno {err.errno}); it needs "
-        f"about {size} beside the cache while the new copy is written. {unchanged}: free space or choose "
+        f"about {size} beside the cache while {what} is written. {unchanged}: free space or choose "
         "another folder, then run again."
     )
 
@@ -763,6 +823,14 @@ class KeyTokenCache:
         scalar = [name for name in CACHE_FEATURES if name not in _ARRAY_COLUMNS]
         return self._dataset.select_columns(scalar)[row]
 
+    def _drop_duplicates(self) -> None:
+        """Keep the first row of each key: shards committed by two runs that scored the same
+        document at once hold it twice (the same values: rows are scored document by document)."""
+        first = self._rows_by_key()
+        if len(first) < len(self._dataset):
+            self._dataset = self._dataset.select(sorted(first.values()))
+            self._index = self._arrays = None
+
     def add(self, rows: datasets.Dataset) -> None:
         """Add rows (from :func:`key_token_rows`); a row whose key is already cached replaces the old one."""
         check_cache_dataset(rows, "the rows to add")
@@ -804,6 +872,7 @@ class KeyTokenCache:
             dataset = self._dataset
             if merge and exists:
                 current = KeyTokenCache(_read_directory(path), path)
+                current._drop_duplicates()
                 for rows in self._pending:
                     current.add(rows)
                 dataset = current._dataset
@@ -823,6 +892,68 @@ class KeyTokenCache:
         self._index = self._arrays = None
         self._pending = []
         return path
+
+
+def append_rows(path, rows: datasets.Dataset) -> str:
+    """Commit ``rows`` (from :func:`key_token_rows`) to the cache directory ``path`` as a new shard.
+
+    The shard is written and hashed beside the cache first, then moved in and named in the manifest
+    under the cache's lock (``shards``): no file of the cache is rewritten, a reader sees all of the
+    shard or none of it, and a process killed at any point loses these rows only. Rows whose key is
+    already cached are appended too (the first row of a key is the one used; compaction drops the
+    others). Any number of processes may append to one cache at once.
+
+    Returns:
+        the cache's real path.
+    Raises:
+        ValueError: ``path`` is not a cache's folder (``cache_directory``), or the file system
+            refused the write (full disk...): one line; the cache is unchanged.
+    """
+    check_cache_dataset(rows, "the rows to add")
+    path = cache_directory(path, argument="path", create=True)
+
+    def write(file: str) -> None:
+        writer = ArrowWriter(features=CACHE_FEATURES, path=file)
+        try:
+            writer.write_table(rows.with_format(None).data.table)
+            writer.finalize()
+        finally:
+            writer.close()
+
+    with _datasets_progress(False):
+        try:
+            tmp, entry = write_shard(path, len(rows), write)
+        except OSError as err:  # a full disk or a file-size limit: nothing of this shard is kept
+            raise write_failed(path, err, rows, "the new shard") from err
+    with directory_lock(path):
+        recover_directory(path)
+        # checked again under the lock: another process may have put other files there meanwhile
+        if os.path.isdir(path) and os.listdir(path) and not _is_cache_directory(path):
+            shutil.rmtree(tmp, ignore_errors=True)
+            cache_directory(path, argument="path", create=True)  # raises, naming what is there
+        try:
+            commit_shard(path, tmp, entry)
+        except OSError as err:
+            raise write_failed(path, err, rows, "the new shard") from err
+    return path
+
+
+def compact_cache(path) -> dict:
+    """Rewrite the cache directory ``path`` as one ``save_to_disk`` folder: its base and all its
+    shards, each key once (the first row), in the same order; atomically, under the cache's lock.
+
+    Returns:
+        ``{"path", "rows_before", "rows", "shards"}`` (``shards``: how many were merged).
+    """
+    path = cache_directory(path, argument="path")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"No key-token cache at {path!r}. {_HOW_TO_BUILD}")
+    with directory_lock(path, shared=True, optional=True):
+        shards = len(read_manifest(path)) if has_manifest(path) else 0
+    cache = KeyTokenCache.load(path)
+    before = len(cache)
+    cache.save(path)
+    return dict(path=path, rows_before=before, rows=len(cache), shards=shards)
 
 
 def open_cache(source: str, split: str = "train", argument: str = "key_tokens") -> KeyTokenCache:

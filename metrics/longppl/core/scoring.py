@@ -280,24 +280,73 @@ def score_with_evaluator(
         text_names: what error messages call each text (default ``predictions[i]``).
     """
     settings = settings_object(KeyTokenSettings, settings)
-    encoded = encode_texts(tokenizer, texts, settings.add_special_tokens, evaluator, "evaluator", text_names=text_names)
+    return score_context_ladder(
+        evaluator,
+        tokenizer,
+        texts,
+        [settings],
+        max_tokens_per_batch=max_tokens_per_batch,
+        progress=progress,
+        torch_compile=torch_compile,
+        per_document=per_document,
+        progress_callback=progress_callback,
+        pack_documents=pack_documents,
+        text_names=text_names,
+    )[0]
+
+
+def score_context_ladder(
+    evaluator,
+    tokenizer,
+    texts: Sequence[str],
+    ladder: Sequence[KeyTokenSettings],
+    *,
+    max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
+    progress: bool = True,
+    torch_compile: bool = False,
+    per_document: bool = False,
+    progress_callback: ProgressCallback | None = None,
+    pack_documents: bool = False,
+    text_names: Sequence[str] | None = None,
+) -> list[list[EvaluatorScores]]:
+    """:func:`score_with_evaluator` under several settings (a ladder of ``K``) sharing one long pass.
+
+    The long-context pass is run once per document and its log-probs reused for the short windows of
+    every ``K``; each settings' scores equal those of a separate :func:`score_with_evaluator` call
+    with it, bit for bit (the same long pass, the same windows).
+
+    Args:
+        ladder: the settings, e.g. ``[KeyTokenSettings(1024, d), KeyTokenSettings(4096, d)]``; they
+            must agree on ``add_special_tokens`` (one tokenization, hence one long pass).
+        others: as in :func:`score_with_evaluator`.
+    Returns:
+        ``scores[j][doc]``: the ``EvaluatorScores`` of ``texts[doc]`` under ``ladder[j]``.
+    """
+    ladder = [settings_object(KeyTokenSettings, settings) for settings in ladder]
+    if not ladder:
+        raise ValueError("score_context_ladder needs at least one KeyTokenSettings.")
+    if len({settings.add_special_tokens for settings in ladder}) > 1:
+        raise ValueError(
+            "The settings of a context ladder must agree on add_special_tokens (one tokenization, one long pass); "
+            "score the others in a run of their own."
+        )
+    encoded = encode_texts(
+        tokenizer, texts, ladder[0].add_special_tokens, evaluator, "evaluator", text_names=text_names
+    )
     sequences = [torch.from_numpy(ids) for ids, _ in encoded]
     if pack_documents and not per_document:
         raise ValueError("pack_documents=True needs per_document=True (it packs documents of one length only).")
     alone = per_document and not pack_documents
     groups = [[doc] for doc in range(len(texts))] if alone else [list(range(len(texts)))]
     lp_long: list[torch.Tensor] = [torch.empty(0)] * len(texts)
-    lp_short: list[torch.Tensor] = [torch.empty(0)] * len(texts)
+    lp_short: list[list[torch.Tensor]] = [[torch.empty(0)] * len(texts) for _ in ladder]
     reporter = Progress(progress, progress_callback)
-    long_desc, short_desc = (
-        "LongPPL evaluator: long context",
-        f"LongPPL evaluator: short windows (K={settings.trunc_len})",
-    )
-    with (
-        _scoring(evaluator, torch_compile),
-        reporter.labelled(long_desc, "doc").steps(len(texts)) as long_done,
-        reporter.labelled(short_desc, "doc").steps(len(texts)) as short_done,
-    ):
+    long_desc = "LongPPL evaluator: long context"
+    short_descs = [f"LongPPL evaluator: short windows (K={settings.trunc_len})" for settings in ladder]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_scoring(evaluator, torch_compile))
+        long_done = stack.enter_context(reporter.labelled(long_desc, "doc").steps(len(texts)))
+        short_dones = [stack.enter_context(reporter.labelled(d, "doc").steps(len(texts))) for d in short_descs]
         for group in groups:
             seqs = [sequences[doc] for doc in group]
             long = long_context_log_probs(
@@ -308,22 +357,28 @@ def score_with_evaluator(
                 reporter.labelled(long_desc, "doc"),
                 equal_lengths=pack_documents,
             )
-            short = short_context_log_probs(
-                evaluator,
-                seqs,
-                max_tokens_per_batch=max_tokens_per_batch,
-                window=settings.window,
-                long_log_probs=long,
-                prefix_token_id=_window_prefix(tokenizer, settings.window_bos),
-                on_sequence_done=lambda _: short_done(),
-                progress=reporter.labelled(short_desc, "window"),
-                equal_lengths=pack_documents,
-            )
-            for doc, values_long, values_short in zip(group, long, short):
-                lp_long[doc], lp_short[doc] = values_long, values_short
+            for rung, (settings, short_desc, short_done) in enumerate(zip(ladder, short_descs, short_dones)):
+                short = short_context_log_probs(
+                    evaluator,
+                    seqs,
+                    max_tokens_per_batch=max_tokens_per_batch,
+                    window=settings.window,
+                    long_log_probs=long,
+                    prefix_token_id=_window_prefix(tokenizer, settings.window_bos),
+                    on_sequence_done=lambda _, done=short_done: done(),
+                    progress=reporter.labelled(short_desc, "window"),
+                    equal_lengths=pack_documents,
+                )
+                for doc, values_short in zip(group, short):
+                    lp_short[rung][doc] = values_short
+            for doc, values_long in zip(group, long):
+                lp_long[doc] = values_long
     return [
-        EvaluatorScores(ids, offsets, long.numpy(), short.numpy())
-        for (ids, offsets), long, short in zip(encoded, lp_long, lp_short)
+        [
+            EvaluatorScores(ids, offsets, long.numpy(), short.numpy())
+            for (ids, offsets), long, short in zip(encoded, lp_long, rung)
+        ]
+        for rung in lp_short
     ]
 
 

@@ -17,11 +17,16 @@ share of the corpus (every rank of a group the same documents; the group's first
 The corpus is a ``.jsonl`` file, a directory saved with ``datasets``' ``save_to_disk`` or a Hub
 dataset name (``--split``), with the texts in ``--text-column``. Documents already in the cache
 for the same evaluator and settings are skipped, so adding documents scores only the new ones.
-Each process scores its share of the new documents and writes it to a shard beside the output
-(the output's folder must be shared by all processes, e.g. one machine or a shared file system);
-the main process merges the shards in corpus order and replaces the cache atomically. The result
-does not depend on the number of processes. Then evaluate models with ``longppl-evaluate`` or
-``compute(..., key_tokens=<output>)``.
+Each process scores its share of the new documents and commits its rows to the cache as it goes,
+as immutable shards (every ``--shard-documents`` documents or ``--shard-minutes`` minutes; the
+output's folder must be shared by all processes, e.g. one machine or a shared file system). Old
+files of the cache are never rewritten. A run that is killed keeps every committed shard: running
+the same command again scores only what is missing. The rows do not depend on the number of
+processes or on the interruptions (their order in the cache does); ``longppl cache compact``
+merges the shards into one folder when you wish. Several ``--trunc-len`` values (a context
+ladder, e.g. ``--trunc-len 1024 2048 4096``) share each document's long pass and give one row per
+K. The same scoring runs as a datatrove step on a cluster (``longppl.tools.score_pipeline``). Then
+evaluate models with ``longppl-evaluate`` or ``compute(..., key_tokens=<output>)``.
 
 (``scripts/compute_key_tokens.py`` and ``python -m longppl.tools.compute_key_tokens`` run the same
 command.)
@@ -31,11 +36,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
-
-import numpy as np
 
 # torch, datasets and transformers load after the arguments are parsed (in _run): `--help` is immediate.
 from longppl.settings import (
@@ -50,6 +52,10 @@ from longppl.tools.cli import run_command, tool_parser
 # The name in usage lines and messages when main() is called from Python; commands show the name they
 # were started by (tools/cli.py).
 PROG = "compute_key_tokens.py"
+# A shard of 256 documents (or 10 minutes) at most: a killed run loses that much scoring per process;
+# a commit costs a file rename and a manifest rewrite (docs/benchmarks.md).
+DEFAULT_SHARD_DOCUMENTS = 256
+DEFAULT_SHARD_MINUTES = 10.0
 
 
 def assign_to_processes(lengths: list[int], num_processes: int) -> list[list[int]]:
@@ -82,8 +88,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument(
         "--trunc-len",
         type=int,
+        nargs="+",
         default=DEFAULT_TRUNC_LEN,
-        help="K: context length of the short-context scores (default %(default)s)",
+        help="K: context length of the short-context scores; several (a ladder, e.g. 1024 2048 4096) share one "
+        "long pass and give one row per K (default %(default)s)",
     )
     parser.add_argument(
         "--sliding-window",
@@ -147,6 +155,20 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "processes is no longer bit-identical to one process's (default: off; docs/cache.md)",
     )
     parser.add_argument(
+        "--shard-documents",
+        type=int,
+        default=DEFAULT_SHARD_DOCUMENTS,
+        help="commit each process's rows to the cache every N documents (a shard), so that a killed run keeps "
+        "them and a rerun resumes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--shard-minutes",
+        type=float,
+        default=DEFAULT_SHARD_MINUTES,
+        help="and at the latest after the first document that ends M minutes after the shard began "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
         "--alpha",
         type=float,
         default=DEFAULT_ALPHA,
@@ -170,12 +192,19 @@ def parse_args(argv=None, prog: str = PROG):
     from longppl.settings import KeyTokenRule, KeyTokenSettings, require_int
 
     try:  # the settings travel on as objects (args.settings, args.rule), checked here once
-        args.settings = KeyTokenSettings(
-            args.trunc_len, args.sliding_window, not args.no_special_tokens, args.window_bos
-        )
+        ladder = args.trunc_len if isinstance(args.trunc_len, list) else [args.trunc_len]
+        # one row per K; the first K's settings are the run's (its summary)
+        args.ladder = [
+            KeyTokenSettings(k, args.sliding_window, not args.no_special_tokens, args.window_bos)
+            for k in dict.fromkeys(ladder)
+        ]
+        args.settings = args.ladder[0]
         args.rule = KeyTokenRule(args.alpha, args.beta)
         require_int("max_tokens_per_batch", args.max_tokens_per_batch)
         require_int("--tensor-parallel", args.tensor_parallel)
+        require_int("--shard-documents", args.shard_documents)
+        if not args.shard_minutes > 0:
+            raise ValueError(f"--shard-minutes must be a positive number of minutes, got {args.shard_minutes}")
         if args.max_length is not None:
             require_int("max_length", args.max_length, minimum=2)
     except ValueError as err:
@@ -238,15 +267,7 @@ def check_tensor_parallel(args, torch) -> None:
 
 
 def _run(args, state, start: float, prog: str = PROG) -> dict:
-    import datasets
-    from accelerate.utils import broadcast_object_list
-
-    from longppl.atomic_files import owned_temp_name
-    from longppl.cache.key_token_cache import KeyTokenCache, cache_directory, key_token_rows, write_failed
-    from longppl.core.scoring import score_with_evaluator, truncate_texts
-    from longppl.models.fingerprints import ModelIdentity
-    from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
-    from longppl.tools.corpus import read_documents
+    from longppl.cache.key_token_cache import KeyTokenCache
     from longppl.tools.threads import choose_torch_threads
 
     if args.device is not None and state.num_processes > 1:
@@ -254,84 +275,27 @@ def _run(args, state, start: float, prog: str = PROG) -> dict:
     device = args.device or str(state.device)
     if device == "cpu":  # the processes share the cores (unless OMP_NUM_THREADS says otherwise)
         choose_torch_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
-    settings = args.settings
-    # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
-    cache_directory(args.output, argument="--output", create=True)
+    job = ScoringJob(args, device)
 
-    texts = read_documents(args.corpus, args.text_column, args.split, "--corpus")
-    if not texts:
-        raise ValueError(f"{args.corpus!r} holds no documents.")
-    datasets.disable_progress_bars()  # shards and the cache are small writes; ours is the bar that counts
-    tokenizer = load_tokenizer(args.evaluator)
-    texts = truncate_texts(texts, tokenizer, args.max_length)
-    identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
-    evaluator = None
-    if identity is None and args.tensor_parallel > 1:
-        raise ValueError(
-            f"--evaluator {args.evaluator!r}: its Hub revision cannot be resolved to a commit (offline?), and a split "
-            "evaluator cannot be fingerprinted from its weights (each rank holds a part); pass a local copy's folder."
-        )
-    if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
-        evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
-        identity = ModelIdentity.of_model(evaluator, tokenizer)
-
-    # Every process reads the same cache before any writes it, so all agree on what is missing.
-    cache = KeyTokenCache.load(args.output, create=True)
-    found = cache.find(texts, settings, identity.fingerprint)
-    missing = list(dict.fromkeys(text for text, row in zip(texts, found) if row is None))
+    # Every process reads the same cache before any commits to it, so all agree on what is missing.
+    missing = job.missing(list(dict.fromkeys(job.texts)))
     if missing and state.is_main_process:
-        warn_if_another_evaluator(cache, identity, args.output, prog)
+        warn_if_another_evaluator(KeyTokenCache.load(args.output), job.identity, args.output, prog)
+    state.wait_for_everyone()
     # A tensor-parallel group of N ranks is one worker: its ranks score the same documents, its first writes.
     group_size = args.tensor_parallel
     worker, writes = state.process_index // group_size, state.process_index % group_size == 0
     shares = assign_to_processes([len(t) for t in missing], state.num_processes // group_size)
-    mine = [missing[i] for i in shares[worker]]
-    first = {}
-    for index, text in enumerate(texts):
-        first.setdefault(text, index)
+    job.score([missing[i] for i in shares[worker]], writes, "process 0" if state.is_main_process else None)
+    state.wait_for_everyone()
 
-    # Named after the main process, so that a later save removes them if it dies (atomic_files).
-    shards = [owned_temp_name(args.output, "shards")]
-    broadcast_object_list(shards)  # the main process's name for all
-    shards = shards[0]
-    try:
-        if mine:
-            if evaluator is None:
-                evaluator = load_model(args.evaluator, device, args.torch_dtype, args.tensor_parallel)
-            scores = score_with_evaluator(
-                evaluator,
-                tokenizer,
-                mine,
-                max_tokens_per_batch=args.max_tokens_per_batch,
-                settings=settings,
-                progress=state.is_main_process,
-                torch_compile=args.torch_compile,
-                per_document=True,
-                pack_documents=args.pack_documents,
-                text_names=[f"document {first[text]} of --corpus (counted from 0)" for text in mine],
-            )
-            rows = key_token_rows(mine, scores, settings, identity)
-            try:
-                if writes:
-                    rows.save_to_disk(f"{shards}/{worker}")
-            except OSError as err:  # a full disk or a file-size limit, before the cache is touched
-                raise write_failed(args.output, err, rows) from err
-        state.wait_for_everyone()
-
-        summary = {}
-        if state.is_main_process:
-            if missing:
-                parts = [datasets.load_from_disk(f"{shards}/{rank}") for rank, share in enumerate(shares) if share]
-                order = np.argsort(np.concatenate([share for share in shares if share]), kind="stable")
-                cache.add(datasets.concatenate_datasets(parts).select(order.tolist()))
-                cache.save(args.output)
-            summary = summarize(cache, texts, settings, identity, len(missing), args, time.perf_counter() - start)
-        state.wait_for_everyone()
-    finally:  # after a failure too: no shard is left behind (a killed run's go at the next save)
-        if writes:
-            shutil.rmtree(f"{shards}/{worker}", ignore_errors=True)
-        if state.is_main_process:
-            shutil.rmtree(shards, ignore_errors=True)
+    summary = {}
+    if state.is_main_process:
+        cache = KeyTokenCache.load(args.output)
+        summary = summarize(
+            cache, job.texts, args.settings, job.identity, len(missing), args, time.perf_counter() - start
+        )
+    state.wait_for_everyone()
     return summary
 
 
@@ -350,6 +314,135 @@ def warn_if_another_evaluator(cache, identity, output: str, prog: str) -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+class ScoringJob:
+    """The corpus, the evaluator's tokenizer and identity of one ``longppl score`` run, and the
+    scoring of a share of the corpus into the cache, committed shard by shard.
+
+    Shared by the ``accelerate launch`` path (:func:`main`) and the datatrove step
+    (``score_pipeline``). Building one reads the corpus and the tokenizer, and loads the evaluator
+    only where its identity needs the weights (a Hub id that does not resolve to a commit).
+
+    Attributes:
+        texts: the corpus's documents (after ``--max-length``), in corpus order.
+        identity: the evaluator's ``ModelIdentity`` (its fingerprint keys the cache's rows).
+    """
+
+    def __init__(self, args, device: str):
+        import datasets
+
+        from longppl.cache.key_token_cache import cache_directory
+        from longppl.core.scoring import truncate_texts
+        from longppl.models.fingerprints import ModelIdentity
+        from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
+        from longppl.tools.corpus import read_documents
+
+        self.args, self.device = args, device
+        # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
+        cache_directory(args.output, argument="--output", create=True)
+        texts = read_documents(args.corpus, args.text_column, args.split, "--corpus")
+        if not texts:
+            raise ValueError(f"{args.corpus!r} holds no documents.")
+        datasets.disable_progress_bars()  # shards are small writes; our lines are the progress that counts
+        self.tokenizer = load_tokenizer(args.evaluator)
+        self.texts = truncate_texts(texts, self.tokenizer, args.max_length)
+        self.identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
+        self.evaluator = None
+        if self.identity is None and args.tensor_parallel > 1:
+            raise ValueError(
+                f"--evaluator {args.evaluator!r}: its Hub revision cannot be resolved to a commit (offline?), and a "
+                "split evaluator cannot be fingerprinted from its weights (each rank holds a part); pass a local "
+                "copy's folder."
+            )
+        if self.identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
+            self.evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
+            self.identity = ModelIdentity.of_model(self.evaluator, self.tokenizer)
+        self.first = {}
+        for index, text in enumerate(self.texts):
+            self.first.setdefault(text, index)
+
+    def missing(self, texts: list[str]) -> list[str]:
+        """Those of ``texts`` that the cache lacks a row for (this evaluator, under any settings of
+        the ladder), in order."""
+        from longppl.cache.key_token_cache import KeyTokenCache
+
+        cache = KeyTokenCache.load(self.args.output, create=True)
+        found = [cache.find(texts, settings, self.identity.fingerprint) for settings in self.args.ladder]
+        return [text for text, *rows in zip(texts, *found) if None in rows]
+
+    def score(self, texts: list[str], writes: bool = True, name: str | None = None) -> None:
+        """Score ``texts`` and commit their rows to the cache, one shard per block
+        (:func:`scored_shards`); ``writes=False`` scores without committing (a tensor-parallel rank
+        other than its group's first). ``name``: print a line per commit, naming the worker."""
+        import datasets
+
+        from longppl.cache.key_token_cache import append_rows, key_token_rows
+        from longppl.core.scoring import score_context_ladder
+        from longppl.models.loading import load_model
+
+        args = self.args
+        if not texts:
+            return
+        if self.evaluator is None:
+            self.evaluator = load_model(args.evaluator, self.device, args.torch_dtype, args.tensor_parallel)
+
+        def score(block: list[str]) -> list[tuple]:  # per document, its scores under each K of the ladder
+            rungs = score_context_ladder(
+                self.evaluator,
+                self.tokenizer,
+                block,
+                args.ladder,
+                max_tokens_per_batch=args.max_tokens_per_batch,
+                progress=False,
+                torch_compile=args.torch_compile,
+                per_document=True,
+                pack_documents=args.pack_documents,
+                text_names=[f"document {self.first[text]} of --corpus (counted from 0)" for text in block],
+            )
+            return list(zip(*rungs))
+
+        committed = 0
+        for block, scores in scored_shards(
+            texts, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
+        ):
+            if writes:  # one shard per block, committed at once: a kill loses the block in progress only
+                rows = [
+                    key_token_rows(block, [document[rung] for document in scores], settings, self.identity)
+                    for rung, settings in enumerate(args.ladder)
+                ]
+                append_rows(args.output, datasets.concatenate_datasets(rows) if len(rows) > 1 else rows[0])
+                committed += len(block)
+                if name is not None:
+                    print(f"committed {committed} of {len(texts)} documents of {name}", flush=True)
+
+
+def scored_shards(texts: list[str], score, documents: int, seconds: float, together: bool):
+    """Score ``texts`` in blocks that each become one shard of the cache.
+
+    A block closes after ``documents`` documents, or after the first document that ends ``seconds``
+    or more after the block began, whichever comes first. Documents are scored one by one (their
+    rows do not depend on the others, ``per_document``), unless ``together`` (``--pack-documents``:
+    documents share passes), where each block of ``documents`` is scored in one call.
+
+    Args:
+        score: ``texts -> [EvaluatorScores]``.
+    Yields:
+        ``(block texts, their scores)`` in the order of ``texts``.
+    """
+    done = 0
+    while done < len(texts):
+        if together:
+            block = texts[done : done + documents]
+            yield block, score(block)
+            done += len(block)
+            continue
+        began, block, scores = time.monotonic(), [], []
+        while done < len(texts) and len(block) < documents and (not block or time.monotonic() - began < seconds):
+            block.append(texts[done])
+            scores.extend(score([texts[done]]))
+            done += 1
+        yield block, scores
 
 
 def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:

@@ -25,6 +25,7 @@ COMMANDS = {
     "score": ("longppl.tools.compute_key_tokens:cli", "score a corpus with an evaluator into a key-token cache"),
     "evaluate": ("longppl.tools.evaluate_models:cli", "LongPPL and PPL of models against a key-token cache"),
     "visualize": ("longppl.tools.visualize_key_tokens:cli", "HTML and a histogram of a key-token cache"),
+    "cache": ("longppl.tools.cache_tool:cli", "a key-token cache's contents; compaction of its shards"),
     "quickstart": ("longppl.tools.quickstart:cli", "LongPPL in one command, offline on a tiny model"),
 }
 
