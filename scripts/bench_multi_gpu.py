@@ -176,7 +176,12 @@ def caches_identical(first: str, second: str) -> tuple[bool, str]:
     """Whether two key-token caches hold the same rows with equal columns; and what differs, if anything."""
     from longppl.cache.key_token_cache import KeyTokenCache
 
-    a, b = KeyTokenCache.load(first).dataset, KeyTokenCache.load(second).dataset
+    return rows_identical(KeyTokenCache.load(first).dataset, KeyTokenCache.load(second).dataset)
+
+
+def rows_identical(a, b) -> tuple[bool, str]:
+    """Whether two ``datasets.Dataset`` of cache rows hold the same rows (matched by ``text_fingerprint``,
+    in any order) with equal columns; and what differs, if anything."""
     if a.column_names != b.column_names or len(a) != len(b):
         return False, f"columns {a.column_names} / {b.column_names}, rows {len(a)} / {len(b)}"
     a, b = (cache.select(np.argsort(cache["text_fingerprint"], kind="stable").tolist()) for cache in (a, b))

@@ -560,26 +560,28 @@ def test_space_requirements(repo_root):
         if line.strip() and not line.strip().startswith("#")
     }
     distributions = importlib.metadata.packages_distributions()
-    top_level, in_functions, harness = set(), set(), set()
+    top_level, in_functions, optional = set(), set(), set()
     statement = r"(?:import\s+([A-Za-z_]\w*)|from\s+([A-Za-z_]\w*)(?:\.\w+)*\s+import\b)"
     for folder, _, files in os.walk(longppl.METRIC_PATH):
         for name in files:
             if not name.endswith(".py") or name == "app.py":  # gradio comes with the Space's sdk
                 continue
             source = open(os.path.join(folder, name), encoding="utf-8").read()
-            if os.path.relpath(folder, longppl.METRIC_PATH).split(os.sep)[0] == "harness":
-                # an optional sub-package (`import longppl` never imports it): its libraries are its extra's
-                harness |= {a or b for a, b in re.findall(r"^\s*" + statement, source, re.M)}
+            relative = os.path.relpath(os.path.join(folder, name), longppl.METRIC_PATH)
+            if relative.split(os.sep)[0] == "harness" or relative == os.path.join("tools", "score_pipeline.py"):
+                # optional (`import longppl` never imports them): the harness sub-package and the datatrove
+                # step; their libraries are their extras'
+                optional |= {a or b for a, b in re.findall(r"^\s*" + statement, source, re.M)}
                 continue
             top_level |= {a or b for a, b in re.findall("^" + statement, source, re.M)}
             in_functions |= {a or b for a, b in re.findall(r"^\s+" + statement, source, re.M)}
     ours = set(sys.stdlib_module_names) | {"__future__", "longppl"}
-    harness_extra = {
-        re.split(r"[<>=!~ \[]", line.strip())[0].lower() for line in config["options.extras_require"]["harness"].split()
-    }
-    for module in sorted(harness - ours - {"lm_eval"}):
-        assert {d.lower() for d in distributions[module]} & (names | harness_extra), f"{module} is in no requirement"
-    assert "lm-eval" in harness_extra
+
+    def normal(names):  # a distribution's name as PEP 503 compares them (lm_eval is lm-eval)
+        return {re.sub(r"[-_.]+", "-", name).lower() for name in names}
+
+    for module in sorted(optional - ours):
+        assert normal(distributions[module]) & normal(names | extras), f"{module} is in no requirement or extra"
     for module in sorted(top_level - ours):
         assert {d.lower() for d in distributions[module]} & names, f"{module} is imported but not in install_requires"
     for module in sorted(in_functions - top_level - ours):

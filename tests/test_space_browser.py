@@ -165,7 +165,7 @@ def test_a_computation_shows_longppl_the_table_and_the_key_tokens(page, models, 
     assert longppl_box.input_value() == "" and ppl_box.input_value() == ""  # no "0" before a run
     texts_box = page.get_by_label("Texts", exact=False)
     # An example fills the texts and its K and d.
-    examples = json.load(open(os.path.join(longppl.METRIC_PATH, "space_examples.json"), encoding="utf-8"))
+    examples = json.load(open(os.path.join(longppl.METRIC_PATH, "space", "space_examples.json"), encoding="utf-8"))
     page.get_by_text(examples["examples"][1]["title"]).click()
     page.wait_for_function(
         "value => document.querySelector('textarea').value === value", arg=examples["examples"][1]["text"]

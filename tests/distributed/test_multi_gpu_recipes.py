@@ -71,22 +71,20 @@ def test_every_file_the_documented_launch_commands_name_exists():
     assert not {"gradient_accumulation_steps", "gradient_clipping"} & set(kinds["zero3"]["deepspeed_config"])
 
 
-def _cache(path, lp_long):
-    datasets.Dataset.from_dict({"text_fingerprint": ["b", "a"], "lp_long": lp_long}).save_to_disk(path)
-    return path
+def _rows(lp_long):
+    return datasets.Dataset.from_dict({"text_fingerprint": ["b", "a"], "lp_long": lp_long})
 
 
-def test_cache_comparison_finds_a_changed_value_and_accepts_reordered_rows(tmp_path):
+def test_cache_comparison_finds_a_changed_value_and_accepts_reordered_rows():
     nan = float("nan")
-    first = _cache(str(tmp_path / "first"), [[nan, 1.0, 2.0], [nan, 3.0]])
+    first = _rows([[nan, 1.0, 2.0], [nan, 3.0]])
     same = datasets.Dataset.from_dict({"text_fingerprint": ["a", "b"], "lp_long": [[nan, 3.0], [nan, 1.0, 2.0]]})
-    same.save_to_disk(str(tmp_path / "same"))
-    assert bench_multi_gpu.caches_identical(first, str(tmp_path / "same"))[0]
-    changed = _cache(str(tmp_path / "changed"), [[nan, 1.0, 2.0], [nan, 3.0 + 1e-6]])
-    identical, detail = bench_multi_gpu.caches_identical(first, changed)
+    assert bench_multi_gpu.rows_identical(first, same)[0]
+    changed = _rows([[nan, 1.0, 2.0], [nan, 3.0 + 1e-6]])
+    identical, detail = bench_multi_gpu.rows_identical(first, changed)
     assert not identical and "'lp_long' differs" in detail
-    moved_nan = _cache(str(tmp_path / "nan"), [[1.0, nan, 2.0], [nan, 3.0]])
-    assert not bench_multi_gpu.caches_identical(first, moved_nan)[0]
+    moved_nan = _rows([[1.0, nan, 2.0], [nan, 3.0]])
+    assert not bench_multi_gpu.rows_identical(first, moved_nan)[0]
 
 
 def test_corpus_cut_gives_documents_of_the_asked_byte_length():

@@ -280,7 +280,7 @@ def _run(args, state, start: float, prog: str = PROG) -> dict:
     # Every process reads the same cache before any commits to it, so all agree on what is missing.
     missing = job.missing(list(dict.fromkeys(job.texts)))
     if missing and state.is_main_process:
-        warn_if_another_evaluator(KeyTokenCache.load(args.output), job.identity, args.output, prog)
+        warn_if_another_evaluator(KeyTokenCache.load(args.output, create=True), job.identity, args.output, prog)
     state.wait_for_everyone()
     # A tensor-parallel group of N ranks is one worker: its ranks score the same documents, its first writes.
     group_size = args.tensor_parallel
