@@ -26,6 +26,7 @@ import bench_multi_gpu  # noqa: E402  (scripts/ is not a package)
 
 from longce.arguments import parse_args  # noqa: E402
 from longce.data import build_train_dataset, load_text_dataset, load_tokenizer  # noqa: E402
+from longppl.cache.key_token_cache import KeyTokenCache  # noqa: E402
 
 RECIPE = os.path.join(REPO, "configs", "llama1b_shape_16k.yaml")
 
@@ -146,7 +147,7 @@ def test_training_check_with_cache_weights_scores_the_data_once_and_every_run_re
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(result_path.read_text())
-    cache = datasets.load_from_disk(result["key_tokens"])
+    cache = KeyTokenCache.load(result["key_tokens"]).dataset
     assert result["weights"] == "cache" and len(cache) == 3 and set(cache["trunc_len"]) == {32}  # the recipe's K
     assert set(result["runs"]) == {"1 GPU", "ddp"}
     for run in result["runs"].values():
