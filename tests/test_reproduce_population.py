@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 from helpers import DATA, edited_config
-from longppl_reproduce import population
+from longppl_reproduce import population, stages
 from longppl_reproduce.config import Analysis, Population, read_population
 from longppl_reproduce.family import TrainingBatches
 from longppl_reproduce.report_text import closing_sections, fmt
@@ -361,7 +361,7 @@ def test_a_member_whose_weights_were_deleted_is_trained_again_not_trusted_by_its
     assert not any("pi2-s2 trained, kept" in line for line in logged)
     assert any("has its training record but no model.safetensors: training it again" in line for line in logged)
     assert (folder / "model.safetensors").read_bytes() == trained  # the same member again, from its seed
-    model, _ = population.load_member(str(folder), "cpu")  # what the evaluate stage loads
+    model, _ = stages.load_member(str(folder), "cpu")  # what the evaluate stage loads
     assert model.config.max_position_embeddings >= 1024
 
 
@@ -383,7 +383,7 @@ def test_extensions_set_the_rope_each_method_names(tmp_path):
     model_config(base, 8192).save_pretrained(tmp_path)
     found = {}
     for extension in config.extensions:
-        extended, attention = population.extended_config(config, str(tmp_path), extension)
+        extended, attention = stages.extended_config(config, str(tmp_path), extension)
         assert extended.max_position_embeddings >= 1024
         found[extension.name] = (dict(extended.rope_parameters), attention)
     assert found["pi4"][0] == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}

@@ -9,7 +9,7 @@ import multiprocessing
 import os
 
 import pytest
-from longppl_reproduce import population
+from longppl_reproduce import stages
 from longppl_reproduce.run_folder import RunFolder
 
 ADDS = 150
@@ -69,11 +69,11 @@ def test_a_cut_off_or_misshapen_stage_record_is_named_with_what_to_do(tmp_path):
     calibration.parent.mkdir()
     calibration.write_text("")  # cut off before its first byte
     with pytest.raises(ValueError) as error:
-        population.calibrated_alpha(run)
+        stages.calibrated_alpha(run)
     assert str(error.value) == f"{calibration} is not JSON (Expecting value: line 1, column 1): {redo}"
     calibration.write_text('{"beta": -2.0}')  # an object without the key the run reads
     with pytest.raises(ValueError) as error:
-        population.calibrated_alpha(run)
+        stages.calibrated_alpha(run)
     assert str(error.value) == f"{calibration} has no 'alpha' where the run reads one (its keys: ['beta']): {redo}"
     member = tmp_path / "eval" / "members" / "pi2-s0.json"
     member.parent.mkdir()
@@ -93,4 +93,4 @@ def test_the_texts_a_run_wrote_are_read_naming_a_bad_line(tmp_path):
     path = tmp_path / "finetune.jsonl"
     path.write_text('{"text": "a"}\n{"text": "b\n')
     with pytest.raises(ValueError, match=rf"^{path}, line 2 is not valid JSON"):
-        population.read_texts(str(path))
+        stages.read_texts(str(path))

@@ -17,7 +17,7 @@ The config (:class:`Comparison`) names a population config, whose data, benchmar
 are either given (model folders of a population run or its export: ``base_model``, ``evaluator``,
 ``--base-model``, ``--evaluator``; copied into this run folder), found in it (``--output-dir`` the
 population run's own folder: its tokenizer, data and models are kept), or trained here by the
-population's own stage functions, from the same config and seeds.
+population's own stage functions (``longppl_reproduce.stages``), from the same config and seeds.
 
 Stages (``--stages``, comma separated, or ``all``), each resumable (files written atomically, a
 stage skips what its files say is done):
@@ -61,7 +61,7 @@ from typing import Literal
 
 from longppl.tools.cli import command_line, run_command, tool_parser
 
-from . import population
+from . import stages
 from .config import (
     Extension,
     Mix,
@@ -301,7 +301,7 @@ def import_model(run: RunFolder, source: str, name: str) -> None:
 
     from .family import TRAINING_RECORD, is_trained
 
-    target = population.model_folder(run, name)
+    target = stages.model_folder(run, name)
     if os.path.abspath(source) == target:  # the population's own run folder: the model is already here
         return
     if is_trained(target):
@@ -339,7 +339,7 @@ def import_tokenizer(run: RunFolder, source: str) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     if run.has("tokenizer", "tokenizer.json"):
-        if tokenizer_fingerprint(population.load_tokenizer(run)) != tokenizer_fingerprint(tokenizer):
+        if tokenizer_fingerprint(stages.load_tokenizer(run)) != tokenizer_fingerprint(tokenizer):
             raise ValueError(
                 f"The tokenizer in {run.path('tokenizer')} is not the one of --base-model {source}: the data of this "
                 "output folder was made with another tokenizer; use another --output-dir."
@@ -357,14 +357,14 @@ def stage_start(config: Comparison, pop: Population, run: RunFolder, seeds=None)
     if config.base_model:
         import_tokenizer(run, config.base_model)
     else:
-        population.stage_tokenizer(pop, run)
-    population.stage_data(pop, run)
+        stages.stage_tokenizer(pop, run)
+    stages.stage_data(pop, run)
     write_finetune_data(config, pop, run)
     if config.base_model:
         import_model(run, config.base_model, pop.base.name)
-        population.check_gate(pop, run, pop.base)
+        stages.check_gate(pop, run, pop.base)
     else:
-        population.stage_base(pop, run)
+        stages.stage_base(pop, run)
     first, second = evaluator_names(config, pop)
     given = {first: config.evaluator, second: config.second_evaluator}
     specs = {spec.name: spec for spec in pop.evaluators}
@@ -374,9 +374,9 @@ def stage_start(config: Comparison, pop: Population, run: RunFolder, seeds=None)
         if given[name]:
             import_model(run, given[name], name)
             if name in specs and specs[name].enabled:  # a disabled spec has no gate cases
-                population.check_gate(pop, run, specs[name])
+                stages.check_gate(pop, run, specs[name])
         else:
-            population.pretrain(pop, run, specs[name])
+            stages.pretrain(pop, run, specs[name])
 
 
 def per_step(training: Training) -> int:
@@ -405,14 +405,14 @@ def write_finetune_data(config: Comparison, pop: Population, run: RunFolder) -> 
     import numpy as np
 
     training, mix = config.finetune.training, config.finetune.mix
-    tokenizer = population.load_tokenizer(run)
+    tokenizer = stages.load_tokenizer(run)
     stream = np.load(run.path("data", "train_tokens.npy"), allow_pickle=False)
     for kind in mix.task_shares():
-        population.write_pool(pop, run, tokenizer, stream, kind, training.seq_len, mix.asked_within)
-    batches = population.batches(run, training.seq_len, mix, pop.seed)
+        stages.write_pool(pop, run, tokenizer, stream, kind, training.seq_len, mix.asked_within)
+    batches = stages.batches(run, training.seq_len, mix, pop.seed)
     rows = batches.sequences(training.steps * per_step(training))
     texts = [as_text(tokenizer, row, training.seq_len) for row in rows]
-    population.write_jsonl(run.path("data", "finetune.jsonl"), [{"text": text} for text in texts])
+    stages.write_jsonl(run.path("data", "finetune.jsonl"), [{"text": text} for text in texts])
     run.log(f"start: {len(texts)} fine-tuning sequences of at most {training.seq_len} tokens")
 
 
@@ -422,7 +422,7 @@ def write_finetune_data(config: Comparison, pop: Population, run: RunFolder) -> 
 def benchmark_cases(pop: Population, run: RunFolder) -> dict[str, list]:
     """The cases of an accuracy point: ``"512"`` (the base's gate length, asked line anywhere) and
     each primary length (asked line beyond K)."""
-    cases = population.read_benchmark_cases(pop, run, with_needle=False)
+    cases = stages.read_benchmark_cases(pop, run, with_needle=False)
     return {"512": cases["gate"], **{str(n): group for n, group in cases["lines"].items()}}
 
 
@@ -437,7 +437,7 @@ def accuracy_point(model, tokenizer, cases: dict[str, list], pop: Population, st
     lengths), in the model's own precision, as the 'evaluate' stage measures."""
     was_training = model.training
     model.eval()
-    found = {key: population.lines_result(model, tokenizer, group, pop)["accuracy"] for key, group in cases.items()}
+    found = {key: stages.lines_result(model, tokenizer, group, pop)["accuracy"] for key, group in cases.items()}
     model.train(was_training)
     primary = {key: value for key, value in found.items() if key != "512"}
     return {"step": step, "acc512": found["512"], "primary": primary, "mean": sum(primary.values()) / len(primary)}
@@ -449,15 +449,15 @@ def stage_extend(config: Comparison, pop: Population, run: RunFolder, seeds=None
 
     from .family import Variant, is_trained, train_variant
 
-    base = population.model_folder(run, pop.base.name)
+    base = stages.model_folder(run, pop.base.name)
     if not is_trained(base):
         raise ValueError(f"The base {pop.base.name} is not in {base}: run the 'start' stage first.")
-    tokenizer = population.load_tokenizer(run)
-    device = population.device_of(pop)
+    tokenizer = stages.load_tokenizer(run)
+    device = stages.device_of(pop)
     for extension in config.extensions:
         folder = extended_folder(run, extension)
         if not is_trained(folder):
-            model_config, attention = population.extended_config(pop, base, extension)
+            model_config, attention = stages.extended_config(pop, base, extension)
             training = dataclasses.replace(config.finetune.training, steps=0)
             variant = Variant(
                 extension.name,
@@ -468,11 +468,11 @@ def stage_extend(config: Comparison, pop: Population, run: RunFolder, seeds=None
             def start(model_config=model_config, attention=attention):
                 return AutoModelForCausalLM.from_pretrained(base, config=model_config, attn_implementation=attention)
 
-            batches = population.batches(run, training.seq_len, config.finetune.mix, pop.seed)
+            batches = stages.batches(run, training.seq_len, config.finetune.mix, pop.seed)
             train_variant(variant, tokenizer, batches, folder, device, run.log, start_from=start)
         if run.has("eval", "extended", f"{extension.name}.json"):
             continue
-        model, tokenizer = population.load_member(folder, device)
+        model, tokenizer = stages.load_member(folder, device)
         # the whole benchmark, and the curves' first point on their subset of it (the void rule's reference)
         cases, limit = benchmark_cases(pop, run), config.finetune.curve_cases
         benchmark = accuracy_point(model, tokenizer, cases, pop, 0)
@@ -533,10 +533,10 @@ def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, t
     from longppl.models.fingerprints import file_sha256
 
     first, _ = evaluator_names(config, pop)
-    cache = population.evaluator_cache(pop, run, first, config.finetune.window, "finetune")
+    cache = stages.evaluator_cache(pop, run, first, config.finetune.window, "finetune")
     key = {
         **pool_key(config, run, tokenizer),
-        "evaluator": population.model_folder(run, first),
+        "evaluator": stages.model_folder(run, first),
         "gamma": config.finetune.gamma,
         # the cache's own record of its files: it changes whenever the cache is rewritten
         "cache_checksums_sha256": file_sha256(os.path.join(cache, CHECKSUM_FILE)),
@@ -544,7 +544,7 @@ def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, t
 
     def build():
         return add_key_token_weights(
-            Dataset.from_dict({"text": population.read_texts(run.path("data", "finetune.jsonl"))}),
+            Dataset.from_dict({"text": stages.read_texts(run.path("data", "finetune.jsonl"))}),
             key_tokens=cache,
             tokenizer=tokenizer,
             gamma=key["gamma"],
@@ -559,7 +559,7 @@ def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, t
 def stage_cache(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
     """The fine-tuning pool, tokenized (and with E1's weights for ``cache``), made here once, so that
     ``finetune`` calls running side by side (``--seeds`` split over processes) only read it."""
-    tokenizer = population.load_tokenizer(run)
+    tokenizer = stages.load_tokenizer(run)
     for method in dict.fromkeys("cache" if m == "cache" else "ce" for m in config.finetune.methods):
         finetune_dataset(config, pop, run, method, tokenizer)
 
@@ -607,7 +607,7 @@ def finetune_dataset(config: Comparison, pop: Population, run: RunFolder, method
             ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
             return {"input_ids": [row[: key["length"]] for row in ids]}
 
-        texts = population.read_texts(run.path("data", "finetune.jsonl"))
+        texts = stages.read_texts(run.path("data", "finetune.jsonl"))
         return Dataset.from_dict({"text": texts}).map(tokenize, batched=True).remove_columns(["text"])
 
     return saved_dataset(run, "finetune-tokens", key, build, "finetune: the pool tokenized")
@@ -627,11 +627,11 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
     from .family import TRAINING_RECORD, count_parameters
 
     tuning, training = config.finetune, config.finetune.training
-    device = population.device_of(pop)
+    device = stages.device_of(pop)
     on_gpu = device.startswith("cuda")
     steps, ratio = arm_steps(config, run, arm)
     lr = training.lr * (config.rerun.lr_factor if arm.rerun else 1.0)
-    model, tokenizer = population.load_member(extended_folder(run, arm.extension), device)
+    model, tokenizer = stages.load_member(extended_folder(run, arm.extension), device)
     model.train()
     dataset = finetune_dataset(config, pop, run, arm.method, tokenizer)
     sequences = per_step(training)
@@ -779,8 +779,8 @@ def scoring_alpha(config: Comparison, pop: Population, run: RunFolder) -> float:
     """``scoring.alpha``, or the population's calibrated alpha (calibrated here first if need be)."""
     if config.scoring.alpha != "calibrated":
         return config.scoring.alpha
-    population.stage_calibrate(pop, run)
-    return population.calibrated_alpha(run)
+    stages.stage_calibrate(pop, run)
+    return stages.calibrated_alpha(run)
 
 
 def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected: list[Arm]) -> None:
@@ -792,7 +792,7 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
     if not pending:
         return
     alpha = scoring_alpha(config, pop, run)
-    cases = population.read_benchmark_cases(pop, run)
+    cases = stages.read_benchmark_cases(pop, run)
     caches = {}
     for arm in pending:
         folder = arm_folder(run, arm)
@@ -801,15 +801,15 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
         start = time.perf_counter()
         evaluator = longppl_evaluator(config, pop, arm)
         # PPL needs a cache's texts only: E1's serves when E1 gives no LongPPL for this run
-        cache = population.evaluator_cache(pop, run, evaluator or evaluator_names(config, pop)[0], window, "validation")
+        cache = stages.evaluator_cache(pop, run, evaluator or evaluator_names(config, pop)[0], window, "validation")
         if cache not in caches:
-            caches[cache] = population.cache_scores(cache)
+            caches[cache] = stages.cache_scores(cache)
         column = {"cache": cache, "alpha": alpha, "beta": config.scoring.beta, "soft": False}
-        model, tokenizer = population.load_member(folder, population.device_of(pop))
+        model, tokenizer = stages.load_member(folder, stages.device_of(pop))
         record = {"run": arm.name, "method": arm.method, "seed": arm.seed, "rerun": arm.rerun}
         # every benchmark keeps its outputs (what the model answered), as the population's records do
-        record.update(population.benchmark_results(model, tokenizer, cases, pop))
-        scores = population.longppl_of(
+        record.update(stages.benchmark_results(model, tokenizer, cases, pop))
+        scores = stages.longppl_of(
             model, tokenizer, {"scored": column}, caches, config.finetune.gamma, evaluation.max_tokens_per_batch
         )["scored"]
         record["ppl"] = scores["ppl"]
@@ -1176,7 +1176,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--second-evaluator", help="E2's model folder; overrides the config's")
     parser.add_argument(
         "--stages",
-        type=lambda value: population.parse_stages(value, STAGES),
+        type=lambda value: stages.parse_stages(value, STAGES),
         default=list(STAGES),
         help=f"comma-separated stages of {', '.join(STAGES)}, or all (default)",
     )

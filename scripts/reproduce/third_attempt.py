@@ -255,7 +255,7 @@ def report(config, run) -> dict:
     """The ``report`` stage under the third plan: ``results.json``, ``report.md`` and a scatter per
     step level, from the evaluation records in ``run`` (members without a record are listed as not
     evaluated, so a report can be made from what a cut-short run left)."""
-    from . import population
+    from . import population, stages
 
     rows, missing = [], []
     for member in config.members():
@@ -270,13 +270,13 @@ def report(config, run) -> dict:
         **population.results_header(config),
         "gates": {
             spec.name: population._without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
-            for spec in population.gate_specs(config)
+            for spec in stages.gate_specs(config)
             if run.has("eval", "gates", f"{spec.name}.json")
         },
         "calibration": {
-            e.name: run.read_json(*population.calibration_parts(config, e.name))
+            e.name: run.read_json(*stages.calibration_parts(config, e.name))
             for e in enabled
-            if run.has(*population.calibration_parts(config, e.name))
+            if run.has(*stages.calibration_parts(config, e.name))
         },
         "members": rows,
         "not_evaluated": missing,
