@@ -278,9 +278,10 @@ def _run(args, state, start: float, prog: str = PROG) -> dict:
     job = ScoringJob(args, device)
 
     # Every process reads the same cache before any commits to it, so all agree on what is missing.
-    missing = job.missing(list(dict.fromkeys(job.texts)))
+    cache = KeyTokenCache.load(args.output, create=True)  # read once (every shard's checksum is verified)
+    missing = job.missing(list(dict.fromkeys(job.texts)), cache)
     if missing and state.is_main_process:
-        warn_if_another_evaluator(KeyTokenCache.load(args.output, create=True), job.identity, args.output, prog)
+        warn_if_another_evaluator(cache, job.identity, args.output, prog)
     state.wait_for_everyone()
     # A tensor-parallel group of N ranks is one worker: its ranks score the same documents, its first writes.
     group_size = args.tensor_parallel
@@ -362,12 +363,13 @@ class ScoringJob:
         for index, text in enumerate(self.texts):
             self.first.setdefault(text, index)
 
-    def missing(self, texts: list[str]) -> list[str]:
+    def missing(self, texts: list[str], cache=None) -> list[str]:
         """Those of ``texts`` that the cache lacks a row for (this evaluator, under any settings of
-        the ladder), in order."""
+        the ladder), in order. ``cache``: the ``KeyTokenCache`` already read, else it is read here."""
         from longppl.cache.key_token_cache import KeyTokenCache
 
-        cache = KeyTokenCache.load(self.args.output, create=True)
+        if cache is None:
+            cache = KeyTokenCache.load(self.args.output, create=True)
         found = [cache.find(texts, settings, self.identity.fingerprint) for settings in self.args.ladder]
         return [text for text, *rows in zip(texts, *found) if None in rows]
 
