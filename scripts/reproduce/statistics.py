@@ -28,7 +28,9 @@ __all__ = [
     "paired_bootstrap_difference",
     "paired_t_interval",
     "partial_correlation",
+    "fixed_effects_mean",
     "random_intercept_fit",
+    "random_intercept_mean",
     "bootstrap_random_intercept_slope",
     "pearson",
     "spearman",
@@ -457,6 +459,75 @@ def random_intercept_fit(y, x, clusters, covariates=None) -> dict:
         "n": int(y.shape[0]),
         "clusters": int(groups.max() + 1),
     }
+
+
+def _t_summary(value: float, standard_error: float, df: int, level: float) -> dict:
+    """``value`` with its Student t interval on ``df`` degrees of freedom (no spread: ``[value, value]``)."""
+    if standard_error == 0:
+        return {"value": value, "low": value, "high": value, "se": 0.0, "df": df, "level": level}
+    half = student_t_quantile((1 + level) / 2, df) * standard_error
+    return {"value": value, "low": value - half, "high": value + half, "se": standard_error, "df": df, "level": level}
+
+
+def random_intercept_mean(values, clusters, level: float = 0.95) -> dict:
+    """The overall mean ``mu`` of ``values[i] = mu + u_{g(i)} + e_i`` (a random intercept ``u_g ~ N(0,
+    tau2)`` per cluster ``g``, ``e_i ~ N(0, sigma2)``), fitted by maximum likelihood as
+    :func:`random_intercept_fit` does, with the interval that generalises to other clusters.
+
+    ``mu``'s standard error is the generalised-least-squares one, ``sqrt(sigma2 / sum_g n_g / (1 +
+    lambda n_g))`` with ``lambda = tau2 / sigma2``; the interval uses Student t on ``G - 1`` degrees of
+    freedom, ``G`` the number of clusters: conservative with few clusters, on purpose (the clusters,
+    e.g. starting points of a fine-tuning, are the units an effect must generalise over).
+
+    Args:
+        values: ``[n]`` (e.g. per-seed paired differences); clusters: ``[n]`` labels, at least 2
+            distinct.
+
+    Returns:
+        ``{"value", "low", "high", "se", "df", "level", "tau2", "sigma2", "lambda", "n", "clusters"}``.
+    """
+    level = _check_level(level)
+    (y,) = _columns(("values",), (values,))
+    groups = _group_codes(clusters)
+    if groups.shape[0] != y.shape[0]:
+        raise ValueError(f"clusters has {groups.shape[0]} labels for {y.shape[0]} values; give one label per value.")
+    count = int(groups.max() + 1) if groups.size else 0
+    if count < 2:
+        raise ValueError(f"random_intercept_mean needs values from at least 2 clusters, got {count}.")
+    beta, lam, sigma2, _ = _random_intercept(y, np.ones((y.shape[0], 1)), groups)
+    sizes = np.bincount(groups).astype(np.float64)
+    information = float((sizes / (1.0 + lam * sizes)).sum())
+    found = _t_summary(float(beta[0]), math.sqrt(max(sigma2, 0.0) / information), count - 1, level)
+    return {**found, "tau2": lam * sigma2, "sigma2": sigma2, "lambda": lam, "n": int(y.shape[0]), "clusters": count}
+
+
+def fixed_effects_mean(values, clusters, level: float = 0.95) -> dict:
+    """The mean over the clusters present, each cluster's mean weighted equally, with a t interval on
+    ``n - G`` degrees of freedom from the pooled within-cluster variance: the interval for *these*
+    clusters (not for other ones, which :func:`random_intercept_mean` gives).
+
+    ``se = sqrt(s2_within * sum_g 1 / n_g) / G``, ``s2_within`` the pooled within-cluster variance.
+
+    Args:
+        values: ``[n]``; clusters: ``[n]`` labels; ``n`` must exceed the number of clusters ``G``.
+
+    Returns:
+        ``{"value", "low", "high", "se", "df", "level", "cluster_means", "n", "clusters"}``.
+    """
+    level = _check_level(level)
+    (y,) = _columns(("values",), (values,))
+    groups = _group_codes(clusters)
+    if groups.shape[0] != y.shape[0]:
+        raise ValueError(f"clusters has {groups.shape[0]} labels for {y.shape[0]} values; give one label per value.")
+    count = int(groups.max() + 1) if groups.size else 0
+    df = int(y.shape[0]) - count
+    if count < 1 or df < 1:
+        raise ValueError(f"fixed_effects_mean needs more values ({y.shape[0]}) than clusters ({count}).")
+    sizes = np.bincount(groups).astype(np.float64)
+    means = np.bincount(groups, weights=y) / sizes
+    within = float(((y - means[groups]) ** 2).sum()) / df
+    found = _t_summary(float(means.mean()), math.sqrt(within * float((1.0 / sizes).sum())) / count, df, level)
+    return {**found, "cluster_means": [float(m) for m in means], "n": int(y.shape[0]), "clusters": count}
 
 
 def bootstrap_random_intercept_slope(
