@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from longppl_reproduce import statistics
 from longppl_reproduce.statistics import (
     bootstrap_correlation,
     bootstrap_mean,
@@ -261,3 +262,46 @@ def test_paired_t_interval_of_equal_differences_and_bad_inputs():
         paired_t_interval([0.5, 0.6], [0.4])
     with pytest.raises(ValueError, match="p=1.5 is not a probability"):
         student_t_quantile(1.5, 3)
+
+
+# ------------------------------------------------------------------ pooled means over starting points
+
+
+def test_the_random_intercept_mean_is_the_gls_mean_of_explicit_matrices_with_a_conservative_t():
+    rng = np.random.default_rng(5)
+    groups = np.repeat(np.arange(3), 4)
+    y = 0.05 + np.array([0.04, -0.03, 0.01])[groups] + 0.01 * rng.normal(size=12)
+    found = statistics.random_intercept_mean(y, [f"s{g}" for g in groups])
+    best = None
+    for lam in np.concatenate([[0.0], np.logspace(-3, 3, 61)]):
+        v = np.eye(12) + lam * (groups[:, None] == groups[None, :])
+        vi = np.linalg.inv(v)
+        one = np.ones(12)
+        mu = (one @ vi @ y) / (one @ vi @ one)
+        r = y - mu
+        sigma2 = r @ vi @ r / 12
+        loglik = -6 * math.log(sigma2) - 0.5 * np.linalg.slogdet(v)[1]
+        if best is None or loglik > best[0]:
+            best = (loglik, mu, lam, sigma2, math.sqrt(sigma2 / (one @ vi @ one)))
+    _, mu, lam, sigma2, se = best
+    assert found["value"] == pytest.approx(mu) and found["lambda"] == pytest.approx(lam)
+    assert found["se"] == pytest.approx(se) and found["df"] == 2 and found["clusters"] == 3
+    q = 4.302652729911275  # Student t, 0.975 quantile, 2 degrees of freedom
+    assert found["low"] == pytest.approx(mu - q * se) and found["high"] == pytest.approx(mu + q * se)
+    with pytest.raises(ValueError, match="at least 2 clusters"):
+        statistics.random_intercept_mean([0.1, 0.2], ["a", "a"])
+
+
+def test_the_fixed_effects_mean_weights_clusters_equally_with_the_pooled_within_variance():
+    groups = ["a"] * 4 + ["b"] * 2 + ["c"] * 3
+    y = np.array([1.0, 2.0, 3.0, 4.0, 10.0, 12.0, 5.0, 6.0, 7.0])
+    found = statistics.fixed_effects_mean(y, groups)
+    means = [2.5, 11.0, 6.0]
+    within = (5.0 + 2.0 + 2.0) / (9 - 3)
+    se = math.sqrt(within * (1 / 4 + 1 / 2 + 1 / 3)) / 3
+    q = 2.446911851144969  # Student t, 0.975 quantile, 6 degrees of freedom
+    assert found["value"] == pytest.approx(sum(means) / 3) and found["cluster_means"] == pytest.approx(means)
+    assert found["se"] == pytest.approx(se) and found["df"] == 6
+    assert found["low"] == pytest.approx(found["value"] - q * se)
+    with pytest.raises(ValueError, match="more values"):
+        statistics.fixed_effects_mean([1.0, 2.0], ["a", "b"])
