@@ -5,12 +5,15 @@ top-1 token is a known function of the current token, and a per-case loop over f
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
 from conftest import REPO
-from helpers import tiny_model
+from helpers import DATA, byte_level_bpe, tiny_model
+from longppl_reproduce import lines, needle, stages
+from longppl_reproduce.config import read_population
 from longppl_reproduce.passage_recall import (
     RecallCase,
     passage_recall_accuracy,
@@ -18,9 +21,10 @@ from longppl_reproduce.passage_recall import (
     read_passage_recall_cases,
     write_passage_recall_cases,
 )
+from longppl_reproduce.run_folder import RunFolder
 from transformers import LlamaConfig, LlamaForCausalLM
 
-SMOKE = f"{REPO}/configs/reproduce/population_smoke_cpu.yaml"
+SMOKE = os.path.join(REPO, "configs", "reproduce", "population_smoke_cpu.yaml")
 
 
 def random_books(sizes, vocab=1000, seed=0):
@@ -223,3 +227,37 @@ def test_the_score_refuses_no_cases_and_mixed_lengths():
         passage_recall_accuracy(model, [], batch_size=2)
     with pytest.raises(ValueError, match="score the cases of each length on their own"):
         passage_recall_accuracy(model, [planted_case(rng, True), planted_case(rng, True, length=120)], batch_size=2)
+
+
+# ------------------------------------------------------------------ the stages' hook
+
+
+def test_the_stages_write_read_and_score_passage_recall_only_when_its_cases_exist(tmp_path, monkeypatch):
+    config = read_population(SMOKE, corpus=DATA)
+    run = RunFolder(str(tmp_path), log=lambda *_: None)
+    tokenizer = byte_level_bpe()
+    gate = config.base.gate.length
+    for name in [f"lines-{n}.jsonl" for n in config.evaluation.lines_lengths] + [f"gate-{gate}.jsonl"]:
+        lines.write_lines_cases(run.path("data", "cases", name), lines.generate_lines_cases(3, 2, 0))
+    needle_case = needle.NeedleCase("haystack? The special magic number for a-b is:", "12345", "a-b", ("a-b",), 3)
+    needle.write_needle_cases(run.path("data", "cases", "needle.jsonl"), [needle_case])
+    before = stages.read_benchmark_cases(config, run)
+    assert "passage_recall" not in before
+
+    message = stages.write_passage_recall_cases(config, run, tokenizer, 300, beyond=200)
+    assert message == "data: 4 passage-recall cases of 300 tokens, the span beyond 200"
+    validation = stages.book_ids(tokenizer, stages.validation_books(config))
+    cases = stages.read_benchmark_cases(config, run)
+    assert cases["passage_recall"] == passage_recall_cases(validation, 300, 200, 4, config.seed + 3)
+    for case in cases["passage_recall"]:
+        assert_geometry(case, validation, 300, 200)
+    assert "passage_recall" not in stages.read_benchmark_cases(config, run, with_needle=False)
+
+    # the other benchmarks stand in here: this checks what is added, and that nothing is without cases
+    monkeypatch.setattr(stages, "lines_result", lambda *args, **kwargs: {"accuracy": 0.0})
+    monkeypatch.setattr(lines, "answer_log_likelihood", lambda *args, **kwargs: [0.0])
+    model = tiny_model("llama", len(tokenizer), seed=0)
+    found = stages.benchmark_results(model, tokenizer, cases, config)
+    batch = config.evaluation.batch_size
+    assert found["passage_recall"] == passage_recall_accuracy(model, cases["passage_recall"], batch_size=batch)
+    assert "passage_recall" not in stages.benchmark_results(model, tokenizer, before, config)
