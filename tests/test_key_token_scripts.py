@@ -463,10 +463,10 @@ def test_html_shows_tokens_sharing_a_character_as_one_piece():
     assert (
         '<span class="k-end" data-label="K=2" title="the first K=2 evaluator tokens end here: before this point, '
         'no short-context score"></span><span class="t key" title="token 2: LSD 3.50, LCL -0.50 | token 3: LSD 0.10, '
-        'LCL -0.20" style="background: rgba(255, 127, 31, 0.744)">é</span>'
+        'LCL -0.20" style="background: rgba(255, 127, 31, 0.744)" tabindex="0">é</span>'
     ) in document
     assert (
-        '<span class="t key" title="token 5: LSD 2.40, LCL -0.10" style="background: rgba(255, 127, 31, 0.510)"> lait</span>'
+        '<span class="t key" title="token 5: LSD 2.40, LCL -0.10" style="background: rgba(255, 127, 31, 0.510)" tabindex="0"> lait</span>'
         in document
     )
     assert "token 1: LCL -1.00; no short-context score (i &lt; K=2)" in document

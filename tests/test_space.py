@@ -16,6 +16,7 @@ import time
 
 import evaluate
 import huggingface_hub
+import numpy as np
 import pytest
 import torch
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
@@ -235,6 +236,89 @@ def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_model
         shown = [html.unescape(t) for t in re.findall(r'<span class="t key"[^>]*>(.*?)</span>', document, re.S)]
         assert shown == keys and len(keys) > 0
     assert sorted(space.loaded) == [EVALUATOR, MODEL]
+
+
+def _scores(lsd, lcl):
+    """Evaluator scores of a text of one word per token (a BOS first), with the given LSD and LCL."""
+    from longppl.core.scoring import EvaluatorScores
+
+    words = [f"w{i} " for i in range(len(lsd))]
+    starts = np.cumsum([0] + [len(w) for w in words])
+    offsets = np.array([[0, 0]] + [[a, b] for a, b in zip(starts[:-1], starts[1:])])
+    lp_long = np.array([np.nan, *lcl])
+    lp_short = lp_long - np.array([np.nan, *lsd])
+    return "".join(words), EvaluatorScores(np.arange(len(offsets)), offsets, lp_long, lp_short)
+
+
+def _opacities(fragment: str, css: str) -> list[float]:
+    return [
+        float(value)
+        for value in re.findall(
+            rf'<span class="{css}"[^>]*? style="background: rgba\(255, 127, 31, ([\d.]+)\)"', fragment
+        )
+    ]
+
+
+@pytest.mark.parametrize("alpha, cap", [(0.005, None), (2.0, None), (-1.0, 3.0), (5.0, 4.0)])
+def test_the_legend_shows_every_way_a_key_token_looks(alpha, cap):
+    from longppl.views import key_token_html as views
+
+    nan = np.nan
+    lsd = [nan, nan, alpha + 1e-3, alpha + 0.01, (alpha + 4) / 2, alpha + 0.5, 5.0, 9.0, alpha - 1, -3.0]
+    text, scores = _scores(lsd, [-1.0] * len(lsd))
+    cap = views.check_lsd_cap(cap, alpha)
+    legend = views.key_token_legend(alpha, -2.0, True, 2, cap)
+    _, document = views.key_token_document(text, scores, alpha, -2.0, True, 2, cap)
+    drawn, shown = _opacities(document, "t key"), _opacities(legend, "swatch key")
+    assert len(drawn) == sum(value > alpha for value in lsd) >= 3 and shown
+    # every key token's shade lies within the legend's key swatches, the faintest a key token can be included
+    assert min(shown) <= min(drawn) and max(drawn) <= max(shown)
+    assert min(shown) == pytest.approx(views.lsd_opacity(max(alpha, 0.0), cap), abs=1e-3)
+    assert max(shown) == pytest.approx(views.MAX_OPACITY, abs=1e-3)
+
+
+def test_lsd_and_lcl_reach_touch_and_keyboard_without_repeating_them(app):
+    from longppl.views import key_token_html as views
+
+    lsd = [np.nan, np.nan, 3.0, 0.5, 2.5, -1.0]
+    lcl = [-1.0, -0.5, -1.0, -1.0, -3.0, -0.2]
+    text, scores = _scores(lsd, lcl)
+    _, document = views.key_token_document(text, scores, 2.0, -2.0, True, 2)
+    pieces = re.findall(r'<span class="(t[^"]*)" title="([^"]*)"[^>]*?( tabindex="(-1|0)")?>', document)
+    assert len(pieces) == 6
+    # Tab steps through the key tokens; a click or tap focuses any piece (tabindex -1)
+    assert [(css, focus) for css, _, _, focus in pieces] == [
+        ("t noscore", "-1"),
+        ("t noscore", "-1"),
+        ("t key", "0"),
+        ("t", "-1"),
+        ("t", "-1"),
+        ("t", "-1"),
+    ]
+    # the focused piece shows its title (LSD and LCL) under it, from the title itself: nothing repeated
+    rules = {selector.strip(): body for selector, body in re.findall(r"([^{}]+)\{([^}]*)\}", views.STYLE)}
+    focused = rules[".longppl-keys .t:focus::after"]
+    assert "content: attr(title)" in focused and "position: absolute" in focused
+    assert all(document.count(title) == 1 for _, title, _, _ in pieces)
+    assert "click or tap it; Tab steps through the key tokens" in app.key_token_view([text], [scores], 2.0, -2.0, 2)
+
+
+def test_no_piece_of_a_word_gets_a_box_of_its_own():
+    """The pieces of a word split into several tokens join up: no piece has a border, a box shadow, a
+    margin, padding or round corners (the focus ring of the one focused piece aside)."""
+    from longppl.views import key_token_html as views
+
+    boxes = ("border", "box-shadow", "margin", "padding", "outline")
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", views.STYLE):
+        for selector in selectors.split(","):
+            if not re.search(r"\.(t|key|noscore)\b", selector) or ":focus" in selector or ".legend" in selector:
+                continue
+            properties = [part.split(":")[0].strip() for part in body.split(";") if part.strip()]
+            assert not [p for p in properties if p.startswith(boxes)], selector
+    text, scores = _scores([np.nan, 3.0, 3.5], [-1.0, -1.0, -1.0])
+    _, document = views.key_token_document(text, scores, 2.0, -2.0, True, 1)
+    styles = re.findall(r' style="([^"]*)"', document)
+    assert styles and all(re.fullmatch(r"background: rgba\([\d., ]+\)", style) for style in styles)
 
 
 @pytest.mark.parametrize(
