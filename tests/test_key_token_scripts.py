@@ -440,8 +440,25 @@ def test_pictures_from_the_cache(tools, files, cache, tmp_path):
     assert f'title="token {K - 1}: LCL' in page_text and "no short-context score (i &lt; K=47)" in page_text
     with open(png, "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(ValueError, match=r"--document 4 is out of range: the cache holds 4 texts"):
-        tools["visualize_key_tokens"].main(["--key-tokens", cache, "--document", "4", "--html", str(page)])
+
+
+def test_visualize_numbers_texts_from_1_as_the_space_does(tools, files, cache, tmp_path):
+    page = tmp_path / "doc.html"
+    for number in (1, 2, 4):
+        tools["visualize_key_tokens"].main(["--key-tokens", cache, "--document", str(number), "--html", str(page)])
+        shown = page.read_text(encoding="utf-8")
+        document = re.search(r'<div class="doc">(.*)</div>', shown, re.S).group(1)
+        assert html.unescape(re.sub(r"<[^>]*>", "", document)) == files["texts"][number - 1]  # the corpus's order
+        assert f"<title>Key tokens of text {number}</title>" in shown and f"; text {number} of 4, SHA-256" in shown
+    tools["visualize_key_tokens"].main(["--key-tokens", cache, "--html", str(page)])  # the default: the first
+    assert "<title>Key tokens of text 1</title>" in page.read_text(encoding="utf-8")
+    for number in (0, 5):
+        with pytest.raises(
+            ValueError,
+            match=rf"^--document {number} is out of range: the cache holds 4 texts for this evaluator and settings, "
+            r"numbered from 1 \(pass 1 to 4\)\.$",
+        ):
+            tools["visualize_key_tokens"].main(["--key-tokens", cache, "--document", str(number), "--html", str(page)])
 
 
 def test_html_shows_tokens_sharing_a_character_as_one_piece():
@@ -463,10 +480,10 @@ def test_html_shows_tokens_sharing_a_character_as_one_piece():
     assert (
         '<span class="k-end" data-label="K=2" title="the first K=2 evaluator tokens end here: before this point, '
         'no short-context score"></span><span class="t key" title="token 2: LSD 3.50, LCL -0.50 | token 3: LSD 0.10, '
-        'LCL -0.20" style="background: rgba(255, 127, 31, 0.744)">é</span>'
+        'LCL -0.20" style="background: rgba(255, 127, 31, 0.744)" tabindex="0">é</span>'
     ) in document
     assert (
-        '<span class="t key" title="token 5: LSD 2.40, LCL -0.10" style="background: rgba(255, 127, 31, 0.510)"> lait</span>'
+        '<span class="t key" title="token 5: LSD 2.40, LCL -0.10" style="background: rgba(255, 127, 31, 0.510)" tabindex="0"> lait</span>'
         in document
     )
     assert "token 1: LCL -1.00; no short-context score (i &lt; K=2)" in document
@@ -584,7 +601,7 @@ def test_a_second_evaluator_in_one_cache_is_announced_and_chosen_as_the_error_sh
     assert line.startswith("compute_key_tokens.py: warning: --output") and files["evaluator"] in line
     tools["compute_key_tokens"].main([*score, "--evaluator", str(tmp_path / "judge")])  # nothing new: no warning
     assert "warning" not in capsys.readouterr().err
-    show = ["--key-tokens", output, "--document", "0", "--html", str(tmp_path / "doc.html")]
+    show = ["--key-tokens", output, "--document", "1", "--html", str(tmp_path / "doc.html")]
     with pytest.raises(ValueError, match="2 evaluator/settings") as err:
         tools["visualize_key_tokens"].main(show)
     start = re.search(r"evaluator \[([0-9a-f]{12})\]", str(err.value)).group(1)  # as the message prints it

@@ -226,7 +226,7 @@ def test_html_shades_by_lsd_marks_where_the_first_k_tokens_end_and_has_a_legend(
     assert not any(e[0] == "b" and "Tom" in e[2] for e in parsed.elements)
     legend = next(e for e in parsed.elements if e[1].get("class") == "legend")
     assert "Legend." in legend[2] and "shaded in proportion to LSD clipped to [0, 4]" in legend[2]
-    assert "key token (LSD > 2 and LCL > -2.5)" in legend[2]
+    assert "Key tokens (LSD > 2 and LCL > -2.5) are underlined and bold" in legend[2]
     assert "the first K=4 evaluator tokens, which have no short-context score" in legend[2]
     # token spans in order, and the marker between token K-1 and token K
     inside = [

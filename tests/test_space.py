@@ -16,6 +16,7 @@ import time
 
 import evaluate
 import huggingface_hub
+import numpy as np
 import pytest
 import torch
 from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
@@ -47,15 +48,17 @@ def push_script(repo_root):
 
 
 MODEL, EVALUATOR = "tiny-org/model", "tiny-org/evaluator"  # the allow-list the tests give the Space
+SAME_TOKENIZER = "tiny-org/evaluators-tokenizer"  # an evaluated model that tokenizes as the evaluator does
 
 
 @pytest.fixture(scope="module")
 def tiny_models():
-    """A tiny evaluated model and evaluator with their tokenizers, by the ids the Space allows."""
+    """Tiny evaluated models and an evaluator with their tokenizers, by the ids the Space allows."""
     ev_tok, tok = byte_level_bpe(), metaspace_bpe()
     return {
         MODEL: (tiny_model("mistral", len(tok), seed=2), tok),
         EVALUATOR: (tiny_model("llama", len(ev_tok), seed=1), ev_tok),
+        SAME_TOKENIZER: (tiny_model("mistral", len(ev_tok), seed=3), ev_tok),
     }
 
 
@@ -139,7 +142,7 @@ def test_the_ui_offers_only_the_allowed_models(app):
         assert isinstance(dropdown, gr.Dropdown) and not dropdown.allow_custom_value
         assert [value for _, value in dropdown.choices] == ["a-org/small", "b-org/evaluator"]
     assert (model.value, evaluator.value) == ("a-org/small", "b-org/evaluator")
-    assert (trunc_len.value, trunc_len.maximum) == (2048, 2048)
+    assert (trunc_len.value, trunc_len.info) == (2048, "1 to 2048 in this Space")
 
 
 def test_queue_bounds_concurrency_and_waiting_requests(app):
@@ -237,12 +240,147 @@ def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_model
     assert sorted(space.loaded) == [EVALUATOR, MODEL]
 
 
+def _table(table: str) -> list[dict]:
+    """The per-text Markdown table's rows, as ``{column: cell}``."""
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
+
+    def cells(line):
+        return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+    return [dict(zip(cells(header), cells(row))) for row in rows]
+
+
+def test_counts_say_whose_tokens_they_count_and_agree_where_they_count_the_same(space, monkeypatch, tiny_models):
+    limit(space, monkeypatch, models=(MODEL, SAME_TOKENIZER, EVALUATOR))
+    text = govreport_texts()[0][1000:1900]
+    ev_tok = tiny_models[EVALUATOR][1]
+    ev_offsets = ev_tok(text, return_offsets_mapping=True)["offset_mapping"]
+    text_tokens = sum(end > start for start, end in ev_offsets)  # what the view shows: no BOS
+    assert text_tokens == len(ev_offsets) - 1
+    counted = {}
+    for model_id in (MODEL, SAME_TOKENIZER):
+        _, _, view, table = space.score(text, model_id, EVALUATOR, K, D, ALPHA, BETA)
+        [row] = _table(table)
+        assert list(row) == [
+            "text",
+            "LongPPL",
+            "PPL",
+            "key tokens (evaluated model's)",
+            "tokens (evaluated model's)",
+            "key tokens (evaluator's)",
+            "tokens (evaluator's)",
+        ]
+        meta = re.search(r'<p class="meta">(.*?)</p>', view).group(1)
+        shown = {name: int(value) for name, value in re.findall(r'data-count="(\w+)">(\d+)<', meta)}
+        assert re.sub(r"<[^>]*>", "", meta).startswith(
+            f"{shown['key']} key tokens of the evaluator's {shown['tokens']} "
+        )
+        # the view's counts are the table's evaluator's counts, and count what the view draws
+        assert (int(row["key tokens (evaluator's)"]), int(row["tokens (evaluator's)"])) == (
+            shown["key"],
+            shown["tokens"],
+        )
+        assert shown["key"] == view.count('class="t key"') > 0 and shown["tokens"] == text_tokens
+        n_model = len(tiny_models[model_id][1](text, add_special_tokens=False)["input_ids"])
+        assert int(row["tokens (evaluated model's)"]) == n_model
+        counted[model_id] = row
+    # the evaluated model's tokens are the evaluator's: the same tokens, the same key tokens
+    same = counted[SAME_TOKENIZER]
+    assert same["tokens (evaluated model's)"] == same["tokens (evaluator's)"]
+    assert same["key tokens (evaluated model's)"] == same["key tokens (evaluator's)"]
+    other = counted[MODEL]  # another tokenizer cuts the text otherwise, and the table says why they differ
+    assert other["tokens (evaluated model's)"] != other["tokens (evaluator's)"]
+    assert "differ when the two tokenizers cut the text differently" in table
+
+
+def _scores(lsd, lcl):
+    """Evaluator scores of a text of one word per token (a BOS first), with the given LSD and LCL."""
+    from longppl.core.scoring import EvaluatorScores
+
+    words = [f"w{i} " for i in range(len(lsd))]
+    starts = np.cumsum([0] + [len(w) for w in words])
+    offsets = np.array([[0, 0]] + [[a, b] for a, b in zip(starts[:-1], starts[1:])])
+    lp_long = np.array([np.nan, *lcl])
+    lp_short = lp_long - np.array([np.nan, *lsd])
+    return "".join(words), EvaluatorScores(np.arange(len(offsets)), offsets, lp_long, lp_short)
+
+
+def _opacities(fragment: str, css: str) -> list[float]:
+    return [
+        float(value)
+        for value in re.findall(
+            rf'<span class="{css}"[^>]*? style="background: rgba\(255, 127, 31, ([\d.]+)\)"', fragment
+        )
+    ]
+
+
+@pytest.mark.parametrize("alpha, cap", [(0.005, None), (2.0, None), (-1.0, 3.0), (5.0, 4.0)])
+def test_the_legend_shows_every_way_a_key_token_looks(alpha, cap):
+    from longppl.views import key_token_html as views
+
+    nan = np.nan
+    lsd = [nan, nan, alpha + 1e-3, alpha + 0.01, (alpha + 4) / 2, alpha + 0.5, 5.0, 9.0, alpha - 1, -3.0]
+    text, scores = _scores(lsd, [-1.0] * len(lsd))
+    cap = views.check_lsd_cap(cap, alpha)
+    legend = views.key_token_legend(alpha, -2.0, True, 2, cap)
+    _, document = views.key_token_document(text, scores, alpha, -2.0, True, 2, cap)
+    drawn, shown = _opacities(document, "t key"), _opacities(legend, "swatch key")
+    assert len(drawn) == sum(value > alpha for value in lsd) >= 3 and shown
+    # every key token's shade lies within the legend's key swatches, the faintest a key token can be included
+    assert min(shown) <= min(drawn) and max(drawn) <= max(shown)
+    assert min(shown) == pytest.approx(views.lsd_opacity(max(alpha, 0.0), cap), abs=1e-3)
+    assert max(shown) == pytest.approx(views.MAX_OPACITY, abs=1e-3)
+
+
+def test_lsd_and_lcl_reach_touch_and_keyboard_without_repeating_them(app):
+    from longppl.views import key_token_html as views
+
+    lsd = [np.nan, np.nan, 3.0, 0.5, 2.5, -1.0]
+    lcl = [-1.0, -0.5, -1.0, -1.0, -3.0, -0.2]
+    text, scores = _scores(lsd, lcl)
+    _, document = views.key_token_document(text, scores, 2.0, -2.0, True, 2)
+    pieces = re.findall(r'<span class="(t[^"]*)" title="([^"]*)"[^>]*?( tabindex="(-1|0)")?>', document)
+    assert len(pieces) == 6
+    # Tab steps through the key tokens; a click or tap focuses any piece (tabindex -1)
+    assert [(css, focus) for css, _, _, focus in pieces] == [
+        ("t noscore", "-1"),
+        ("t noscore", "-1"),
+        ("t key", "0"),
+        ("t", "-1"),
+        ("t", "-1"),
+        ("t", "-1"),
+    ]
+    # the focused piece shows its title (LSD and LCL) under it, from the title itself: nothing repeated
+    rules = {selector.strip(): body for selector, body in re.findall(r"([^{}]+)\{([^}]*)\}", views.STYLE)}
+    focused = rules[".longppl-keys .t:focus::after"]
+    assert "content: attr(title)" in focused and "position: absolute" in focused
+    assert all(document.count(title) == 1 for _, title, _, _ in pieces)
+    assert "click or tap it; Tab steps through the key tokens" in app.key_token_view([text], [scores], 2.0, -2.0, 2)
+
+
+def test_no_piece_of_a_word_gets_a_box_of_its_own():
+    """The pieces of a word split into several tokens join up: no piece has a border, a box shadow, a
+    margin, padding or round corners (the focus ring of the one focused piece aside)."""
+    from longppl.views import key_token_html as views
+
+    boxes = ("border", "box-shadow", "margin", "padding", "outline")
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", views.STYLE):
+        for selector in selectors.split(","):
+            if not re.search(r"\.(t|key|noscore)\b", selector) or ":focus" in selector or ".legend" in selector:
+                continue
+            properties = [part.split(":")[0].strip() for part in body.split(";") if part.strip()]
+            assert not [p for p in properties if p.startswith(boxes)], selector
+    text, scores = _scores([np.nan, 3.0, 3.5], [-1.0, -1.0, -1.0])
+    _, document = views.key_token_document(text, scores, 2.0, -2.0, True, 1)
+    styles = re.findall(r' style="([^"]*)"', document)
+    assert styles and all(re.fullmatch(r"background: rgba\([\d., ]+\)", style) for style in styles)
+
+
 @pytest.mark.parametrize(
     "texts, trunc_len, message",
     [
         ("  \n---\n  ", K, "Paste at least one long text"),
-        ("some text", 0, r"^K must be an integer >= 1, got 0\.$"),  # the metric's trunc_len, in the UI's name
-        ("some text", None, r"^K must be an integer >= 1, got None\.$"),  # an emptied box
+        ("some text", 2.5, r"^K must be an integer >= 1, got 2\.5\.$"),  # the metric's trunc_len, in the UI's name
     ],
 )
 def test_bad_input_is_shown_in_the_ui(space, texts, trunc_len, message):
@@ -317,10 +455,102 @@ def test_too_many_characters_are_refused_before_loading(space, monkeypatch):
     with shows_error(REFUSED_MODEL):  # 100 characters pass on to the next check
         space.score("x" * 100, "nowhere/else", EVALUATOR, K, D, ALPHA, BETA)
     with shows_error(
-        r"The texts have 101 characters, more than this Space scores per request "
-        r"\(100\); score shorter texts\.",
+        r"^The texts have 120 characters, 20 more than this Space scores per request \(100\); nothing was scored "
+        r"or cut: shorten them, or score long texts and corpora on your own hardware \(`longppl score`, then "
+        r"`longppl evaluate`\)\. To go beyond",
     ):
-        space.score("x" * 101, MODEL, EVALUATOR, K, D, ALPHA, BETA)
+        space.score("x" * 120, MODEL, EVALUATOR, K, D, ALPHA, BETA)
+    assert space.loaded == []
+
+
+def test_the_texts_box_cuts_no_paste(app):
+    """A browser cuts a paste to a text box's maximum length without a word: the box has none, so the
+    whole paste reaches ``score``, which refuses it saying by how much it is over."""
+    (handler,) = [fn for fn in app.build_demo(app.SpaceSettings(max_chars=100)).fns.values() if fn.fn is app.score]
+    texts = handler.inputs[0]
+    assert texts.max_length is None and texts.preprocess("x" * 120) == "x" * 120
+
+
+def test_limit_messages_name_this_spaces_id_or_the_readmes_way(space, monkeypatch, repo_root):
+    refused = r"The evaluated model must be one of the models this Space offers: .*\. "
+    monkeypatch.setenv("SPACE_ID", "my-org/longppl")  # as Hugging Face sets it in a Space
+    with shows_error(
+        refused + r"To go beyond, run the metric on your own hardware: pip install longppl-hf, then "
+        r'evaluate\.load\("my-org/longppl"\)\.$'
+    ):
+        space.score("some text", "nowhere/else", EVALUATOR, K, D, ALPHA, BETA)
+    readme = open(os.path.join(repo_root, "README.md"), encoding="utf-8").read()
+    assert "import longppl" in readme and 'evaluate.load("longppl")' in readme  # what users are told to do
+    for space_id in (None, "", "not an id", "../x"):
+        if space_id is None:
+            monkeypatch.delenv("SPACE_ID")
+        else:
+            monkeypatch.setenv("SPACE_ID", space_id)
+        with shows_error(
+            refused + r"To go beyond, run the metric on your own hardware: pip install longppl-hf, then import "
+            r'longppl, then evaluate\.load\("longppl"\)\.$'
+        ) as raised:
+            space.score("some text", "nowhere/else", EVALUATOR, K, D, ALPHA, BETA)
+        assert "<this Space" not in html.unescape(raised.value.message)
+
+
+def _demo_handler(app, settings):
+    demo = app.build_demo(settings)
+    (handler,) = [fn for fn in demo.fns.values() if fn.fn is app.score]
+    return demo, handler
+
+
+def test_compute_clears_the_results_before_scoring(app):
+    """A request that fails leaves its message alone: the results of an earlier one are cleared first."""
+    demo, handler = _demo_handler(app, app.SpaceSettings())
+    [clear] = [fn for fn in demo.fns.values() if fn._id == handler.trigger_after]
+    assert not handler.trigger_only_on_success and clear.outputs == handler.outputs
+    [(button_id, event)] = clear.targets
+    assert event == "click" and demo.blocks[button_id].value == "Compute"
+    cleared = clear.fn()
+    assert len(cleared) == len(handler.outputs) and all(value == "" for value in cleared)
+    assert all(not block.postprocess(value) for block, value in zip(handler.outputs, cleared))
+
+
+LABELS = {
+    "K": "K (short-context length)",
+    "d": "d (sliding window)",
+    "alpha": "alpha (LSD threshold)",
+    "beta": "beta (LCL threshold)",
+}
+
+
+@pytest.mark.parametrize(
+    "field, what",
+    [
+        ("K", r"an integer from 1 to 4096 \(default: 4096\)"),
+        ("d", r"an integer >= 1 \(default: 1024\)"),
+        ("alpha", r"a number \(default: 2\)"),
+        ("beta", r"a number \(default: -2\)"),
+    ],
+)
+def test_an_empty_field_is_named_with_what_to_enter(space, field, what):
+    values = dict(K=K, d=D, alpha=ALPHA, beta=BETA)
+    values[field] = None  # what gradio passes for a box left empty
+    with shows_error(rf"^The field {re.escape(LABELS[field])} is empty; enter {what}\.$"):
+        space.score("some text", MODEL, EVALUATOR, *values.values())
+    assert space.loaded == []
+
+
+def test_k_and_d_out_of_range_get_our_message_naming_the_field(space, monkeypatch):
+    limit(space, monkeypatch, max_trunc_len=40)
+    _, handler = _demo_handler(space, space.SETTINGS)
+    trunc_len, sliding_window = handler.inputs[3:5]
+    # gradio's own range check (its message names no field) must not answer before ours
+    assert trunc_len.preprocess(5000) == 5000 and sliding_window.preprocess(0) == 0
+    for value in (K, 0, -3):
+        with shows_error(
+            rf"^K \(short-context length\) is {value}, outside this Space's range of 1 to 40; enter an integer "
+            r"from 1 to 40\." + (r" To go beyond, run the metric on your own hardware: .*$" if value > 40 else "$")
+        ):
+            space.score("some text", MODEL, EVALUATOR, value, D, ALPHA, BETA)
+    with shows_error(r"^d \(sliding window\) is 0; enter an integer >= 1 \(default: 1024\)\.$"):
+        space.score("some text", MODEL, EVALUATOR, 40, 0, ALPHA, BETA)
     assert space.loaded == []
 
 
@@ -343,12 +573,6 @@ def test_too_many_tokens_are_refused(space, monkeypatch, tiny_models):
         rf"this Space scores per request \({n_evaluated - 1}\)",
     ):
         space.score(text, EVALUATOR, MODEL, K, D, ALPHA, BETA)
-
-
-def test_k_too_large_is_refused(space, monkeypatch):
-    limit(space, monkeypatch, max_trunc_len=40)
-    with shows_error(r"K = 47 is more than this Space allows \(40\); use K <= 40\."):
-        space.score("some text", MODEL, EVALUATOR, K, D, ALPHA, BETA)
 
 
 def test_too_much_short_window_work_is_refused(space, monkeypatch, tiny_models):

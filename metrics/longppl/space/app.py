@@ -9,11 +9,14 @@ its ``app.py`` is a thin shell that imports this module's ``demo``. The metric i
 package's metric file (``longppl.METRIC_PATH``), the same file ``evaluate.load`` takes from the Space.
 
 Every failure reaches the page as a ``gr.Error`` that says what failed and what to try, in the
-UI's words (K and d, texts numbered from 1): bad input, a request over the limits below, a model
-that cannot be loaded (Hub unreachable, gated or missing model, out of memory) and anything
-unexpected. The Hub is asked once, with a short timeout (``LONGPPL_SPACE_HUB_TIMEOUT_S``), whether
-a model is there before it is loaded, so an outage fails in seconds rather than after a minute of
-retries.
+UI's words (the fields' labels, K and d, texts numbered from 1 as ``longppl visualize --document``
+numbers them): bad input (an empty field, a K out of range), a request over the limits below, a
+model that cannot be loaded (Hub unreachable, gated or missing model, out of memory) and anything
+unexpected. "Compute" clears the previous results first, so a message never stands over them.
+Messages about a limit end with how to run the metric elsewhere, by this Space's id where
+``SPACE_ID`` gives it (``run_it_yourself``). The Hub is asked once, with a short timeout
+(``LONGPPL_SPACE_HUB_TIMEOUT_S``), whether a model is there before it is loaded, so an outage fails
+in seconds rather than after a minute of retries.
 
 The Space is a public server, so every request is bounded (all settable by the Space's owner as
 environment variables / Space secrets; see ``SpaceSettings.from_env``):
@@ -24,8 +27,9 @@ environment variables / Space secrets; see ``SpaceSettings.from_env``):
   never trusted. Loaded models stay in memory for the next requests (the two last used). For
   tests only, ``LONGPPL_SPACE_LOCAL_MODELS=1`` lets the list name absolute paths of model folders
   too (a visitor still picks only among the listed entries).
-* size: at most ``LONGPPL_SPACE_MAX_CHARS`` characters per request, ``LONGPPL_SPACE_MAX_TOKENS``
-  tokens (under each model's tokenizer), K <= ``LONGPPL_SPACE_MAX_K``, and at most
+* size: at most ``LONGPPL_SPACE_MAX_CHARS`` characters per request (a longer paste is refused, not
+  cut: the texts box has no maximum length of its own), ``LONGPPL_SPACE_MAX_TOKENS`` tokens (under
+  each model's tokenizer), K <= ``LONGPPL_SPACE_MAX_K``, and at most
   ``LONGPPL_SPACE_MAX_WINDOW_TOKENS`` tokens read by the evaluator in short windows (a small d
   multiplies the work by about ``(K + d) / d``).
 * time: a request is stopped once ``LONGPPL_SPACE_TIME_LIMIT_S`` seconds have passed. The metric
@@ -72,7 +76,23 @@ EXAMPLES_FILE = os.path.join(HERE, "space_examples.json")
 #: Small public models that run on a CPU Space (evaluated model first, evaluator last).
 DEFAULT_MODELS = ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-360M", "Qwen/Qwen2.5-0.5B")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_RUN_IT_YOURSELF = 'To go beyond, run the metric on your own hardware: evaluate.load("<this Space\'s id>").'
+
+#: The fields' labels, as the page shows them and the messages name them.
+K_LABEL, D_LABEL = "K (short-context length)", "d (sliding window)"
+ALPHA_LABEL, BETA_LABEL = "alpha (LSD threshold)", "beta (LCL threshold)"
+
+
+def run_it_yourself(environ=None) -> str:
+    """The sentence that ends a message about a limit of this Space: how to run the metric on one's own
+    hardware. It loads this Space by its id where the Space knows it (Hugging Face sets ``SPACE_ID``,
+    ``owner/name``, in a Space's environment), else by the bare name, as the README does."""
+    environ = os.environ if environ is None else environ
+    space_id = environ.get("SPACE_ID", "").strip()
+    if _HUB_ID.match(space_id) and ".." not in space_id:
+        load = f'evaluate.load("{space_id}")'
+    else:
+        load = 'import longppl, then evaluate.load("longppl")'
+    return f"To go beyond, run the metric on your own hardware: pip install longppl-hf, then {load}."
 
 
 def _env_int(environ, name: str, default: int, minimum: int = 1) -> int:
@@ -318,9 +338,10 @@ def split_texts(raw: str | None) -> list[str]:
 
 
 def key_token_view(texts: list[str], scores, alpha: float, beta: float, trunc_len: int) -> str:
-    """The key-token view: the legend, then each text (numbered from 1) with its evaluator tokens
-    shaded by LSD, key tokens marked and LSD / LCL on hover, as ``longppl-visualize``'s HTML shows
-    them (``key_token_html``). ``scores``: the metric's ``evaluator_scores``, one per text."""
+    """The key-token view: the legend, then each text (numbered from 1, as ``longppl visualize
+    --document`` numbers them) with its evaluator tokens shaded by LSD, key tokens marked and LSD / LCL
+    on hover, click, tap or focus, as ``longppl-visualize``'s HTML shows them (``key_token_html``), and
+    the evaluator's counts (``TokenCounts``). ``scores``: the metric's ``evaluator_scores``, one per text."""
     lsd_cap = _views.check_lsd_cap(None, alpha)
     parts = [_views.key_token_legend(alpha, beta, True, trunc_len, lsd_cap)]
     for index, (text, text_scores) in enumerate(zip(texts, scores), 1):
@@ -333,16 +354,38 @@ def _shown(value: float, digits: int) -> str:
     return "–" if math.isnan(value) else f"{value:.{digits}f}"  # a dash rather than "nan": no key tokens
 
 
-def summary(result: dict) -> str:
-    """A Markdown table: LongPPL, PPL, key tokens and tokens of each text (numbered from 1, as in
-    the key-token view and the messages)."""
-    rows = ["| text | LongPPL | PPL | key tokens | tokens |", "|---:|---:|---:|---:|---:|"]
+#: The per-text table's columns: each count says whose tokens it counts.
+SUMMARY_COLUMNS = (
+    "text",
+    "LongPPL",
+    "PPL",
+    "key tokens (evaluated model's)",
+    "tokens (evaluated model's)",
+    "key tokens (evaluator's)",
+    "tokens (evaluator's)",
+)
+_SUMMARY_NOTE = (
+    "LongPPL and PPL average over the evaluated model's tokens. The evaluator picks the key tokens among "
+    "its own tokens (those the view below shows and counts); they reach the evaluated model's tokens "
+    "through the characters they cover, so the two counts differ when the two tokenizers cut the text "
+    "differently, and agree when they cut it the same way."
+)
+
+
+def summary(result: dict, counts: list[_views.TokenCounts]) -> str:
+    """A Markdown table (``SUMMARY_COLUMNS``) of each text (numbered from 1, as in the key-token view
+    and the messages): LongPPL, PPL, its key tokens and tokens in the evaluated model's tokens (the
+    metric's ``n_key_tokens``, ``n_tokens``) and in the evaluator's (``counts``, as the key-token view
+    counts them), with a note on why they differ."""
+    rows = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---:|" * len(SUMMARY_COLUMNS)]
     for index, values in enumerate(
-        zip(result["longppls"], result["perplexities"], result["n_key_tokens"], result["n_tokens"]), 1
+        zip(result["longppls"], result["perplexities"], result["n_key_tokens"], result["n_tokens"], counts), 1
     ):
-        longppl, ppl, n_key, n_tokens = values
-        rows.append(f"| {index} | {_shown(longppl, 3)} | {_shown(ppl, 3)} | {n_key} | {n_tokens} |")
-    return "\n".join(rows)
+        longppl, ppl, n_key, n_tokens, own = values
+        rows.append(
+            f"| {index} | {_shown(longppl, 3)} | {_shown(ppl, 3)} | {n_key} | {n_tokens} | {own.key} | {own.tokens} |"
+        )
+    return "\n".join(rows) + "\n\n" + _SUMMARY_NOTE
 
 
 #: The metric's argument names -> the UI's, in the metric's messages.
@@ -383,7 +426,7 @@ def _allowed_model(value, role: str, settings: SpaceSettings) -> str:
     if isinstance(value, str) and value.strip() in settings.models:
         return value.strip()
     raise _error(
-        f"The {role} must be one of the models this Space offers: {', '.join(settings.models)}. " + _RUN_IT_YOURSELF
+        f"The {role} must be one of the models this Space offers: {', '.join(settings.models)}. " + run_it_yourself()
     )
 
 
@@ -401,19 +444,48 @@ def short_window_tokens(n_tokens: int, trunc_len: int, sliding_window: int) -> i
     )
 
 
-def _check_size(texts, trunc_len, sliding_window, tokenizers, settings: SpaceSettings) -> None:
-    """Refuse a request over the Space's character, token, K or short-window limits."""
-    if isinstance(trunc_len, (int, float)) and trunc_len > settings.max_trunc_len:
+def field_defaults(settings: SpaceSettings) -> dict[str, float]:
+    """The values the page's fields start with, by label: the metric's defaults (K at most the Space's
+    largest)."""
+    return {
+        K_LABEL: min(_options.default_of("trunc_len"), settings.max_trunc_len),
+        D_LABEL: _options.default_of("sliding_window"),
+        ALPHA_LABEL: _options.default_of("alpha"),
+        BETA_LABEL: _options.default_of("beta"),
+    }
+
+
+def _check_fields(trunc_len, sliding_window, alpha, beta, settings: SpaceSettings) -> None:
+    """Refuse an empty field, a K outside this Space's range or a d below 1, naming the field by its
+    label and saying what to enter. (The fields set no minimum or maximum: gradio's own range check
+    would answer first, with a message that names no field.)"""
+    defaults = field_defaults(settings)
+    wanted = {
+        K_LABEL: f"an integer from 1 to {settings.max_trunc_len}",
+        D_LABEL: "an integer >= 1",
+        ALPHA_LABEL: "a number",
+        BETA_LABEL: "a number",
+    }
+    for label, value in ((K_LABEL, trunc_len), (D_LABEL, sliding_window), (ALPHA_LABEL, alpha), (BETA_LABEL, beta)):
+        if value is None:
+            raise _error(f"The field {label} is empty; enter {wanted[label]} (default: {defaults[label]:g}).")
+    if isinstance(trunc_len, (int, float)) and not 1 <= trunc_len <= settings.max_trunc_len:
         raise _error(
-            f"K = {trunc_len:g} is more than this Space allows ({settings.max_trunc_len}); "
-            f"use K <= {settings.max_trunc_len}. " + _RUN_IT_YOURSELF
+            f"{K_LABEL} is {trunc_len:g}, outside this Space's range of 1 to {settings.max_trunc_len}; enter "
+            f"{wanted[K_LABEL]}." + (" " + run_it_yourself() if trunc_len > settings.max_trunc_len else "")
         )
+    if isinstance(sliding_window, (int, float)) and sliding_window < 1:
+        raise _error(f"{D_LABEL} is {sliding_window:g}; enter {wanted[D_LABEL]} (default: {defaults[D_LABEL]:g}).")
+
+
+def _check_size(texts, trunc_len, sliding_window, tokenizers, settings: SpaceSettings) -> None:
+    """Refuse a request over the Space's token or short-window limits."""
     for role, tokenizer, special in tokenizers:
         n_tokens = [len(tokenizer(text, add_special_tokens=special)["input_ids"]) for text in texts]
         if sum(n_tokens) > settings.max_tokens:
             raise _error(
                 f"The texts have {sum(n_tokens)} tokens for the {role}, more than this Space scores per request "
-                f"({settings.max_tokens}); score shorter texts. " + _RUN_IT_YOURSELF
+                f"({settings.max_tokens}); score shorter texts. " + run_it_yourself()
             )
         if role == "evaluator model" and _is_count(trunc_len) and _is_count(sliding_window):
             windows = sum(short_window_tokens(n, trunc_len, sliding_window) for n in n_tokens)
@@ -421,7 +493,7 @@ def _check_size(texts, trunc_len, sliding_window, tokenizers, settings: SpaceSet
                 raise _error(
                     f"With K = {trunc_len} and d = {sliding_window} the evaluator would read {windows} tokens in "
                     f"short windows, more than this Space allows ({settings.max_window_tokens}); use a larger d "
-                    "(sliding window) or shorter texts. " + _RUN_IT_YOURSELF
+                    "(sliding window) or shorter texts. " + run_it_yourself()
                 )
 
 
@@ -443,27 +515,31 @@ def score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, al
             _free_models()
             raise _error(
                 f"The Space ran out of memory while scoring ({_first_line(err)}); score shorter texts, or try again "
-                "later. " + _RUN_IT_YOURSELF
+                "later. " + run_it_yourself()
             ) from err
         raise _error(
             f"Scoring failed: {type(err).__name__}: {in_ui_terms(_first_line(err))}. Try again; if it fails again, "
-            "try other texts or settings. " + _RUN_IT_YOURSELF
+            "try other texts or settings. " + run_it_yourself()
         ) from err
 
 
 def _score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, alpha, beta, progress):
     settings = SETTINGS
     deadline = time.monotonic() + settings.time_limit_s
+    # The texts box cuts nothing (it has no maximum length): a longer paste is refused here, saying so.
     if len(raw_texts or "") > settings.max_chars:
         raise _error(
-            f"The texts have {len(raw_texts)} characters, more than this Space scores per request "
-            f"({settings.max_chars}); score shorter texts. " + _RUN_IT_YOURSELF
+            f"The texts have {len(raw_texts)} characters, {len(raw_texts) - settings.max_chars} more than this "
+            f"Space scores per request ({settings.max_chars}); nothing was scored or cut: shorten them, or score "
+            "long texts and corpora on your own hardware (`longppl score`, then `longppl evaluate`). "
+            + run_it_yourself()
         )
     texts = split_texts(raw_texts)
     if not texts:
         raise _error(f"Paste at least one long text (separate several with a line holding only {SEPARATOR}).")
     _check_unicode(texts)
-    try:  # K and d as the metric checks them, here too: an emptied box (None) is not "the default"
+    _check_fields(trunc_len, sliding_window, alpha, beta, settings)
+    try:  # K and d as the metric checks them, here too (an integer: the fields round to one)
         _settings.WindowSettings(trunc_len, sliding_window)
     except ValueError as err:
         raise _error(in_ui_terms(str(err))) from None
@@ -501,17 +577,24 @@ def _score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, a
         except TimeLimitExceeded as err:
             raise _error(
                 f"This request took longer than this Space allows ({settings.time_limit_s:g} s) and was stopped "
-                f"during: {err}. Score shorter texts, with a larger d or a smaller K. " + _RUN_IT_YOURSELF
+                f"during: {err}. Score shorter texts, with a larger d or a smaller K. " + run_it_yourself()
             ) from err
     for warning in caught:
         if issubclass(warning.category, UserWarning):
             gr.Warning(html.escape(in_ui_terms(str(warning.message)), quote=False))
+    rule = _settings.KeyTokenRule(alpha, beta)
     return (
         _shown(result["longppl"], 4),
         _shown(result["ppl"], 4),
         key_token_view(texts, result["evaluator_scores"], alpha, beta, trunc_len),
-        summary(result),
+        summary(result, [_views.TokenCounts.of(scores, rule) for scores in result["evaluator_scores"]]),
     )
+
+
+def clear_results():
+    """The outputs of ``score``, emptied: the first step of "Compute", so that a request that fails
+    leaves its message alone on the page, not under the results of an earlier one."""
+    return "", "", "", ""
 
 
 def load_examples(path: str = EXAMPLES_FILE) -> tuple[list[list], list[str]]:
@@ -537,11 +620,9 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
             f"{settings.time_limit_s:g} s. For 7-8B models (the paper's evaluator is Llama-3.1-8B) and "
             "long documents, run the metric on a GPU of your own."
         )
+        # No max_length: a browser would cut a longer paste silently; ``score`` refuses it, saying so.
         texts = gr.Textbox(
-            label=f"Texts (separate documents with a line holding only {SEPARATOR})",
-            lines=12,
-            max_lines=30,
-            max_length=settings.max_chars,
+            label=f"Texts (separate documents with a line holding only {SEPARATOR})", lines=12, max_lines=30
         )
         with gr.Row():
             model_id = gr.Dropdown(
@@ -556,19 +637,16 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
                 value=settings.models[-1],
                 allow_custom_value=False,
             )
+        # No minimum or maximum: gradio's own range check names no field; ``score`` checks them
+        # (``_check_fields``), naming the field and the range.
+        defaults = field_defaults(settings)
         with gr.Row():
             trunc_len = gr.Number(
-                label="K (short-context length)",
-                value=min(_options.default_of("trunc_len"), settings.max_trunc_len),
-                precision=0,
-                minimum=1,
-                maximum=settings.max_trunc_len,
+                label=K_LABEL, value=defaults[K_LABEL], precision=0, info=f"1 to {settings.max_trunc_len} in this Space"
             )
-            sliding_window = gr.Number(
-                label="d (sliding window)", value=_options.default_of("sliding_window"), precision=0, minimum=1
-            )
-            alpha = gr.Number(label="alpha (LSD threshold)", value=_options.default_of("alpha"))
-            beta = gr.Number(label="beta (LCL threshold)", value=_options.default_of("beta"))
+            sliding_window = gr.Number(label=D_LABEL, value=defaults[D_LABEL], precision=0)
+            alpha = gr.Number(label=ALPHA_LABEL, value=defaults[ALPHA_LABEL])
+            beta = gr.Number(label=BETA_LABEL, value=defaults[BETA_LABEL])
         examples, titles = load_examples()
         gr.Examples(
             examples,
@@ -585,10 +663,12 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
         key_tokens = gr.HTML(
             label="Key tokens", css_template=_views.STYLE, show_label=True, container=True, padding=True
         )
-        button.click(
+        outputs = [longppl, ppl, key_tokens, per_text]
+        # Clear first, then score: a failure's message then never stands over an earlier request's results.
+        button.click(clear_results, outputs=outputs, queue=False, show_progress="hidden").then(
             score,
             inputs=[texts, model_id, evaluator_model_id, trunc_len, sliding_window, alpha, beta],
-            outputs=[longppl, ppl, key_tokens, per_text],
+            outputs=outputs,
         )
     # One request at a time by default: a forward pass already uses every core of a CPU Space.
     demo.queue(default_concurrency_limit=settings.concurrency, max_size=settings.queue_size)

@@ -1,14 +1,15 @@
 """Pictures of a key-token cache, no model needed: a document as HTML with its key tokens
-highlighted and each token's LSD and LCL on hover (like the paper's Appendix F), and a histogram
-of the LSD values of the whole corpus (like its Figure 4(a)), in the format its name's suffix names
-(``.png``, ``.jpg``, ``.pdf``, ``.svg``, ...).
+highlighted and each token's LSD and LCL on hover, click or focus (like the paper's Appendix F),
+and a histogram of the LSD values of the whole corpus (like its Figure 4(a)), in the format its
+name's suffix names (``.png``, ``.jpg``, ``.pdf``, ``.svg``, ...).
 
     longppl-visualize --key-tokens key_tokens/govreport-llama3.1-8b \\
         --document 3 --html doc3.html --histogram lsd.png
 
 ``--document`` is the position of the text among the cache's rows of the chosen evaluator and
 settings (``--evaluator``, ``--trunc-len``, ``--sliding-window`` pick one when the cache holds
-several). The histogram needs matplotlib.
+several), numbered from 1 as the Space numbers its texts (``--document 1``, the default, is the
+first). The histogram needs matplotlib.
 
 (``scripts/visualize_key_tokens.py`` and ``python -m longppl.tools.visualize_key_tokens`` run the same
 command.)
@@ -36,8 +37,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument(
         "--document",
         type=int,
-        default=0,
-        help="which text (0-based position among the chosen rows) to show as HTML (default: %(default)s)",
+        default=1,
+        help="which text to show as HTML: its position among the chosen rows, numbered from 1 as the Space "
+        "numbers texts (default: %(default)s, the first)",
     )
     parser.add_argument("--html", help="write the document's HTML view here (default: no HTML)")
     parser.add_argument(
@@ -98,19 +100,20 @@ def main(argv=None, prog: str = PROG) -> None:
 
     cache, settings, fingerprint, rows = open_selected(args)
     if args.html:
-        if not 0 <= args.document < len(rows):
+        if not 1 <= args.document <= len(rows):
             raise ValueError(
                 f"--document {args.document} is out of range: the cache holds {len(rows)} texts for this "
-                f"evaluator and settings (0 to {len(rows) - 1})."
+                f"evaluator and settings, numbered from 1 (pass 1 to {len(rows)})."
             )
-        row = cache.row(rows[args.document])
+        chosen = rows[args.document - 1]  # texts are numbered from 1, as the Space numbers them
+        row = cache.row(chosen)
         details = (
             f"Evaluator {row['evaluator_name'] or '(unnamed)'} ({row['evaluator_dtype']}), "
             f"{settings.describe()}; text {args.document} of {len(rows)}, SHA-256 {row['text_fingerprint'][:16]}…"
         )
         page = key_token_html(
             row["text"],
-            cache.scores(rows[args.document]),
+            cache.scores(chosen),
             args.alpha,
             args.beta,
             not args.no_lcl,

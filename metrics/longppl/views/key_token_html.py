@@ -11,12 +11,21 @@ shown. All text is HTML-escaped.
 
 Colours (explained in a legend on the page): every token with a short-context score gets an orange
 background whose opacity is proportional to its LSD clipped to ``[0, lsd_cap]`` (a piece of several
-tokens takes the largest); key tokens are also outlined and bold; the first K tokens, which have no
-short-context score, are grey, and a marker stands where they end.
+tokens takes the largest); key tokens are also underlined and bold (so a key token of low LSD is an
+underlined, bold, nearly unshaded piece: the legend shows key tokens across the whole shading); the
+first K tokens, which have no short-context score, are grey, and a marker stands where they end. No
+piece has a border, margin, padding or rounded corner of its own, so the pieces of a word split into
+several tokens join up into the word (backgrounds and underlines meet).
+
+LSD and LCL are in each piece's ``title`` (a tooltip on hover) and, for touch screens and keyboards,
+shown under a piece that has the focus (CSS only, from the same ``title``: nothing is repeated per
+token): a click or tap focuses any piece (``tabindex="-1"``) and Tab steps through the key tokens
+(``tabindex="0"``; not through every token, which would be thousands of tab stops in a long text).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from typing import TYPE_CHECKING
@@ -38,10 +47,19 @@ _RGB = "255, 127, 31"  # the paper's highlight colour for key tokens
 #: (the Space's) keeps its own styles.
 STYLE = """
 .longppl-keys .doc { white-space: pre-wrap; overflow-wrap: break-word; line-height: 1.6; }
-.longppl-keys .t { border-radius: 2px; }
-.longppl-keys .t:hover { outline: 1px solid #999; }
-.longppl-keys .key { box-shadow: inset 0 0 0 1.5px #a64300; font-weight: bold; color: #000; }
+.longppl-keys .t { position: relative; }
+.longppl-keys .key {
+  text-decoration-line: underline; text-decoration-color: #a64300; text-decoration-thickness: 2px;
+  text-underline-offset: 0.2em; text-decoration-skip-ink: none; font-weight: bold; color: #000;
+}
 .longppl-keys .noscore { color: #888; }
+.longppl-keys .t:focus { outline: 2px solid #1a5fb4; outline-offset: 1px; }
+.longppl-keys .t:focus::after {
+  content: attr(title); position: absolute; left: 0; top: 100%; z-index: 10; margin-top: 0.3em;
+  width: max-content; max-width: 30em; padding: 0.15em 0.4em; white-space: normal;
+  font: normal 0.8rem/1.4 sans-serif; color: #000; background: #fff; border: 1px solid #888;
+  border-radius: 3px; pointer-events: none;
+}
 .longppl-keys .k-end { border-left: 2px solid #c00; }
 .longppl-keys .k-end::after {
   content: attr(data-label); font: bold 0.7em sans-serif; color: #c00; vertical-align: super;
@@ -85,21 +103,35 @@ def _k(trunc_len: int) -> str:
     return f"K={trunc_len}" if trunc_len else "K"
 
 
+def key_shades(alpha: float, lsd_cap: float) -> tuple[float, ...]:
+    """The LSDs at which the legend shows a key token: from ``alpha`` (a key token's LSD is just above
+    it, so this is its faintest shade; 0 for a negative ``alpha``) to ``lsd_cap`` (full shade), or
+    only ``lsd_cap`` when ``alpha >= lsd_cap`` (every key token is then fully shaded)."""
+    low = max(alpha, 0.0)
+    if low >= lsd_cap:
+        return (lsd_cap,)
+    return (low, (low + lsd_cap) / 2, lsd_cap)
+
+
 def key_token_legend(alpha: float, beta: float, use_lcl: bool, trunc_len: int, lsd_cap: float) -> str:
     """The legend of the colours and marks, as a ``<div class="legend">`` (style: ``STYLE``, inside an
-    element of class ``longppl-keys``)."""
+    element of class ``longppl-keys``). Key tokens are shown at every shade they can have
+    (``key_shades``), since a key token of LSD near ``alpha`` is drawn nearly unshaded."""
     rule = f"LSD &gt; {alpha:g}" + (f" and LCL &gt; {beta:g}" if use_lcl else "")
-    steps = "".join(
-        f'<span class="swatch" style="{_background(lsd_opacity(v, lsd_cap))}">{v:g}</span>'
-        for v in (0.0, lsd_cap / 4, lsd_cap / 2, 3 * lsd_cap / 4, lsd_cap)
-    )
+
+    def swatches(values, css):
+        return "".join(
+            f'<span class="{css}" style="{_background(lsd_opacity(v, lsd_cap))}">{v:g}</span>' for v in values
+        )
+
+    steps = swatches((0.0, lsd_cap / 4, lsd_cap / 2, 3 * lsd_cap / 4, lsd_cap), "swatch")
     k = _k(trunc_len)
     return (
         '<div class="legend"><p><strong>Legend.</strong> Background: LSD = log P(token | long context) &minus; '
         f"log P(token | last {k} tokens), shaded in proportion to LSD clipped to [0, {lsd_cap:g}]: {steps} "
         f"(no shade: LSD &le; 0).</p>"
-        f'<p><span class="swatch key" style="{_background(MAX_OPACITY)}">outlined, bold</span>: key token '
-        f"({rule}). "
+        f"<p>Key tokens ({rule}) are underlined and bold, on the shade of their LSD like every token: "
+        f"{swatches(key_shades(alpha, lsd_cap), 'swatch key')}. "
         f'<span class="swatch noscore">grey</span>: the first {k} evaluator tokens, which have no '
         'short-context score; <span class="k-end" data-label="K"></span> marks where they end.</p></div>\n'
     )
@@ -113,6 +145,37 @@ def _describe(index: int, lsd: float, lcl: float, trunc_len: int) -> str:
     return f"token {index}: LSD {lsd:.2f}, LCL {lcl:.2f}"
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenCounts:
+    """One text's evaluator tokens as the key-token view shows them: only the tokens that cover
+    characters of the text count (a special token such as a BOS covers none and is not shown), so
+    that under one tokenizer they are the evaluated model's tokens (the metric's ``n_tokens``, which
+    adds no special tokens by default) and its key tokens (``n_key_tokens``).
+
+    ``tokens``: tokens of the text; ``scored``: those with a short-context score (all but the first
+    K); ``key``: the key tokens.
+    """
+
+    tokens: int
+    scored: int
+    key: int
+
+    @classmethod
+    def of(cls, scores: EvaluatorScores, rule: KeyTokenRule) -> "TokenCounts":
+        """The counts of ``scores`` (``offsets`` ``[n, 2]``, ``lp_long`` and ``lp_short`` ``[n]``) under
+        the hard rule ``rule``."""
+        offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
+        covering = offsets[:, 1] > offsets[:, 0]
+        lsd = long_short_difference(scores.lp_long, scores.lp_short)
+        key = key_token_mask(scores.lp_long, scores.lp_short, rule)
+        return cls(int(covering.sum()), int((covering & ~np.isnan(lsd)).sum()), int((covering & key).sum()))
+
+
+def _count(name: str, value: int) -> str:
+    """A count, marked so that a page (or a test) can find it by what it counts."""
+    return f'<span class="count" data-count="{name}">{value}</span>'
+
+
 def key_token_document(
     text: str,
     scores: EvaluatorScores,
@@ -122,15 +185,17 @@ def key_token_document(
     trunc_len: int = 0,
     lsd_cap: float | None = None,
 ) -> tuple[str, str]:
-    """``(summary, document)``: a ``<p class="meta">`` counting the key tokens of ``text``, and the
-    text as a ``<div class="doc">`` with its tokens shaded and marked (see the module docstring;
-    style: ``STYLE``, inside an element of class ``longppl-keys``). Arguments as ``key_token_html``.
+    """``(summary, document)``: a ``<p class="meta">`` counting the evaluator's key tokens of ``text``
+    (``TokenCounts``: each count in a ``<span data-count="key|tokens|scored">``), and the text as a
+    ``<div class="doc">`` with its tokens shaded and marked (see the module docstring; style:
+    ``STYLE``, inside an element of class ``longppl-keys``). Arguments as ``key_token_html``.
     """
     lsd_cap = check_lsd_cap(lsd_cap, alpha)
+    rule = KeyTokenRule(alpha, beta, use_lcl)
     offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
     lsd = long_short_difference(scores.lp_long, scores.lp_short)
-    key = key_token_mask(scores.lp_long, scores.lp_short, KeyTokenRule(alpha, beta, use_lcl))
-    n_scored = int((~np.isnan(lsd)).sum())
+    key = key_token_mask(scores.lp_long, scores.lp_short, rule)
+    counts = TokenCounts.of(scores, rule)
     # Pieces: [start, end, key, tooltip lines, largest LSD of its tokens (NaN: none has one)].
     pieces: list[list] = []
     for index, (start, end) in enumerate(offsets.tolist()):
@@ -152,7 +217,7 @@ def key_token_document(
         'evaluator tokens end here: before this point, no short-context score"></span>'
     )
     # The marker goes before the first piece with an LSD: where the first K tokens end.
-    body, cursor, marked = [], 0, n_scored == 0
+    body, cursor, marked = [], 0, counts.scored == 0
     for start, end, is_key, lines, largest in pieces:
         body.append(html.escape(text[cursor:start]))
         if not marked and not math.isnan(largest):
@@ -160,20 +225,23 @@ def key_token_document(
             marked = True
         css = "t key" if is_key else ("t" if not math.isnan(largest) else "t noscore")
         style = f' style="{_background(lsd_opacity(largest, lsd_cap))}"' if not math.isnan(largest) else ""
+        # Tab stops at the key tokens only; a click or tap focuses any piece (its LSD and LCL then show).
+        focus = ' tabindex="0"' if is_key else ' tabindex="-1"'
         body.append(
-            f'<span class="{css}" title="{html.escape(" | ".join(lines))}"{style}>{html.escape(text[start:end])}</span>'
+            f'<span class="{css}" title="{html.escape(" | ".join(lines))}"{style}{focus}>'
+            f"{html.escape(text[start:end])}</span>"
         )
         cursor = end
     body.append(html.escape(text[cursor:]))
     summary = (
-        f"{int(key.sum())} key tokens of {offsets.shape[0]} evaluator tokens "
-        f"({int(key.sum()) / max(n_scored, 1):.1%} of the {n_scored} with a short-context score); "
-        f"key iff LSD &gt; {alpha:g}"
+        f"{_count('key', counts.key)} key tokens of the evaluator's {_count('tokens', counts.tokens)} tokens of "
+        f"this text ({counts.key / max(counts.scored, 1):.1%} of the {_count('scored', counts.scored)} with a "
+        f"short-context score); key iff LSD &gt; {alpha:g}"
         + (f" and LCL &gt; {beta:g}" if use_lcl else "")
-        + ". Hover a token for its LSD and LCL."
+        + ". Hover a token for its LSD and LCL, or click or tap it; Tab steps through the key tokens."
         + (
             ""
-            if n_scored
+            if counts.scored
             else f" No token has a short-context score: the text is at most {_k(trunc_len)} evaluator tokens long."
         )
     )
