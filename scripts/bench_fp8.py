@@ -34,7 +34,11 @@ rank holds 61 GB of float8 weights). Weights are drawn on each rank's GPU from t
 (``benchmarking.random_model``): the 123B model is never whole anywhere, and the fp8 one is
 converted block by block as it is drawn (a real checkpoint is converted after loading, so a rank
 must hold its bf16 share first: 123 GB at TP=2). Each run is a process (TP: torchrun); peak memory
-per GPU; the JSON is rewritten after every run, so a run cut off keeps the ones before.
+per GPU; the JSON is rewritten after every run, so a run cut off keeps the ones before, and the runs
+share ``--time-budget`` seconds (default 480: a run that would start with less than 30 left is
+recorded as not run). The parent process never touches a GPU (the workers record its name). Whether
+the fp8 blocks compile under tensor parallelism is recorded: a compilation error is kept and the
+run goes on eagerly.
 
     python scripts/bench_fp8.py speed --out-dir bench_fp8                       # one GPU, ~5 min on an H100
     python scripts/bench_fp8.py fidelity --out-dir bench_fp8 --models RUN/models/E1 --run-folder RUN \\
@@ -118,16 +122,18 @@ def config_of(shape: str, positions: int = 131072):
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
-def versions() -> dict:
+def versions(device: str | None = "cuda") -> dict:
+    """The libraries' versions, and the name of ``device`` (``None``: not asked, so that a parent process
+    leaves the GPUs to its workers: asking creates a CUDA context there)."""
     import torch
     import transformers
 
     from longppl.models.precision import torchao_version
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return dict(
-        device=device, torch=torch.__version__, transformers=transformers.__version__, torchao=torchao_version()
-    )
+    found = dict(torch=torch.__version__, transformers=transformers.__version__, torchao=torchao_version())
+    if device is not None:
+        found["device"] = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
+    return found
 
 
 def fp8_refusal(device: str) -> str | None:
@@ -442,42 +448,48 @@ def parallel_worker(args) -> None:
     if run["corpus_docs"]:
         parts["corpus"] = cuts[2:]
     score = scorer(byte_level_tokenizer(), KeyTokenSettings(K, d), args.smoke)
-    record = dict(run=args.worker, rank=rank, **run)
-    try:
-        mesh = tensor_parallel.group_mesh(run["tp"], torch.device(device).type) if distributed else None
-        convert = (lambda block: convert_blocks_to_fp8([block])) if run["precision"] == "fp8" else None
-        dtype = torch.float32 if cpu else torch.bfloat16
-        seconds, peak, model = timed_on(
-            lambda: random_model(config_of(run["shape"]), dtype, device, args.init_std, args.seed, mesh, None, convert),
-            devices,
-            distributed,
-        )
-        record.update(build_seconds=round(seconds, 2), weights_gib=peak)
-        compiled = evaluator_compiles(None, run["precision"])  # the library's default for this precision
-        try:  # the first call compiles (and warms the allocator and the communicators)
-            first = timed_on(lambda: score(model, cuts[:1], compiled), devices, distributed)[0]
-        except Exception as err:  # noqa: BLE001 - compiled split layers are untried: record it, run eagerly
-            if not compiled or isinstance(err, torch.OutOfMemoryError):
-                raise
-            record["compile_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-            compiled = False
-            first = timed_on(lambda: score(model, cuts[:1], False), devices, distributed)[0]
-        record.update(first_call_seconds=round(first, 2), compiled=compiled)
-        for part, texts in parts.items():
-            count = args.repeats if part == "document" else 1
-            times, peaks = [], []
-            for _ in range(count):
-                seconds, peak, scores = timed_on(lambda: score(model, texts, compiled), devices, distributed)
-                times.append(seconds)
-                peaks.append(peak)
-            median = statistics.median(times)
-            tokens = sum(int(s.input_ids.shape[0]) for s in scores)
-            record[part] = dict(seconds=round(median, 3), times=[round(t, 3) for t in times], tokens=tokens,
-                                tokens_per_s=round(tokens / median, 1), peak_gib=[max(p) for p in zip(*peaks)])  # fmt: skip
-            if rank == 0:
-                save_rows(os.path.join(args.work, f"{args.worker}-{part}.npz"), scores)
-    except torch.OutOfMemoryError as err:
-        record["out_of_memory"] = str(err).splitlines()[0][:200]
+    record = dict(run=args.worker, rank=rank, **run, **versions(device))
+    refusal = fp8_refusal(device) if run["precision"] == "fp8" else None
+    if refusal is not None:  # recorded, not run
+        record["skipped"] = refusal
+    else:
+        try:
+            mesh = tensor_parallel.group_mesh(run["tp"], torch.device(device).type) if distributed else None
+            convert = (lambda block: convert_blocks_to_fp8([block])) if run["precision"] == "fp8" else None
+            dtype = torch.float32 if cpu else torch.bfloat16
+            seconds, peak, model = timed_on(
+                lambda: random_model(
+                    config_of(run["shape"]), dtype, device, args.init_std, args.seed, mesh, None, convert
+                ),
+                devices,
+                distributed,
+            )
+            record.update(build_seconds=round(seconds, 2), weights_gib=peak)
+            compiled = evaluator_compiles(None, run["precision"])  # the library's default for this precision
+            try:  # the first call compiles (and warms the allocator and the communicators)
+                first = timed_on(lambda: score(model, cuts[:1], compiled), devices, distributed)[0]
+            except Exception as err:  # noqa: BLE001 - compiled split layers are untried: record it, run eagerly
+                if not compiled or isinstance(err, torch.OutOfMemoryError):
+                    raise
+                record["compile_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                compiled = False
+                first = timed_on(lambda: score(model, cuts[:1], False), devices, distributed)[0]
+            record.update(first_call_seconds=round(first, 2), compiled=compiled)
+            for part, texts in parts.items():
+                count = args.repeats if part == "document" else 1
+                times, peaks = [], []
+                for _ in range(count):
+                    seconds, peak, scores = timed_on(lambda: score(model, texts, compiled), devices, distributed)
+                    times.append(seconds)
+                    peaks.append(peak)
+                median = statistics.median(times)
+                tokens = sum(int(s.input_ids.shape[0]) for s in scores)
+                record[part] = dict(seconds=round(median, 3), times=[round(t, 3) for t in times], tokens=tokens,
+                                    tokens_per_s=round(tokens / median, 1), peak_gib=[max(p) for p in zip(*peaks)])  # fmt: skip
+                if rank == 0:
+                    save_rows(os.path.join(args.work, f"{args.worker}-{part}.npz"), scores)
+        except torch.OutOfMemoryError as err:
+            record["out_of_memory"] = str(err).splitlines()[0][:200]
     with open(os.path.join(args.work, f"record-{args.worker}-{rank}.json"), "w") as handle:
         json.dump(record, handle)
     if state is not None:
@@ -490,8 +502,11 @@ def parallel(args) -> dict:
     runs = parallel_sizes(args)
     work = args.work or tempfile.mkdtemp(prefix="bench-fp8-")
     os.makedirs(work, exist_ok=True)
-    out = dict(part="parallel", runs={}, work=work, target_tp4_vs_one=TP4_TARGET)
-    out.update(versions())
+    import torch
+
+    out = dict(part="parallel", runs={}, work=work, target_tp4_vs_one=TP4_TARGET, time_budget=args.time_budget)
+    out.update(versions(None))  # the device's name comes from the workers
+    started = time.perf_counter()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.smoke:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -499,18 +514,22 @@ def parallel(args) -> dict:
     passed += ["--repeats", str(args.repeats), "--init-std", str(args.init_std), "--seed", str(args.seed)]
     passed += ["--data", args.data, "--runs", *args.runs] + (["--smoke"] if args.smoke else [])
     for name, run in runs.items():
-        if run["precision"] == "fp8":
-            refusal = fp8_refusal("cpu" if args.smoke else "cuda")
-            if refusal is not None:
-                out["runs"][name] = dict(run, skipped=refusal)
-                continue
+        left = args.time_budget - (time.perf_counter() - started)
+        if run["precision"] == "fp8" and not torch.cuda.is_available():  # (a worker checks a GPU's capability)
+            out["runs"][name] = dict(run, skipped=fp8_refusal("cpu"))
+            continue
+        if left < 30:
+            out["runs"][name] = dict(
+                run, skipped=f"not run: the time budget (--time-budget {args.time_budget:g} s) was spent"
+            )
+            continue
         command = [sys.executable]
         if run["tp"] > 1:
             command += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(run["tp"])]
         command += [os.path.abspath(__file__), *passed, "--worker", name]
         start = time.perf_counter()
         try:
-            status = subprocess.run(command, env=env, timeout=args.timeout).returncode
+            status = subprocess.run(command, env=env, timeout=min(args.timeout, left)).returncode
         except subprocess.TimeoutExpired:
             status = "timeout"
         ranks = []
@@ -520,6 +539,9 @@ def parallel(args) -> dict:
                 with open(path) as handle:
                     ranks.append(json.load(handle))
         out["runs"][name] = dict(run, status=status, wall_seconds=round(time.perf_counter() - start, 1), ranks=ranks)
+        if ranks and all("skipped" in r for r in ranks):
+            out["runs"][name]["skipped"] = ranks[0]["skipped"]
+        out.setdefault("device", next((r["device"] for r in ranks if "device" in r), None))
         summarize_parallel(out, work)
         write_json(os.path.join(args.out_dir, "parallel.json"), out)
         print(f"{name}: status {status} ({time.strftime('%H:%M:%S')})", flush=True)
@@ -543,7 +565,7 @@ def summarize_parallel(out: dict, work: str) -> None:
 
 
 def print_parallel(out: dict) -> None:
-    print(f"\n{out['device']}; TP=4 / one GPU at 8B (32k document): {out.get('tp4_vs_one_document')} "
+    print(f"\n{out.get('device')}; TP=4 / one GPU at 8B (32k document): {out.get('tp4_vs_one_document')} "
           f"(target <= {TP4_TARGET})")  # fmt: skip
     print("| run | GPUs | precision | compiled | document s | corpus s | peak GiB per GPU (document) | note |")
     print("|---|---:|---|---|---:|---:|---|---|")
@@ -599,6 +621,9 @@ def build_parser():
     c.add_argument("--doc-tokens", type=int, default=32768, help="tokens of each document (default %(default)s)")
     c.add_argument("--repeats", type=int, default=2, help="timed runs of the document (default %(default)s)")
     c.add_argument("--timeout", type=float, default=420, help="seconds allowed to each run (default %(default)s)")
+    c.add_argument("--time-budget", type=float, default=480,
+                   help="seconds for all runs: a run that would start with less than 30 left is recorded as not "
+                   "run, and each gets at most what is left (default %(default)s)")  # fmt: skip
     c.add_argument("--work", default=None, help="folder of the runs' records (default: a new temporary one)")
     c.add_argument("--worker", choices=sorted(PARALLEL_RUNS), default=None, help=argparse.SUPPRESS)
     for sub in (a, b, c):
