@@ -61,12 +61,20 @@ import statistics
 import subprocess
 import sys
 import time
-import zlib
-
-import numpy as np
 
 from longppl.settings import KeyTokenSettings, require_int
-from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE, write_json
+from longppl.tools.benchmarking import (
+    LLAMA_SHAPES,
+    MISTRAL_LARGE_2_SHAPE,
+    TINY_LLAMA_SHAPE,
+    byte_documents,
+    compare_saved_rows,
+    random_model,
+    random_parameter,
+    save_rows,
+    timed_on,
+    write_json,
+)
 from longppl.tools.cli import tool_parser
 
 # torch, transformers and accelerate load inside the functions that use them: `--help` is immediate.
@@ -96,6 +104,7 @@ SHAPES = {  # config fields (model_type included); the byte-level tokenizer uses
         num_key_value_heads=8,
         tie_word_embeddings=False,
     ),
+    "mistral-large-2": dict(model_type="mistral", **MISTRAL_LARGE_2_SHAPE),  # 123B: 246 GB in bf16
     "tiny": dict(model_type="llama", **TINY_LLAMA_SHAPE),
 }
 # --profile's groups: a kernel (GPU) or an operator (CPU) belongs to the first group one of whose
@@ -121,16 +130,8 @@ LAYOUTS = ("one", *SPLIT_LAYOUTS, "device_map")
 
 def texts(doc_tokens: int, corpus_docs: int, corpus_tokens: int, path: str = CRS) -> tuple[str, list[str]]:
     """One document of ``doc_tokens`` tokens and ``corpus_docs`` of ``corpus_tokens`` (``<s>`` counted),
-    cut in order from the CRS reports (ASCII almost throughout: a byte is a token)."""
-    from longppl.tools.corpus import read_jsonl_texts
-
-    corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
-    cuts, start = [], 0
-    for size in [doc_tokens] + [corpus_tokens] * corpus_docs:
-        cuts.append(corpus[start : start + size - 1].decode("utf-8", errors="ignore"))
-        start += size - 1
-    if start > len(corpus):
-        raise ValueError(f"{path} holds {len(corpus):,} bytes, fewer than the {start:,} asked for.")
+    cut in order from the CRS reports (``benchmarking.byte_documents``)."""
+    cuts = byte_documents(path, [doc_tokens] + [corpus_tokens] * corpus_docs)
     return cuts[0], cuts[1:]
 
 
@@ -139,24 +140,6 @@ def config_of(shape: str):
 
     fields = dict(SHAPES[shape], max_position_embeddings=131072, bos_token_id=256, eos_token_id=257)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
-
-
-def random_whole(name: str, shape, dtype, device, std: float, seed: int):
-    """The whole of parameter ``name``: ones for norms, else normal(0, std) from a seed that depends on
-    ``name`` and ``seed`` only (the same values on any GPU, whatever the layout)."""
-    import torch
-
-    if len(shape) == 1 and "norm" in name:
-        return torch.ones(shape, dtype=dtype, device=device)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
-
-
-def whole_shape(local_shape, index, size: int) -> tuple[int, ...]:
-    """The whole shape of a parameter whose rank holds ``local_shape`` at ``index`` (``local_slice``'s,
-    over ``size`` ranks): the split dimension times ``size``, the others as they are."""
-    return tuple(n if part == slice(None) else n * size for n, part in zip(local_shape, index))
 
 
 def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str):
@@ -171,25 +154,16 @@ def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str
     config, dtype = config_of(shape), (torch.float32 if device == "cpu" else torch.bfloat16)
     if layout in SPLIT_LAYOUTS:
         mesh = tensor_parallel.group_mesh(gpus, torch.device(device).type)
-        model = tensor_parallel.build_sharded_model(config, mesh, dtype, device, SPLIT_LAYOUTS[layout])
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                index = tensor_parallel.local_slice(model, name, mesh.get_local_rank())
-                shape = tuple(parameter.shape) if index is None else whole_shape(parameter.shape, index, gpus)
-                whole = random_whole(name, shape, dtype, device, std, seed)
-                parameter.copy_(whole if index is None else whole[index])
-                del whole
-        return model
+        return random_model(config, dtype, device, std, seed, mesh, SPLIT_LAYOUTS[layout])
+    if layout == "one":
+        return random_model(config, dtype, device, std, seed)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if layout == "one":
-        device_map = {"": device}
-    else:
-        budget = {index: f"{int(torch.cuda.get_device_properties(index).total_memory * 0.85 / 2**30)}GiB"
-                  for index in range(gpus)}  # fmt: skip
-        # "balanced", as from_pretrained(device_map="auto") spreads a model that would fit on fewer GPUs
-        budget = get_balanced_memory(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
-        device_map = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+    budget = {index: f"{int(torch.cuda.get_device_properties(index).total_memory * 0.85 / 2**30)}GiB"
+              for index in range(gpus)}  # fmt: skip
+    # "balanced", as from_pretrained(device_map="auto") spreads a model that would fit on fewer GPUs
+    budget = get_balanced_memory(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+    device_map = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
     placed = dict(device_map)
     with torch.no_grad():
         for name, parameter in list(model.named_parameters()):
@@ -197,34 +171,9 @@ def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str
             target = placed[owner]
             target = f"cuda:{target}" if isinstance(target, int) else target
             set_module_tensor_to_device(
-                model, name, target, value=random_whole(name, tuple(parameter.shape), dtype, target, std, seed)
+                model, name, target, value=random_parameter(name, tuple(parameter.shape), dtype, target, std, seed)
             )
-    model = dispatch_model(model, device_map) if layout == "device_map" else model.to(device)
-    return model.eval()
-
-
-def peaks(devices: list[int]) -> list[float]:
-    import torch
-
-    return [round(torch.cuda.max_memory_allocated(index) / 2**30, 2) for index in devices]
-
-
-def timed(run, devices: list[int], distributed: bool):
-    """``(seconds, [peak GiB per GPU], value)`` of ``run()``, all ranks in step on both sides."""
-    import torch
-
-    for index in devices:
-        torch.cuda.synchronize(index)
-        torch.cuda.reset_peak_memory_stats(index)
-    if distributed:
-        torch.distributed.barrier()
-    start = time.perf_counter()
-    value = run()
-    for index in devices:
-        torch.cuda.synchronize(index)
-    if distributed:
-        torch.distributed.barrier()
-    return time.perf_counter() - start, peaks(devices), value
+    return dispatch_model(model, device_map).eval()
 
 
 def count_forwards(model) -> dict:
@@ -248,7 +197,7 @@ def time_part(run, repeats: int, counts: dict, devices: list[int], distributed: 
     times = []
     for _ in range(repeats):
         counts.update(calls=0, tokens=0)
-        seconds, peak, scores = timed(run, devices, distributed)
+        seconds, peak, scores = timed_on(run, devices, distributed)
         times.append(seconds)
     median = statistics.median(times)
     tokens = sum(int(row.input_ids.shape[0]) for row in scores)
@@ -329,7 +278,7 @@ def profiled(run, devices: list[int], distributed: bool) -> dict:
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if devices else [])
     with profile(activities=activities) as profiler:
-        seconds, _, _ = timed(run, devices, distributed)
+        seconds, _, _ = timed_on(run, devices, distributed)
     return profile_summary(profiler, seconds, bool(devices))
 
 
@@ -421,7 +370,7 @@ def worker(args) -> None:
         record = dict(shape=shape, layout=args.layout, gpus=1 if args.layout == "one" else args.gpus, rank=rank)
         record["warmup"] = args.warmup
         try:
-            seconds, peak, model = timed(
+            seconds, peak, model = timed_on(
                 lambda: build(shape, args.layout, args.gpus, args.init_std, args.seed, device), devices, distributed
             )
             record.update(build_seconds=round(seconds, 2), weights_gib=peak)
@@ -436,12 +385,7 @@ def worker(args) -> None:
             for part, run in runs.items():
                 record[part], scores = time_part(run, args.repeats, counts, devices, distributed)
                 if rank == 0:
-                    arrays = {
-                        f"{kind}_{i}": getattr(row, kind)
-                        for i, row in enumerate(scores)
-                        for kind in ("lp_long", "lp_short")
-                    }
-                    np.savez(os.path.join(args.work, f"{shape}-{args.layout}-{part}.npz"), **arrays)
+                    save_rows(os.path.join(args.work, f"{shape}-{args.layout}-{part}.npz"), scores)
             if args.profile:
                 record["profile"] = profiled(runs["corpus"], devices, distributed)
                 write_json(os.path.join(args.work, f"profile-{shape}-{args.layout}-{rank}.json"), record["profile"])
@@ -464,43 +408,12 @@ def worker(args) -> None:
 
 def compare(work: str, shape: str, layout: str, reference: str) -> dict | None:
     """Rows of ``layout`` against ``reference``'s for ``shape`` (both parts), or ``None`` if either is missing."""
-    from longppl.rules.key_tokens import key_token_mask
-    from longppl.settings import KeyTokenRule
-
-    default_rule = KeyTokenRule()  # alpha = 2, beta = -2
     out = {}
     for part in ("document", "corpus"):
-        paths = [os.path.join(work, f"{shape}-{name}-{part}.npz") for name in (layout, reference)]
-        if not all(os.path.exists(path) for path in paths):
+        found = compare_saved_rows(*(os.path.join(work, f"{shape}-{name}-{part}.npz") for name in (layout, reference)))
+        if found is None:
             return None
-        got, want = (np.load(path, allow_pickle=False) for path in paths)
-        diff, default_same, default_keys, top_same, top_keys = 0.0, True, 0, 0, 0
-        for name in want.files:
-            if name.startswith("lp_long_"):
-                i = name[len("lp_long_") :]
-                long_a, short_a, long_b, short_b = got[name], got[f"lp_short_{i}"], want[name], want[f"lp_short_{i}"]
-                for a, b in ((long_a, long_b), (short_a, short_b)):
-                    both = ~np.isnan(a) & ~np.isnan(b)
-                    diff = max(diff, float(np.abs(a[both] - b[both]).max()) if both.any() else 0.0)
-                mask_a, mask_b = (
-                    key_token_mask(long_a, short_a, default_rule),
-                    key_token_mask(long_b, short_b, default_rule),
-                )
-                default_same &= bool((mask_a == mask_b).all())
-                default_keys += int(mask_b.sum())
-                lsd = long_b - short_b
-                if np.isfinite(lsd).any():
-                    top = KeyTokenRule(alpha=float(np.nanquantile(lsd, 0.95)), use_lcl=False)
-                    top_a, top_b = key_token_mask(long_a, short_a, top), key_token_mask(long_b, short_b, top)
-                    top_same += int((top_a & top_b).sum())
-                    top_keys += int(top_b.sum())
-        out[part] = dict(
-            max_abs_logprob_diff=diff,
-            default_rule_key_tokens=default_keys,
-            default_rule_identical=default_same,
-            top5pct_lsd_tokens=top_keys,
-            top5pct_lsd_shared=top_same,
-        )
+        out[part] = found
     return out
 
 

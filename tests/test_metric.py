@@ -56,7 +56,7 @@ def test_compute_keeps_its_keyword_interface(metric, tmp_path):
     from longppl.metric.options import LongPPLOptions, option_names
 
     module = sys.modules["longppl.metric.compute"]  # what the metric file delegates to
-    assert len(option_names()) == 31 and "predictions" not in option_names()
+    assert len(option_names()) == 32 and "predictions" not in option_names()
     for name in ("predictions",) + option_names():
         assert f"    {name} (" in metric.inputs_description, f"{name} is not documented"
     defaults = {option.name: option.default for option in fields(LongPPLOptions)}

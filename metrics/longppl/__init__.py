@@ -23,7 +23,7 @@ Packages table and the README's Layout name every module (tests/test_repository.
 - floor 2, ``parallel/``: ``tensor_parallel`` (an evaluator split over several GPUs).
 - floor 3, ``models/``, where models come from and which they are: ``sources`` (local path or Hub
   id), ``loading`` (a model and its tokenizer on a device), ``fingerprints`` (which evaluator and
-  text a cache row belongs to).
+  text a cache row belongs to), ``precision`` (an evaluator in bf16 or, through torchao, fp8).
 - floor 3, ``views/``: ``key_token_html`` (the key-token page of ``longppl-visualize`` and the Space).
 - floor 4, ``cache/``: ``key_token_cache`` (an evaluator's scores of a corpus as a
   ``datasets.Dataset``, to evaluate many models at the cost of one perplexity pass each),

@@ -180,6 +180,29 @@ DEFAULT_MAX_TOKENS_PER_BATCH = 32768
 #: weights per-text values as the official evaluation script does, ``"pooled"`` pools all tokens.
 AGGREGATIONS = ("official", "pooled")
 DEFAULT_AGGREGATION = AGGREGATIONS[0]
+#: What the evaluator's Linear layers compute in (``evaluator_precision``, ``longppl score
+#: --evaluator-precision``; ``models.precision``): ``"bf16"``, the evaluator as loaded in its dtype
+#: (bfloat16 on a GPU), the exact reference; ``"fp8"``, the transformer blocks' Linear layers in float8
+#: through torchao (approximate: other key tokens near the thresholds).
+EVALUATOR_PRECISIONS = ("bf16", "fp8")
+DEFAULT_EVALUATOR_PRECISION = EVALUATOR_PRECISIONS[0]
+
+
+def require_precision(name: str, value) -> str:
+    """``value`` if it is one of :data:`EVALUATOR_PRECISIONS`, else ``ValueError`` naming them."""
+    if isinstance(value, str) and value in EVALUATOR_PRECISIONS:
+        return value
+    choices = " or ".join(repr(p) for p in EVALUATOR_PRECISIONS)
+    raise ValueError(f"{name} must be {choices} (bf16: the exact reference), got {value!r}.")
+
+
+def evaluator_compiles(torch_compile, precision: str) -> bool:
+    """Whether the evaluator's transformer blocks run compiled: ``torch_compile`` when given
+    (``True``/``False``), else (``None``) only for an fp8 evaluator, whose dynamic float8 casts
+    compiled into the blocks make it faster than bf16, and slower than bf16 when eager."""
+    if torch_compile is None:
+        return precision == "fp8"
+    return require_bool("torch_compile", torch_compile)
 
 
 def check_token_ids(ids, vocab_size: int | None, role: str, where: str) -> None:

@@ -7,7 +7,10 @@ rank's outputs to ``<out>/split-linear-<rank>.npz``:
 - ``all_reduce``: all-reduced;
 - ``reduce_scatter``: reduce-scattered over the tokens (sequence parallelism), then gathered back
   with ``SplitGroup.gather``; ``local_shape``: the shape this rank held before the gather;
-- ``round_trip``: ``x`` scattered over the tokens and gathered back (``SplitGroup.scatter`` / ``gather``).
+- ``round_trip``: ``x`` scattered over the tokens and gathered back (``SplitGroup.scatter`` / ``gather``);
+- ``subclass_all_reduce``, ``subclass_reduce_scatter``: both again with the row-wise weight held as a
+  tensor subclass that computes through ``F.linear`` only (:class:`LinearOnlyWeight`), as an fp8
+  evaluator's float8 weights do (``longppl.models.precision``: converted after the split).
 
     python split_linear_worker.py <weights.npz> <out>
 """
@@ -20,8 +23,25 @@ import sys
 import numpy as np
 import torch
 from accelerate import PartialState
+from torch.nn import functional as F
 
 from longppl.parallel.tensor_parallel import SplitGroup, group_mesh, split_linear
+
+
+class LinearOnlyWeight(torch.Tensor):
+    """A weight that computes through ``F.linear`` only, as torchao's float8 weights (whose ``mm``
+    with ``out=`` left garbage in the output): a transpose or a matrix product on it is an error
+    here, so a layer that takes that path fails instead of passing by luck."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            plain = [a.as_subclass(torch.Tensor) if isinstance(a, LinearOnlyWeight) else a for a in args]
+            return F.linear(*plain, **kwargs)
+        if func in (torch.Tensor.t, torch.mm, torch.matmul, torch.Tensor.mm, torch.Tensor.matmul):
+            raise RuntimeError(f"LinearOnlyWeight computes through F.linear only, not {func.__name__}")
+        return super().__torch_function__(func, types, args, kwargs)
 
 
 def linear(weight: np.ndarray, bias: np.ndarray) -> torch.nn.Linear:
@@ -52,7 +72,12 @@ def main() -> None:
             outputs["local_shape"] = torch.tensor(local.shape)
             outputs["reduce_scatter"] = split.gather(local, batch, tokens)
             outputs["round_trip"] = split.gather(split.scatter(x), batch, tokens)
-        arrays = {name: value.numpy() for name, value in outputs.items()}
+            weight = down.weight.detach().clone().as_subclass(LinearOnlyWeight)
+            down.weight = torch.nn.Parameter(weight, requires_grad=False)
+            outputs["subclass_reduce_scatter"] = split.gather(down(torch.relu(up(x))), batch, tokens)
+            split.sequence_parallel = False
+            outputs["subclass_all_reduce"] = down(torch.relu(up(x)))
+        arrays = {name: value.as_subclass(torch.Tensor).numpy() for name, value in outputs.items()}
         np.savez(os.path.join(out, f"split-linear-{state.process_index}.npz"), **arrays)
     finally:
         state.destroy_process_group()

@@ -122,6 +122,10 @@ def test_split_layers_with_biases_compute_the_whole_layers(tmp_path):
         np.testing.assert_allclose(got["all_reduce"], expected, atol=1e-4)
         np.testing.assert_allclose(got["reduce_scatter"], expected, atol=1e-4)
         np.testing.assert_array_equal(got["round_trip"], arrays["x"])
+        # The same with the row-wise weight a tensor subclass that computes through F.linear only (an
+        # fp8 evaluator's float8 weights, converted after the split): the 21 tokens padded to 22.
+        np.testing.assert_allclose(got["subclass_all_reduce"], expected, atol=1e-4)
+        np.testing.assert_allclose(got["subclass_reduce_scatter"], expected, atol=1e-4)
         # Each rank held its share of the 3 x 7 tokens, taken flat: ceil(21 / 2) = 11 (rank 1 padded).
         assert got["local_shape"].tolist() == [1, 11, 5]
 

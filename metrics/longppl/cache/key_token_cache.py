@@ -614,9 +614,10 @@ def _evaluator_candidates(query: str, configurations: Sequence[dict]) -> list[di
 
 def _evaluator_label(configuration: dict) -> str:
     """How a message names an evaluator so that ``--evaluator`` takes it back: its stored name and the
-    start of its fingerprint."""
+    start of its fingerprint, then its dtype (one checkpoint's bf16 and fp8 rows share the name)."""
     names = " = ".join(n or "(unnamed)" for n in configuration["evaluator_names"])
-    return f"{names} [{configuration['evaluator_fingerprint'].partition(':')[2][:12]}]"
+    fingerprint = configuration["evaluator_fingerprint"].partition(":")[2][:12]
+    return f"{names} [{fingerprint}] in {configuration['evaluator_dtype']}"
 
 
 class KeyTokenCache:

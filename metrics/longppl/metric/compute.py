@@ -42,6 +42,7 @@ from ..models.loading import (
     merge_dtype_arguments,
     resolve_dtype,
 )
+from ..models.precision import check_precision, to_precision
 from ..models.sources import check_model_source
 from ..rules.key_tokens import key_char_spans
 from ..settings import (
@@ -49,8 +50,10 @@ from ..settings import (
     DEFAULT_MAX_TOKENS_PER_BATCH,
     KeyTokenRule,
     WindowSettings,
+    evaluator_compiles,
     require_bool,
     require_int,
+    require_precision,
     settings_object,
 )
 from .options import LongPPLOptions, options_description
@@ -256,6 +259,28 @@ def _model_sources(o: LongPPLOptions) -> tuple[_ModelSource, _ModelSource]:
     return model, evaluator
 
 
+def _checked_precision(o: LongPPLOptions, evaluator: _ModelSource, device, torch_dtype) -> str:
+    """``evaluator_precision``, checked before anything is loaded: fp8 converts an evaluator this
+    metric loads itself (given by id), on a GPU that has float8 tensor cores (``precision.check_precision``)."""
+    precision = o.evaluator_precision
+    if precision == "bf16":
+        return precision
+    if o.self_evaluation or evaluator.model is not None or evaluator.model_id is None:
+        given = (
+            "self_evaluation=True (the evaluated model is the evaluator)"
+            if o.self_evaluation
+            else "an evaluator object (converting it would change your model in place)"
+            if evaluator.model is not None
+            else "no evaluator (only key_tokens)"
+        )
+        raise ValueError(
+            f"evaluator_precision='{precision}' converts the evaluator this metric loads from evaluator_model_id, "
+            f"but it got {given}: pass evaluator_model_id, or evaluator_precision='bf16'."
+        )
+    where = device or default_device()
+    return check_precision(precision, where, resolve_dtype(torch_dtype, where))
+
+
 @dataclass(frozen=True, eq=False)
 class _Request:
     """The metric's keyword arguments, checked and normalised by :meth:`from_options`.
@@ -278,11 +303,12 @@ class _Request:
     start_token: bool  # add_start_token=True: the evaluated model's BOS id before each text
     device: str | None
     torch_dtype: object  # a str, a torch.dtype or None (merged from torch_dtype and dtype)
+    evaluator_precision: str  # "bf16" or "fp8" (checked against the device, dtype and torchao)
     aggregation: str
     return_key_spans: bool
     return_evaluator_scores: bool
     progress: bool
-    torch_compile: bool
+    torch_compile: bool | None  # None: only an fp8 evaluator (settings.evaluator_compiles)
     progress_callback: ProgressCallback | None
 
     @classmethod
@@ -315,6 +341,9 @@ class _Request:
         )
         torch_dtype = merge_dtype_arguments(o.torch_dtype, o.dtype)
         device = check_device(o.device)
+        require_precision("evaluator_precision", o.evaluator_precision)
+        if o.torch_compile is not None:
+            require_bool("torch_compile", o.torch_compile)
         max_length = None if o.max_length is None else require_int("max_length", o.max_length, minimum=2)
         if o.progress_callback is not None and not callable(o.progress_callback):
             raise ValueError(
@@ -340,6 +369,7 @@ class _Request:
                 "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
                 "cut the texts yourself and leave max_length unset."
             )
+        precision = _checked_precision(o, evaluator, device, torch_dtype)
         if isinstance(o.key_tokens, (str, os.PathLike)):  # before any model is loaded or text scored
             cache_directory(o.key_tokens, "key_tokens", create=evaluator.given)
         return cls(
@@ -357,6 +387,7 @@ class _Request:
             start_token=start_token,
             device=device,
             torch_dtype=torch_dtype,
+            evaluator_precision=precision,
             aggregation=o.aggregation,
             return_key_spans=bool(o.return_key_spans),
             return_evaluator_scores=bool(o.return_evaluator_scores),
@@ -449,7 +480,7 @@ def _run_evaluator(model, tokenizer, texts, request: _Request, *, per_document: 
         per_document=per_document,
         max_tokens_per_batch=request.max_tokens_per_batch,
         progress=request.progress,
-        torch_compile=request.torch_compile,
+        torch_compile=evaluator_compiles(request.torch_compile, request.evaluator_precision),
         progress_callback=request.progress_callback,
     )
 
@@ -459,6 +490,7 @@ def _score_live(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
     evaluator = sources.evaluator
     if evaluator.model is None:
         model, tokenizer = load_causal_lm(evaluator.model_id, request.device, request.torch_dtype)
+        model = to_precision(model, request.evaluator_precision)  # checked before: bf16, or fp8 by id
         scores = _run_evaluator(model, tokenizer, sources.texts, request)
         del model
         _release_memory()
@@ -482,12 +514,15 @@ def _score_from_cache(request: _Request, sources: _Sources, cache: KeyTokenCache
         if identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the weights
             evaluator, tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
     if evaluator is not None and identity is None:
-        identity = ModelIdentity.of_model(evaluator, tokenizer)
+        identity = ModelIdentity.of_model(evaluator, tokenizer)  # the weights as loaded, before any conversion
+    if identity is not None:  # fp8 rows are keyed apart from bf16 rows; bf16 keeps its identity
+        identity = identity.with_precision(request.evaluator_precision)
 
     def score_missing(missing):
         model, model_tokenizer = evaluator, tokenizer
         if model is None:
             model, model_tokenizer = load_causal_lm(evaluator_id, device, torch_dtype)
+        model = to_precision(model, request.evaluator_precision)  # bf16: as it is (an object given stays so)
         return identity, _run_evaluator(model, model_tokenizer, missing, request, per_document=True)
 
     settings = request.evaluator_settings
@@ -516,7 +551,7 @@ def _model_scores(request: _Request, sources: _Sources, evaluator_scores) -> lis
         request.max_tokens_per_batch,
         add_special_tokens=request.add_special_tokens,
         progress=request.progress,
-        torch_compile=request.torch_compile,
+        torch_compile=bool(request.torch_compile),  # unset: the evaluated model runs eagerly
         progress_callback=request.progress_callback,
         encoded=sources.model_encoded,
         start_token=sources.start_token,

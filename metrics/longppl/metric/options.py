@@ -17,6 +17,7 @@ from ..settings import (
     DEFAULT_AGGREGATION,
     DEFAULT_ALPHA,
     DEFAULT_BETA,
+    DEFAULT_EVALUATOR_PRECISION,
     DEFAULT_GAMMA,
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
@@ -42,7 +43,8 @@ class LongPPLOptions:
 
     A field left at ``None`` where the docs give a default (``trunc_len``, ``sliding_window``,
     ``max_tokens_per_batch``, ``add_special_tokens``) was not passed: the metric then applies the
-    default of ``settings``, or, for K and d, a key-token cache's own.
+    default of ``settings``, or, for K and d, a key-token cache's own. ``torch_compile`` left at
+    ``None`` compiles only an fp8 evaluator (``settings.evaluator_compiles``).
     """
 
     model_id: object = _option(
@@ -143,6 +145,11 @@ class LongPPLOptions:
         "`str` or `torch.dtype`",
         "transformers 5's name of `torch_dtype`; pass either (both, with different values, is an error).",
     )
+    evaluator_precision: object = _option(
+        DEFAULT_EVALUATOR_PRECISION,
+        "`str`",
+        '"bf16": the evaluator as loaded (`dtype`, bfloat16 on a GPU), the exact reference. "fp8": the Linear layers of its transformer blocks in float8 (torchao\'s dynamic float8 with per-row scales; `pip install "longppl-hf[fp8]"`), compiled unless `torch_compile=False`: faster, and approximate until its fidelity is measured (tokens near a threshold may flip). Needs `evaluator_model_id` and a CUDA GPU of compute capability 8.9 or newer (L4, H100...); a key-token cache keeps fp8 rows apart from bf16 rows.',
+    )
     aggregation: object = _option(
         DEFAULT_AGGREGATION,
         "`str`",
@@ -170,9 +177,9 @@ class LongPPLOptions:
         "opt-in: put the evaluator's BOS at the head of every short window (the official code does not).",
     )
     torch_compile: object = _option(
-        False,
+        None,
         "`bool`",
-        "compile the models' transformer blocks while scoring (10-20% faster on GPU after a one-off compilation of 10-20 s; worth it for corpora).",
+        "compile the models' transformer blocks while scoring (10-20% faster on GPU after a one-off compilation of 10-20 s; worth it for corpora). Unset: only an fp8 evaluator's (`evaluator_precision=\"fp8\"`); False turns that off too.",
     )
     progress: object = _option(
         True,

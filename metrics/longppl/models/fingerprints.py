@@ -21,7 +21,11 @@
   The tokenizer counts because the stored token ids and offsets are the tokenizer's: the same
   weights with another tokenizer score other tokens.
 
-  Both kinds include the dtype the evaluator computes in. Sampling keeps fingerprinting an 8B model
+  Both kinds include the dtype the evaluator computes in, and, for an evaluator whose Linear layers
+  compute in another precision (``evaluator_precision="fp8"``, ``precision``), that precision
+  (:meth:`ModelIdentity.with_precision`): its rows are keyed apart from the bf16 rows of the same
+  weights, and the bf16 identity is the one computed before precisions existed, so caches written
+  then keep being found. Sampling keeps fingerprinting an 8B model
   at a fraction of a second instead of hashing 16 GB; it detects any change of configuration,
   shape, dtype, fine-tuning or merged adapter (which move every entry of the tensors they touch),
   but not an edit confined to entries between the samples. The same weights given once as a
@@ -165,6 +169,23 @@ class ModelIdentity:
                 return None
             digest.update(f"{name_or_path}@{revision}".encode())
         return cls(str(name_or_path), revision, dtype_name(dtype), "checkpoint:" + digest.hexdigest())
+
+    def with_precision(self, precision: str) -> "ModelIdentity":
+        """This identity for the evaluator computing in ``precision`` (``settings.EVALUATOR_PRECISIONS``).
+
+        ``"bf16"`` (the evaluator as loaded): this identity itself, unchanged, so rows scored before
+        precisions existed keep their key. Any other: the fingerprint of the same kind (``checkpoint:``
+        or ``weights:``) hashed again with the precision, and the dtype ``"<dtype>+<precision>"``
+        (``bfloat16+fp8``, shown by ``longppl cache info``), so such rows are never taken for the
+        bf16 rows of the same weights, nor those for them.
+        """
+        from ..settings import require_precision
+
+        if require_precision("evaluator_precision", precision) == "bf16":
+            return self
+        kind, _, digest = self.fingerprint.partition(":")
+        tagged = hashlib.sha256(f"longppl-precision-v1\0{precision}\0{digest}".encode()).hexdigest()
+        return ModelIdentity(self.name, self.revision, f"{self.dtype}+{precision}", f"{kind}:{tagged}")
 
 
 def _hub_commit(repo_id: str) -> str | None:

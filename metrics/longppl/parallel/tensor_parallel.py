@@ -263,10 +263,18 @@ class RowwiseLinear(nn.Linear):
         if split.sequence_parallel:
             flat = input.reshape(-1, input.shape[-1])
             part = split.part(flat.shape[0])
-            # The product written into a buffer padded to N*p tokens: no copy to pad it afterwards.
-            product = flat.new_empty(split.size * part, self.out_features)
-            torch.mm(flat, self.weight.t(), out=product[: flat.shape[0]])
-            product[flat.shape[0] :].zero_()
+            if type(self.weight) in (torch.Tensor, nn.Parameter):
+                # The product written into a buffer padded to N*p tokens: no copy to pad it afterwards.
+                product = flat.new_empty(split.size * part, self.out_features)
+                torch.mm(flat, self.weight.t(), out=product[: flat.shape[0]])
+                product[flat.shape[0] :].zero_()
+            else:
+                # A weight of a tensor subclass (an fp8 evaluator's float8 weights, models.precision)
+                # computes through F.linear only: its mm with out= writes what the subclass does not
+                # define (garbage in the buffer, with torchao 0.18). The input is padded instead (zero
+                # rows give zero products), a copy only when N does not divide the tokens.
+                padding = split.size * part - flat.shape[0]
+                product = F.linear(F.pad(flat, (0, 0, 0, padding)) if padding else flat, self.weight)
             output = product.new_empty(1, part, self.out_features)
             torch.distributed.reduce_scatter_tensor(output[0], product, group=split.group)
         else:

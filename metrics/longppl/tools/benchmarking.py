@@ -1,6 +1,9 @@
 """What the benchmarks in scripts/ share (``bench_longppl.py``, ``bench_longce.py``, ``bench_multi_gpu.py``,
-``bench_tensor_parallel.py``): the model shapes they build, timing one call with its peak GPU memory,
-and writing their JSON results. The scripts do not import each other; they import this.
+``bench_tensor_parallel.py``, ``bench_fp8.py``): the model shapes they build, random-weight models
+built in place on the GPUs (whole or split by tensor parallelism: a 123B model is never whole
+anywhere), documents cut from a JSONL of texts, timing one call with its peak GPU memory, comparing
+the rows of two runs, and writing their JSON results. The scripts do not import each other; they
+import this.
 
 Light at import (no torch): the benchmarks answer ``--help`` before loading torch.
 """
@@ -39,6 +42,21 @@ LLAMA_SHAPES = {
         tie_word_embeddings=True,
     ),
 }
+
+
+#: ``MistralConfig`` fields of Mistral Large 2 (123B), the paper's largest evaluator class: 246 GB in
+#: bf16, so it runs split over GPUs only (``random_model`` with a mesh).
+MISTRAL_LARGE_2_SHAPE = dict(
+    vocab_size=32768,
+    hidden_size=12288,
+    intermediate_size=28672,
+    num_hidden_layers=88,
+    num_attention_heads=96,
+    num_key_value_heads=8,
+    head_dim=128,
+    sliding_window=None,  # MistralConfig's default (4096) would be an attention window
+    tie_word_embeddings=False,
+)
 
 
 #: ``LlamaConfig`` fields of the tiny random model of the multi-GPU benchmarks' CPU smoke runs (gloo).
@@ -91,3 +109,185 @@ def write_json(path: str, value, indent: int = 1) -> None:
     from longppl.atomic_files import write_file_atomically
 
     write_file_atomically(path, lambda handle: json.dump(value, handle, indent=indent))
+
+
+def byte_documents(path: str, sizes: list[int]) -> list[str]:
+    """Documents of ``sizes[i]`` tokens under a byte-level tokenizer with a BOS (``longce.data
+    .byte_level_tokenizer``: one token per byte, so ``size - 1`` bytes each), cut one after the other
+    from the texts of the JSONL file ``path`` (the CRS reports in tests/data: ASCII almost throughout).
+
+    Raises:
+        ValueError: the file holds fewer bytes than the sizes ask for.
+    """
+    from longppl.tools.corpus import read_jsonl_texts
+
+    corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
+    cuts, start = [], 0
+    for size in sizes:
+        cuts.append(corpus[start : start + size - 1].decode("utf-8", errors="ignore"))
+        start += size - 1
+    if start > len(corpus):
+        raise ValueError(f"{path} holds {len(corpus):,} bytes, fewer than the {start:,} asked for.")
+    return cuts
+
+
+def random_parameter(name: str, shape, dtype, device, std: float, seed: int):
+    """The whole of parameter ``name``: ones for norms, else normal(0, std) from a seed that depends on
+    ``name`` and ``seed`` only, so every layout (one GPU, a split over N, a device map) holds the same
+    values without a checkpoint."""
+    import zlib
+
+    import torch
+
+    if len(shape) == 1 and "norm" in name:
+        return torch.ones(shape, dtype=dtype, device=device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
+
+
+def whole_shape(local_shape, index, size: int) -> tuple[int, ...]:
+    """The whole shape of a parameter whose rank holds ``local_shape`` at ``index`` (``local_slice``'s,
+    over ``size`` ranks): the split dimension times ``size``, the others as they are."""
+    return tuple(n if part == slice(None) else n * size for n, part in zip(local_shape, index))
+
+
+def random_model(config, dtype, device: str, std: float = 0.02, seed: int = 0, mesh=None, sequence_parallel=None,
+                 each_block: Callable | None = None):  # fmt: skip
+    """``config``'s causal LM with :func:`random_parameter` weights on ``device``, in eval mode.
+
+    Built on the meta device; with ``mesh`` (``tensor_parallel.group_mesh``) split there first
+    (``tensor_parallel.shard_model``, ``sequence_parallel`` as it takes it), each rank drawing the whole
+    of a split parameter and keeping its slice (``local_slice``). Weights get memory one parameter at a
+    time, the transformer blocks last, one block after the other: ``each_block(block)`` runs on each
+    block once its weights are drawn (e.g. converting it to fp8), so a rank holds at most its finished
+    blocks and one block in ``dtype``. Buffers (RoPE's ``inv_freq``), computed on the CPU when the
+    model is built, are moved to ``device``; tied embeddings are tied again.
+    """
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from longppl.core.compilation import repeated_blocks
+    from longppl.parallel import tensor_parallel
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    rank, size = 0, 1
+    if mesh is not None:
+        tensor_parallel.shard_model(model, mesh, sequence_parallel)
+        rank, size = mesh.get_local_rank(), mesh.size()
+    blocks = repeated_blocks(model)
+    block_of = {id(p): index for index, block in enumerate(blocks) for p in block.parameters()}
+    # tied parameters once; the blocks' last, in order, so that each block is finished before the next
+    order = sorted(
+        (name for name, _ in model.named_parameters()), key=lambda n: block_of.get(id(model.get_parameter(n)), -1)
+    )
+    last_of_block = {
+        block_of[id(model.get_parameter(name))]: name for name in order if id(model.get_parameter(name)) in block_of
+    }
+    with torch.no_grad():
+        for name in order:
+            block = block_of.get(id(model.get_parameter(name)))
+            index = tensor_parallel.local_slice(model, name, rank) if mesh is not None else None
+            parameter = model.get_parameter(name)
+            shape = tuple(parameter.shape) if index is None else whole_shape(parameter.shape, index, size)
+            value = random_parameter(name, shape, dtype, device, std, seed)
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(
+                value if index is None else value[index].clone(), requires_grad=False
+            )
+            del value
+            if each_block is not None and block is not None and last_of_block[block] == name:
+                each_block(blocks[block])
+    for name, buffer in list(model.named_buffers()):
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = buffer.to(device)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model.eval()
+
+
+def peak_gib(devices: list[int]) -> list[float]:
+    """``torch.cuda.max_memory_allocated`` of each CUDA device index of ``devices``, in GiB."""
+    import torch
+
+    return [round(torch.cuda.max_memory_allocated(index) / 2**30, 2) for index in devices]
+
+
+def timed_on(run: Callable[[], T], devices: list[int], distributed: bool = False) -> tuple[float, list[float], T]:
+    """``(seconds, [peak GiB per device], value)`` of ``run()`` on the CUDA devices ``devices`` (none: the
+    CPU, no peaks): their peaks reset first, and, with ``distributed``, all ranks in step on both sides
+    (a barrier), so a rank's time is the group's."""
+    import torch
+
+    for index in devices:
+        torch.cuda.synchronize(index)
+        torch.cuda.reset_peak_memory_stats(index)
+    if distributed:
+        torch.distributed.barrier()
+    start = time.perf_counter()
+    value = run()
+    for index in devices:
+        torch.cuda.synchronize(index)
+    if distributed:
+        torch.distributed.barrier()
+    return time.perf_counter() - start, peak_gib(devices), value
+
+
+def save_rows(path: str, scores) -> None:
+    """The log-probs of ``scores`` (``EvaluatorScores`` per document) in the ``.npz`` file ``path``, for
+    :func:`compare_saved_rows` to compare runs of other processes."""
+    import numpy as np
+
+    arrays = {f"{kind}_{i}": getattr(row, kind) for i, row in enumerate(scores) for kind in ("lp_long", "lp_short")}
+    np.savez(path, **arrays)
+
+
+def compare_saved_rows(got: str, want: str) -> dict | None:
+    """:func:`compare_rows` of the rows :func:`save_rows` wrote to ``got`` and ``want``; ``None`` when
+    either file is missing (its run failed or was skipped)."""
+    import os
+
+    import numpy as np
+
+    if not (os.path.exists(got) and os.path.exists(want)):
+        return None
+    runs = [np.load(path, allow_pickle=False) for path in (got, want)]
+    documents = [name[len("lp_long_") :] for name in runs[1].files if name.startswith("lp_long_")]
+    return compare_rows(*([(run[f"lp_long_{i}"], run[f"lp_short_{i}"]) for i in documents] for run in runs))
+
+
+def compare_rows(got: list[tuple], want: list[tuple]) -> dict:
+    """Two runs' rows of the same documents, ``[(lp_long, lp_short), ...]`` per document: the largest
+    log-prob difference, whether the default rule's key tokens (alpha 2, beta -2) are identical, and
+    how many of ``want``'s top 5% of tokens by LSD (a threshold at its 95th percentile: a random model
+    has few key tokens at alpha 2, so this set shows how far a perturbation moves a threshold inside
+    the bulk of the distribution) ``got`` puts above that threshold too."""
+    import numpy as np
+
+    from longppl.rules.key_tokens import key_token_mask
+    from longppl.settings import KeyTokenRule
+
+    default_rule = KeyTokenRule()
+    diff, default_same, default_keys, top_same, top_keys = 0.0, True, 0, 0, 0
+    for (long_a, short_a), (long_b, short_b) in zip(got, want):
+        for a, b in ((long_a, long_b), (short_a, short_b)):
+            both = ~np.isnan(a) & ~np.isnan(b)
+            diff = max(diff, float(np.abs(a[both] - b[both]).max()) if both.any() else 0.0)
+        mask_a, mask_b = key_token_mask(long_a, short_a, default_rule), key_token_mask(long_b, short_b, default_rule)
+        default_same &= bool((mask_a == mask_b).all())
+        default_keys += int(mask_b.sum())
+        lsd = long_b - short_b
+        if np.isfinite(lsd).any():
+            top = KeyTokenRule(alpha=float(np.nanquantile(lsd, 0.95)), use_lcl=False)
+            top_a, top_b = key_token_mask(long_a, short_a, top), key_token_mask(long_b, short_b, top)
+            top_same += int((top_a & top_b).sum())
+            top_keys += int(top_b.sum())
+    return dict(
+        max_abs_logprob_diff=diff,
+        default_rule_key_tokens=default_keys,
+        default_rule_identical=default_same,
+        top5pct_lsd_tokens=top_keys,
+        top5pct_lsd_shared=top_same,
+    )

@@ -13,6 +13,9 @@
 
 With ``--tensor-parallel N``, each group of N processes holds one split evaluator and scores one
 share of the corpus (every rank of a group the same documents; the group's first rank writes).
+``--evaluator-precision fp8`` runs the Linear layers of the evaluator's blocks in float8 (torchao, the
+``fp8`` extra; ``longppl.models.precision``), compiled unless ``--no-torch-compile``: faster and
+approximate; its rows are keyed apart from the bf16 rows of the same evaluator.
 
 The corpus is a ``.jsonl`` file, a directory saved with ``datasets``' ``save_to_disk`` or a Hub
 dataset name (``--split``), with the texts in ``--text-column``. Documents already in the cache
@@ -43,9 +46,11 @@ import time
 from longppl.settings import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
+    DEFAULT_EVALUATOR_PRECISION,
     DEFAULT_MAX_TOKENS_PER_BATCH,
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
+    EVALUATOR_PRECISIONS,
 )
 from longppl.tools.cli import run_command, tool_parser
 
@@ -145,7 +150,19 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="tokenize without the evaluator's special tokens (default: with them, as the official code)",
     )
     parser.add_argument(
-        "--torch-compile", action="store_true", help="compile the evaluator's blocks with torch.compile (default: off)"
+        "--evaluator-precision",
+        choices=EVALUATOR_PRECISIONS,
+        default=DEFAULT_EVALUATOR_PRECISION,
+        help="bf16: the evaluator as loaded, the exact reference; fp8: the Linear layers of its blocks in float8 "
+        '(torchao, pip install "longppl-hf[fp8]"; a GPU of compute capability 8.9+), faster and approximate, '
+        "its rows kept apart from bf16 rows in the cache (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--torch-compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the evaluator's blocks with torch.compile (default: on with --evaluator-precision fp8, "
+        "off otherwise)",
     )
     parser.add_argument(
         "--pack-documents",
@@ -307,11 +324,14 @@ def warn_if_another_evaluator(cache, identity, output: str, prog: str) -> None:
     others = [c for c in cache.configurations() if c["evaluator_fingerprint"] != identity.fingerprint]
     if not others or len(others) < len(cache.configurations()):
         return
-    held = ", ".join(dict.fromkeys(n or "(unnamed)" for c in others for n in c["evaluator_names"]))
+    # with the dtype: the same weights in another precision (bfloat16+fp8) are another evaluator
+    held = ", ".join(
+        dict.fromkeys(f"{n or '(unnamed)'} in {c['evaluator_dtype']}" for c in others for n in c["evaluator_names"])
+    )
     print(
         f"{prog}: warning: --output {output} already holds rows of another evaluator ({held}); the rows of "
-        f"{identity.name or 'this evaluator'} are added beside them, and longppl evaluate / visualize will need "
-        "--evaluator to choose (use another --output to keep one evaluator per cache).",
+        f"{identity.name or 'this evaluator'} in {identity.dtype} are added beside them, and longppl evaluate / "
+        "visualize will need --evaluator to choose (use another --output to keep one evaluator per cache).",
         file=sys.stderr,
         flush=True,
     )
@@ -337,10 +357,14 @@ class ScoringJob:
         from longppl.core.scoring import truncate_texts
         from longppl.models.fingerprints import ModelIdentity
         from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
+        from longppl.models.precision import check_precision
         from longppl.tools.corpus import read_documents
 
         self.args, self.device = args, device
-        # Before anything is read or loaded: an output that is not a cache's folder, or cannot be written.
+        # Before anything is read or loaded: a precision this device cannot run, an output that is not a
+        # cache's folder or cannot be written.
+        dtype = resolve_dtype(args.torch_dtype, device)
+        check_precision(args.evaluator_precision, device, dtype, "--evaluator-precision")
         cache_directory(args.output, argument="--output", create=True)
         texts = read_documents(args.corpus, args.text_column, args.split, "--corpus")
         if not texts:
@@ -348,7 +372,7 @@ class ScoringJob:
         datasets.disable_progress_bars()  # shards are small writes; our lines are the progress that counts
         self.tokenizer = load_tokenizer(args.evaluator)
         self.texts = truncate_texts(texts, self.tokenizer, args.max_length)
-        self.identity = ModelIdentity.of_checkpoint(args.evaluator, resolve_dtype(args.torch_dtype, device))
+        self.identity = ModelIdentity.of_checkpoint(args.evaluator, dtype)
         self.evaluator = None
         if self.identity is None and args.tensor_parallel > 1:
             raise ValueError(
@@ -358,7 +382,9 @@ class ScoringJob:
             )
         if self.identity is None:  # a Hub id that cannot be resolved to a commit: fingerprint the loaded weights
             self.evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
-            self.identity = ModelIdentity.of_model(self.evaluator, self.tokenizer)
+            self.identity = ModelIdentity.of_model(self.evaluator, self.tokenizer)  # bf16 weights, as loaded
+        # fp8 rows are keyed apart from bf16 rows of the same weights; bf16 keeps its identity
+        self.identity = self.identity.with_precision(args.evaluator_precision)
         self.first = {}
         for index, text in enumerate(self.texts):
             self.first.setdefault(text, index)
@@ -382,12 +408,16 @@ class ScoringJob:
         from longppl.cache.key_token_cache import append_rows, key_token_rows
         from longppl.core.scoring import score_context_ladder
         from longppl.models.loading import load_model
+        from longppl.models.precision import to_precision
+        from longppl.settings import evaluator_compiles
 
         args = self.args
         if not texts:
             return
         if self.evaluator is None:
             self.evaluator = load_model(args.evaluator, self.device, args.torch_dtype, args.tensor_parallel)
+        # After the tensor-parallel split (each rank converts its shards) and the fingerprint; once.
+        self.evaluator = to_precision(self.evaluator, args.evaluator_precision)
 
         def score(block: list[str]) -> list[tuple]:  # per document, its scores under each K of the ladder
             rungs = score_context_ladder(
@@ -397,7 +427,7 @@ class ScoringJob:
                 args.ladder,
                 max_tokens_per_batch=args.max_tokens_per_batch,
                 progress=False,
-                torch_compile=args.torch_compile,
+                torch_compile=evaluator_compiles(args.torch_compile, args.evaluator_precision),
                 per_document=True,
                 pack_documents=args.pack_documents,
                 text_names=[f"document {self.first[text]} of --corpus (counted from 0)" for text in block],
