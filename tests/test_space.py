@@ -809,7 +809,10 @@ def test_space_requirements(repo_root):
     for module in sorted(top_level - ours):
         assert {d.lower() for d in distributions[module]} & names, f"{module} is imported but not in install_requires"
     for module in sorted(in_functions - top_level - ours):
-        assert {d.lower() for d in distributions[module]} & (names | extras), f"{module} is in no requirement or extra"
+        # an optional library need not be installed here (torchao, the fp8 extra's): then its module name
+        # is its distribution's
+        found = distributions.get(module, [module])
+        assert normal(found) & normal(names | extras), f"{module} is in no requirement or extra"
 
 
 def test_gradio_is_the_space_extra(repo_root):
