@@ -370,6 +370,25 @@ def write_two_hop_cases(config: Population, run: RunFolder, tokenizer) -> str:
     )
 
 
+def write_passage_recall_cases(
+    config: Population, run: RunFolder, tokenizer, length: int, beyond: int | None = None
+) -> str:
+    """Passage-recall cases (``passage_recall``) in the validation books, their context ``length``
+    tokens (the cue included; the scored tokens follow), the span more than ``beyond`` tokens
+    (default ``evaluation.beyond``) before the cue -> ``data/cases/passage_recall.jsonl``, which
+    :func:`read_benchmark_cases` then reads. No stage writes it: a pipeline that measures the task
+    calls this."""
+    from . import passage_recall
+
+    evaluation = config.evaluation
+    beyond = evaluation.beyond if beyond is None else beyond
+    cases = passage_recall.passage_recall_cases(
+        book_ids(tokenizer, validation_books(config)), length, beyond, evaluation.cases, config.seed + 3
+    )
+    passage_recall.write_passage_recall_cases(run.path("data", "cases", "passage_recall.jsonl"), cases)
+    return f"data: {len(cases)} passage-recall cases of {length} tokens, the span beyond {beyond}"
+
+
 def write_answer_token_cases(config: Population, run: RunFolder, tokenizer) -> str:
     """The answer-token (Figure 5(b)) cases: the asked line beyond the primary short window."""
     from . import lines
@@ -482,8 +501,10 @@ def read_cases(run: RunFolder, name: str):
 def read_benchmark_cases(config: Population, run: RunFolder, with_needle: bool = True) -> dict:
     """The test cases of every benchmark a model is scored on, read once: ``{"lines": {length:
     cases}}`` (asked line beyond K), ``"gate"`` (B's gate length, asked line anywhere) and, unless
-    ``with_needle`` is false (an accuracy curve needs only the lines), ``"needle"``."""
-    from . import needle
+    ``with_needle`` is false (an accuracy curve needs only the lines), ``"needle"``, ``"two_hop"``
+    when configured and ``"passage_recall"`` when its file was written
+    (:func:`write_passage_recall_cases`)."""
+    from . import needle, passage_recall
 
     cases = {
         "lines": {n: read_cases(run, f"lines-{n}.jsonl") for n in config.evaluation.lines_lengths},
@@ -493,14 +514,18 @@ def read_benchmark_cases(config: Population, run: RunFolder, with_needle: bool =
         cases["needle"] = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
         if config.evaluation.two_hop_length:
             cases["two_hop"] = read_cases(run, "two_hop.jsonl")
+        if run.has("data", "cases", "passage_recall.jsonl"):
+            path = run.path("data", "cases", "passage_recall.jsonl")
+            cases["passage_recall"] = passage_recall.read_passage_recall_cases(path)
     return cases
 
 
 def benchmark_results(model, tokenizer, cases: dict, config: Population) -> dict:
     """A model's benchmarks on ``cases`` (:func:`read_benchmark_cases`), each keeping its outputs:
     ``"lines"`` per length, ``"acc512"`` (the gate's cases), ``"needle"``, and ``"log_likelihood"``
-    of the answer digits per lines length (one value per case)."""
-    from . import lines, needle
+    of the answer digits per lines length (one value per case); ``"two_hop"`` and
+    ``"passage_recall"`` (:func:`passage_recall.passage_recall_accuracy`) where ``cases`` holds them."""
+    from . import lines, needle, passage_recall
 
     batch_size = config.evaluation.batch_size
     found = {
@@ -514,6 +539,8 @@ def benchmark_results(model, tokenizer, cases: dict, config: Population) -> dict
     }
     if "two_hop" in cases:  # scored like lines: the last number of the output is the named line's
         found["two_hop"] = lines_result(model, tokenizer, cases["two_hop"], config)
+    if "passage_recall" in cases:
+        found["passage_recall"] = passage_recall.passage_recall_accuracy(model, cases["passage_recall"], batch_size)
     return found
 
 
