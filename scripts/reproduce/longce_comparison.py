@@ -45,6 +45,20 @@ stage skips what its files say is done):
 - ``report``: ``results.json`` (every run and seed, mean and standard deviation per method, the
   paired difference of each method against ``ce`` across seeds with its t interval, the void rule,
   the verdict), ``report.md``, ``figures/accuracy_vs_steps-<extension>.png``.
+
+Several starting points (``settings:``, docs/reproduction.md "LongCE beyond one setting"): each
+setting names its start model (B, an evaluator, or a model of ``pretrained:``, trained here by the
+population's stages), its extension, its fine-tuning length L, its start length, its primary lengths
+and its outside evaluator. ``start`` writes each length's pool of distinct book windows
+(``data/finetune-<L>.jsonl``, and ``-fresh`` for ``ce-fresh``) and the settings' cases;
+``extend`` makes ``models/extended/<setting>/``; ``cache`` the datasets the runs read (``frozen``:
+the extended start model's own cached weights; ``cache``: the outside evaluator's) and, with
+method ``start`` selected, the evaluators' alpha and validation caches; ``finetune`` trains
+``<setting>-<method>-s<seed>`` in a seed's order of the pool (``ce-fresh`` goes on with fresh rows
+for ``fresh_factor`` times the steps); ``evaluate`` scores every run and each start model
+(``<setting>-start``). ``--settings``, ``--seeds``, ``--methods`` and ``--models`` pick what a call
+does, so several processes share a GPU; there are no reruns, and the report gives per-setting
+tables (the plan's pooled statistics are not here yet).
 """
 
 from __future__ import annotations
@@ -587,16 +601,20 @@ def start_cases_name(length: int) -> str:
     return f"gate-{length}.jsonl"
 
 
-def settings_data_jobs(config: Comparison, pop: Population, run: RunFolder, settings: list[Setting]) -> list[tuple]:
-    """The files of ``settings`` (and of ``pretrained``) still to write, as ``(kind, *arguments)``,
-    each independent and written atomically (``settings_data_job``)."""
+def settings_data_jobs(
+    config: Comparison, pop: Population, run: RunFolder, settings: list[Setting], models=None
+) -> list[tuple]:
+    """The files of ``settings`` (and of the ``pretrained`` models they use, or ``models``) still to
+    write, as ``(kind, *arguments)``, each independent and written atomically (``settings_data_job``)."""
     jobs, has = [], lambda *parts: run.has("data", *parts)
-    for spec in config.pretrained:
+    used = set(models or ()) | {name for s in settings for name in (s.start, s.evaluator)}
+    pretrained = [spec for spec in config.pretrained if spec.name in used]
+    for spec in pretrained:
         for kind in spec.mix.task_shares():
             if not has("pools", stages.pool_name(kind, spec.training.seq_len, spec.mix.asked_within)):
                 jobs.append(("pool", kind, spec.training.seq_len, spec.mix.asked_within))
     starts, lengths = {spec.gate.length for spec in stages.gate_specs(pop)}, set()
-    for spec in config.pretrained:
+    for spec in pretrained:
         if spec.gate.length not in starts | lengths and not has("cases", start_cases_name(spec.gate.length)):
             jobs.append(("gate", spec.gate.length, spec.gate.cases))
         lengths.add(spec.gate.length)
@@ -619,7 +637,9 @@ def settings_data_jobs(config: Comparison, pop: Population, run: RunFolder, sett
             jobs.append(("validation", length))
         if config.recall_cases and not has("cases", f"recall-{length}.jsonl"):
             jobs.append(("recall", length))
-    return list(dict.fromkeys(jobs))  # settings of one length share their files
+    # the fine-tuning pools last: they read the task-document pools of the jobs above
+    pools = [("finetune", s.seq_len) for s in settings if not pools_written(config, run, s.seq_len)]
+    return list(dict.fromkeys(jobs)), list(dict.fromkeys(pools))  # settings of one length share their files
 
 
 def settings_data_job(configs: tuple, root: str, job: tuple) -> str:
@@ -646,8 +666,11 @@ def settings_data_job(configs: tuple, root: str, job: tuple) -> str:
         return stages.write_lines_cases_beyond(pop, run, tokenizer, *arguments)
     if kind == "needle":
         return stages.write_needle_cases(pop, run, tokenizer, arguments[0])
-    validation_ids = stages.book_ids(tokenizer, stages.validation_books(pop))
     (length,) = arguments
+    if kind == "finetune":
+        write_setting_pools(config, pop, run, length)
+        return f"data: the fine-tuning pools of {length} tokens"
+    validation_ids = stages.book_ids(tokenizer, stages.validation_books(pop))
     if kind == "validation":
         data = pop.data
         count = max(1, data.validation_documents * data.length // length)  # the population's tokens
@@ -714,9 +737,9 @@ def write_setting_pools(config: Comparison, pop: Population, run: RunFolder, len
     (:func:`distinct_pool`), 5%-style task documents each used once."""
     import numpy as np
 
-    main, fresh = pool_names(length)
-    if run.has("data", f"{main}.jsonl") and (not fresh_extends(config) or run.has("data", f"{fresh}.jsonl")):
+    if pools_written(config, run, length):
         return
+    main, fresh = pool_names(length)
     tuning = config.finetune
     training = setting_training(config, length)
     per, steps = per_step(training), training.steps
@@ -746,6 +769,11 @@ def write_setting_pools(config: Comparison, pop: Population, run: RunFolder, len
     run.log(f"start: {steps * per} fine-tuning sequences of at most {length} tokens")
 
 
+def pools_written(config: Comparison, run: RunFolder, length: int) -> bool:
+    main, fresh = pool_names(length)
+    return run.has("data", f"{main}.jsonl") and (not fresh_extends(config) or run.has("data", f"{fresh}.jsonl"))
+
+
 def setting_training(config: Comparison, length: int) -> Training:
     """The fine-tuning of a setting at ``length`` tokens: the config's, at that sequence length
     (``batch_tokens`` per step, so ``batch_tokens // length`` sequences)."""
@@ -759,9 +787,9 @@ def start_settings(config: Comparison, pop: Population, run: RunFolder, selectio
     stages.stage_tokenizer(pop, run)
     stages.stage_data(pop, run)
     settings = chosen_settings(config, selection.settings)
-    stages.run_data_jobs((config, pop), run, settings_data_jobs(config, pop, run, settings), worker=settings_data_job)
-    for length in dict.fromkeys(s.seq_len for s in settings):
-        write_setting_pools(config, pop, run, length)
+    files, pools = settings_data_jobs(config, pop, run, settings, selection.models)
+    stages.run_data_jobs((config, pop), run, files, worker=settings_data_job)
+    stages.run_data_jobs((config, pop), run, pools, worker=settings_data_job)
     specs = model_specs(config, pop)
     wanted = selection.models
     if wanted is None:
@@ -1316,7 +1344,7 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
     """Every benchmark, PPL and LongPPL of each trained run in ``selected`` -> ``eval/finetuned/<run>.json``."""
     from .family import is_trained
 
-    evaluation, window = pop.evaluation, config.scoring.window
+    window = config.scoring.window
     pending = [arm for arm in selected if not run.has("eval", "finetuned", f"{arm.name}.json")]
     if not pending:
         return
@@ -1338,21 +1366,35 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
         record = {"run": arm.name, "method": arm.method, "seed": arm.seed, "rerun": arm.rerun}
         # every benchmark keeps its outputs (what the model answered), as the population's records do
         record.update(stages.benchmark_results(model, tokenizer, cases, pop))
-        scores = stages.longppl_of(
-            model, tokenizer, {"scored": column}, caches, config.finetune.gamma, evaluation.max_tokens_per_batch
-        )["scored"]
-        record["ppl"] = scores["ppl"]
-        record["longppl"] = scores["longppl"] if evaluator else None
-        record["longppl_evaluator"] = evaluator
-        record["alpha"], record["beta"] = alpha, config.scoring.beta
-        record["key_tokens"] = scores["key_tokens"] if evaluator else None
-        record["seconds"] = time.perf_counter() - start
-        run.write_json(record, "eval", "finetuned", f"{arm.name}.json")
-        run.add_seconds("evaluate", arm.name, record["seconds"])
-        mean = sum(v["accuracy"] for v in record["lines"].values()) / len(record["lines"])
+        finish_evaluation(config, pop, run, arm, (model, tokenizer), record, (column, caches, evaluator), start)
         run.log(
-            f"evaluate: {arm.name} primary accuracy {mean:.3f}, acc512 {record['acc512']['accuracy']:.3f}, PPL {record['ppl']:.2f}"
+            f"evaluate: {arm.name} primary accuracy {primary_mean(record):.3f}, "
+            f"acc512 {record['acc512']['accuracy']:.3f}, PPL {record['ppl']:.2f}"
         )
+
+
+def primary_mean(record: dict) -> float:
+    return sum(v["accuracy"] for v in record["lines"].values()) / len(record["lines"])
+
+
+def finish_evaluation(
+    config, pop, run: RunFolder, arm: Arm, loaded: tuple, record: dict, scoring: tuple, start
+) -> None:
+    """PPL and LongPPL of the model in ``loaded`` (``(model, tokenizer)``) on the cache of ``scoring``
+    (``(column, caches, evaluator)``; LongPPL only when ``evaluator`` is not ``None``) into ``record``,
+    then the record written to ``eval/finetuned/<run>.json`` with its seconds since ``start``."""
+    (model, tokenizer), (column, caches, evaluator) = loaded, scoring
+    scores = stages.longppl_of(
+        model, tokenizer, {"scored": column}, caches, config.finetune.gamma, pop.evaluation.max_tokens_per_batch
+    )["scored"]
+    record["ppl"] = scores["ppl"]
+    record["longppl"] = scores["longppl"] if evaluator else None
+    record["longppl_evaluator"] = evaluator
+    record["alpha"], record["beta"] = column["alpha"], column["beta"]
+    record["key_tokens"] = scores["key_tokens"] if evaluator else None
+    record["seconds"] = time.perf_counter() - start
+    run.write_json(record, "eval", "finetuned", f"{arm.name}.json")
+    run.add_seconds("evaluate", arm.name, record["seconds"])
 
 
 def setting_alpha(config: Comparison, pop: Population, run: RunFolder, setting: Setting) -> float:
@@ -1446,20 +1488,10 @@ def evaluate_setting_arms(config: Comparison, pop: Population, run: RunFolder, s
             record["recall"] = passage_recall.passage_recall_accuracy(
                 model, cases["recall"], pop.evaluation.batch_size, device=device
             )
-        scores = stages.longppl_of(
-            model, tokenizer, {"scored": column}, caches, config.finetune.gamma, pop.evaluation.max_tokens_per_batch
-        )["scored"]
-        record["ppl"] = scores["ppl"]
-        record["longppl"] = scores["longppl"] if scored else None
-        record["longppl_evaluator"] = setting.evaluator if scored else None
-        record["alpha"], record["beta"] = alpha, config.scoring.beta
-        record["key_tokens"] = scores["key_tokens"] if scored else None
-        record["seconds"] = time.perf_counter() - start
-        run.write_json(record, "eval", "finetuned", f"{arm.name}.json")
-        run.add_seconds("evaluate", arm.name, record["seconds"])
-        mean = sum(v["accuracy"] for v in record["lines"].values()) / len(record["lines"])
+        evaluator = setting.evaluator if scored else None
+        finish_evaluation(config, pop, run, arm, (model, tokenizer), record, (column, caches, evaluator), start)
         run.log(
-            f"evaluate: {arm.name} primary accuracy {mean:.3f}, at {setting.start_length} "
+            f"evaluate: {arm.name} primary accuracy {primary_mean(record):.3f}, at {setting.start_length} "
             f"{record['acc_start']['accuracy']:.3f}, PPL {record['ppl']:.2f}"
         )
 
