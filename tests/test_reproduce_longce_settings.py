@@ -89,8 +89,8 @@ def test_the_frozen_weights_are_the_start_models_own_self_weights(smoke):
     """frozen's weights (the extended start model's key-token cache of the pool, scored once) equal the
     weights LongCETrainer computes with longce_weights='self' on the same model and text."""
     from longce import LongCEConfig, LongCETrainer
-    from longppl.core.logprobs import resolve_lm_head
     from longce.weighted_loss import lsd_weights
+    from longppl.core.logprobs import resolve_lm_head
 
     out, config, pop = smoke["out"], smoke["config"], smoke["pop"]
     run = RunFolder(str(out), log=lambda *_: None)
@@ -200,11 +200,13 @@ def test_selection_picks_settings_seeds_and_methods():
         (["--models", "E9"], "--models names ['E9']; choose from B, E1, B2, E2048."),
     ],
 )
-def test_a_bad_selection_is_one_error_line(flags, message, tmp_path, capsys):
+def test_a_bad_selection_is_one_error_line(flags, message, tmp_path):
     argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(tmp_path / "run"), "--stages", "report", *flags]
-    assert comparison.cli(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_:
+        comparison.cli(argv)
+    text = str(exit_.value.code)
+    assert message in text and ": error: " in text and "\n" not in text
+    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 @pytest.mark.slow
@@ -257,3 +259,41 @@ def test_the_h100x4_config_is_the_plan():
     assert e2048.shape == comparison.dataclasses.replace(e1.shape, max_position_embeddings=2048)
     assert e2048.training == comparison.dataclasses.replace(e1.training, seq_len=2048)
     assert (e2048.gate.length, e2048.gate.min_accuracy, e2048.training.batch_tokens) == (2048, 0.7, 32768)
+
+
+def _settings(**changes):
+    """The smoke config's settings, the first one changed by ``changes``."""
+    import yaml
+
+    with open(SMOKE, encoding="utf-8") as handle:
+        settings = yaml.safe_load(handle)["settings"]
+    return [{**settings[0], **changes}, *settings[1:]]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"settings": _settings(start="B9")},
+            r"settings\[0\]\.start = 'B9': no such model; choose from B, E1, B2, E2048",
+        ),
+        ({"settings": _settings(evaluator="B")}, r"settings\[0\]\.evaluator = 'B': must not be the start model"),
+        ({"settings": _settings(evaluator="B2")}, r"settings\[0\]\.evaluator = 'B2': reads fewer than seq_len 1024"),
+        (
+            {"settings": _settings(lines_lengths=[640, 1020])},
+            r"settings\[0\]\.lines_lengths = \[640, 1020\]: must leave",
+        ),
+        ({"settings": _settings(start_length=1024)}, r"settings\[0\]\.start_length = 1024: must be below seq_len"),
+        ({"rerun.when": "void"}, r"rerun\.when = 'void': a config with settings has no reruns"),
+        ({"extensions": [{"name": "y", "method": "yarn", "factor": 2}]}, r"extensions .*or settings, not both"),
+        ({"finetune.fresh_factor": 0.5}, r"finetune\.fresh_factor = 0\.5: must be >= 1"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key_and_value(tmp_path, changes, message):
+    from helpers import edited_config
+
+    path = edited_config(
+        SMOKE, tmp_path, **{"population": os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml"), **changes}
+    )
+    with pytest.raises(ValueError, match=message):
+        comparison.read_comparison(path, corpus=DATA)

@@ -238,8 +238,10 @@ class Comparison:
     recall_margin: int = checked(positive, default=32)
 
     def problems(self):
-        if bool(self.extensions) == bool(self.settings):
-            yield "extensions", "give either extensions (of B, the second attempt's form) or settings, not both"
+        if not self.extensions and not self.settings:
+            yield "extensions", "must list at least one extension of B (or give settings)"
+        if self.extensions and self.settings:
+            yield "extensions", "give extensions of B (the second attempt's form) or settings, not both"
         names = [e.name for e in self.extensions] + [s.name for s in self.settings]
         if len(set(names)) != len(names):
             yield "extensions", "names must be distinct (they name folders)"

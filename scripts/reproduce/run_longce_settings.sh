@@ -36,6 +36,10 @@ fi
 PHASE=$1 RUN=$2 BOOKS=$3 OUT=$4
 CONFIG=${5:-configs/reproduce/longce_settings_h100x4.yaml}
 PYTHON=${PYTHON:-python3}  # the device's python3 holds PyTorch
+# the models of the pretraining phases, one GPU each (the config's names; the smoke config's differ)
+MODELS_AB=${MODELS_AB:-B B256 E1}
+MODELS_C=${MODELS_C:-E1 E2048}
+SEEDS=${SEEDS:-0 1 2 3}  # one GPU per seed, in order
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 LOGS=$RUN/logs/$PHASE-$(date +%s)
 mkdir -p "$OUT" "$LOGS"
@@ -62,17 +66,13 @@ train_setting() {  # train_setting SETTING: 20 runs, 8 processes (2 per GPU)
     # Cost in CE runs: self and ce-fresh ~3.3 each, ce, cache and frozen 1 each (9.6 a seed). Each
     # GPU takes one seed: one process self + ce + frozen (5.3), the other ce-fresh + cache (4.3)
     # and, on GPU 0, the start model's evaluation.
-    local setting=$1 seed
-    for seed in 0 1 2 3; do
-        on_gpu "$seed" "$setting-s$seed-self" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
+    local setting=$1 seed gpu=0 start=,start
+    for seed in $SEEDS; do
+        on_gpu "$gpu" "$setting-s$seed-self" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
             --methods self,ce,frozen
-        if [ "$seed" = 0 ]; then
-            on_gpu "$seed" "$setting-s$seed-fresh" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
-                --methods ce-fresh,cache,start
-        else
-            on_gpu "$seed" "$setting-s$seed-fresh" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
-                --methods ce-fresh,cache
-        fi
+        on_gpu "$gpu" "$setting-s$seed-fresh" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
+            --methods "ce-fresh,cache$start"
+        gpu=$((gpu + 1)) start=
     done
     wait_all
 }
@@ -83,9 +83,11 @@ prep)
     "$PYTHON" "${C[@]}" --stages start --settings a,b --models none > "$LOGS/prep.log" 2>&1 || FAILED=1
     ;;
 models)
-    on_gpu 0 B --stages start --settings a,b --models B
-    on_gpu 1 B256 --stages start --settings a,b --models B256
-    on_gpu 2 E1 --stages start --settings a,b --models E1
+    gpu=0
+    for model in $MODELS_AB; do
+        on_gpu "$gpu" "$model" --stages start --settings a,b --models "$model"
+        gpu=$((gpu + 1))
+    done
     wait_all
     ;;
 caches)
@@ -103,8 +105,11 @@ prep-c)
     "$PYTHON" "${C[@]}" --stages start --settings c --models none > "$LOGS/prep.log" 2>&1 || FAILED=1
     ;;
 models-c)
-    on_gpu 0 E1 --stages start --settings c --models E1
-    on_gpu 1 E2048 --stages start --settings c --models E2048
+    gpu=0
+    for model in $MODELS_C; do
+        on_gpu "$gpu" "$model" --stages start --settings c --models "$model"
+        gpu=$((gpu + 1))
+    done
     wait_all
     ;;
 caches-c)
