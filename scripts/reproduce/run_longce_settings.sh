@@ -36,8 +36,9 @@ fi
 PHASE=$1 RUN=$2 BOOKS=$3 OUT=$4
 CONFIG=${5:-configs/reproduce/longce_settings_h100x4.yaml}
 PYTHON=${PYTHON:-python3}  # the device's python3 holds PyTorch
-# the models of the pretraining phases, one GPU each (the config's names; the smoke config's differ)
-MODELS_AB=${MODELS_AB:-B B256 E1}
+# the models of the pretraining phases, one GPU each (the config's names; the smoke config's differ),
+# each as MODEL:SETTING, the setting whose files it needs
+MODELS_AB=${MODELS_AB:-B:a B256:b E1:a}
 MODELS_C=${MODELS_C:-E1 E2048}
 SEEDS=${SEEDS:-0 1 2 3}  # one GPU per seed, in order
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
@@ -80,12 +81,15 @@ train_setting() {  # train_setting SETTING: 20 runs, 8 processes (2 per GPU)
 echo "[$(date -u +%T)] phase $PHASE"
 case $PHASE in
 prep)
-    "$PYTHON" "${C[@]}" --stages start --settings a,b --models none > "$LOGS/prep.log" 2>&1 || FAILED=1
+    # a first, then b: b's 256-token files (B256's task documents, its gate cases) cannot stop a's
+    "$PYTHON" "${C[@]}" --stages start --settings a --models none > "$LOGS/prep-a.log" 2>&1 || FAILED=1
+    "$PYTHON" "${C[@]}" --stages start --settings b --models none > "$LOGS/prep-b.log" 2>&1 || FAILED=1
     ;;
 models)
+    # each model with the setting whose files it needs (B256: b's, the others a's)
     gpu=0
-    for model in $MODELS_AB; do
-        on_gpu "$gpu" "$model" --stages start --settings a,b --models "$model"
+    for item in $MODELS_AB; do
+        on_gpu "$gpu" "${item%%:*}" --stages start --settings "${item##*:}" --models "${item%%:*}"
         gpu=$((gpu + 1))
     done
     wait_all
