@@ -255,6 +255,7 @@ def test_the_h100x4_config_is_the_plan():
     assert b256.shape == comparison.dataclasses.replace(pop.base.shape, max_position_embeddings=256)
     assert b256.training == comparison.dataclasses.replace(pop.base.training, seq_len=256)
     assert (b256.gate.length, b256.gate.min_accuracy) == (256, 0.7) and b256.mix == pop.base.mix
+    assert (b256.seed, e2048.seed) == (pop.base.seed, pop.evaluators[0].seed)
     e1 = pop.evaluators[0]
     assert e2048.shape == comparison.dataclasses.replace(e1.shape, max_position_embeddings=2048)
     assert e2048.training == comparison.dataclasses.replace(e1.training, seq_len=2048)
