@@ -45,6 +45,20 @@ stage skips what its files say is done):
 - ``report``: ``results.json`` (every run and seed, mean and standard deviation per method, the
   paired difference of each method against ``ce`` across seeds with its t interval, the void rule,
   the verdict), ``report.md``, ``figures/accuracy_vs_steps-<extension>.png``.
+
+Several starting points (``settings:``, docs/reproduction.md "LongCE beyond one setting"): each
+setting names its start model (B, an evaluator, or a model of ``pretrained:``, trained here by the
+population's stages), its extension, its fine-tuning length L, its start length, its primary lengths
+and its outside evaluator. ``start`` writes each length's pool of distinct book windows
+(``data/finetune-<L>.jsonl``, and ``-fresh`` for ``ce-fresh``) and the settings' cases;
+``extend`` makes ``models/extended/<setting>/``; ``cache`` the datasets the runs read (``frozen``:
+the extended start model's own cached weights; ``cache``: the outside evaluator's) and, with
+method ``start`` selected, the evaluators' alpha and validation caches; ``finetune`` trains
+``<setting>-<method>-s<seed>`` in a seed's order of the pool (``ce-fresh`` goes on with fresh rows
+for ``fresh_factor`` times the steps); ``evaluate`` scores every run and each start model
+(``<setting>-start``). ``--settings``, ``--seeds``, ``--methods`` and ``--models`` pick what a call
+does, so several processes share a GPU; there are no reruns, and the report gives per-setting
+tables (the plan's pooled statistics are not here yet).
 """
 
 from __future__ import annotations
@@ -66,10 +80,12 @@ from .config import (
     Extension,
     Mix,
     Population,
+    Pretrained,
     Training,
     Window,
     checked,
     each,
+    folder_name,
     non_negative,
     positive,
     read_config,
@@ -85,9 +101,13 @@ METHODS = {
     "ce": {"longce_plain_ce": True},
     "self": {"longce_weights": "self"},
     "cache": {"longce_weights": "cache"},
+    "frozen": {"longce_weights": "cache"},  # the start model's own weights, scored once before fine-tuning
+    "ce-fresh": {"longce_plain_ce": True},  # CE for fresh_factor x the steps, no sequence seen twice
     "ce-wallclock": {"longce_plain_ce": True},
 }
-Method = Literal["ce", "self", "cache", "ce-wallclock"]
+Method = Literal["ce", "self", "cache", "frozen", "ce-fresh", "ce-wallclock"]
+#: The pseudo-method of ``--methods`` that selects a setting's start model (its evaluation at step 0).
+START = "start"
 
 
 # ------------------------------------------------------------------ config
@@ -107,6 +127,8 @@ class Finetuning:
     window: Window
     gamma: float = checked(positive, default=5.0)
     curve_cases: int | None = checked(positive, default=None)
+    # ce-fresh: CE for round(fresh_factor x steps) steps, its first `steps` on ce's sequences
+    fresh_factor: float = checked(positive, default=3.3)
 
     def problems(self):
         if self.training.steps == 0:
@@ -115,6 +137,8 @@ class Finetuning:
             yield "methods", f"must list each of {list(METHODS)} at most once, at least one"
         if "ce-wallclock" in self.methods and not {"ce", "self"} <= set(self.methods):
             yield "methods", "ce-wallclock needs ce and self (its steps come from their step-time ratio)"
+        if "ce-fresh" in self.methods and self.fresh_factor < 1:
+            yield "fresh_factor", "must be >= 1 (ce-fresh's first steps are ce's)"
         if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
             yield "seeds", "must list at least 2 distinct seeds (the paired t interval needs 2)"
         if not self.eval_steps or list(self.eval_steps) != sorted(set(self.eval_steps)):
@@ -154,6 +178,37 @@ class Rerun:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """One starting point of the comparison: the model ``start`` (B, an evaluator of the population
+    or one of the comparison's ``pretrained`` models) extended by ``extension`` and fine-tuned at
+    ``seq_len`` tokens (L; ``finetune.training.batch_tokens`` per step, so L sets the sequences per
+    step); accuracy at ``start_length`` (the gate cases of that length: does the short task survive),
+    the primary benchmark at ``lines_lengths`` (asked line beyond K), LongPPL under ``evaluator``.
+    ``beyond_start``: also the primary benchmark with the asked line beyond ``start_length`` (the
+    start model's own context). A config without ``settings`` has one implicit setting per extension
+    (B, the population's lengths, E1): the second attempt's runs, named and stored as they were."""
+
+    name: str = checked(folder_name)
+    start: str = checked(folder_name)
+    extension: Extension
+    seq_len: int = checked(positive)
+    start_length: int = checked(positive)
+    lines_lengths: tuple[int, ...] = checked(each(positive))
+    evaluator: str = checked(folder_name)
+    beyond_start: bool = False
+    # set (not from a file) for the implicit settings of a config without ``settings``
+    implicit: bool = field(default=False, init=False, compare=False)
+
+    def problems(self):
+        if not self.lines_lengths:
+            yield "lines_lengths", "must list at least one length"
+        elif max(self.lines_lengths) > self.seq_len:
+            yield "lines_lengths", f"must not pass seq_len {self.seq_len}"
+        if self.start_length >= self.seq_len:
+            yield "start_length", f"must be below seq_len {self.seq_len} (the context before the extension)"
+
+
+@dataclass(frozen=True)
 class Comparison:
     """The LongCE-vs-CE experiment (see the module's docstring).
 
@@ -164,7 +219,6 @@ class Comparison:
     """
 
     population: str
-    extensions: tuple[Extension, ...]
     finetune: Finetuning
     scoring: Scoring
     void: VoidRule = field(default_factory=VoidRule)
@@ -173,13 +227,28 @@ class Comparison:
     base_model: str | None = None
     evaluator: str | None = None
     second_evaluator: str | None = None
+    extensions: tuple[Extension, ...] = ()
+    # several starting points (the third LongCE plan); none: one implicit setting per extension of B
+    settings: tuple[Setting, ...] = ()
+    # models trained here besides the population's (e.g. B at 256 tokens, E1's recipe at 2048), by
+    # the population's pretraining and gate stages
+    pretrained: tuple[Pretrained, ...] = ()
+    # the passage-recall task: cases of L - recall_margin tokens, the span beyond K (None: not measured)
+    recall_cases: int | None = checked(positive, default=None)
+    recall_margin: int = checked(positive, default=32)
 
     def problems(self):
-        if not self.extensions:
-            yield "extensions", "must list at least one extension of B"
-        names = [e.name for e in self.extensions]
+        if not self.extensions and not self.settings:
+            yield "extensions", "must list at least one extension of B (or give settings)"
+        if self.extensions and self.settings:
+            yield "extensions", "give extensions of B (the second attempt's form) or settings, not both"
+        names = [e.name for e in self.extensions] + [s.name for s in self.settings]
         if len(set(names)) != len(names):
             yield "extensions", "names must be distinct (they name folders)"
+        if self.recall_cases and not self.settings:
+            yield "recall_cases", "the passage-recall task is measured in configs with settings"
+        if not self.settings and {"frozen", "ce-fresh"} & set(self.finetune.methods):
+            yield "finetune.methods", "frozen and ce-fresh need settings (their pools are the settings')"
         if self.void.at_step not in self.finetune.eval_steps:
             yield "void.at_step", f"must be one of finetune.eval_steps {list(self.finetune.eval_steps)}"
         if not set(self.rerun.methods) <= set(self.finetune.methods):
@@ -188,24 +257,60 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Arm:
-    """One fine-tuning run: ``method`` from B extended by ``extension``, with ``seed``; a rerun
-    trains at the rerun's learning rate."""
+    """One fine-tuning run: ``method`` from B extended by ``extension`` (or from ``setting``'s start
+    model, extended by its extension), with ``seed``; a rerun trains at the rerun's learning rate.
+    Method ``start`` stands for the setting's start model itself (evaluated, never trained)."""
 
     extension: Extension
     method: str
     seed: int
     rerun: bool = False
+    setting: Setting | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.extension.name}-{self.method}{'-rerun' if self.rerun else ''}-s{self.seed}"
+        prefix = self.setting.name if self.setting else self.extension.name
+        if self.method == START:
+            return f"{prefix}-{START}"
+        return f"{prefix}-{self.method}{'-rerun' if self.rerun else ''}-s{self.seed}"
 
 
-def arms(config: Comparison, rerun: bool = False, seeds=None) -> list[Arm]:
-    """The runs in training order: per extension and seed, the methods in config order, so that a
-    seed's ``ce`` and ``self`` come before its ``ce-wallclock``."""
+@dataclass(frozen=True)
+class Selection:
+    """What one call runs (``None``: everything): ``--seeds``, ``--settings``, ``--methods`` (``start``
+    among them: the settings' start models), ``--models`` (the models the ``start`` stage trains)."""
+
+    seeds: tuple[int, ...] | None = None
+    settings: tuple[str, ...] | None = None
+    methods: tuple[str, ...] | None = None
+    models: tuple[str, ...] | None = None
+
+
+def selected_methods(config: Comparison, selection: Selection | None) -> list[str]:
+    """The configured methods (and ``start``) that ``selection`` names, in config order."""
+    methods = [*config.finetune.methods, START]
+    wanted = selection.methods if selection is not None else None
+    return [m for m in methods if wanted is None or m in wanted]
+
+
+def arms(config: Comparison, rerun: bool = False, seeds=None, selection: Selection | None = None) -> list[Arm]:
+    """The runs in training order: per extension (setting) and seed, the methods in config order, so
+    that a seed's ``ce`` and ``self`` come before its ``ce-wallclock``; ``selection`` narrows them
+    (its seeds, settings and methods; ``start`` is not a run)."""
     methods = config.rerun.methods if rerun else config.finetune.methods
+    if selection is not None:
+        seeds = selection.seeds if selection.seeds is not None else seeds
+        methods = [m for m in methods if selection.methods is None or m in selection.methods]
     order = sorted(methods, key=list(METHODS).index)
+    if config.settings:
+        chosen = chosen_settings(config, selection.settings if selection else None)
+        return [
+            Arm(setting.extension, method, seed, rerun, setting)
+            for setting in chosen
+            for seed in config.finetune.seeds
+            if seeds is None or seed in seeds
+            for method in order
+        ]
     return [
         Arm(extension, method, seed, rerun)
         for extension in config.extensions
@@ -213,6 +318,14 @@ def arms(config: Comparison, rerun: bool = False, seeds=None) -> list[Arm]:
         if seeds is None or seed in seeds
         for method in order
     ]
+
+
+def start_arms(config: Comparison, selection: Selection | None = None) -> list[Arm]:
+    """The selected settings' start models as evaluation targets (when ``start`` is selected)."""
+    if START not in selected_methods(config, selection):
+        return []
+    chosen = chosen_settings(config, selection.settings if selection else None)
+    return [Arm(setting.extension, START, 0, False, setting) for setting in chosen]
 
 
 def _resolve(path: str | None, base_folder: str) -> str | None:
@@ -260,7 +373,8 @@ def read_comparison(
     pop = read_population(config.population, corpus, validation_corpus)
     length = pop.data.length
     where = f"{path}: "
-    if config.finetune.training.seq_len > length:
+    check_settings(config, pop, where)
+    if config.finetune.training.seq_len > length and not config.settings:
         raise ValueError(
             f"{where}finetune.training.seq_len = {config.finetune.training.seq_len}: must not pass the population's data.length {length}."
         )
@@ -271,6 +385,41 @@ def read_comparison(
                 f"{where}{key}.trunc_len = {window.trunc_len}: must be below the population's data.length {length}."
             )
     return config, pop
+
+
+def check_settings(config: Comparison, pop: Population, where: str) -> None:
+    """Each setting's models exist (the population's or ``pretrained``), its start model reads its
+    start length, its evaluator reads L, and its benchmarks fit inside L with the greedy answer."""
+    taken = {pop.base.name, *(e.name for e in pop.evaluators)}
+    for index, spec in enumerate(config.pretrained):
+        if spec.name in taken:
+            raise ValueError(f"{where}pretrained[{index}].name = {spec.name!r}: is taken by the population's models.")
+        taken.add(spec.name)
+    specs = model_specs(config, pop)
+    room = pop.evaluation.max_new_tokens
+    for index, setting in enumerate(config.settings):
+        key = f"{where}settings[{index}]"
+        for field_name in ("start", "evaluator"):
+            name = getattr(setting, field_name)
+            if name not in specs:
+                raise ValueError(f"{key}.{field_name} = {name!r}: no such model; choose from {', '.join(specs)}.")
+        if setting.start == setting.evaluator:
+            raise ValueError(f"{key}.evaluator = {setting.evaluator!r}: must not be the start model.")
+        if specs[setting.evaluator].shape.max_position_embeddings < setting.seq_len:
+            raise ValueError(
+                f"{key}.evaluator = {setting.evaluator!r}: reads fewer than seq_len {setting.seq_len} tokens."
+            )
+        if max(setting.lines_lengths) > setting.seq_len - room:
+            raise ValueError(
+                f"{key}.lines_lengths = {list(setting.lines_lengths)}: must leave evaluation.max_new_tokens "
+                f"inside seq_len {setting.seq_len} (<= {setting.seq_len - room})."
+            )
+        if setting.start_length > specs[setting.start].shape.max_position_embeddings:
+            raise ValueError(f"{key}.start_length = {setting.start_length}: passes the start model's positions.")
+    if config.settings and config.rerun.when != "never":
+        raise ValueError(f"{where}rerun.when = {config.rerun.when!r}: a config with settings has no reruns; set never.")
+    if config.settings and config.void.at_step not in config.finetune.eval_steps:
+        raise ValueError(f"{where}void.at_step = {config.void.at_step}: must be one of finetune.eval_steps.")
 
 
 # ------------------------------------------------------------------ models: names and folders
@@ -284,8 +433,10 @@ def evaluator_names(config: Comparison, pop: Population) -> tuple[str, str | Non
     return pop.evaluators[0].name, second_name if has_second else None
 
 
-def extended_folder(run: RunFolder, extension: Extension) -> str:
-    return os.path.dirname(run.path("models", "extended", extension.name, "x"))
+def extended_folder(run: RunFolder, extension: Extension | str) -> str:
+    """``models/extended/<name>``: B extended by ``extension``, or a setting's extended start model."""
+    name = extension if isinstance(extension, str) else extension.name
+    return os.path.dirname(run.path("models", "extended", name, "x"))
 
 
 def arm_folder(run: RunFolder, arm: Arm) -> str:
@@ -352,8 +503,11 @@ def import_tokenizer(run: RunFolder, source: str) -> None:
 # ------------------------------------------------------------------ start
 
 
-def stage_start(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
-    """Tokenizer, data, B, E1 (E2): given (copied in) or trained by the population's stages."""
+def stage_start(config: Comparison, pop: Population, run: RunFolder, selection=None) -> None:
+    """Tokenizer, data, B, E1 (E2): given (copied in) or trained by the population's stages (with
+    settings: :func:`start_settings`)."""
+    if config.settings:
+        return start_settings(config, pop, run, selection or Selection())
     if config.base_model:
         import_tokenizer(run, config.base_model)
     else:
@@ -416,14 +570,250 @@ def write_finetune_data(config: Comparison, pop: Population, run: RunFolder) -> 
     run.log(f"start: {len(texts)} fine-tuning sequences of at most {training.seq_len} tokens")
 
 
+# ------------------------------------------------------------------ settings: models, cases, pools
+
+
+def model_specs(config: Comparison, pop: Population) -> dict[str, Pretrained]:
+    """Every model this comparison may train, by name: B, the enabled evaluators, ``pretrained``."""
+    specs = {pop.base.name: pop.base, **{e.name: e for e in pop.evaluators if e.enabled}}
+    return {**specs, **{spec.name: spec for spec in config.pretrained}}
+
+
+def chosen_settings(config: Comparison, names=None) -> list[Setting]:
+    """The settings named in ``names`` (``--settings``; ``None``: every one), in config order."""
+    return [s for s in config.settings if names is None or s.name in names]
+
+
+def fresh_extends(config: Comparison) -> bool:
+    return "ce-fresh" in config.finetune.methods
+
+
+def validation_name(pop: Population, length: int) -> str:
+    """The validation documents at ``length`` tokens: the population's, or ``validation-<length>``."""
+    return "validation" if length == pop.data.length else f"validation-{length}"
+
+
+def pool_names(length: int) -> tuple[str, str]:
+    """``(pool, fresh pool)`` of the settings fine-tuned at ``length`` tokens (``data/<name>.jsonl``)."""
+    return f"finetune-{length}", f"finetune-{length}-fresh"
+
+
+def start_cases_name(length: int) -> str:
+    """Lines cases at a setting's start length, the asked line anywhere: a gate's cases."""
+    return f"gate-{length}.jsonl"
+
+
+def settings_data_jobs(
+    config: Comparison, pop: Population, run: RunFolder, settings: list[Setting], models=None
+) -> list[tuple]:
+    """The files of ``settings`` (and of the ``pretrained`` models they use, or ``models``) still to
+    write, as ``(kind, *arguments)``, each independent and written atomically (``settings_data_job``)."""
+    jobs, has = [], lambda *parts: run.has("data", *parts)
+    used = set(models or ()) | {name for s in settings for name in (s.start, s.evaluator)}
+    pretrained = [spec for spec in config.pretrained if spec.name in used]
+    for spec in pretrained:
+        for kind in spec.mix.task_shares():
+            if not has("pools", stages.pool_name(kind, spec.training.seq_len, spec.mix.asked_within)):
+                jobs.append(("pool", kind, spec.training.seq_len, spec.mix.asked_within))
+    starts, lengths = {spec.gate.length for spec in stages.gate_specs(pop)}, set()
+    for spec in pretrained:
+        if spec.gate.length not in starts | lengths and not has("cases", start_cases_name(spec.gate.length)):
+            jobs.append(("gate", spec.gate.length, spec.gate.cases))
+        lengths.add(spec.gate.length)
+    mix = config.finetune.mix
+    for setting in settings:
+        length = setting.seq_len
+        if setting.start_length not in starts | lengths and not has("cases", start_cases_name(setting.start_length)):
+            jobs.append(("gate", setting.start_length, pop.evaluation.cases))
+        lengths.add(setting.start_length)
+        for kind in mix.task_shares():
+            if not has("pools", stages.pool_name(kind, length, mix.asked_within)):
+                jobs.append(("pool", kind, length, mix.asked_within))
+        for n in setting.lines_lengths:
+            jobs += [("lines", n, None)] if not has("cases", stages.lines_cases_name(n)) else []
+            if setting.beyond_start and not has("cases", stages.lines_cases_name(n, setting.start_length)):
+                jobs.append(("lines", n, setting.start_length))
+        if not has("cases", f"needle-{max(setting.lines_lengths)}.jsonl"):
+            jobs.append(("needle", max(setting.lines_lengths)))
+        if not has(f"{validation_name(pop, length)}.jsonl"):
+            jobs.append(("validation", length))
+        if config.recall_cases and not has("cases", f"recall-{length}.jsonl"):
+            jobs.append(("recall", length))
+    # the fine-tuning pools last: they read the task-document pools of the jobs above
+    pools = [("finetune", s.seq_len) for s in settings if not pools_written(config, run, s.seq_len)]
+    return list(dict.fromkeys(jobs)), list(dict.fromkeys(pools))  # settings of one length share their files
+
+
+def settings_data_job(configs: tuple, root: str, job: tuple) -> str:
+    """Write one file of :func:`settings_data_jobs` into the run folder at ``root`` (``configs``:
+    ``(comparison, population)``); returns the line to log."""
+    import numpy as np
+
+    from . import corpus_chunks
+
+    config, pop = configs
+    run = RunFolder(root, log=lambda *_: None)
+    tokenizer = stages.load_tokenizer(run)
+    kind, arguments = job[0], job[1:]
+    if kind == "pool":
+        stream = np.load(run.path("data", "train_tokens.npy"), mmap_mode="r", allow_pickle=False)
+        return stages.write_pool(pop, run, tokenizer, stream, *arguments)
+    if kind == "gate":
+        length, cases = arguments
+        spec = dataclasses.replace(
+            pop.base, name=f"cases-{length}", gate=dataclasses.replace(pop.base.gate, length=length, cases=cases)
+        )
+        return stages.write_gate_cases(pop, run, tokenizer, spec)
+    if kind == "lines":
+        return stages.write_lines_cases_beyond(pop, run, tokenizer, *arguments)
+    if kind == "needle":
+        return stages.write_needle_cases(pop, run, tokenizer, arguments[0])
+    (length,) = arguments
+    if kind == "finetune":
+        write_setting_pools(config, pop, run, length)
+        return f"data: the fine-tuning pools of {length} tokens"
+    validation_ids = stages.book_ids(tokenizer, stages.validation_books(pop))
+    if kind == "validation":
+        data = pop.data
+        count = max(1, data.validation_documents * data.length // length)  # the population's tokens
+        documents = corpus_chunks.body_chunks(
+            validation_ids,
+            length,
+            count,
+            skip_fraction=data.skip_fraction,
+            per_book_cap=data.per_book_cap,
+            seed=pop.seed,
+        )
+        texts = tokenizer.batch_decode(documents.tolist())
+        stages.write_jsonl(run.path("data", f"{validation_name(pop, length)}.jsonl"), [{"text": t} for t in texts])
+        return f"data: {len(texts)} validation documents of {length} tokens"
+    return write_recall_cases(config, pop, run, validation_ids, length)
+
+
+def write_recall_cases(config: Comparison, pop: Population, run: RunFolder, validation_ids: list, length: int) -> str:
+    """The held-out passage-recall cases of a setting of ``length`` tokens: ``recall_cases`` cases of
+    ``length - recall_margin`` tokens from the validation books, the span beyond K."""
+    from . import passage_recall
+
+    cases = passage_recall.passage_recall_cases(
+        validation_ids,
+        length - config.recall_margin,
+        config.finetune.window.trunc_len,
+        config.recall_cases,
+        pop.seed + length,
+    )
+    passage_recall.write_passage_recall_cases(run.path("data", "cases", f"recall-{length}.jsonl"), cases)
+    return f"data: {len(cases)} passage-recall cases of {length - config.recall_margin} tokens"
+
+
+def distinct_pool(stream, documents: list, seq_len: int, share: float, count: int, seed) -> tuple:
+    """``(rows [n, seq_len], document_of_row [n])``: up to ``count`` sequences, each a different
+    stretch of the book stream (``stream``'s non-overlapping windows, in a random order), with
+    probability ``share`` a task document of ``documents`` at its end, each document used once
+    (in a random order; -1: none). Fewer than ``count`` rows when the windows or the documents run
+    out: no two rows share a window or a document, so no sequence is seen twice."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    windows = rng.permutation(stream.shape[0] // seq_len)
+    order = rng.permutation(len(documents))
+    rows, used, taken = [], [], 0
+    for window in windows[:count]:
+        row = np.array(stream[window * seq_len : (window + 1) * seq_len], dtype=np.int64)
+        document = -1
+        if share > 0 and rng.random() < share:
+            if taken == len(order):
+                break  # no unused document left: the pool stops here
+            document, taken = int(order[taken]), taken + 1
+            tail = documents[document][-seq_len:]
+            row[seq_len - tail.shape[0] :] = tail
+        rows.append(row)
+        used.append(document)
+    return np.array(rows, dtype=np.int64).reshape(-1, seq_len), np.array(used, dtype=np.int64)
+
+
+def write_setting_pools(config: Comparison, pop: Population, run: RunFolder, length: int) -> None:
+    """``data/finetune-<L>.jsonl`` (``steps x per_step`` sequences, shared by every method of every
+    setting at L) and, for ``ce-fresh``, ``data/finetune-<L>-fresh.jsonl`` (the sequences after them,
+    up to ``round(fresh_factor x steps)`` steps in all, whole steps only): distinct book windows
+    (:func:`distinct_pool`), 5%-style task documents each used once."""
+    import numpy as np
+
+    if pools_written(config, run, length):
+        return
+    main, fresh = pool_names(length)
+    tuning = config.finetune
+    training = setting_training(config, length)
+    per, steps = per_step(training), training.steps
+    total = round(tuning.fresh_factor * steps) if fresh_extends(config) else steps
+    tokenizer = stages.load_tokenizer(run)
+    stream = np.load(run.path("data", "train_tokens.npy"), mmap_mode="r", allow_pickle=False)
+    shares = tuning.mix.task_shares()
+    if len(shares) > 1:
+        raise ValueError(
+            "finetune.mix: the settings' pools take one kind of task document (lines or needle), not several."
+        )
+    kind, share = next(iter(shares.items()), ("lines", 0.0))
+    documents = stages.pool(run, kind, length, tuning.mix.asked_within) if share > 0 else []
+    rows, _ = distinct_pool(stream, documents, length, share, total * per, [pop.seed, length, 5])
+    if rows.shape[0] < steps * per:
+        raise ValueError(
+            f"The training books give {rows.shape[0]} distinct sequences of {length} tokens, fewer than the "
+            f"{steps * per} of {steps} fine-tuning steps: give more books or fewer steps."
+        )
+    texts = [as_text(tokenizer, row, length) for row in rows]
+    stages.write_jsonl(run.path("data", f"{main}.jsonl"), [{"text": t} for t in texts[: steps * per]])
+    if fresh_extends(config):
+        whole = (len(texts) - steps * per) // per * per  # whole steps of fresh sequences
+        fresh_texts = texts[steps * per : steps * per + whole]
+        stages.write_jsonl(run.path("data", f"{fresh}.jsonl"), [{"text": t} for t in fresh_texts])
+        run.log(f"start: {len(fresh_texts)} fresh sequences of {length} tokens for ce-fresh ({whole // per} steps)")
+    run.log(f"start: {steps * per} fine-tuning sequences of at most {length} tokens")
+
+
+def pools_written(config: Comparison, run: RunFolder, length: int) -> bool:
+    main, fresh = pool_names(length)
+    return run.has("data", f"{main}.jsonl") and (not fresh_extends(config) or run.has("data", f"{fresh}.jsonl"))
+
+
+def setting_training(config: Comparison, length: int) -> Training:
+    """The fine-tuning of a setting at ``length`` tokens: the config's, at that sequence length
+    (``batch_tokens`` per step, so ``batch_tokens // length`` sequences)."""
+    return dataclasses.replace(config.finetune.training, seq_len=length)
+
+
+def start_settings(config: Comparison, pop: Population, run: RunFolder, selection) -> None:
+    """The ``start`` stage of a config with settings: tokenizer and the population's data, the
+    settings' cases and pools, then the models of the selected settings (their start models and
+    outside evaluators; ``--models`` names others, or ``none``), each through its gate."""
+    stages.stage_tokenizer(pop, run)
+    stages.stage_data(pop, run)
+    settings = chosen_settings(config, selection.settings)
+    files, pools = settings_data_jobs(config, pop, run, settings, selection.models)
+    stages.run_data_jobs((config, pop), run, files, worker=settings_data_job)
+    stages.run_data_jobs((config, pop), run, pools, worker=settings_data_job)
+    specs = model_specs(config, pop)
+    wanted = selection.models
+    if wanted is None:
+        wanted = list(dict.fromkeys(n for s in settings for n in (s.start, s.evaluator)))
+    for name in wanted:
+        stages.pretrain(pop, run, specs[name])
+
+
 # ------------------------------------------------------------------ extend
 
 
-def benchmark_cases(pop: Population, run: RunFolder) -> dict[str, list]:
+def benchmark_cases(pop: Population, run: RunFolder, setting: Setting | None = None) -> dict[str, list]:
     """The cases of an accuracy point: ``"512"`` (the base's gate length, asked line anywhere) and
-    each primary length (asked line beyond K)."""
-    cases = stages.read_benchmark_cases(pop, run, with_needle=False)
-    return {"512": cases["gate"], **{str(n): group for n, group in cases["lines"].items()}}
+    each primary length (asked line beyond K); for a ``setting``: ``"start"`` (its start length,
+    asked line anywhere) and its primary lengths."""
+    if setting is None:
+        cases = stages.read_benchmark_cases(pop, run, with_needle=False)
+        return {"512": cases["gate"], **{str(n): group for n, group in cases["lines"].items()}}
+    return {
+        "start": stages.read_cases(run, start_cases_name(setting.start_length)),
+        **{str(n): stages.read_cases(run, stages.lines_cases_name(n)) for n in setting.lines_lengths},
+    }
 
 
 def first_cases(cases: dict[str, list], limit: int | None) -> dict[str, list]:
@@ -432,60 +822,82 @@ def first_cases(cases: dict[str, list], limit: int | None) -> dict[str, list]:
     return {key: group[:limit] for key, group in cases.items()}
 
 
+#: The short group of an accuracy point's cases, and the key its accuracy is recorded under.
+SHORT_GROUPS = {"512": "acc512", "start": "acc_start"}
+
+
 def accuracy_point(model, tokenizer, cases: dict[str, list], pop: Population, step: int) -> dict:
-    """``{"step", "acc512", "primary": {length: accuracy}, "mean"}`` (``mean``: over the primary
-    lengths), in the model's own precision, as the 'evaluate' stage measures."""
+    """``{"step", "acc512" (or "acc_start", a setting's start length), "primary": {length: accuracy},
+    "mean"}`` (``mean``: over the primary lengths), in the model's own precision, as the 'evaluate'
+    stage measures."""
     was_training = model.training
     model.eval()
     found = {key: stages.lines_result(model, tokenizer, group, pop)["accuracy"] for key, group in cases.items()}
     model.train(was_training)
-    primary = {key: value for key, value in found.items() if key != "512"}
-    return {"step": step, "acc512": found["512"], "primary": primary, "mean": sum(primary.values()) / len(primary)}
+    primary = {key: value for key, value in found.items() if key not in SHORT_GROUPS}
+    short = {SHORT_GROUPS[key]: value for key, value in found.items() if key in SHORT_GROUPS}
+    return {"step": step, **short, "primary": primary, "mean": sum(primary.values()) / len(primary)}
 
 
-def stage_extend(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
-    """B extended by each extension (no fine-tuning), and its accuracy at 512 and on the primary benchmark."""
+def extension_targets(config: Comparison, pop: Population, run: RunFolder, selection=None) -> list[tuple]:
+    """``(name, start model, extension, positions, fine-tuning seq_len, setting or None)`` of every
+    extended model: B by each extension (a config without settings), or each selected setting's
+    start model."""
+    if not config.settings:
+        seq_len = config.finetune.training.seq_len
+        return [(e.name, pop.base.name, e, pop.data.length, seq_len, None) for e in config.extensions]
+    names = selection.settings if selection is not None else None
+    return [(s.name, s.start, s.extension, s.seq_len, s.seq_len, s) for s in chosen_settings(config, names)]
+
+
+def stage_extend(config: Comparison, pop: Population, run: RunFolder, selection=None) -> None:
+    """Each start model (B, or each setting's) extended (no fine-tuning), and its accuracy at the
+    start length (512) and on the primary benchmark."""
     from transformers import AutoModelForCausalLM
 
     from .family import Variant, is_trained, train_variant
 
-    base = stages.model_folder(run, pop.base.name)
-    if not is_trained(base):
-        raise ValueError(f"The base {pop.base.name} is not in {base}: run the 'start' stage first.")
     tokenizer = stages.load_tokenizer(run)
     device = stages.device_of(pop)
-    for extension in config.extensions:
-        folder = extended_folder(run, extension)
+    for name, start_name, extension, length, seq_len, setting in extension_targets(config, pop, run, selection):
+        base = stages.model_folder(run, start_name)
+        if not is_trained(base):
+            raise ValueError(f"The start model {start_name} is not in {base}: run the 'start' stage first.")
+        folder = extended_folder(run, name)
         if not is_trained(folder):
-            model_config, attention = stages.extended_config(pop, base, extension)
-            training = dataclasses.replace(config.finetune.training, steps=0)
+            model_config, attention = stages.extended_config(pop, base, extension, length)
+            training = dataclasses.replace(setting_training(config, seq_len), steps=0)
             variant = Variant(
-                extension.name,
-                {"base": pop.base.name, "extension": dataclasses.asdict(extension)},
+                name,
+                {"base": start_name, "extension": dataclasses.asdict(extension)},
                 training.settings(pop.seed),
             )
 
-            def start(model_config=model_config, attention=attention):
+            def start(model_config=model_config, attention=attention, base=base):
                 return AutoModelForCausalLM.from_pretrained(base, config=model_config, attn_implementation=attention)
 
             batches = stages.batches(run, training.seq_len, config.finetune.mix, pop.seed)
             train_variant(variant, tokenizer, batches, folder, device, run.log, start_from=start)
-        if run.has("eval", "extended", f"{extension.name}.json"):
+        if run.has("eval", "extended", f"{name}.json"):
             continue
         model, tokenizer = stages.load_member(folder, device)
         # the whole benchmark, and the curves' first point on their subset of it (the void rule's reference)
-        cases, limit = benchmark_cases(pop, run), config.finetune.curve_cases
+        cases, limit = benchmark_cases(pop, run, setting), config.finetune.curve_cases
         benchmark = accuracy_point(model, tokenizer, cases, pop, 0)
         record = {
             "extension": dataclasses.asdict(extension),
+            "start_model": start_name,
             "benchmark": benchmark,
             "curve_point": benchmark
             if limit is None
             else accuracy_point(model, tokenizer, first_cases(cases, limit), pop, 0),
         }
-        run.write_json(record, "eval", "extended", f"{extension.name}.json")
+        if setting is not None:
+            record["setting"] = dataclasses.asdict(setting)
+        run.write_json(record, "eval", "extended", f"{name}.json")
         point = record["benchmark"]
-        run.log(f"extend: {extension.name} accuracy at 512 {point['acc512']:.3f}, primary {point['mean']:.3f}")
+        short = point.get("acc512", point.get("acc_start"))
+        run.log(f"extend: {name} accuracy at the start length {short:.3f}, primary {point['mean']:.3f}")
 
 
 # ------------------------------------------------------------------ cache
@@ -512,31 +924,46 @@ def saved_dataset(run: RunFolder, name: str, key: dict, build, log: str):
     return load_from_disk(os.path.join(folder, "dataset"))
 
 
-def pool_key(config: Comparison, run: RunFolder, tokenizer) -> dict:
-    """What the tokenized pool depends on: its texts, the tokenizer, the sequence length."""
+def pool_key(config: Comparison, run: RunFolder, tokenizer, pool: str = "finetune", length: int | None = None) -> dict:
+    """What the tokenized pool ``data/<pool>.jsonl`` depends on: its texts, the tokenizer, the
+    sequence length (default the config's fine-tuning length)."""
     from longppl.models.fingerprints import file_sha256, tokenizer_fingerprint
 
     return {
-        "length": config.finetune.training.seq_len,
+        "length": length or config.finetune.training.seq_len,
         "tokenizer": tokenizer_fingerprint(tokenizer),
-        "finetune_sha256": file_sha256(run.path("data", "finetune.jsonl")),
+        "finetune_sha256": file_sha256(run.path("data", f"{pool}.jsonl")),
     }
 
 
-def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, tokenizer):
-    """The fine-tuning pool with E1's ``longce_weights`` (``longce.add_key_token_weights``) from E1's
-    key-token cache of the pool (LongCE's window), made once: ``data/finetune-cache-weights/``."""
+def weights_dataset(
+    config: Comparison,
+    pop: Population,
+    run: RunFolder,
+    tokenizer,
+    label: str,
+    model: str,
+    pool: str = "finetune",
+    length: int | None = None,
+    name: str = "finetune-cache-weights",
+):
+    """The pool ``data/<pool>.jsonl`` with ``longce_weights`` (``longce.add_key_token_weights``) from
+    the key-token cache (LongCE's window) of the model in folder ``model`` (``label`` names its
+    cache), made once: ``data/<name>/``. E1's weights for ``cache``; a setting's start model's own
+    for ``frozen``."""
     from datasets import Dataset
 
     from longce import add_key_token_weights
     from longppl.cache.key_token_cache import CHECKSUM_FILE
     from longppl.models.fingerprints import file_sha256
 
-    first, _ = evaluator_names(config, pop)
-    cache = stages.evaluator_cache(pop, run, first, config.finetune.window, "finetune")
+    length = length or config.finetune.training.seq_len
+    cache = stages.evaluator_cache(
+        pop, run, label, config.finetune.window, pool, folder_of_model=model, max_length=max(length, pop.data.length)
+    )
     key = {
-        **pool_key(config, run, tokenizer),
-        "evaluator": stages.model_folder(run, first),
+        **pool_key(config, run, tokenizer, pool, length),
+        "evaluator": model,
         "gamma": config.finetune.gamma,
         # the cache's own record of its files: it changes whenever the cache is rewritten
         "cache_checksums_sha256": file_sha256(os.path.join(cache, CHECKSUM_FILE)),
@@ -544,7 +971,7 @@ def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, t
 
     def build():
         return add_key_token_weights(
-            Dataset.from_dict({"text": stages.read_texts(run.path("data", "finetune.jsonl"))}),
+            Dataset.from_dict({"text": stages.read_texts(run.path("data", f"{pool}.jsonl"))}),
             key_tokens=cache,
             tokenizer=tokenizer,
             gamma=key["gamma"],
@@ -553,15 +980,74 @@ def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, t
             add_special_tokens=False,  # the population's convention: no BOS, every token of a text counts
         ).remove_columns(["text"])
 
-    return saved_dataset(run, "finetune-cache-weights", key, build, f"cache: the pool with {first}'s LongCE weights")
+    named = "" if pool == "finetune" else f" {pool}"
+    return saved_dataset(run, name, key, build, f"cache: the pool{named} with {label}'s LongCE weights")
 
 
-def stage_cache(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
+def cache_weights_dataset(config: Comparison, pop: Population, run: RunFolder, tokenizer):
+    """The fine-tuning pool with E1's ``longce_weights`` from E1's key-token cache of the pool
+    (LongCE's window), made once: ``data/finetune-cache-weights/``."""
+    first, _ = evaluator_names(config, pop)
+    return weights_dataset(config, pop, run, tokenizer, first, stages.model_folder(run, first))
+
+
+def stage_cache(config: Comparison, pop: Population, run: RunFolder, selection=None) -> None:
     """The fine-tuning pool, tokenized (and with E1's weights for ``cache``), made here once, so that
-    ``finetune`` calls running side by side (``--seeds`` split over processes) only read it."""
+    ``finetune`` calls running side by side (``--seeds`` split over processes) only read them. With
+    settings: per selected setting and selected method, the dataset its runs read (the pool and the
+    fresh pool tokenized, the outside evaluator's weights for ``cache``, the start model's for
+    ``frozen``)."""
     tokenizer = stages.load_tokenizer(run)
+    if config.settings:
+        for setting in chosen_settings(config, selection.settings if selection else None):
+            for method in selected_methods(config, selection):
+                if method != START:
+                    setting_dataset(config, pop, run, setting, method, tokenizer)
+        if START in selected_methods(config, selection):  # the evaluations' alpha and caches, before any runs
+            prepare_scoring(config, pop, run, selection)
+        return
     for method in dict.fromkeys("cache" if m == "cache" else "ce" for m in config.finetune.methods):
         finetune_dataset(config, pop, run, method, tokenizer)
+
+
+def tokens_dataset(config: Comparison, run: RunFolder, tokenizer, pool: str, length: int, name: str):
+    """The pool ``data/<pool>.jsonl`` as ``input_ids`` of at most ``length`` tokens, tokenized once
+    (``data/<name>/``)."""
+    from datasets import Dataset
+
+    key = pool_key(config, run, tokenizer, pool, length)
+
+    def build():
+        def tokenize(batch: dict) -> dict:
+            ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+            return {"input_ids": [row[: key["length"]] for row in ids]}
+
+        texts = stages.read_texts(run.path("data", f"{pool}.jsonl"))
+        return Dataset.from_dict({"text": texts}).map(tokenize, batched=True).remove_columns(["text"])
+
+    named = "" if pool == "finetune" else f" {pool}"
+    return saved_dataset(run, name, key, build, f"finetune: the pool{named} tokenized")
+
+
+def setting_dataset(config: Comparison, pop: Population, run: RunFolder, setting: Setting, method: str, tokenizer):
+    """The unordered rows ``method``'s runs of ``setting`` read (``ce-fresh``: ``(pool, fresh pool)``):
+    the setting's pool tokenized (shared by the settings of one length), with the outside evaluator's
+    weights for ``cache`` (shared likewise), with the extended start model's own for ``frozen``."""
+    main, fresh = pool_names(setting.seq_len)
+    length = setting.seq_len
+    if method == "cache":
+        folder = stages.model_folder(run, setting.evaluator)
+        return weights_dataset(
+            config, pop, run, tokenizer, setting.evaluator, folder, main, length, f"{main}-weights-{setting.evaluator}"
+        )
+    if method == "frozen":
+        label = f"start-{setting.name}"
+        folder = extended_folder(run, setting.name)
+        return weights_dataset(config, pop, run, tokenizer, label, folder, main, length, f"{main}-weights-{label}")
+    rows = tokens_dataset(config, run, tokenizer, main, length, f"{main}-tokens")
+    if method == "ce-fresh":
+        return rows, tokens_dataset(config, run, tokenizer, fresh, length, f"{fresh}-tokens")
+    return rows
 
 
 # ------------------------------------------------------------------ finetune
@@ -596,21 +1082,76 @@ def finetune_dataset(config: Comparison, pop: Population, run: RunFolder, method
     """The pool as ``input_ids`` of at most ``seq_len`` tokens (the same rows for every method, so a
     seed orders them alike), with E1's ``longce_weights`` for ``cache``; tokenized once
     (``data/finetune-tokens/``)."""
-    from datasets import Dataset
-
     if method == "cache":
         return cache_weights_dataset(config, pop, run, tokenizer)
-    key = pool_key(config, run, tokenizer)
+    return tokens_dataset(config, run, tokenizer, "finetune", config.finetune.training.seq_len, "finetune-tokens")
 
-    def build():
-        def tokenize(batch: dict) -> dict:
-            ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-            return {"input_ids": [row[: key["length"]] for row in ids]}
 
-        texts = stages.read_texts(run.path("data", "finetune.jsonl"))
-        return Dataset.from_dict({"text": texts}).map(tokenize, batched=True).remove_columns(["text"])
+def ordered_rows(config: Comparison, pop: Population, run: RunFolder, arm: Arm, tokenizer) -> tuple:
+    """``(dataset in training order, steps, fresh or None)`` of a setting's run.
 
-    return saved_dataset(run, "finetune-tokens", key, build, "finetune: the pool tokenized")
+    Every method of a seed reads the pool in one order, a permutation drawn from the seed alone;
+    ``ce-fresh`` reads exactly those rows first, then the fresh pool (its own seeded order) up to
+    ``round(fresh_factor x steps)`` steps in all, or to the pool's last whole step when it holds
+    fewer (``fresh`` records how many steps were planned and run)."""
+    import numpy as np
+    from datasets import concatenate_datasets
+
+    setting, training = arm.setting, setting_training(config, arm.setting.seq_len)
+    per, steps = per_step(training), training.steps
+    found = setting_dataset(config, pop, run, setting, arm.method, tokenizer)
+    rows, extra = found if arm.method == "ce-fresh" else (found, None)
+    if len(rows) < steps * per:
+        raise ValueError(
+            f"The pool of {setting.name} holds {len(rows)} rows, fewer than {steps} steps x {per}: run 'start' again."
+        )
+    order = np.random.default_rng([arm.seed, 0]).permutation(len(rows))[: steps * per]
+    ordered = rows.select(order.tolist())
+    if extra is None:
+        return ordered, steps, None
+    planned = round(config.finetune.fresh_factor * steps)
+    fresh_steps = min(planned - steps, len(extra) // per)
+    fresh_order = np.random.default_rng([arm.seed, 1]).permutation(len(extra))[: fresh_steps * per]
+    ordered = concatenate_datasets([ordered, extra.select(fresh_order.tolist())])
+    fresh = {
+        "planned_steps": planned,
+        "steps": steps + fresh_steps,
+        "fresh_rows": len(extra),
+        "stopped_early": steps + fresh_steps < planned,
+    }
+    return ordered, steps + fresh_steps, fresh
+
+
+def arm_void(config: Comparison, curve: list[dict]) -> dict:
+    """The plan's void rule of one run: its accuracy at the start length at step ``void.at_step``
+    below ``void.min_ratio`` times the start model's (``curve[0]``, the same cases) -> void."""
+    at = config.void.at_step
+    point = next((p for p in curve if p["step"] == at), None)
+    start = curve[0]["acc_start"]
+    if point is None:
+        return {"at_step": at, "acc_start": None, "start_acc_start": start, "void": None}
+    threshold = config.void.min_ratio * start
+    return {
+        "at_step": at,
+        "acc_start": point["acc_start"],
+        "start_acc_start": start,
+        "threshold": threshold,
+        "void": point["acc_start"] < threshold,
+    }
+
+
+def in_order_trainer():
+    """``LongCETrainer`` reading its dataset in order (the order is the dataset's, set by the seed)."""
+    from torch.utils.data import SequentialSampler
+
+    from longce import LongCETrainer
+
+    class InOrder(LongCETrainer):
+        def _get_train_sampler(self, *args, **kwargs):  # the signature differs across transformers versions
+            dataset = args[0] if args and args[0] is not None else kwargs.get("train_dataset") or self.train_dataset
+            return SequentialSampler(dataset)
+
+    return InOrder
 
 
 def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> None:
@@ -629,18 +1170,27 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
     tuning, training = config.finetune, config.finetune.training
     device = stages.device_of(pop)
     on_gpu = device.startswith("cuda")
-    steps, ratio = arm_steps(config, run, arm)
     lr = training.lr * (config.rerun.lr_factor if arm.rerun else 1.0)
-    model, tokenizer = stages.load_member(extended_folder(run, arm.extension), device)
+    setting, fresh = arm.setting, None
+    if setting is None:
+        steps, ratio = arm_steps(config, run, arm)
+        model, tokenizer = stages.load_member(extended_folder(run, arm.extension), device)
+        dataset = finetune_dataset(config, pop, run, arm.method, tokenizer)
+        start_record = ("eval", "extended", f"{arm.extension.name}.json")
+    else:
+        # a setting's runs read their rows in an order set by the seed alone (ordered_rows)
+        training, ratio = setting_training(config, setting.seq_len), None
+        model, tokenizer = stages.load_member(extended_folder(run, setting.name), device)
+        dataset, steps, fresh = ordered_rows(config, pop, run, arm, tokenizer)
+        start_record = ("eval", "extended", f"{setting.name}.json")
     model.train()
-    dataset = finetune_dataset(config, pop, run, arm.method, tokenizer)
     sequences = per_step(training)
     micro = max(1, min(sequences, (training.micro_batch_tokens or training.batch_tokens) // training.seq_len))
     while sequences % micro:  # equal micro-batches, so every step sees the same number of sequences
         micro -= 1
-    cases = first_cases(benchmark_cases(pop, run), tuning.curve_cases)
+    cases = first_cases(benchmark_cases(pop, run, setting), tuning.curve_cases)
     points = set(tuning.eval_steps) | {steps}
-    curve = [run.read_json("eval", "extended", f"{arm.extension.name}.json")["curve_point"]]
+    curve = [run.read_json(*start_record)["curve_point"]]
     step_seconds: list[float] = []
     # The Trainer's output folder: made here, in the run folder, and removed after (nothing is saved in it).
     scratch = tempfile.mkdtemp(prefix=f".trainer-{arm.name}-", dir=run.root)
@@ -688,11 +1238,12 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
                 curve.append(accuracy_point(model, tokenizer, cases, pop, state.global_step))
                 point = curve[-1]
                 run.log(
-                    f"  [{arm.name}] step {state.global_step}/{steps}: acc512 {point['acc512']:.3f}, primary {point['mean']:.3f}"
+                    f"  [{arm.name}] step {state.global_step}/{steps}: at the start length "
+                    f"{point.get('acc512', point.get('acc_start')):.3f}, primary {point['mean']:.3f}"
                 )
 
     torch.manual_seed(arm.seed)
-    trainer = LongCETrainer(
+    trainer = (LongCETrainer if setting is None else in_order_trainer())(
         model=model,
         args=args,
         train_dataset=dataset,
@@ -711,7 +1262,13 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
     ordered = sorted(step_seconds[1:] or step_seconds)
     record = {
         "name": arm.name,
-        "model": {"base": pop.base.name, "extension": dataclasses.asdict(arm.extension)},
+        "model": {
+            "base": setting.start if setting else pop.base.name,
+            "extension": dataclasses.asdict(arm.extension),
+        },
+        "setting": setting.name if setting else None,
+        "sequences_per_step": sequences,
+        "fresh": fresh,
         "method": arm.method,
         "seed": arm.seed,
         "rerun": arm.rerun,
@@ -731,6 +1288,8 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
         "curve": curve,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
     }
+    if setting is not None:
+        record["void"] = arm_void(config, curve)
 
     def write(tmp: str) -> None:
         trainer.model.save_pretrained(tmp)
@@ -746,10 +1305,10 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
 def train_arms(config: Comparison, pop: Population, run: RunFolder, selected: list[Arm]) -> None:
     from .family import is_trained, stale_record
 
-    for extension in {arm.extension.name: arm.extension for arm in selected}.values():
-        if not run.has("eval", "extended", f"{extension.name}.json"):
+    for name in dict.fromkeys(arm.setting.name if arm.setting else arm.extension.name for arm in selected):
+        if not run.has("eval", "extended", f"{name}.json"):
             raise ValueError(
-                f"No extended base {extension.name} in {run.path('eval', 'extended')}: run the 'extend' stage first."
+                f"No extended base {name} in {run.path('eval', 'extended')}: run the 'extend' stage first."
             )
     for arm in selected:
         if is_trained(arm_folder(run, arm)):
@@ -760,8 +1319,8 @@ def train_arms(config: Comparison, pop: Population, run: RunFolder, selected: li
         finetune(config, pop, run, arm)
 
 
-def stage_finetune(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
-    train_arms(config, pop, run, arms(config, seeds=seeds))
+def stage_finetune(config: Comparison, pop: Population, run: RunFolder, selection=None) -> None:
+    train_arms(config, pop, run, arms(config, selection=selection))
 
 
 # ------------------------------------------------------------------ evaluate
@@ -787,7 +1346,7 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
     """Every benchmark, PPL and LongPPL of each trained run in ``selected`` -> ``eval/finetuned/<run>.json``."""
     from .family import is_trained
 
-    evaluation, window = pop.evaluation, config.scoring.window
+    window = config.scoring.window
     pending = [arm for arm in selected if not run.has("eval", "finetuned", f"{arm.name}.json")]
     if not pending:
         return
@@ -809,25 +1368,142 @@ def evaluate_arms(config: Comparison, pop: Population, run: RunFolder, selected:
         record = {"run": arm.name, "method": arm.method, "seed": arm.seed, "rerun": arm.rerun}
         # every benchmark keeps its outputs (what the model answered), as the population's records do
         record.update(stages.benchmark_results(model, tokenizer, cases, pop))
-        scores = stages.longppl_of(
-            model, tokenizer, {"scored": column}, caches, config.finetune.gamma, evaluation.max_tokens_per_batch
-        )["scored"]
-        record["ppl"] = scores["ppl"]
-        record["longppl"] = scores["longppl"] if evaluator else None
-        record["longppl_evaluator"] = evaluator
-        record["alpha"], record["beta"] = alpha, config.scoring.beta
-        record["key_tokens"] = scores["key_tokens"] if evaluator else None
-        record["seconds"] = time.perf_counter() - start
-        run.write_json(record, "eval", "finetuned", f"{arm.name}.json")
-        run.add_seconds("evaluate", arm.name, record["seconds"])
-        mean = sum(v["accuracy"] for v in record["lines"].values()) / len(record["lines"])
+        finish_evaluation(config, pop, run, arm, (model, tokenizer), record, (column, caches, evaluator), start)
         run.log(
-            f"evaluate: {arm.name} primary accuracy {mean:.3f}, acc512 {record['acc512']['accuracy']:.3f}, PPL {record['ppl']:.2f}"
+            f"evaluate: {arm.name} primary accuracy {primary_mean(record):.3f}, "
+            f"acc512 {record['acc512']['accuracy']:.3f}, PPL {record['ppl']:.2f}"
         )
 
 
-def stage_evaluate(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
-    evaluate_arms(config, pop, run, arms(config, seeds=seeds))
+def primary_mean(record: dict) -> float:
+    return sum(v["accuracy"] for v in record["lines"].values()) / len(record["lines"])
+
+
+def finish_evaluation(
+    config, pop, run: RunFolder, arm: Arm, loaded: tuple, record: dict, scoring: tuple, start
+) -> None:
+    """PPL and LongPPL of the model in ``loaded`` (``(model, tokenizer)``) on the cache of ``scoring``
+    (``(column, caches, evaluator)``; LongPPL only when ``evaluator`` is not ``None``) into ``record``,
+    then the record written to ``eval/finetuned/<run>.json`` with its seconds since ``start``."""
+    (model, tokenizer), (column, caches, evaluator) = loaded, scoring
+    scores = stages.longppl_of(
+        model, tokenizer, {"scored": column}, caches, config.finetune.gamma, pop.evaluation.max_tokens_per_batch
+    )["scored"]
+    record["ppl"] = scores["ppl"]
+    record["longppl"] = scores["longppl"] if evaluator else None
+    record["longppl_evaluator"] = evaluator
+    record["alpha"], record["beta"] = column["alpha"], column["beta"]
+    record["key_tokens"] = scores["key_tokens"] if evaluator else None
+    record["seconds"] = time.perf_counter() - start
+    run.write_json(record, "eval", "finetuned", f"{arm.name}.json")
+    run.add_seconds("evaluate", arm.name, record["seconds"])
+
+
+def setting_alpha(config: Comparison, pop: Population, run: RunFolder, setting: Setting) -> float:
+    """``scoring.alpha``, or the calibrated alpha of the setting's outside evaluator (the population's
+    calibration, run on that evaluator first if need be: E1's is the population run's)."""
+    if config.scoring.alpha != "calibrated":
+        return config.scoring.alpha
+    parts = stages.calibration_parts(pop, setting.evaluator)
+    if not run.has(*parts):
+        stages.calibrate_one(pop, run, model_specs(config, pop)[setting.evaluator])
+    return stages.calibrated_alpha(run, parts)
+
+
+def setting_validation_cache(config: Comparison, pop: Population, run: RunFolder, setting: Setting) -> str:
+    """The outside evaluator's key-token cache of the validation documents at the setting's L."""
+    documents, length = validation_name(pop, setting.seq_len), max(setting.seq_len, pop.data.length)
+    return stages.evaluator_cache(pop, run, setting.evaluator, config.scoring.window, documents, max_length=length)
+
+
+def prepare_scoring(config: Comparison, pop: Population, run: RunFolder, selection=None) -> None:
+    """Each selected setting's alpha and validation cache, made once before the evaluations that read them."""
+    for setting in chosen_settings(config, selection.settings if selection else None):
+        setting_alpha(config, pop, run, setting)
+        setting_validation_cache(config, pop, run, setting)
+
+
+def setting_cases(config: Comparison, pop: Population, run: RunFolder, setting: Setting) -> dict:
+    """A setting's evaluation cases: ``lines`` per primary length, ``gate`` (the start length),
+    ``needle`` (the longest primary length), ``beyond_start`` and ``recall`` when configured."""
+    from . import needle
+
+    longest = max(setting.lines_lengths)
+    cases = {
+        "lines": {n: stages.read_cases(run, stages.lines_cases_name(n)) for n in setting.lines_lengths},
+        "gate": stages.read_cases(run, start_cases_name(setting.start_length)),
+        "needle": needle.read_needle_cases(run.path("data", "cases", f"needle-{longest}.jsonl")),
+    }
+    if setting.beyond_start:
+        cases["beyond_start"] = {
+            n: stages.read_cases(run, stages.lines_cases_name(n, setting.start_length)) for n in setting.lines_lengths
+        }
+    if config.recall_cases:
+        from . import passage_recall
+
+        cases["recall"] = passage_recall.read_passage_recall_cases(
+            run.path("data", "cases", f"recall-{setting.seq_len}.jsonl")
+        )
+    return cases
+
+
+def evaluate_setting_arms(config: Comparison, pop: Population, run: RunFolder, selected: list[Arm]) -> None:
+    """Every outcome of the plan for each run in ``selected`` (and each setting's start model, method
+    ``start``) -> ``eval/finetuned/<run>.json``: lines accuracy at the primary lengths (asked beyond
+    K), at the start length, beyond the start length when configured, needle at the longest length,
+    the answer digits' log-likelihood, passage recall, PPL at L and LongPPL under the setting's
+    outside evaluator (none for ``cache``, which that evaluator weighted). A run evaluated is kept."""
+    from .family import is_trained
+
+    pending = [arm for arm in selected if not run.has("eval", "finetuned", f"{arm.name}.json")]
+    caches, cases_of = {}, {}
+    for arm in pending:
+        setting = arm.setting
+        folder = extended_folder(run, setting.name) if arm.method == START else arm_folder(run, arm)
+        if not is_trained(folder):
+            stage = "extend" if arm.method == START else "finetune"
+            raise ValueError(f"{arm.name} is not trained ({folder}): run the '{stage}' stage first.")
+        start = time.perf_counter()
+        alpha = setting_alpha(config, pop, run, setting)
+        cache = setting_validation_cache(config, pop, run, setting)
+        if cache not in caches:
+            caches[cache] = stages.cache_scores(cache)
+        if setting.name not in cases_of:
+            cases_of[setting.name] = setting_cases(config, pop, run, setting)
+        cases = cases_of[setting.name]
+        scored = arm.method != "cache"  # the outside evaluator weighted cache's training
+        column = {"cache": cache, "alpha": alpha, "beta": config.scoring.beta, "soft": False}
+        device = stages.device_of(pop)
+        model, tokenizer = stages.load_member(folder, device)
+        record = {"run": arm.name, "setting": setting.name, "method": arm.method, "seed": arm.seed}
+        record["start_length"], record["length"] = setting.start_length, setting.seq_len
+        found = stages.benchmark_results(model, tokenizer, {k: cases[k] for k in ("lines", "gate", "needle")}, pop)
+        record["acc_start"] = found.pop("acc512")  # the gate group holds the start length's cases
+        record.update(found)
+        if "beyond_start" in cases:
+            record["beyond_start"] = {
+                str(n): stages.lines_result(model, tokenizer, group, pop) for n, group in cases["beyond_start"].items()
+            }
+        if "recall" in cases:
+            from . import passage_recall
+
+            record["recall"] = passage_recall.passage_recall_accuracy(
+                model, cases["recall"], pop.evaluation.batch_size, device=device
+            )
+        evaluator = setting.evaluator if scored else None
+        finish_evaluation(config, pop, run, arm, (model, tokenizer), record, (column, caches, evaluator), start)
+        run.log(
+            f"evaluate: {arm.name} primary accuracy {primary_mean(record):.3f}, at {setting.start_length} "
+            f"{record['acc_start']['accuracy']:.3f}, PPL {record['ppl']:.2f}"
+        )
+
+
+def stage_evaluate(config: Comparison, pop: Population, run: RunFolder, selection=None) -> None:
+    if config.settings:
+        return evaluate_setting_arms(
+            config, pop, run, start_arms(config, selection) + arms(config, selection=selection)
+        )
+    evaluate_arms(config, pop, run, arms(config, selection=selection))
 
 
 # ------------------------------------------------------------------ void rule and rerun
@@ -867,7 +1543,11 @@ def rerun_extensions(config: Comparison, void_by_extension: dict[str, bool]) -> 
     return [e for e in config.extensions if config.rerun.when == "always" or void_by_extension[e.name]]
 
 
-def stage_rerun(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> None:
+def stage_rerun(config: Comparison, pop: Population, run: RunFolder, selection=None) -> None:
+    if config.settings:
+        run.log("rerun: none (a config with settings has no reruns: void runs are reported as void)")
+        return
+    seeds = selection.seeds if selection else None
     void = {e.name: void_of(config, run, e)["void"] for e in config.extensions}
     chosen = {e.name for e in rerun_extensions(config, void)}
     if not chosen:
@@ -970,10 +1650,12 @@ def verdict(void: dict, differences: dict) -> str:
     return "reproduced" if found["low"] > 0 else "not reproduced"
 
 
-def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None) -> dict:
+def stage_report(config: Comparison, pop: Population, run: RunFolder, selection=None) -> dict:
     """``results.json`` and ``report.md`` over ``seeds`` (default: every seed of the config; fewer
     when a run could not finish them all, which the report then states)."""
-    seeds = list(seeds or config.finetune.seeds)
+    if config.settings:
+        return settings_report(config, pop, run, selection or Selection())
+    seeds = list((selection.seeds if selection else None) or config.finetune.seeds)
     if len(seeds) < 2:
         raise ValueError(f"The report compares methods across seeds: --seeds names {seeds}; name at least 2.")
     unfinished = sorted(
@@ -1036,6 +1718,151 @@ def stage_report(config: Comparison, pop: Population, run: RunFolder, seeds=None
     }
     results["figures"] = draw_curves(run, extensions)
     return run.write_report(results, format_report(results))
+
+
+#: A setting's measures per run (the first is the primary outcome); accuracy measures leave void runs out.
+SETTING_MEASURES = (
+    "primary_accuracy",
+    "acc_start",
+    "beyond_start",
+    "recall",
+    "needle",
+    "log_likelihood",
+    "ppl",
+    "longppl",
+    "step_seconds",
+)
+ACCURACY_MEASURES = ("primary_accuracy", "acc_start", "beyond_start", "recall", "needle", "log_likelihood")
+#: The paired differences of the plan, across seeds.
+SETTING_PAIRS = (
+    ("self", "ce"),
+    ("cache", "ce"),
+    ("frozen", "ce"),
+    ("ce-fresh", "ce"),
+    ("self", "frozen"),
+    ("self", "ce-fresh"),
+)
+
+
+def setting_row(run: RunFolder, arm: Arm) -> dict:
+    """A run's (or start model's) row: its evaluation's outcomes and, for a run, its training record's
+    steps, step time, fresh steps and void rule."""
+    from .family import TRAINING_RECORD
+
+    found = run.read_json("eval", "finetuned", f"{arm.name}.json")
+    accuracy = {n: v["accuracy"] for n, v in found["lines"].items()}
+    likelihood = [sum(v) / len(v) for v in found["log_likelihood"].values()]
+    beyond = found.get("beyond_start")
+    row = {
+        "run": arm.name,
+        "setting": arm.setting.name,
+        "method": arm.method,
+        "seed": arm.seed,
+        "accuracy": accuracy,
+        "primary_accuracy": sum(accuracy.values()) / len(accuracy),
+        "acc_start": found["acc_start"]["accuracy"],
+        "beyond_start": sum(v["accuracy"] for v in beyond.values()) / len(beyond) if beyond else None,
+        "recall": found["recall"]["accuracy"] if found.get("recall") else None,
+        "needle": found["needle"]["accuracy"],
+        "log_likelihood": sum(likelihood) / len(likelihood),
+        "ppl": found["ppl"],
+        "longppl": found["longppl"],
+        "step_seconds": None,
+        "void": False,
+    }
+    if arm.method != START:
+        trained = run.read_json("models", "finetuned", arm.name, TRAINING_RECORD)
+        row.update(
+            steps=trained["steps"],
+            step_seconds=trained["step_seconds"]["median"],
+            fresh=trained.get("fresh"),
+            void=bool(trained["void"]["void"]),
+            void_rule=trained["void"],
+            curve=trained["curve"],
+        )
+    return row
+
+
+def settings_report(config: Comparison, pop: Population, run: RunFolder, selection: Selection) -> dict:
+    """``results.json`` and ``report.md`` of a config with settings: per setting, the start model,
+    every evaluated run, mean and sd per method, and the plan's paired differences across seeds with
+    their t intervals (void runs out of the accuracy measures). The pooled model is not here yet."""
+    from .statistics import paired_t_interval
+
+    seeds = list(selection.seeds or config.finetune.seeds)
+    settings = {}
+    for setting in chosen_settings(config, selection.settings):
+        start = Arm(setting.extension, START, 0, False, setting)
+        runs = [a for a in arms(config, seeds=seeds, selection=Selection(settings=(setting.name,)))]
+        done = [a for a in runs if run.has("eval", "finetuned", f"{a.name}.json")]
+        rows = [setting_row(run, a) for a in done]
+        by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in config.finetune.methods}
+        summary = {
+            m: {
+                k: spread([r[k] for r in by[m].values() if not (r["void"] and k in ACCURACY_MEASURES)])
+                for k in SETTING_MEASURES
+            }
+            for m in config.finetune.methods
+        }
+        differences = {}
+        for variant, baseline in SETTING_PAIRS:
+            if variant not in by or baseline not in by:
+                continue
+            entry = {}
+            for measure in SETTING_MEASURES:
+                kept = [
+                    (by[variant][s][measure], by[baseline][s][measure])
+                    for s in sorted(set(by[variant]) & set(by[baseline]))
+                    if finite(by[variant][s][measure])
+                    and finite(by[baseline][s][measure])
+                    and not (measure in ACCURACY_MEASURES and (by[variant][s]["void"] or by[baseline][s]["void"]))
+                ]
+                if len(kept) < 2:
+                    entry[measure] = {"skipped": f"{len(kept)} seeds with values of both; 2 are needed"}
+                else:
+                    entry[measure] = paired_t_interval([a for a, _ in kept], [b for _, b in kept], config.level)
+            differences[f"{variant} - {baseline}"] = entry
+        settings[setting.name] = {
+            "setting": dataclasses.asdict(setting),
+            "start": setting_row(run, start) if run.has("eval", "finetuned", f"{start.name}.json") else None,
+            "runs": rows,
+            "missing": [a.name for a in runs if a not in done],
+            "summary": summary,
+            "differences": differences,
+        }
+    results = {
+        "command": command_line("longppl-reproduce-longce"),
+        "config": dataclasses.asdict(config),
+        "seeds": seeds,
+        "settings": settings,
+        "timings": run.timings(),
+        "figures": [],
+    }
+    return run.write_report(results, format_settings_report(results))
+
+
+def format_settings_report(results: dict) -> str:
+    """``report.md`` of a config with settings: per setting, the start model and every run, the
+    summaries and the paired differences."""
+    out = ["# LongCE beyond one setting", "", "```", results["command"], "```"]
+    measures = list(SETTING_MEASURES)
+    for name, found in results["settings"].items():
+        out += ["", f"## Setting {name}", ""]
+        if found["missing"]:
+            out.append(f"Not evaluated yet: {', '.join(found['missing'])}.")
+        out += ["| run | void | " + " | ".join(measures) + " |", "|---" * (len(measures) + 2) + "|"]
+        for row in ([found["start"]] if found["start"] else []) + found["runs"]:
+            cells = [fmt(row[m]) for m in measures]
+            out.append(f"| {row['run']} | {'void' if row['void'] else ''} | " + " | ".join(cells) + " |")
+        out += ["", "| paired difference (95% t interval) | " + " | ".join(measures) + " |"]
+        out.append("|---" * (len(measures) + 1) + "|")
+        for pair, entry in found["differences"].items():
+            cells = [
+                f"{fmt(d['value'])} [{fmt(d['low'])}, {fmt(d['high'])}]" if "value" in d else "n/a"
+                for d in entry.values()
+            ]
+            out.append(f"| {pair} | " + " | ".join(cells) + " |")
+    return "\n".join(out + closing_sections(results)) + "\n"
 
 
 def draw_curves(run: RunFolder, extensions: dict) -> list[str]:
@@ -1185,6 +2012,20 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="comma-separated fine-tuning seeds to train / evaluate / report in this call (default: all); "
         "a report over fewer seeds than the config's says so",
     )
+    parser.add_argument(
+        "--settings", help="comma-separated settings (a config with settings) this call runs (default: all)"
+    )
+    parser.add_argument(
+        "--methods",
+        help="comma-separated methods this call trains / evaluates / makes the datasets of (default: all); "
+        "'start' selects the settings' start models (their evaluation, and in the cache stage the "
+        "evaluators' alpha and validation caches)",
+    )
+    parser.add_argument(
+        "--models",
+        help="comma-separated models the start stage trains (a config with settings; default: the selected "
+        "settings' start models and outside evaluators; 'none': the data only)",
+    )
     return parser
 
 
@@ -1210,8 +2051,31 @@ def main(argv=None, prog: str | None = None) -> dict | None:
         args.config, args.corpus, args.validation_corpus, args.base_model, args.evaluator, args.second_evaluator
     )
     seeds = parse_seeds(args.seeds, config)
+    selection = Selection(
+        tuple(seeds) if seeds is not None else None,
+        parse_names(args.settings, "--settings", [s.name for s in config.settings]),
+        parse_names(args.methods, "--methods", [*config.finetune.methods, START]),
+        parse_names(args.models, "--models", list(model_specs(config, pop)), empty="none"),
+    )
+    if not config.settings and (selection.settings or selection.methods or selection.models):
+        raise ValueError(
+            "--settings, --methods and --models select parts of a config with settings; this one has none."
+        )
     run = RunFolder(args.output_dir)
-    return run.run_stages(args.stages, lambda stage: globals()[f"stage_{stage}"](config, pop, run, seeds))
+    return run.run_stages(args.stages, lambda stage: globals()[f"stage_{stage}"](config, pop, run, selection))
+
+
+def parse_names(value: str | None, flag: str, known: list[str], empty: str | None = None) -> tuple[str, ...] | None:
+    """The comma-separated names of ``value`` (``None`` when not given; ``empty``: none at all), each one of ``known``."""
+    if value is None:
+        return None
+    if empty is not None and value.strip() == empty:
+        return ()
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"{flag} names {unknown or value!r}; choose from {', '.join(known)}.")
+    return names
 
 
 def cli(argv=None) -> int:

@@ -162,22 +162,26 @@ def data_jobs(config: Population, run: RunFolder) -> list[tuple]:
     return jobs
 
 
-def run_data_jobs(config: Population, run: RunFolder, jobs: list[tuple]) -> None:
+def run_data_jobs(config, run: RunFolder, jobs: list[tuple], worker=None) -> None:
     """Run ``jobs`` (:func:`data_jobs`) in worker processes, one per CPU core at most: generating
     cases and documents is tokenizer-bound Python, minutes for one process on the H200 config. The
-    files do not depend on the order the jobs run in (each job seeds its own generator)."""
+    files do not depend on the order the jobs run in (each job seeds its own generator).
+    ``worker(config, root, job) -> line to log`` runs one job (default :func:`run_data_job`; a
+    pipeline with files of its own passes its own, and ``config`` is what that worker reads)."""
     import concurrent.futures
     import multiprocessing
+
+    worker = worker or run_data_job
 
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         for job in jobs:
-            run_data_job(config, run.root, job)
+            run.log(worker(config, run.root, job))
         return
     # spawn, not fork: the parent holds a Rust tokenizer and may hold CUDA state
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        for message in pool.map(run_data_job, [config] * len(jobs), [run.root] * len(jobs), jobs):
+        for message in pool.map(worker, [config] * len(jobs), [run.root] * len(jobs), jobs):
             run.log(message)
 
 
@@ -306,18 +310,27 @@ def write_gate_cases(config: Population, run: RunFolder, tokenizer, spec: Pretra
     return f"data: {len(cases)} gate cases of {num_lines} lines for {spec.name}"
 
 
-def write_lines_cases_beyond(config: Population, run: RunFolder, tokenizer, length: int) -> str:
-    """Lines cases of ``length`` tokens whose asked line lies more than K tokens before the question."""
+def lines_cases_name(length: int, beyond: int | None = None) -> str:
+    """The file of lines cases of ``length`` tokens asked beyond ``beyond`` (None: ``evaluation.beyond``)."""
+    return f"lines-{length}.jsonl" if beyond is None else f"lines-{length}-beyond{beyond}.jsonl"
+
+
+def write_lines_cases_beyond(config: Population, run: RunFolder, tokenizer, length: int, beyond=None) -> str:
+    """Lines cases of ``length`` tokens whose asked line lies more than K tokens (``beyond`` when
+    given) before the question."""
     from . import lines
 
     evaluation = config.evaluation
-    cases = lines.lines_cases_beyond(tokenizer, length, evaluation.cases, evaluation.beyond, config.seed + length)
-    lines.write_lines_cases(run.path("data", "cases", f"lines-{length}.jsonl"), cases)
-    return f"data: {len(cases)} lines cases of {length} tokens, asked beyond {evaluation.beyond}"
+    far = evaluation.beyond if beyond is None else beyond
+    seed = config.seed + length + (0 if beyond is None else 7919 * beyond)  # another draw per beyond
+    cases = lines.lines_cases_beyond(tokenizer, length, evaluation.cases, far, seed)
+    lines.write_lines_cases(run.path("data", "cases", lines_cases_name(length, beyond)), cases)
+    return f"data: {len(cases)} lines cases of {length} tokens, asked beyond {far}"
 
 
-def write_needle_cases(config: Population, run: RunFolder, tokenizer) -> str:
-    """Needle cases in the validation books, the asked needle more than K tokens before the question."""
+def write_needle_cases(config: Population, run: RunFolder, tokenizer, length: int | None = None) -> str:
+    """Needle cases in the validation books, the asked needle more than K tokens before the question:
+    ``needle.jsonl`` at ``evaluation.needle_length``, or ``needle-<length>.jsonl`` at ``length``."""
     import numpy as np
 
     from . import needle
@@ -327,14 +340,14 @@ def write_needle_cases(config: Population, run: RunFolder, tokenizer) -> str:
     cases = needle.make_needle_cases(
         tokenizer,
         np.concatenate(book_ids(tokenizer, validation)),
-        evaluation.needle_length,
+        length or evaluation.needle_length,
         evaluation.cases,
         needles=config.data.needles,
         beyond=evaluation.beyond,
         seed=config.seed,
     )
-    needle.write_needle_cases(run.path("data", "cases", "needle.jsonl"), cases)
-    return f"data: {len(cases)} needle cases of {evaluation.needle_length} tokens"
+    needle.write_needle_cases(run.path("data", "cases", f"needle-{length}.jsonl" if length else "needle.jsonl"), cases)
+    return f"data: {len(cases)} needle cases of {length or evaluation.needle_length} tokens"
 
 
 def write_two_hop_cases(config: Population, run: RunFolder, tokenizer) -> str:
@@ -566,8 +579,9 @@ def selected_evaluators(config: Population, names=None) -> list[Pretrained]:
     return [spec for spec in enabled if not names or spec.name in names]
 
 
-def extended_config(config: Population, base_folder: str, extension):
-    """B's config extended by ``extension`` to ``data.length`` positions, and the attention to load it with."""
+def extended_config(config: Population, base_folder: str, extension, length: int | None = None):
+    """B's config extended by ``extension`` to ``length`` positions (default ``data.length``), and the
+    attention to load it with."""
     from transformers import AutoConfig
 
     from longce.context_extension import apply_context_extension
@@ -585,15 +599,25 @@ def extended_config(config: Population, base_folder: str, extension):
             eabf_base_length=extension.eabf_base_length or 4096,
         )
     # ABF changes only the base: the positions the model may read become L.
-    model_config.max_position_embeddings = max(model_config.max_position_embeddings, config.data.length)
+    model_config.max_position_embeddings = max(model_config.max_position_embeddings, length or config.data.length)
     return model_config, attention or "sdpa"
 
 
 # ------------------------------------------------------------------ key-token caches and calibration
 
 
-def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: Window, documents: str) -> str:
-    """The key-token cache of ``data/<documents>.jsonl`` by ``evaluator`` with ``window`` (built once)."""
+def evaluator_cache(
+    config: Population,
+    run: RunFolder,
+    evaluator: str,
+    window: Window,
+    documents: str,
+    folder_of_model: str | None = None,
+    max_length: int | None = None,
+) -> str:
+    """The key-token cache of ``data/<documents>.jsonl`` by ``evaluator`` with ``window`` (built once):
+    the model ``models/<evaluator>``, or the one in ``folder_of_model`` (``evaluator`` then only names
+    the cache), reading documents of up to ``max_length`` tokens (default ``data.length``)."""
     name = f"{evaluator}-K{window.trunc_len}-d{window.sliding_window}-{documents}"
     folder = os.path.dirname(run.path("caches", name, "x"))
     if not os.path.isfile(os.path.join(folder, "dataset_info.json")):
@@ -604,9 +628,11 @@ def evaluator_cache(config: Population, run: RunFolder, evaluator: str, window: 
         from longppl.cache.key_token_cache import compact_cache
         from longppl.tools import compute_key_tokens
 
-        arguments = ["--corpus", source, "--evaluator", model_folder(run, evaluator), "--output", folder]
+        model = folder_of_model or model_folder(run, evaluator)
+        arguments = ["--corpus", source, "--evaluator", model, "--output", folder]
         arguments += ["--device", device_of(config), "--trunc-len", str(window.trunc_len)]
-        arguments += ["--sliding-window", str(window.sliding_window), "--max-length", str(config.data.length)]
+        length = max_length or config.data.length
+        arguments += ["--sliding-window", str(window.sliding_window), "--max-length", str(length)]
         run.log("$ longppl-score " + " ".join(arguments))
         with run.timed("cache", name):
             compute_key_tokens.main(arguments, prog="longppl-score")

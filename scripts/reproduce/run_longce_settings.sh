@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# One phase of "LongCE beyond one setting" (docs/reproduction.md, its analysis plan) on a machine of
+# 4 GPUs. Each phase is one device call that ends well under 9 minutes; every step resumes from
+# RUN_DIR, so a phase cut short is run again as it was.
+#
+#   scripts/reproduce/run_longce_settings.sh PHASE RUN_DIR BOOKS_DIR OUT_DIR [CONFIG]
+#
+# PHASE, in order (session 1: settings a and b; session 2, on a fresh machine: setting c):
+#   prep      tokenizer, the population's data, a's and b's cases and fine-tuning pools (CPU)  ~4-5 min
+#   models    B, B256, E1 pretrained side by side on GPUs 0-2, each through its gate         ~3-4 min
+#   caches    E1's calibration and validation cache, the extensions of a and b, E1's cache of
+#             the 1024-token pool and the frozen caches of a and b, side by side              ~3-4 min
+#   train-a   a's 20 runs (4 seeds x 5 methods), 2 processes per GPU, then their evaluation,
+#             and a's start model's                                                            ~6-8 min
+#   train-b   the same for b                                                                    ~6-8 min
+#   prep-c    tokenizer, the population's data, c's cases and the 2048-token pools (CPU)       ~5-6 min
+#   models-c  E1 and E2048 pretrained side by side on GPUs 0-1                                 ~4-5 min
+#   caches-c  E2048's calibration and validation cache, c's extension, E2048's cache of the
+#             2048-token pool and c's frozen cache                                             ~3-4 min
+#   train-c   c's 20 runs and their evaluation                                                 ~7-8 min
+#   report    per-setting tables from the records (any machine; also runs on a CPU)
+# The times are estimates for 4 H100s, scaled by tokens from the second attempt's H200 stage
+# times (docs/reproduction.md: data 176 s, B 122 s and E1 130 s at 5000 steps, E1 scoring 16.4M
+# tokens 242 s, a CE run of 1000 x 16,384 tokens 110 s): a CE run here is 500 x 12,288 tokens
+# (~0.4 of that), self and ce-fresh ~3.3 CE runs; two processes share a GPU.
+#
+# RUN_DIR: the run folder (kept between the phases of one session); BOOKS_DIR: holds train.jsonl.gz
+# and validation.jsonl.gz; OUT_DIR: where the phase leaves records-<phase>.tgz (eval/, every
+# model's training.json, timings.json, the logs; no model weights)
+# and, when it is larger than 15 MiB, its pieces records-<phase>.tgz.partNN (join them with cat).
+set -u
+if [ $# -lt 4 ]; then
+    echo "usage: $0 PHASE RUN_DIR BOOKS_DIR OUT_DIR [CONFIG]" >&2
+    exit 2
+fi
+PHASE=$1 RUN=$2 BOOKS=$3 OUT=$4
+CONFIG=${5:-configs/reproduce/longce_settings_h100x4.yaml}
+PYTHON=${PYTHON:-python3}  # the device's python3 holds PyTorch
+# the models of the pretraining phases, one GPU each (the config's names; the smoke config's differ),
+# each as MODEL:SETTING, the setting whose files it needs
+MODELS_AB=${MODELS_AB:-B:a B256:b E1:a}
+MODELS_C=${MODELS_C:-E1 E2048}
+SEEDS=${SEEDS:-0 1 2 3}  # one GPU per seed, in order
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+LOGS=$RUN/logs/$PHASE-$(date +%s)
+mkdir -p "$OUT" "$LOGS"
+C=(scripts/reproduce_longce.py --config "$CONFIG" --corpus "$BOOKS/train.jsonl.gz"
+   --validation-corpus "$BOOKS/validation.jsonl.gz" --output-dir "$RUN")
+FAILED=0
+
+on_gpu() {  # on_gpu GPU LOG ARGS...: one process on GPU, its output in LOGS/LOG.log, in the background
+    local gpu=$1 log=$2
+    shift 2
+    (CUDA_VISIBLE_DEVICES=$gpu "$PYTHON" "${C[@]}" "$@" > "$LOGS/$log.log" 2>&1 ||
+        echo "[$(date -u +%T)] FAILED: $log (rc $?)" >> "$LOGS/failed.txt") &
+}
+
+wait_all() {
+    wait
+    if [ -f "$LOGS/failed.txt" ]; then
+        cat "$LOGS/failed.txt"
+        FAILED=1
+    fi
+}
+
+train_setting() {  # train_setting SETTING: 20 runs, 8 processes (2 per GPU)
+    # Cost in CE runs: self and ce-fresh ~3.3 each, ce, cache and frozen 1 each (9.6 a seed). Each
+    # GPU takes one seed: one process self + ce + frozen (5.3), the other ce-fresh + cache (4.3)
+    # and, on GPU 0, the start model's evaluation.
+    local setting=$1 seed gpu=0 start=,start
+    for seed in $SEEDS; do
+        on_gpu "$gpu" "$setting-s$seed-self" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
+            --methods self,ce,frozen
+        on_gpu "$gpu" "$setting-s$seed-fresh" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
+            --methods "ce-fresh,cache$start"
+        gpu=$((gpu + 1)) start=
+    done
+    wait_all
+}
+
+echo "[$(date -u +%T)] phase $PHASE"
+case $PHASE in
+prep)
+    # a first, then b: b's 256-token files (B256's task documents, its gate cases) cannot stop a's
+    "$PYTHON" "${C[@]}" --stages start --settings a --models none > "$LOGS/prep-a.log" 2>&1 || FAILED=1
+    "$PYTHON" "${C[@]}" --stages start --settings b --models none > "$LOGS/prep-b.log" 2>&1 || FAILED=1
+    ;;
+models)
+    # each model with the setting whose files it needs (B256: b's, the others a's)
+    gpu=0
+    for item in $MODELS_AB; do
+        on_gpu "$gpu" "${item%%:*}" --stages start --settings "${item##*:}" --models "${item%%:*}"
+        gpu=$((gpu + 1))
+    done
+    wait_all
+    ;;
+caches)
+    # E1's alpha and validation cache (start), the tokenized pools; the extensions and the frozen
+    # caches of a and b; E1's cache of the shared 1024-token pool
+    on_gpu 0 scoring --stages cache --settings a,b --methods ce,ce-fresh,start
+    on_gpu 1 frozen-a --stages extend,cache --settings a --methods frozen
+    on_gpu 2 frozen-b --stages extend,cache --settings b --methods frozen
+    on_gpu 3 cache-E1 --stages cache --settings a --methods cache
+    wait_all
+    ;;
+train-a) train_setting a ;;
+train-b) train_setting b ;;
+prep-c)
+    "$PYTHON" "${C[@]}" --stages start --settings c --models none > "$LOGS/prep.log" 2>&1 || FAILED=1
+    ;;
+models-c)
+    gpu=0
+    for model in $MODELS_C; do
+        on_gpu "$gpu" "$model" --stages start --settings c --models "$model"
+        gpu=$((gpu + 1))
+    done
+    wait_all
+    ;;
+caches-c)
+    # c's extension first (its frozen cache reads it); E2048's alpha, validation and pool caches beside
+    on_gpu 0 scoring --stages cache --settings c --methods ce,ce-fresh,start
+    on_gpu 1 frozen-c --stages extend,cache --settings c --methods frozen
+    on_gpu 2 cache-E2048 --stages cache --settings c --methods cache
+    wait_all
+    ;;
+train-c) train_setting c ;;
+report)
+    "$PYTHON" "${C[@]}" --stages report > "$LOGS/report.log" 2>&1 || FAILED=1
+    ;;
+*)
+    echo "unknown phase $PHASE: choose prep, models, caches, train-a, train-b, prep-c, models-c, caches-c, train-c, report" >&2
+    exit 2
+    ;;
+esac
+echo "[$(date -u +%T)] phase $PHASE done (failed: $FAILED)"
+
+# the small records, for the report on any CPU (the models stay here)
+(cd "$RUN" && tar czf - --ignore-failed-read eval timings.json logs results.json report.md \
+    $(find models -name training.json 2>/dev/null) tokenizer/tokenizer_info.json 2>/dev/null) \
+    > "$OUT/records-$PHASE.tgz"
+if [ "$(wc -c < "$OUT/records-$PHASE.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+    split -b 15m -d "$OUT/records-$PHASE.tgz" "$OUT/records-$PHASE.tgz.part" && rm "$OUT/records-$PHASE.tgz"
+fi
+for log in "$LOGS"/*.log; do echo "--- $log"; grep -v "Loading weights\|Writing model" "$log" | tail -n 4; done
+grep -h "gate lines accuracy\|calibrate:.*alpha\|extend:\|rror" "$LOGS"/*.log | sort -u | head -30
+ls -la "$OUT"
+exit $FAILED
