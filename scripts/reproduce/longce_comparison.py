@@ -57,8 +57,11 @@ method ``start`` selected, the evaluators' alpha and validation caches; ``finetu
 ``<setting>-<method>-s<seed>`` in a seed's order of the pool (``ce-fresh`` goes on with fresh rows
 for ``fresh_factor`` times the steps); ``evaluate`` scores every run and each start model
 (``<setting>-start``). ``--settings``, ``--seeds``, ``--methods`` and ``--models`` pick what a call
-does, so several processes share a GPU; there are no reruns, and the report gives per-setting
-tables (the plan's pooled statistics are not here yet).
+does, so several processes share a GPU; there are no reruns. ``report`` reads the records alone
+(``eval/``, the training records, ``timings.json``) and writes the plan's statistics and decisions
+(``longppl_reproduce.longce_settings_report``): per setting the runs, void runs and arms, mean ± sd,
+the paired differences against ``ce`` and the start model, pooled over the settings in the records
+(a missing setting, seed or arm is named and left out), ``figures/accuracy_vs_steps-<setting>.png``.
 """
 
 from __future__ import annotations
@@ -1720,30 +1723,6 @@ def stage_report(config: Comparison, pop: Population, run: RunFolder, selection=
     return run.write_report(results, format_report(results))
 
 
-#: A setting's measures per run (the first is the primary outcome); accuracy measures leave void runs out.
-SETTING_MEASURES = (
-    "primary_accuracy",
-    "acc_start",
-    "beyond_start",
-    "recall",
-    "needle",
-    "log_likelihood",
-    "ppl",
-    "longppl",
-    "step_seconds",
-)
-ACCURACY_MEASURES = ("primary_accuracy", "acc_start", "beyond_start", "recall", "needle", "log_likelihood")
-#: The paired differences of the plan, across seeds.
-SETTING_PAIRS = (
-    ("self", "ce"),
-    ("cache", "ce"),
-    ("frozen", "ce"),
-    ("ce-fresh", "ce"),
-    ("self", "frozen"),
-    ("self", "ce-fresh"),
-)
-
-
 def setting_row(run: RunFolder, arm: Arm) -> dict:
     """A run's (or start model's) row: its evaluation's outcomes and, for a run, its training record's
     steps, step time, fresh steps and void rule."""
@@ -1784,85 +1763,43 @@ def setting_row(run: RunFolder, arm: Arm) -> dict:
 
 
 def settings_report(config: Comparison, pop: Population, run: RunFolder, selection: Selection) -> dict:
-    """``results.json`` and ``report.md`` of a config with settings: per setting, the start model,
-    every evaluated run, mean and sd per method, and the plan's paired differences across seeds with
-    their t intervals (void runs out of the accuracy measures). The pooled model is not here yet."""
-    from .statistics import paired_t_interval
+    """``results.json`` and ``report.md`` of a config with settings, from the records alone
+    (``eval/finetuned/``, each run's training record, ``timings.json``): per setting the start model,
+    every evaluated run, void runs and arms, mean and sd per arm and the plan's paired differences
+    with their t intervals; the pooled statistics over the settings in the records; the plan's
+    decisions (``longppl_reproduce.longce_settings_report``). A setting, seed or arm not in the
+    records is listed as missing and left out."""
+    from . import longce_settings_report as analysis
 
     seeds = list(selection.seeds or config.finetune.seeds)
+    methods = list(config.finetune.methods)
     settings = {}
     for setting in chosen_settings(config, selection.settings):
         start = Arm(setting.extension, START, 0, False, setting)
-        runs = [a for a in arms(config, seeds=seeds, selection=Selection(settings=(setting.name,)))]
+        runs = arms(config, seeds=seeds, selection=Selection(settings=(setting.name,)))
         done = [a for a in runs if run.has("eval", "finetuned", f"{a.name}.json")]
         rows = [setting_row(run, a) for a in done]
-        by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in config.finetune.methods}
-        summary = {
-            m: {
-                k: spread([r[k] for r in by[m].values() if not (r["void"] and k in ACCURACY_MEASURES)])
-                for k in SETTING_MEASURES
-            }
-            for m in config.finetune.methods
-        }
-        differences = {}
-        for variant, baseline in SETTING_PAIRS:
-            if variant not in by or baseline not in by:
-                continue
-            entry = {}
-            for measure in SETTING_MEASURES:
-                kept = [
-                    (by[variant][s][measure], by[baseline][s][measure])
-                    for s in sorted(set(by[variant]) & set(by[baseline]))
-                    if finite(by[variant][s][measure])
-                    and finite(by[baseline][s][measure])
-                    and not (measure in ACCURACY_MEASURES and (by[variant][s]["void"] or by[baseline][s]["void"]))
-                ]
-                if len(kept) < 2:
-                    entry[measure] = {"skipped": f"{len(kept)} seeds with values of both; 2 are needed"}
-                else:
-                    entry[measure] = paired_t_interval([a for a, _ in kept], [b for _, b in kept], config.level)
-            differences[f"{variant} - {baseline}"] = entry
+        start_row = setting_row(run, start) if run.has("eval", "finetuned", f"{start.name}.json") else None
         settings[setting.name] = {
             "setting": dataclasses.asdict(setting),
-            "start": setting_row(run, start) if run.has("eval", "finetuned", f"{start.name}.json") else None,
+            "start": start_row,
             "runs": rows,
             "missing": [a.name for a in runs if a not in done],
-            "summary": summary,
-            "differences": differences,
+            **analysis.analyse_setting(rows, start_row, methods, len(seeds), config.level),
         }
+    pooled = analysis.pool_settings(settings, config.level)
+    decisions = analysis.decide({name: found["differences"] for name, found in settings.items()}, pooled)
     results = {
         "command": command_line("longppl-reproduce-longce"),
         "config": dataclasses.asdict(config),
         "seeds": seeds,
         "settings": settings,
+        "pooled": pooled,
+        "decisions": decisions,
         "timings": run.timings(),
-        "figures": [],
     }
-    return run.write_report(results, format_settings_report(results))
-
-
-def format_settings_report(results: dict) -> str:
-    """``report.md`` of a config with settings: per setting, the start model and every run, the
-    summaries and the paired differences."""
-    out = ["# LongCE beyond one setting", "", "```", results["command"], "```"]
-    measures = list(SETTING_MEASURES)
-    for name, found in results["settings"].items():
-        out += ["", f"## Setting {name}", ""]
-        if found["missing"]:
-            out.append(f"Not evaluated yet: {', '.join(found['missing'])}.")
-        out += ["| run | void | " + " | ".join(measures) + " |", "|---" * (len(measures) + 2) + "|"]
-        for row in ([found["start"]] if found["start"] else []) + found["runs"]:
-            cells = [fmt(row[m]) for m in measures]
-            out.append(f"| {row['run']} | {'void' if row['void'] else ''} | " + " | ".join(cells) + " |")
-        out += ["", "| paired difference (95% t interval) | " + " | ".join(measures) + " |"]
-        out.append("|---" * (len(measures) + 1) + "|")
-        for pair, entry in found["differences"].items():
-            cells = [
-                f"{fmt(d['value'])} [{fmt(d['low'])}, {fmt(d['high'])}]" if "value" in d else "n/a"
-                for d in entry.values()
-            ]
-            out.append(f"| {pair} | " + " | ".join(cells) + " |")
-    return "\n".join(out + closing_sections(results)) + "\n"
+    results["figures"] = draw_curves(run, {name: found for name, found in settings.items() if found["runs"]})
+    return run.write_report(results, analysis.format_settings_report(results))
 
 
 def draw_curves(run: RunFolder, extensions: dict) -> list[str]:

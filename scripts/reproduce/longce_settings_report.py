@@ -1,0 +1,491 @@
+"""The statistics and decisions of "LongCE beyond one setting" (docs/reproduction.md, its analysis
+plan: "Void rule", "Statistics", "What counts as what"), from the runs' rows alone.
+
+``longce_comparison.settings_report`` reads the records into rows (one per run, one per start model,
+see ``longce_comparison.setting_row``) and hands them here:
+
+- :func:`analyse_setting`: one setting's void runs and void arms, mean and sd per arm, the plan's
+  paired differences across seeds (each arm against ``ce``, ``self - frozen``, ``self - ce-fresh``)
+  and every arm against the start model, each with its t interval;
+- :func:`pool_settings`: the per-seed paired differences of the settings pooled by a random
+  intercept per setting (t on S - 1 degrees of freedom) and by the fixed-effects mean (n - S);
+- :func:`decide`: the plan's decisions on those intervals;
+- :func:`format_settings_report`: ``report.md``.
+
+Everything here is pure: numbers in, numbers out, so the tests can craft them.
+"""
+
+from __future__ import annotations
+
+from .report_text import closing_sections, fmt
+from .run_folder import finite
+from .statistics import fixed_effects_mean, paired_t_interval, random_intercept_mean
+
+#: The outcomes per run (the first is the primary one), with their report labels and decimals.
+OUTCOMES = {
+    "primary_accuracy": ("primary", 3),
+    "recall": ("passage recall", 3),
+    "acc_start": ("acc at start length", 3),
+    "needle": ("needle", 3),
+    "log_likelihood": ("answer LL", 3),
+    "ppl": ("PPL", 2),
+    "longppl": ("LongPPL (outside evaluator)", 2),
+    "beyond_start": ("primary beyond start length", 3),
+}
+#: The outcomes a void run leaves (the plan: void runs leave the accuracy comparisons); PPL and
+#: LongPPL keep every run.
+ACCURACY_MEASURES = ("primary_accuracy", "recall", "acc_start", "needle", "log_likelihood", "beyond_start")
+#: The summaries per arm: the outcomes and the step time.
+SUMMARY_MEASURES = (*OUTCOMES, "step_seconds")
+#: The plan's paired differences across seeds, ``(arm, baseline)``.
+SETTING_PAIRS = (
+    ("self", "ce"),
+    ("cache", "ce"),
+    ("frozen", "ce"),
+    ("ce-fresh", "ce"),
+    ("self", "frozen"),
+    ("self", "ce-fresh"),
+)
+#: The differences pooled over settings, and the outcomes they are pooled on.
+POOLED_PAIRS = (("self", "ce"), ("frozen", "ce"), ("self", "frozen"), ("self", "ce-fresh"))
+POOLED_MEASURES = ("primary_accuracy", "recall")
+#: "Frozen matches self": the interval of ``frozen - self`` above minus this (the plan's margin).
+NON_INFERIORITY_MARGIN = 0.03
+
+CLAIM_REPRODUCED = "reproduced beyond one setting"
+CLAIM_SETTING_DEPENDENT = "setting-dependent"
+CLAIM_NOT_REPRODUCED = "not reproduced"
+
+
+def pair_name(arm: str, baseline: str) -> str:
+    return f"{arm} - {baseline}"
+
+
+def void_arms(rows: list[dict], seeds: int) -> dict:
+    """Per arm (method) of one setting: its void runs and whether the arm is void, i.e. void in more
+    than half of the setting's ``seeds`` configured seeds (the plan: more than 2 of 4).
+
+    Returns ``{method: {"void_seeds": [seed, ...], "void": bool}}`` for the methods in ``rows``."""
+    found = {}
+    for row in rows:
+        entry = found.setdefault(row["method"], {"void_seeds": [], "void": False})
+        if row["void"]:
+            entry["void_seeds"].append(row["seed"])
+    for entry in found.values():
+        entry["void_seeds"].sort()
+        entry["void"] = len(entry["void_seeds"]) > seeds // 2
+    return found
+
+
+def _usable(row: dict | None, measure: str, arm_void: bool) -> bool:
+    """Whether ``row``'s ``measure`` enters the comparisons: defined, and for an accuracy measure
+    neither the run nor its arm void."""
+    if row is None or not finite(row.get(measure)):
+        return False
+    return not (measure in ACCURACY_MEASURES and (row["void"] or arm_void))
+
+
+def _spread(values: list[float]) -> dict:
+    """Mean and sample standard deviation of ``values`` (``n`` of them; sd 0 for one value)."""
+    if not values:
+        return {"mean": None, "sd": None, "n": 0}
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return {"mean": mean, "sd": sd, "n": len(values)}
+
+
+def _interval(a: list[float], b: list[float], seeds: list[int], level: float) -> dict:
+    """The paired t interval of ``a[i] - b[i]`` over ``seeds``, with the per-seed differences kept
+    (the pooled model reads them); fewer than 2 pairs: ``{"skipped": why}``."""
+    if len(a) < 2:
+        return {"skipped": f"{len(a)} seed(s) with values of both; 2 are needed", "seeds": seeds}
+    found = paired_t_interval(a, b, level)
+    return {**found, "seeds": seeds, "per_seed": [x - y for x, y in zip(a, b)]}
+
+
+def analyse_setting(rows: list[dict], start: dict | None, methods: list[str], seeds: int, level: float) -> dict:
+    """One setting's statistics from its rows.
+
+    Args:
+        rows: one dict per evaluated run: ``method``, ``seed``, ``void`` (bool) and a value (or
+            ``None``) per measure of :data:`SUMMARY_MEASURES`.
+        start: the start model's row (same measures; ``None`` when not evaluated).
+        methods: the configured arms, in config order.
+        seeds: the number of configured seeds (the void rule's denominator).
+        level: the intervals' coverage.
+
+    Returns:
+        ``{"void": void_arms(...), "summary": {method: {measure: mean, sd, n}}, "differences":
+        {"arm - baseline": {outcome: interval}}, "against_start": {"arm - start": {outcome:
+        interval}}}``. An interval is :func:`statistics.paired_t_interval`'s dict plus ``seeds`` and
+        ``per_seed`` (the differences, in seed order), or ``{"skipped": why}``. Void runs are out of
+        the accuracy measures, and an arm void in more than half the seeds has none of them.
+    """
+    void = void_arms(rows, seeds)
+    by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in methods}
+    arm_void = {m: void.get(m, {}).get("void", False) for m in methods}
+    summary = {
+        m: {k: _spread([r[k] for r in by[m].values() if _usable(r, k, arm_void[m])]) for k in SUMMARY_MEASURES}
+        for m in methods
+    }
+    differences = {}
+    for arm, baseline in SETTING_PAIRS:
+        if arm not in by or baseline not in by:
+            continue
+        entry = {}
+        for measure in OUTCOMES:
+            gone = [m for m in (arm, baseline) if arm_void[m]]
+            if measure in ACCURACY_MEASURES and gone:
+                entry[measure] = {"skipped": f"{' and '.join(gone)} void in more than {seeds // 2} of {seeds} seeds"}
+                continue
+            both = [
+                s
+                for s in sorted(set(by[arm]) & set(by[baseline]))
+                if _usable(by[arm][s], measure, False) and _usable(by[baseline][s], measure, False)
+            ]
+            entry[measure] = _interval(
+                [by[arm][s][measure] for s in both], [by[baseline][s][measure] for s in both], both, level
+            )
+        differences[pair_name(arm, baseline)] = entry
+    against_start = {}
+    for arm in methods:
+        entry = {}
+        for measure in OUTCOMES:
+            if start is None or not finite(start.get(measure)):
+                entry[measure] = {"skipped": "no start model value"}
+                continue
+            if measure in ACCURACY_MEASURES and arm_void[arm]:
+                entry[measure] = {"skipped": f"{arm} void in more than {seeds // 2} of {seeds} seeds"}
+                continue
+            kept = sorted(s for s, r in by[arm].items() if _usable(r, measure, False))
+            # one start model per setting: the interval is the arm's spread over seeds about that value
+            values = [by[arm][s][measure] for s in kept]
+            entry[measure] = _interval(values, [start[measure]] * len(values), kept, level)
+        against_start[pair_name(arm, "start")] = entry
+    return {"void": void, "summary": summary, "differences": differences, "against_start": against_start}
+
+
+def pool_settings(analysed: dict, level: float) -> dict:
+    """The plan's pooled statistics over the settings in ``analysed`` (``{setting: analyse_setting(...)}``).
+
+    For each pair of :data:`POOLED_PAIRS` and outcome of :data:`POOLED_MEASURES`, the per-seed paired
+    differences of every setting that has that comparison (``per_seed``), clusters = settings:
+
+    - ``random_intercept``: :func:`statistics.random_intercept_mean` (ML fit, GLS standard error,
+      t on S - 1 degrees of freedom; needs 2 settings);
+    - ``fixed_effects``: :func:`statistics.fixed_effects_mean` (t on n - S degrees of freedom).
+
+    Returns ``{"arm - baseline": {outcome: {"settings": [...], "n", "random_intercept",
+    "fixed_effects"}}}``; a fit that cannot be made is ``{"skipped": why}``.
+    """
+    pooled = {}
+    for arm, baseline in POOLED_PAIRS:
+        name = pair_name(arm, baseline)
+        entry = {}
+        for measure in POOLED_MEASURES:
+            values, clusters, used = [], [], []
+            for setting, found in analysed.items():
+                per_seed = found["differences"].get(name, {}).get(measure, {}).get("per_seed")
+                if per_seed:
+                    values += per_seed
+                    clusters += [setting] * len(per_seed)
+                    used.append(setting)
+            item = {"settings": used, "n": len(values)}
+            if len(used) < 2:
+                why = f"{len(used)} setting(s) with this comparison; pooling needs 2"
+                item["random_intercept"] = item["fixed_effects"] = {"skipped": why}
+            else:
+                item["random_intercept"] = random_intercept_mean(values, clusters, level)
+                item["fixed_effects"] = fixed_effects_mean(values, clusters, level)
+            entry[measure] = item
+        pooled[name] = entry
+    return pooled
+
+
+def _excludes_zero_positive(interval: dict) -> bool | None:
+    """``low > 0``; ``None`` when there is no interval."""
+    return interval["low"] > 0 if "low" in interval else None
+
+
+def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARGIN) -> dict:
+    """The plan's decisions ("What counts as what"), on the primary outcome.
+
+    Args:
+        differences: ``{setting: {"arm - baseline": {"primary_accuracy": interval}}}``, an interval
+            ``{"value", "low", "high", ...}`` or ``{"skipped": why}`` (no comparison).
+        pooled: :func:`pool_settings`'s dict (its ``"self - ce"`` primary random-intercept interval).
+        margin: the non-inferiority margin of "frozen matches self".
+
+    Returns:
+        ``{"claim": {"decision", "positive_settings", "compared_settings", "pooled_excludes_0"},
+        "frozen": {setting: {"matches_self", "beats_ce", "frozen_minus_self"}}, "compute": {setting:
+        {"not_bought_with_compute"}}}``; a per-setting answer is ``None`` where the setting has no
+        such comparison.
+
+    - LongCE's claim (``self - ce``): *reproduced beyond one setting* if the pooled mu's interval
+      excludes 0 and at least two settings' intervals exclude 0 on the positive side;
+      *setting-dependent* if at least one setting's does (and the first does not hold); *not
+      reproduced* if none does.
+    - Frozen self weights, per setting: *match self* if ``frozen - self``'s interval lies above
+      ``-margin`` (its low end is minus ``self - frozen``'s high end, the same t interval mirrored);
+      *beat CE* if ``frozen - ce``'s interval excludes 0 on the positive side.
+    - Compute, per setting: *not bought with compute* if ``self - ce-fresh``'s interval excludes 0 on
+      the positive side.
+    """
+
+    def primary(setting: str, pair: str) -> dict:
+        return differences[setting].get(pair, {}).get("primary_accuracy", {"skipped": "not run"})
+
+    claim = {s: _excludes_zero_positive(primary(s, "self - ce")) for s in differences}
+    positive = [s for s, v in claim.items() if v]
+    mu = pooled.get("self - ce", {}).get("primary_accuracy", {}).get("random_intercept", {})
+    pooled_excludes = (mu["low"] > 0 or mu["high"] < 0) if "low" in mu else None
+    if pooled_excludes and len(positive) >= 2:
+        decision = CLAIM_REPRODUCED
+    elif positive:
+        decision = CLAIM_SETTING_DEPENDENT
+    else:
+        decision = CLAIM_NOT_REPRODUCED
+    frozen, compute = {}, {}
+    for setting in differences:
+        self_frozen = primary(setting, "self - frozen")
+        mirrored = (
+            {"value": -self_frozen["value"], "low": -self_frozen["high"], "high": -self_frozen["low"]}
+            if "low" in self_frozen
+            else self_frozen
+        )
+        frozen[setting] = {
+            "matches_self": mirrored["low"] > -margin if "low" in mirrored else None,
+            "beats_ce": _excludes_zero_positive(primary(setting, "frozen - ce")),
+            "frozen_minus_self": mirrored,
+        }
+        compute[setting] = {"not_bought_with_compute": _excludes_zero_positive(primary(setting, "self - ce-fresh"))}
+    return {
+        "claim": {
+            "decision": decision,
+            "positive_settings": positive,
+            "compared_settings": [s for s, v in claim.items() if v is not None],
+            "pooled_excludes_0": pooled_excludes,
+        },
+        "frozen": frozen,
+        "compute": compute,
+        "margin": margin,
+    }
+
+
+# ------------------------------------------------------------------ report.md
+
+
+def signed(value, digits: int = 3) -> str:
+    """``value`` with its sign (``n/a`` when undefined)."""
+    return f"{value:+.{digits}f}" if finite(value) else "n/a"
+
+
+def interval_text(found: dict, digits: int = 3) -> str:
+    """``+0.077 [+0.052, +0.102]``, or ``n/a`` for a comparison that was skipped."""
+    if "low" not in found:
+        return "n/a"
+    return f"{signed(found['value'], digits)} [{signed(found['low'], digits)}, {signed(found['high'], digits)}]"
+
+
+def _answer(value: bool | None) -> str:
+    return "no comparison" if value is None else ("**yes**" if value else "no")
+
+
+def decision_lines(results: dict) -> list[str]:
+    """The decisions in words, one bullet each, with the intervals they rest on."""
+    decisions, settings = results["decisions"], results["settings"]
+    claim = decisions["claim"]
+    pooled = results["pooled"]["self - ce"]
+
+    def pooled_text(item: dict) -> str:
+        mu = item["random_intercept"]
+        if "low" not in mu:
+            return f"not fitted ({mu['skipped']})"
+        return f"{interval_text(mu)} (random intercept, {mu['df']} df, over {', '.join(item['settings'])})"
+
+    def primary(name: str, pair: str, measure: str = "primary_accuracy") -> str:
+        return interval_text(settings[name]["differences"].get(pair, {}).get(measure, {}))
+
+    out = [
+        f"- **LongCE's claim (`self − ce`, primary): {claim['decision']}.** Settings whose interval excludes 0 "
+        f"on the positive side: {', '.join(claim['positive_settings']) or 'none'} (of "
+        f"{', '.join(claim['compared_settings']) or 'none'} with a comparison). Pooled μ "
+        + pooled_text(pooled["primary_accuracy"])
+        + "."
+    ]
+    for name in settings:
+        frozen, compute = decisions["frozen"][name], decisions["compute"][name]
+        out.append(
+            f"- **Setting {name}:** frozen matches `self`: {_answer(frozen['matches_self'])} (`frozen − self` "
+            f"{interval_text(frozen['frozen_minus_self'])}, margin −{decisions['margin']:g}); frozen beats CE: "
+            f"{_answer(frozen['beats_ce'])} (`frozen − ce` {primary(name, 'frozen - ce')}); not bought with "
+            f"compute: {_answer(compute['not_bought_with_compute'])} (`self − ce-fresh` "
+            f"{primary(name, 'self - ce-fresh')})."
+        )
+    held_out = "; ".join(f"{name} {primary(name, 'self - ce', 'recall')}" for name in settings)
+    out.append(
+        f"- **Held-out task (passage recall, `self − ce`; reported, not decided):** {held_out}; pooled μ "
+        + pooled_text(pooled["recall"])
+        + "."
+    )
+    return out
+
+
+def _run_table(found: dict) -> list[str]:
+    rows = ([found["start"]] if found["start"] else []) + found["runs"]
+    beyond = any(finite(r.get("beyond_start")) for r in rows)
+    lengths = sorted({n for r in rows for n in r["accuracy"]}, key=int)
+    head = ["run", "steps", "primary", " / ".join(lengths), "acc start", *(["beyond start"] if beyond else [])]
+    head += ["recall", "needle", "answer LL", "PPL", "LongPPL", "step ms", "void"]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in rows:
+        cells = [
+            r["run"],
+            str(r.get("steps", 0)),
+            fmt(r["primary_accuracy"]),
+            " / ".join(fmt(r["accuracy"].get(n)) for n in lengths),
+            fmt(r["acc_start"]),
+            *([fmt(r.get("beyond_start"))] if beyond else []),
+            fmt(r["recall"]),
+            fmt(r["needle"]),
+            fmt(r["log_likelihood"]),
+            fmt(r["ppl"], 2),
+            fmt(r["longppl"], 2),
+            fmt(r["step_seconds"] * 1e3, 1) if finite(r["step_seconds"]) else "n/a",
+            "**void**" if r["void"] else "",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _outcomes(found: dict) -> list[str]:
+    """The outcomes with a value in this setting (beyond-start only where configured)."""
+    rows = ([found["start"]] if found["start"] else []) + found["runs"]
+    return [k for k in OUTCOMES if any(finite(r.get(k)) for r in rows)]
+
+
+def _summary_table(found: dict, outcomes: list[str]) -> list[str]:
+    head = ["arm", "n (primary)"] + [OUTCOMES[k][0] for k in outcomes] + ["step ms"]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
+    if found["start"]:
+        start = found["start"]
+        out.append("| start model | 1 | " + " | ".join(fmt(start[k], OUTCOMES[k][1]) for k in outcomes) + " | |")
+    for method, summary in found["summary"].items():
+        cells = [
+            f"{fmt(summary[k]['mean'], OUTCOMES[k][1])} ± {fmt(summary[k]['sd'], OUTCOMES[k][1])}"
+            if summary[k]["n"]
+            else "n/a"
+            for k in outcomes
+        ]
+        ms = summary["step_seconds"]
+        step = f"{fmt(ms['mean'] * 1e3, 1)} ± {fmt(ms['sd'] * 1e3, 1)}" if ms["n"] else "n/a"
+        n = summary["primary_accuracy"]["n"]
+        out.append(f"| {method} | {n} | " + " | ".join(cells) + f" | {step} |")
+    return out
+
+
+def _difference_table(entries: dict, outcomes: list[str]) -> list[str]:
+    head = ["difference", "seeds (primary)"] + [OUTCOMES[k][0] for k in outcomes]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
+    for pair, entry in entries.items():
+        seeds = len(entry["primary_accuracy"].get("seeds", []))
+        cells = [interval_text(entry[k], OUTCOMES[k][1]) for k in outcomes]
+        label = f"**{pair.replace(' - ', ' − ')}**" if pair == "self - ce" else pair.replace(" - ", " − ")
+        out.append(f"| {label} | {seeds} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _pooled_table(pooled: dict) -> list[str]:
+    out = [
+        "| difference | outcome | settings | random-intercept μ [95%] | df | τ² | fixed effects [95%] | df |",
+        "|---|---|---|---|---:|---:|---|---:|",
+    ]
+    for pair, entry in pooled.items():
+        for measure, item in entry.items():
+            mu, fixed = item["random_intercept"], item["fixed_effects"]
+            out.append(
+                f"| {pair.replace(' - ', ' − ')} | {OUTCOMES[measure][0]} | {', '.join(item['settings']) or 'none'} "
+                f"({item['n']} pairs) | {interval_text(mu)} | {mu.get('df', 'n/a')} | {fmt(mu.get('tau2'), 5)} | "
+                f"{interval_text(fixed)} | {fixed.get('df', 'n/a')} |"
+            )
+    return out
+
+
+def format_settings_report(results: dict) -> str:
+    """``report.md`` of a config with settings: the decisions by the plan; per setting the start model
+    and every run, void runs, mean ± sd per arm, the paired differences against ``ce`` (and ``self −
+    frozen``, ``self − ce-fresh``) and against the start model with their t intervals; the pooled
+    statistics; wall times and figures."""
+    settings, pooled = results["settings"], results["pooled"]
+    level = round(results["config"]["level"] * 100)
+    out = ["# LongCE beyond one setting", "", "```", results["command"], "```", ""]
+    present = [name for name, found in settings.items() if found["runs"] or found["start"]]
+    absent = [name for name in settings if name not in present]
+    if absent:
+        out.append(f"**Not in the records: setting(s) {', '.join(absent)}** (not run or not evaluated).")
+    used = pooled["self - ce"]["primary_accuracy"]["settings"]
+    if len(used) == 2:
+        out.append(
+            f"The pooled model is fitted over {' and '.join(used)} only, so its interval has 1 degree of freedom "
+            "(the plan: if a setting is not run, pool the others and say so)."
+        )
+    out += ["", "## Decisions by the plan", "", *decision_lines(results)]
+    out += [
+        "",
+        f"Intervals are paired {level}% t intervals across seeds. A run is void when its accuracy at the "
+        "start length at the void rule's step is below half the start model's: void runs leave every "
+        "accuracy comparison (PPL and LongPPL keep them), and an arm void in more than half its setting's "
+        "seeds has no accuracy comparison there.",
+    ]
+    for name, found in settings.items():
+        out += ["", f"## Setting {name}", ""]
+        spec = found["setting"]
+        out.append(
+            f"Start model {spec['start']}, extended by {spec['extension']['method']} ×{spec['extension']['factor']:g}; "
+            f"fine-tuned at L = {spec['seq_len']}, start length {spec['start_length']}, outside evaluator "
+            f"{spec['evaluator']}."
+        )
+        if name in absent:
+            out.append("No records of this setting.")
+            continue
+        if found["missing"]:
+            out.append(f"Not in the records: {', '.join(found['missing'])}.")
+        void_runs = [r for r in found["runs"] if r["void"]]
+        out.append(
+            "Void runs: "
+            + (
+                ", ".join(
+                    f"{r['run']} (at the start length {fmt(r['void_rule']['acc_start'])} at step "
+                    f"{r['void_rule']['at_step']}, threshold {fmt(r['void_rule']['threshold'])})"
+                    for r in void_runs
+                )
+                if void_runs
+                else "none"
+            )
+            + "."
+        )
+        gone = [m for m, v in found["void"].items() if v["void"]]
+        if gone:
+            out.append(f"**No accuracy comparison for {', '.join(gone)}** (void in more than half the seeds).")
+        outcomes = _outcomes(found)
+        out += ["", "### Every run", "", *_run_table(found)]
+        out += ["", "### Mean ± sd over seeds (void runs out of the accuracy columns)", ""]
+        out += _summary_table(found, outcomes)
+        out += ["", f"### Paired differences across seeds, with the {level}% t interval", ""]
+        out += _difference_table(found["differences"], outcomes)
+        out += ["", "### Against the start model (gain or avoided forgetting)", ""]
+        out.append(
+            "The start model is one model, evaluated once: each interval is the arm's spread over seeds about "
+            "the start model's value."
+        )
+        out.append("")
+        out += _difference_table(found["against_start"], outcomes)
+    out += ["", "## Pooled over the settings", ""]
+    out.append(
+        "Per-seed paired differences, a random intercept per setting (maximum likelihood; μ's interval from "
+        "the GLS standard error with t on S − 1 degrees of freedom), and the fixed-effects mean over these "
+        "settings (t on n − S)."
+    )
+    out += ["", *_pooled_table(pooled)]
+    return "\n".join(out + closing_sections(results)) + "\n"
