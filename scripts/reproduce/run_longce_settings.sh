@@ -18,7 +18,7 @@
 #   caches-c  E2048's calibration and validation cache, c's extension, E2048's cache of the
 #             2048-token pool and c's frozen cache                                             ~3-4 min
 #   train-c   c's 20 runs and their evaluation                                                 ~7-8 min
-#   report    per-setting tables from the records (any machine; also runs on a CPU)
+#   report    the plan's statistics and decisions from the records (any machine; also runs on a CPU)
 # The times are estimates for 4 H100s, scaled by tokens from the second attempt's H200 stage
 # times (docs/reproduction.md: data 176 s, B 122 s and E1 130 s at 5000 steps, E1 scoring 16.4M
 # tokens 242 s, a CE run of 1000 x 16,384 tokens 110 s): a CE run here is 500 x 12,288 tokens
