@@ -69,7 +69,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import tempfile
 import time
@@ -95,7 +94,7 @@ from .config import (
     read_population,
     share,
 )
-from .report_text import closing_sections, fmt
+from .report_text import closing_sections, fmt, spread
 from .run_folder import RunFolder, finite, read_record
 
 STAGES = ("start", "extend", "cache", "finetune", "evaluate", "rerun", "report")
@@ -1603,16 +1602,6 @@ def arm_row(run: RunFolder, arm: Arm) -> dict:
 
 #: The measures summarised and compared across seeds (the first is the primary outcome).
 MEASURES = ("primary_accuracy", "acc512", "needle", "log_likelihood", "ppl", "longppl", "step_seconds")
-
-
-def spread(values: list) -> dict:
-    """Mean and sample standard deviation over the finite ``values`` (``n`` of them)."""
-    defined = [float(v) for v in values if finite(v)]
-    if not defined:
-        return {"mean": None, "sd": None, "n": 0}
-    mean = sum(defined) / len(defined)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in defined) / (len(defined) - 1)) if len(defined) > 1 else 0.0
-    return {"mean": mean, "sd": sd, "n": len(defined)}
 
 
 def compare(rows: list[dict], methods: list[str], level: float) -> dict:

@@ -17,7 +17,7 @@ Everything here is pure: numbers in, numbers out, so the tests can craft them.
 
 from __future__ import annotations
 
-from .report_text import closing_sections, fmt
+from .report_text import closing_sections, fmt, spread
 from .run_folder import finite
 from .statistics import fixed_effects_mean, paired_t_interval, random_intercept_mean
 
@@ -85,15 +85,6 @@ def _usable(row: dict | None, measure: str, arm_void: bool) -> bool:
     return not (measure in ACCURACY_MEASURES and (row["void"] or arm_void))
 
 
-def _spread(values: list[float]) -> dict:
-    """Mean and sample standard deviation of ``values`` (``n`` of them; sd 0 for one value)."""
-    if not values:
-        return {"mean": None, "sd": None, "n": 0}
-    mean = sum(values) / len(values)
-    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-    return {"mean": mean, "sd": sd, "n": len(values)}
-
-
 def _interval(a: list[float], b: list[float], seeds: list[int], level: float) -> dict:
     """The paired t interval of ``a[i] - b[i]`` over ``seeds``, with the per-seed differences kept
     (the pooled model reads them); fewer than 2 pairs: ``{"skipped": why}``."""
@@ -125,7 +116,7 @@ def analyse_setting(rows: list[dict], start: dict | None, methods: list[str], se
     by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in methods}
     arm_void = {m: void.get(m, {}).get("void", False) for m in methods}
     summary = {
-        m: {k: _spread([r[k] for r in by[m].values() if _usable(r, k, arm_void[m])]) for k in SUMMARY_MEASURES}
+        m: {k: spread([r[k] for r in by[m].values() if _usable(r, k, arm_void[m])]) for k in SUMMARY_MEASURES}
         for m in methods
     }
     differences = {}
