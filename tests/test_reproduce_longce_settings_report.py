@@ -324,6 +324,15 @@ def test_a_missing_setting_pools_the_others_with_one_degree_of_freedom_and_says_
     assert "Not in the records: a-self-s3." in text
 
 
+def test_a_report_without_any_record_is_one_error_line(tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        comparison.cli([*REPORT, "--output-dir", str(tmp_path / "empty")])
+    lines = str(stopped.value.code).splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0]
+    assert "No evaluation records of settings a, b, c" in lines[0] and "untar" in lines[0]
+    assert not (tmp_path / "empty" / "report.md").exists()
+
+
 def _interval(low: float, high: float) -> dict:
     return {"value": (low + high) / 2, "low": low, "high": high}
 

@@ -411,6 +411,7 @@ def format_settings_report(results: dict) -> str:
     settings, pooled = results["settings"], results["pooled"]
     level = round(results["config"]["level"] * 100)
     out = ["# LongCE beyond one setting", "", "```", results["command"], "```", ""]
+    out.append(f"Seeds: {', '.join(map(str, results['seeds']))}.")
     present = [name for name, found in settings.items() if found["runs"] or found["start"]]
     absent = [name for name in settings if name not in present]
     if absent:
