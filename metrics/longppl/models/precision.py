@@ -9,10 +9,10 @@ every call with one scale per token (row); the product runs on the GPU's float8 
 transformer blocks (``compilation.repeated_blocks``: attention q/k/v/o, MLP gate/up/down) are
 converted. The embedding, the norms, the attention itself and the LM head stay bfloat16, so the
 log-probs' last projection and the softmax over the vocabulary keep their precision. The scores are
-then approximate: a token near a threshold (LSD near ``alpha``, LCL near ``beta``) may flip. How
-far, on trained models, ``scripts/bench_fp8.py fidelity`` measures (docs/benchmarks.md); until it
-has, fp8 is an option for speed, off by default, and its rows never mix with bf16 rows in a cache
-(``fingerprints.ModelIdentity.with_precision``).
+then approximate: a token near a threshold (LSD near ``alpha``, LCL near ``beta``) may flip. On a
+trained evaluator, ``scripts/bench_fp8.py fidelity`` found about 1 key token in 10 flipped (Jaccard
+0.90, docs/benchmarks.md): fp8 is an option for speed, off by default, and its rows never mix with
+bf16 rows in a cache (``fingerprints.ModelIdentity.with_precision``).
 
 **Why torchao.** It is PyTorch's own quantization library, released in step with torch (0.17, the
 first release built for torch 2.11, is the oldest taken), and what transformers (``TorchAoConfig``),
