@@ -148,7 +148,7 @@ class LongPPLOptions:
     evaluator_precision: object = _option(
         DEFAULT_EVALUATOR_PRECISION,
         "`str`",
-        '"bf16": the evaluator as loaded (`dtype`, bfloat16 on a GPU), the exact reference. "fp8": the Linear layers of its transformer blocks in float8 (torchao\'s dynamic float8 with per-row scales; `pip install "longppl-hf[fp8]"`), compiled unless `torch_compile=False`: faster (0.69–0.75× compiled bf16's time on an H100) and approximate: on a trained evaluator about 1 key token in 10 differed from bf16's (tokens near a threshold flip; docs/benchmarks.md). Needs `evaluator_model_id` and a CUDA GPU of compute capability 8.9 or newer (L4, H100...); a key-token cache keeps fp8 rows apart from bf16 rows.',
+        '"bf16": the evaluator as loaded (`dtype`, bfloat16 on a GPU), the exact reference. "fp8": the Linear layers of its transformer blocks in float8 (torchao\'s dynamic float8 with per-row scales; `pip install "longppl-hf[fp8]"`), compiled unless `torch_compile=False`: faster (0.69–0.75× the time of compiled bf16 on an H100) and approximate: on a trained evaluator about 1 key token in 10 differed from bf16 (tokens near a threshold flip; docs/benchmarks.md). Needs `evaluator_model_id` and a CUDA GPU of compute capability 8.9 or newer (L4, H100...); a key-token cache keeps fp8 rows apart from bf16 rows.',
     )
     aggregation: object = _option(
         DEFAULT_AGGREGATION,
