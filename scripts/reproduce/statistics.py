@@ -506,6 +506,15 @@ def _t_summary(value: float, standard_error: float, df: int, level: float) -> di
     return {"value": value, "low": value - half, "high": value + half, "se": standard_error, "df": df, "level": level}
 
 
+def _values_by_cluster(values, clusters) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(values [n], cluster codes [n] from 0, number of clusters)``, one label per value checked."""
+    (y,) = _columns(("values",), (values,))
+    groups = _group_codes(clusters)
+    if groups.shape[0] != y.shape[0]:
+        raise ValueError(f"clusters has {groups.shape[0]} labels for {y.shape[0]} values; give one label per value.")
+    return y, groups, (int(groups.max() + 1) if groups.size else 0)
+
+
 def random_intercept_mean(values, clusters, level: float = 0.95) -> dict:
     """The overall mean ``mu`` of ``values[i] = mu + u_{g(i)} + e_i`` (a random intercept ``u_g ~ N(0,
     tau2)`` per cluster ``g``, ``e_i ~ N(0, sigma2)``), fitted by maximum likelihood (the profile
@@ -525,11 +534,7 @@ def random_intercept_mean(values, clusters, level: float = 0.95) -> dict:
         ``{"value", "low", "high", "se", "df", "level", "tau2", "sigma2", "lambda", "n", "clusters"}``.
     """
     level = _check_level(level)
-    (y,) = _columns(("values",), (values,))
-    groups = _group_codes(clusters)
-    if groups.shape[0] != y.shape[0]:
-        raise ValueError(f"clusters has {groups.shape[0]} labels for {y.shape[0]} values; give one label per value.")
-    count = int(groups.max() + 1) if groups.size else 0
+    y, groups, count = _values_by_cluster(values, clusters)
     if count < 2:
         raise ValueError(f"random_intercept_mean needs values from at least 2 clusters, got {count}.")
     beta, lam, sigma2, _ = _refined_random_intercept(y, np.ones((y.shape[0], 1)), groups)
@@ -553,11 +558,7 @@ def fixed_effects_mean(values, clusters, level: float = 0.95) -> dict:
         ``{"value", "low", "high", "se", "df", "level", "cluster_means", "n", "clusters"}``.
     """
     level = _check_level(level)
-    (y,) = _columns(("values",), (values,))
-    groups = _group_codes(clusters)
-    if groups.shape[0] != y.shape[0]:
-        raise ValueError(f"clusters has {groups.shape[0]} labels for {y.shape[0]} values; give one label per value.")
-    count = int(groups.max() + 1) if groups.size else 0
+    y, groups, count = _values_by_cluster(values, clusters)
     df = int(y.shape[0]) - count
     if count < 1 or df < 1:
         raise ValueError(f"fixed_effects_mean needs more values ({y.shape[0]}) than clusters ({count}).")
