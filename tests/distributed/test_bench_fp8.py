@@ -57,6 +57,28 @@ def test_the_fidelity_statistics_are_the_hand_counts():
     assert alone["low"] == alone["high"] == pytest.approx(1 / 3)
 
 
+def test_a_random_parameter_part_is_the_part_of_the_whole():
+    # a tensor-parallel rank draws its slice alone: it must equal the slice of the whole one GPU draws
+    import torch
+
+    from longppl.tools.benchmarking import random_parameter
+
+    def draw(index=None):
+        return random_parameter("model.layers.0.mlp.up_proj.weight", (300, 64), torch.float32, "cpu", 0.02, 3, index)
+
+    whole = draw()
+    assert whole.shape == (300, 64) and 0.018 < float(whole.std()) < 0.022
+    for parts in (2, 4):
+        for dim in (0, 1):
+            width = whole.shape[dim] // parts
+            for rank in range(parts):
+                index = [slice(None), slice(None)]
+                index[dim] = slice(rank * width, (rank + 1) * width)
+                assert torch.equal(draw(tuple(index)), whole[tuple(index)]), (parts, dim, rank)
+    odd = (slice(7, 203), slice(3, 61))  # not on the tiles' grid: still the same values
+    assert torch.equal(draw(odd), whole[odd])
+
+
 @pytest.mark.slow
 def test_speed_smoke(tmp_path):
     with one_torch_thread():
