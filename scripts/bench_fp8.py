@@ -28,22 +28,30 @@ of large ones (outlier features grow with scale): ``--random-init`` adds each fo
 with random weights, as a control.
 
 **C. parallel** (4 GPUs): tensor parallelism at the Llama-3.1-8B shape, TP=4 against one GPU on a
-32k document (the target: TP=4 <= 0.35x one GPU); the Mistral Large 2 shape (123B, 246 GB in bf16)
-split TP=4 in bf16, on one 32k document and a corpus of 4 documents of 32k; and TP=2 in fp8 (a
-rank holds 61 GB of float8 weights). Weights are drawn on each rank's GPU from the parameter's name
-(``benchmarking.random_model``): the 123B model is never whole anywhere, and the fp8 one is
-converted block by block as it is drawn (a real checkpoint is converted after loading, so a rank
-must hold its bf16 share first: 123 GB at TP=2). Each run is a process (TP: torchrun); peak memory
-per GPU; the JSON is rewritten after every run, so a run cut off keeps the ones before, and the runs
-share ``--time-budget`` seconds (default 480: a run that would start with less than 30 left is
-recorded as not run). The parent process never touches a GPU (the workers record its name). Whether
-the fp8 blocks compile under tensor parallelism is recorded: a compilation error is kept and the
-run goes on eagerly.
+32k document (the target: TP=4 <= 0.35x one GPU), the document timed twice; the Mistral Large 2
+shape (123B, 246 GB in bf16) split TP=4 in bf16, on one 32k document timed once and a corpus of 2
+documents of 32k; and TP=2 in fp8 (a rank holds 61 GB of float8 weights), the document timed once
+(``--repeats``, ``--corpus-docs``). Weights are drawn on each rank's GPU from the parameter's name,
+each rank its own slices only (``benchmarking.random_model``): the 123B model is never whole
+anywhere, and the fp8 one is converted block by block as it is drawn (a real checkpoint is
+converted after loading, so a rank must hold its bf16 share first: 123 GB at TP=2). Each run is a
+process (TP: torchrun); peak memory per GPU; the JSON is rewritten after every run, so a run cut
+off keeps the ones before. The runs share ``--time-budget`` seconds (default 510, a 9-minute device
+call for one 123B run or the two 8B ones: a run that would start with less than 30 left is recorded
+as not run), each allowed what is left (``--timeout``: less). Before a run starts its scoring time
+is estimated (:func:`run_estimate`: its FLOPs at :data:`ASSUMED_TFLOPS` per GPU) and printed. A
+run past its time is stopped whole (:func:`stop_run`: launcher and ranks) and recorded as
+``"timeout"``; each rank appends its phases to a progress file in ``--work``, whose first and last
+lines the run's record keeps. The parent process never touches a GPU (the workers record its
+name). Whether the fp8 blocks compile under tensor parallelism is recorded: a compilation error is
+kept and the run goes on eagerly.
 
     python scripts/bench_fp8.py speed --out-dir bench_fp8                       # one GPU, ~5 min on an H100
     python scripts/bench_fp8.py fidelity --out-dir bench_fp8 --models RUN/models/E1 --run-folder RUN \\
         --trunc-len 256 --sliding-window 128                                    # minutes
-    python scripts/bench_fp8.py parallel --out-dir bench_fp8                    # 4 GPUs, ~6 min on H100s
+    python scripts/bench_fp8.py parallel --out-dir bench_fp8/8b --runs 8b-one 8b-tp4   # 4 GPUs; each of
+    python scripts/bench_fp8.py parallel --out-dir bench_fp8/123b-tp4 --runs 123b-tp4  # these three fits
+    python scripts/bench_fp8.py parallel --out-dir bench_fp8/123b-fp8 --runs 123b-tp2-fp8  # 9 minutes
     python scripts/bench_fp8.py speed --smoke --out-dir /tmp/fp8                # CPU: tiny shape, float32,
     python scripts/bench_fp8.py parallel --smoke --out-dir /tmp/fp8             # no fp8 (skipped, with why)
 
@@ -57,6 +65,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -89,13 +99,26 @@ SHAPES = {
     "mistral-large-2": dict(model_type="mistral", **MISTRAL_LARGE_2_SHAPE),
     "tiny": dict(model_type="llama", **TINY_LLAMA_SHAPE),
 }
-#: Part C's runs: shape, tensor-parallel size (1: one GPU), precision, and what is scored.
+#: Part C's runs: shape, tensor-parallel size (1: one GPU), precision, and what is scored: the document
+#: ``repeats`` times (timed; the median kept), then a corpus of ``corpus_docs`` documents (0: none). The
+#: 123B runs score less by default, so that each fits a device call of minutes (``--repeats``,
+#: ``--corpus-docs`` change them).
 PARALLEL_RUNS = {
-    "8b-one": dict(shape="llama-3.1-8b", tp=1, precision="bf16", corpus_docs=0),
-    "8b-tp4": dict(shape="llama-3.1-8b", tp=4, precision="bf16", corpus_docs=0),
-    "123b-tp4": dict(shape="mistral-large-2", tp=4, precision="bf16", corpus_docs=4),
-    "123b-tp2-fp8": dict(shape="mistral-large-2", tp=2, precision="fp8", corpus_docs=0),
+    "8b-one": dict(shape="llama-3.1-8b", tp=1, precision="bf16", repeats=2, corpus_docs=0),
+    "8b-tp4": dict(shape="llama-3.1-8b", tp=4, precision="bf16", repeats=2, corpus_docs=0),
+    "123b-tp4": dict(shape="mistral-large-2", tp=4, precision="bf16", repeats=1, corpus_docs=2),
+    "123b-tp2-fp8": dict(shape="mistral-large-2", tp=2, precision="fp8", repeats=1, corpus_docs=0),
 }
+#: Throughput assumed per GPU (TFLOP/s) by the estimate of a run's scoring time printed before it starts
+#: (H100-class dense products as long passes reach them): for judging the time budget, not a measurement.
+ASSUMED_TFLOPS = {"bf16": 400.0, "fp8": 700.0}
+#: Part C's K and d (the smoke runs': 64, 16).
+PARALLEL_WINDOWS, SMOKE_WINDOWS = (4096, 1024), (64, 16)
+#: Lines of each rank's progress file kept in a run's record: its first ones (start, process group,
+#: weights, first call) and its last ones.
+PROGRESS_HEAD, PROGRESS_TAIL = 4, 8
+#: Seconds a run's processes get to end after SIGTERM before they are killed.
+STOP_GRACE = 10.0
 #: The smoke runs' stand-ins: the tiny shape, 2 gloo processes for a split.
 SMOKE_TP = 2
 #: Part C's target: TP=4 time over one GPU's at the 8B shape on the 32k document.
@@ -412,14 +435,39 @@ def parallel_sizes(args) -> dict:
     runs = {}
     for name in args.runs:
         run = dict(PARALLEL_RUNS[name])
+        if args.repeats is not None:
+            run["repeats"] = args.repeats
+        if args.corpus_docs is not None and run["corpus_docs"]:
+            run["corpus_docs"] = args.corpus_docs
         if args.smoke:
             run.update(shape="tiny", tp=SMOKE_TP if run["tp"] > 1 else 1, corpus_docs=min(run["corpus_docs"], 2))
         runs[name] = run
     return runs
 
 
+def progress_path(work: str, name: str, rank: int) -> str:
+    return os.path.join(work, f"progress-{name}-{rank}.txt")
+
+
+def progress_writer(path: str):
+    """``note(phase, **fields)``: appends ``HH:MM:SS +seconds phase key=value ...`` to ``path`` (seconds
+    since this call), flushed at once, so that what a run cut off had done is on disk."""
+    began = time.perf_counter()
+
+    def note(phase: str, **fields) -> None:
+        line = f"{time.strftime('%H:%M:%S')} +{time.perf_counter() - began:.1f}s {phase}"
+        line += "".join(f" {key}={value}" for key, value in fields.items())
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+    return note
+
+
 def parallel_worker(args) -> None:
-    """One process of the run ``--worker``: build, warm up, time the parts; its record to ``--work``."""
+    """One process of the run ``--worker``: build, warm up, time the parts; its record to ``--work``, and
+    its phases, as they end, to its progress file (:func:`progress_writer`)."""
+    note = progress_writer(progress_path(args.work, args.worker, int(os.environ.get("RANK", "0"))))
+    note("start", pid=os.getpid())  # the parent stops a run cut off by these pids
     import torch
 
     from longce.data import byte_level_tokenizer
@@ -435,13 +483,14 @@ def parallel_worker(args) -> None:
 
         state = PartialState(cpu=cpu)
         rank, device = state.process_index, ("cpu" if cpu else str(state.device))
+        note("process group up", world=state.num_processes, device=device)
     else:
         rank, device = 0, ("cpu" if cpu else "cuda:0")
     if cpu:
         torch.set_num_threads(1)
     devices = [] if cpu else [torch.device(device).index]
     doc_tokens = 600 if args.smoke else args.doc_tokens
-    K, d = (64, 16) if args.smoke else (4096, 1024)
+    K, d = SMOKE_WINDOWS if args.smoke else PARALLEL_WINDOWS
     warm_tokens = K + 2 * d + 7
     cuts = byte_documents(args.data, [warm_tokens, doc_tokens] + [doc_tokens] * run["corpus_docs"])
     parts = {"document": cuts[1:2]}
@@ -465,6 +514,7 @@ def parallel_worker(args) -> None:
                 distributed,
             )
             record.update(build_seconds=round(seconds, 2), weights_gib=peak)
+            note("weights built", seconds=round(seconds, 1), gib=peak)
             compiled = evaluator_compiles(None, run["precision"])  # the library's default for this precision
             try:  # the first call compiles (and warms the allocator and the communicators)
                 first = timed_on(lambda: score(model, cuts[:1], compiled), devices, distributed)[0]
@@ -472,16 +522,20 @@ def parallel_worker(args) -> None:
                 if not compiled or isinstance(err, torch.OutOfMemoryError):
                     raise
                 record["compile_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                note("compilation failed, eager from here", error=record["compile_error"][:120])
                 compiled = False
                 first = timed_on(lambda: score(model, cuts[:1], False), devices, distributed)[0]
             record.update(first_call_seconds=round(first, 2), compiled=compiled)
+            note("first call done", seconds=round(first, 1), compiled=compiled, tokens=warm_tokens)
             for part, texts in parts.items():
-                count = args.repeats if part == "document" else 1
+                count = run["repeats"] if part == "document" else 1
                 times, peaks = [], []
-                for _ in range(count):
+                for repeat in range(count):
                     seconds, peak, scores = timed_on(lambda: score(model, texts, compiled), devices, distributed)
                     times.append(seconds)
                     peaks.append(peak)
+                    note(f"{part} {repeat + 1}/{count} done", seconds=round(seconds, 1), documents=len(texts),
+                         peak_gib=peak)  # fmt: skip
                 median = statistics.median(times)
                 tokens = sum(int(s.input_ids.shape[0]) for s in scores)
                 record[part] = dict(seconds=round(median, 3), times=[round(t, 3) for t in times], tokens=tokens,
@@ -490,10 +544,128 @@ def parallel_worker(args) -> None:
                     save_rows(os.path.join(args.work, f"{args.worker}-{part}.npz"), scores)
         except torch.OutOfMemoryError as err:
             record["out_of_memory"] = str(err).splitlines()[0][:200]
-    with open(os.path.join(args.work, f"record-{args.worker}-{rank}.json"), "w") as handle:
-        json.dump(record, handle)
+            note("out of memory", error=record["out_of_memory"][:120])
+    write_json(record_path(args.work, args.worker, rank), record)
+    note("record written")
     if state is not None:
         state.destroy_process_group()
+
+
+def record_path(work: str, name: str, rank: int) -> str:
+    return os.path.join(work, f"record-{name}-{rank}.json")
+
+
+def scoring_estimate(config, tokens: int, K: int, d: int) -> dict:
+    """Estimated FLOPs of scoring one ``tokens``-token document as ``longppl score`` does: the full pass,
+    and the short windows from the second on (``windows.window_bounds``; the first window's scores are
+    the full pass's). ``2 x parameters x tokens x (1 + factor)``, the parameters of the products
+    (blocks and LM head, not the embedding lookup), ``factor`` the windows' tokens over ``tokens``
+    (4.2 at 32k tokens, K=4096, d=1024), plus causal attention's ``2 x layers x heads x head_dim x n^2``
+    per pass of ``n`` tokens."""
+    from longppl.core.windows import window_bounds
+    from longppl.settings import WindowSettings
+
+    h, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    per_layer = h * head_dim * (2 * heads + 2 * kv) + 3 * h * config.intermediate_size
+    products = config.num_hidden_layers * per_layer + config.vocab_size * h
+    passes = [tokens] + [end - start for start, end in window_bounds(tokens, WindowSettings(K, d))[1:]]
+    factor = (sum(passes) - tokens) / tokens
+    attention = 2 * config.num_hidden_layers * heads * head_dim * sum(n * n for n in passes)
+    flops = 2 * products * tokens * (1 + factor) + attention
+    return dict(product_parameters=products, short_window_token_factor=round(factor, 3), flops_per_document=flops)
+
+
+def run_estimate(run: dict, doc_tokens: int, K: int, d: int) -> dict:
+    """:func:`scoring_estimate` of a run's documents (the first call's short one, the timed ones) and
+    their seconds at :data:`ASSUMED_TFLOPS` per GPU: the scoring only (start, build and compilation
+    come on top)."""
+    config = config_of(run["shape"])
+    estimate = scoring_estimate(config, doc_tokens, K, d)
+    timed = run["repeats"] + run["corpus_docs"]
+    flops = timed * estimate["flops_per_document"]
+    flops += scoring_estimate(config, K + 2 * d + 7, K, d)["flops_per_document"]
+    tflops = ASSUMED_TFLOPS[run["precision"]]
+    return dict(estimate, documents_timed=timed, assumed_tflops_per_gpu=tflops,
+                estimated_scoring_seconds=round(flops / (tflops * 1e12 * run["tp"]), 1))  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def ours(pid: int) -> bool:
+    """Whether ``pid`` is still a process of this script (not another that reused the number)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return os.path.basename(__file__).encode() in handle.read()
+    except OSError:
+        return alive(pid)
+
+
+def stop_run(process: subprocess.Popen, pids: list[int]) -> None:
+    """End a run cut off by its timeout, launcher and ranks, so that nothing keeps running or keeps the
+    parent's stdout open. The launcher was started in a session of its own: its process group gets
+    SIGTERM (torchrun passes it on to its workers, each of which it starts in a session of its own),
+    then, after :data:`STOP_GRACE` seconds, SIGKILL; the ranks' process groups (``pids``, from their
+    progress files) get SIGKILL where they are still alive."""
+
+    def signal_group(pid: int, sig) -> None:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    signal_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        pass
+    signal_group(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.perf_counter() + STOP_GRACE
+    while any(alive(pid) for pid in pids) and time.perf_counter() < deadline:
+        for pid in pids:
+            if alive(pid) and ours(pid):
+                signal_group(pid, signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def terminated(signum, frame) -> None:
+    """SIGTERM's handler in the parent of Part C's runs: raises ``SystemExit`` (status 143, as the signal
+    would), so that the run going on is stopped (:func:`stop_run`) on the way out."""
+    raise SystemExit(128 + signum)
+
+
+def read_progress(work: str, name: str, tp: int) -> tuple[dict, list[int]]:
+    """The first :data:`PROGRESS_HEAD` and last :data:`PROGRESS_TAIL` lines of each rank's progress file
+    (``{rank: [line, ...]}``, a line in between saying how many were left out) and the ranks' pids."""
+    lines, pids = {}, []
+    for rank in range(tp):
+        path = progress_path(work, name, rank)
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as handle:
+            every = handle.read().splitlines()
+        left_out = len(every) - PROGRESS_HEAD - PROGRESS_TAIL
+        if left_out > 0:
+            every = [*every[:PROGRESS_HEAD], f"... {left_out} lines left out", *every[-PROGRESS_TAIL:]]
+        lines[rank] = every
+        found = re.search(r" start pid=(\d+)$", every[0]) if every else None
+        pids += [int(found.group(1))] if found else []
+    return lines, pids
 
 
 def parallel(args) -> dict:
@@ -506,13 +678,18 @@ def parallel(args) -> dict:
 
     out = dict(part="parallel", runs={}, work=work, target_tp4_vs_one=TP4_TARGET, time_budget=args.time_budget)
     out.update(versions(None))  # the device's name comes from the workers
+    signal.signal(signal.SIGTERM, terminated)  # an exception, so that a run going on is stopped first
     started = time.perf_counter()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.smoke:
         env["CUDA_VISIBLE_DEVICES"] = ""
+    K, d = SMOKE_WINDOWS if args.smoke else PARALLEL_WINDOWS
+    doc_tokens = 600 if args.smoke else args.doc_tokens
     passed = ["parallel", "--out-dir", args.out_dir, "--work", work, "--doc-tokens", str(args.doc_tokens)]
-    passed += ["--repeats", str(args.repeats), "--init-std", str(args.init_std), "--seed", str(args.seed)]
-    passed += ["--data", args.data, "--runs", *args.runs] + (["--smoke"] if args.smoke else [])
+    passed += ["--init-std", str(args.init_std), "--seed", str(args.seed), "--data", args.data, "--runs", *args.runs]
+    passed += [] if args.repeats is None else ["--repeats", str(args.repeats)]
+    passed += [] if args.corpus_docs is None else ["--corpus-docs", str(args.corpus_docs)]
+    passed += ["--smoke"] if args.smoke else []
     for name, run in runs.items():
         left = args.time_budget - (time.perf_counter() - started)
         if run["precision"] == "fp8" and not torch.cuda.is_available():  # (a worker checks a GPU's capability)
@@ -523,28 +700,54 @@ def parallel(args) -> dict:
                 run, skipped=f"not run: the time budget (--time-budget {args.time_budget:g} s) was spent"
             )
             continue
+        estimate = run_estimate(run, doc_tokens, K, d)
+        timeout = min(args.timeout or left, left)
+        print(
+            f"{name}: {estimate['documents_timed']} timed document(s) of {doc_tokens} tokens "
+            f"({estimate['flops_per_document'] / 1e15:.1f} PFLOP each); scoring estimated at "
+            f"{estimate['estimated_scoring_seconds']:g} s at {estimate['assumed_tflops_per_gpu']:g} TFLOP/s per GPU "
+            f"x {run['tp']}, plus start, build and first call; timeout {timeout:.0f} s "
+            f"({time.strftime('%H:%M:%S')})",
+            flush=True,
+        )
+        for rank in range(run["tp"]):  # a reused --work folder: this run's files are its own
+            for path in (record_path(work, name, rank), progress_path(work, name, rank)):
+                if os.path.exists(path):
+                    os.remove(path)
         command = [sys.executable]
         if run["tp"] > 1:
             command += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(run["tp"])]
         command += [os.path.abspath(__file__), *passed, "--worker", name]
         start = time.perf_counter()
+        # a session of its own, so that it is stopped whole; a terminal's Ctrl-C no longer reaches it, so
+        # this process stops it on an interruption or SIGTERM too
+        process = subprocess.Popen(command, env=env, start_new_session=True)
         try:
-            status = subprocess.run(command, env=env, timeout=min(args.timeout, left)).returncode
+            status = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stop_run(process, read_progress(work, name, run["tp"])[1])
             status = "timeout"
+        except BaseException:
+            stop_run(process, read_progress(work, name, run["tp"])[1])
+            raise
+        progress, pids = read_progress(work, name, run["tp"])
         ranks = []
         for rank in range(run["tp"]):
-            path = os.path.join(work, f"record-{name}-{rank}.json")
+            path = record_path(work, name, rank)
             if os.path.exists(path):
                 with open(path) as handle:
                     ranks.append(json.load(handle))
-        out["runs"][name] = dict(run, status=status, wall_seconds=round(time.perf_counter() - start, 1), ranks=ranks)
+        out["runs"][name] = dict(run, status=status, wall_seconds=round(time.perf_counter() - start, 1), ranks=ranks,
+                                 estimate=estimate, progress=progress, launcher_pid=process.pid, rank_pids=pids)  # fmt: skip
         if ranks and all("skipped" in r for r in ranks):
             out["runs"][name]["skipped"] = ranks[0]["skipped"]
         out.setdefault("device", next((r["device"] for r in ranks if "device" in r), None))
         summarize_parallel(out, work)
         write_json(os.path.join(args.out_dir, "parallel.json"), out)
         print(f"{name}: status {status} ({time.strftime('%H:%M:%S')})", flush=True)
+        if status != 0:
+            for rank, lines in progress.items():
+                print(f"  rank {rank}, last: {lines[-1] if lines else '(nothing)'}", flush=True)
     summarize_parallel(out, work)
     write_json(os.path.join(args.out_dir, "parallel.json"), out)
     print_parallel(out)
@@ -619,11 +822,16 @@ def build_parser():
     c = parts.add_parser("parallel", help="C: tensor parallelism, 8B TP=4 vs one GPU; 123B TP=4 bf16, TP=2 fp8")
     c.add_argument("--runs", nargs="+", choices=sorted(PARALLEL_RUNS), default=list(PARALLEL_RUNS))
     c.add_argument("--doc-tokens", type=int, default=32768, help="tokens of each document (default %(default)s)")
-    c.add_argument("--repeats", type=int, default=2, help="timed runs of the document (default %(default)s)")
-    c.add_argument("--timeout", type=float, default=420, help="seconds allowed to each run (default %(default)s)")
-    c.add_argument("--time-budget", type=float, default=480,
+    c.add_argument("--repeats", type=int, default=None,
+                   help="timed runs of the document (default: 2 in the 8B runs, 1 in the 123B ones)")  # fmt: skip
+    c.add_argument("--corpus-docs", type=int, default=None,
+                   help="documents of the corpus part, in the runs that have one (default: 2, in 123b-tp4)")  # fmt: skip
+    c.add_argument("--timeout", type=float, default=None,
+                   help="seconds allowed to each run (default: what is left of the time budget)")  # fmt: skip
+    c.add_argument("--time-budget", type=float, default=510,
                    help="seconds for all runs: a run that would start with less than 30 left is recorded as not "
-                   "run, and each gets at most what is left (default %(default)s)")  # fmt: skip
+                   "run, and each gets at most what is left (default %(default)s: one 123B run, or the two 8B "
+                   "ones, in a device call of 9 minutes)")  # fmt: skip
     c.add_argument("--work", default=None, help="folder of the runs' records (default: a new temporary one)")
     c.add_argument("--worker", choices=sorted(PARALLEL_RUNS), default=None, help=argparse.SUPPRESS)
     for sub in (a, b, c):
@@ -643,7 +851,7 @@ def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        for name in ("repeats", "lengths", "bootstrap", "documents", "doc_tokens"):
+        for name in ("repeats", "lengths", "bootstrap", "documents", "doc_tokens", "corpus_docs"):
             for value in np.atleast_1d(getattr(args, name, None) or []):
                 require_int(f"--{name.replace('_', '-')}", int(value))
     except ValueError as err:

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -57,6 +58,51 @@ def test_the_fidelity_statistics_are_the_hand_counts():
     assert alone["low"] == alone["high"] == pytest.approx(1 / 3)
 
 
+def test_a_random_parameter_part_is_the_part_of_the_whole():
+    # a tensor-parallel rank draws its slice alone: it must equal the slice of the whole one GPU draws
+    import torch
+
+    from longppl.tools.benchmarking import random_parameter
+
+    def draw(index=None):
+        return random_parameter("model.layers.0.mlp.up_proj.weight", (300, 64), torch.float32, "cpu", 0.02, 3, index)
+
+    whole = draw()
+    assert whole.shape == (300, 64) and 0.018 < float(whole.std()) < 0.022
+    for parts in (2, 4):
+        for dim in (0, 1):
+            width = whole.shape[dim] // parts
+            for rank in range(parts):
+                index = [slice(None), slice(None)]
+                index[dim] = slice(rank * width, (rank + 1) * width)
+                assert torch.equal(draw(tuple(index)), whole[tuple(index)]), (parts, dim, rank)
+    odd = (slice(7, 203), slice(3, 61))  # not on the tiles' grid: still the same values
+    assert torch.equal(draw(odd), whole[odd])
+
+
+def test_the_scoring_estimate_counts_the_products_and_the_short_windows():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = bench_fp8.config_of("tiny")
+    model = AutoModelForCausalLM.from_config(config)
+    products = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    # 10,000 tokens, K=4096, d=1024: windows from s = 1024, 2048, 3072, 4096 (5,120 tokens each) and 5120
+    # (to the end: 4,880); the first window (s = 0) is the full pass's
+    windows = [5120] * 4 + [4880]
+    found = bench_fp8.scoring_estimate(config, 10_000, 4096, 1024)
+    assert found["product_parameters"] == products
+    assert found["short_window_token_factor"] == pytest.approx(sum(windows) / 10_000, abs=1e-3)
+    attention = 2 * 2 * 4 * 16 * (10_000**2 + sum(n * n for n in windows))  # layers, heads, head_dim
+    assert found["flops_per_document"] == 2 * products * (10_000 + sum(windows)) + attention
+    # the run's seconds: its timed documents and the first call's short one, at the assumed rate, over its GPUs
+    run = dict(bench_fp8.PARALLEL_RUNS["123b-tp4"], shape="tiny")
+    short = bench_fp8.scoring_estimate(config, 4096 + 2048 + 7, 4096, 1024)["flops_per_document"]
+    flops = (run["repeats"] + run["corpus_docs"]) * found["flops_per_document"] + short
+    seconds = bench_fp8.run_estimate(run, 10_000, 4096, 1024)["estimated_scoring_seconds"]
+    assert seconds == pytest.approx(flops / (400e12 * 4), abs=0.05)
+
+
 @pytest.mark.slow
 def test_speed_smoke(tmp_path):
     with one_torch_thread():
@@ -98,5 +144,50 @@ def test_parallel_smoke(tmp_path):
     out = json.loads((tmp_path / "parallel.json").read_text())
     assert [len(out["runs"][name]["ranks"]) for name in ("8b-one", "8b-tp4")] == [1, 2]
     assert out["runs"]["123b-tp2-fp8"]["skipped"].startswith(CPU_REFUSAL)
+    for name in ("8b-one", "8b-tp4"):  # every rank's phases, in order, and the run's estimate
+        run = out["runs"][name]
+        assert run["status"] == 0 and run["estimate"]["flops_per_document"] > 0
+        for lines in run["progress"].values():
+            phases = ["start pid=", "weights built seconds=", "first call done", "document 1/1 done", "record written"]
+            found = [next(i for i, line in enumerate(lines) if phase in line) for phase in phases]
+            assert found == sorted(found), lines
     assert out["tp4_vs_one_document"] > 0 and out["tp4_rows_vs_one"]["max_abs_logprob_diff"] < 1e-4
     assert "TP=4 / one GPU at 8B" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_parallel_run_past_its_timeout_is_stopped_whole(tmp_path):
+    # a run that cannot end in its 40 s (100,000 timed repeats): the parent ends launcher and ranks and
+    # returns at once, its stdout (a pipe, as under `| tail`) closed by every process; the run's record
+    # says where the ranks were
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, os.path.join(REPO, "scripts", "bench_fp8.py"), "parallel", "--smoke", "--out-dir"]
+    command += [str(tmp_path), "--work", str(tmp_path / "work"), "--runs", "8b-tp4", "--repeats", "100000"]
+    began = time.perf_counter()
+    try:
+        done = subprocess.run([*command, "--timeout", "40"], env=env, capture_output=True, text=True, timeout=200)
+        elapsed = time.perf_counter() - began
+        assert done.returncode == 0, done.stderr[-3000:]
+        run = json.loads((tmp_path / "parallel.json").read_text())["runs"]["8b-tp4"]
+        assert run["status"] == "timeout" and run["ranks"] == []
+        assert elapsed < 40 + 45, elapsed  # the stop takes seconds, not the run's hours
+        assert len(run["rank_pids"]) == 2
+        assert not any(alive(pid) for pid in [run["launcher_pid"], *run["rank_pids"]])
+        for rank in ("0", "1"):
+            lines = run["progress"][rank]
+            assert "start pid=" in lines[0] and any("weights built" in line for line in lines), lines
+        assert "scoring estimated at" in done.stdout and "rank 1, last:" in done.stdout
+    finally:  # whatever failed, leave no rank running
+        for path in (tmp_path / "work").glob("progress-*.txt"):
+            for pid in [int(word[4:]) for word in path.read_text().split() if word.startswith("pid=")]:
+                if alive(pid):
+                    os.kill(pid, 9)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not reaped by the process that adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False

@@ -131,19 +131,50 @@ def byte_documents(path: str, sizes: list[int]) -> list[str]:
     return cuts
 
 
-def random_parameter(name: str, shape, dtype, device, std: float, seed: int):
-    """The whole of parameter ``name``: ones for norms, else normal(0, std) from a seed that depends on
-    ``name`` and ``seed`` only, so every layout (one GPU, a split over N, a device map) holds the same
-    values without a checkpoint."""
+#: Tiles per dimension of a random parameter (fewer where the dimension is not a multiple): the seed of
+#: each tile depends on its position only, so any part of a parameter, a tensor-parallel rank's slice
+#: included, is drawn without drawing the rest (a multiple of 8 splits evenly over 1, 2, 4 or 8 ranks).
+TILES = 8
+
+
+def random_parameter(name: str, shape, dtype, device, std: float, seed: int, index: tuple | None = None):
+    """Parameter ``name`` of whole shape ``shape``, or its part ``index`` (a tuple of ``slice``s with
+    unit step, one per dimension, as ``tensor_parallel.local_slice`` gives): ones for norms, else
+    normal(0, std) drawn tile by tile (:data:`TILES`), each tile from a seed that depends on ``name``,
+    ``seed`` and the tile's position only. So every layout (one GPU, a split over N, a device map)
+    holds the same values without a checkpoint, and a rank draws only the tiles its part overlaps:
+    the whole parameter is never built on it (the temporary memory is one tile).
+    """
+    import itertools
+    import math
     import zlib
 
     import torch
 
+    shape = tuple(shape)
+    index = tuple(index) if index is not None else tuple(slice(None) for _ in shape)
+    bounds = [part.indices(n)[:2] for part, n in zip(index, shape)]  # [start, stop) per dimension
+    local = tuple(stop - start for start, stop in bounds)
     if len(shape) == 1 and "norm" in name:
-        return torch.ones(shape, dtype=dtype, device=device)
+        return torch.ones(local, dtype=dtype, device=device)
+    out = torch.empty(local, dtype=dtype, device=device)
     generator = torch.Generator(device=device)
-    generator.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
+    sizes = [n // math.gcd(n, TILES) if n else 1 for n in shape]  # each tile's extent per dimension
+    ranges = [range(start // size, -(-stop // size)) for (start, stop), size in zip(bounds, sizes)]
+    base = seed * 1_000_003 + zlib.crc32(name.encode())
+    for position in itertools.product(*ranges):
+        tile = tuple(slice(p * size, (p + 1) * size) for p, size in zip(position, sizes))
+        number = sum(p * TILES**k for k, p in enumerate(reversed(position)))  # the tile's place, row-major
+        generator.manual_seed(base + 7_919 * number)
+        value = torch.empty(tuple(t.stop - t.start for t in tile), dtype=dtype, device=device)
+        value.normal_(0.0, std, generator=generator)
+        # the overlap of this tile with the part asked for, in the tile's and in the part's coordinates
+        within = tuple(
+            slice(max(b0, t.start) - t.start, min(b1, t.stop) - t.start) for (b0, b1), t in zip(bounds, tile)
+        )
+        into = tuple(slice(max(b0, t.start) - b0, min(b1, t.stop) - b0) for (b0, b1), t in zip(bounds, tile))
+        out[into] = value[within]
+    return out
 
 
 def whole_shape(local_shape, index, size: int) -> tuple[int, ...]:
@@ -157,8 +188,8 @@ def random_model(config, dtype, device: str, std: float = 0.02, seed: int = 0, m
     """``config``'s causal LM with :func:`random_parameter` weights on ``device``, in eval mode.
 
     Built on the meta device; with ``mesh`` (``tensor_parallel.group_mesh``) split there first
-    (``tensor_parallel.shard_model``, ``sequence_parallel`` as it takes it), each rank drawing the whole
-    of a split parameter and keeping its slice (``local_slice``). Weights get memory one parameter at a
+    (``tensor_parallel.shard_model``, ``sequence_parallel`` as it takes it), each rank drawing only its
+    slice of a split parameter (``local_slice``; :func:`random_parameter` draws tile by tile). Weights get memory one parameter at a
     time, the transformer blocks last, one block after the other: ``each_block(block)`` runs on each
     block once its weights are drawn (e.g. converting it to fp8), so a rank holds at most its finished
     blocks and one block in ``dtype``. Buffers (RoPE's ``inv_freq``), computed on the CPU when the
@@ -192,12 +223,9 @@ def random_model(config, dtype, device: str, std: float = 0.02, seed: int = 0, m
             index = tensor_parallel.local_slice(model, name, rank) if mesh is not None else None
             parameter = model.get_parameter(name)
             shape = tuple(parameter.shape) if index is None else whole_shape(parameter.shape, index, size)
-            value = random_parameter(name, shape, dtype, device, std, seed)
+            value = random_parameter(name, shape, dtype, device, std, seed, index)  # this rank's part only
             owner, _, leaf = name.rpartition(".")
-            model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(
-                value if index is None else value[index].clone(), requires_grad=False
-            )
-            del value
+            model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
             if each_block is not None and block is not None and last_of_block[block] == name:
                 each_block(blocks[block])
     for name, buffer in list(model.named_buffers()):
