@@ -325,9 +325,12 @@ def test_quickstart_refuses_counts_that_are_not_positive(option, value, monkeypa
 def interrupted_run(args, wait, env, ready=None):
     """Start ``python -m longppl *args``, send it SIGINT after ``wait`` seconds (or once ``ready`` is
     on its stdout), and return its exit status and stderr."""
+    # The child starts with SIGINT at its default, as under a terminal: a test suite started in the
+    # background of a non-interactive shell ignores SIGINT, every child would inherit that, and Python
+    # keeps an inherited SIG_IGN (no KeyboardInterrupt ever comes).
     process = subprocess.Popen(
         [sys.executable, "-m", "longppl", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     if ready is not None:
         for line in process.stdout:
