@@ -41,6 +41,9 @@ PYTHON=${PYTHON:-python3}  # the device's python3 holds PyTorch
 MODELS_AB=${MODELS_AB:-B:a B256:b E1:a}
 MODELS_C=${MODELS_C:-E1 E2048}
 SEEDS=${SEEDS:-0 1 2 3}  # one GPU per seed, in order
+# the GPUs of the machine: the phases are laid out for 4; with fewer, GPU i's processes go to GPU
+# i mod GPUS (side by side, so a phase takes longer)
+GPUS=${GPUS:-4}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 LOGS=$RUN/logs/$PHASE-$(date +%s)
 mkdir -p "$OUT" "$LOGS"
@@ -48,8 +51,8 @@ C=(scripts/reproduce_longce.py --config "$CONFIG" --corpus "$BOOKS/train.jsonl.g
    --validation-corpus "$BOOKS/validation.jsonl.gz" --output-dir "$RUN")
 FAILED=0
 
-on_gpu() {  # on_gpu GPU LOG ARGS...: one process on GPU, its output in LOGS/LOG.log, in the background
-    local gpu=$1 log=$2
+on_gpu() {  # on_gpu GPU LOG ARGS...: one process on GPU (mod GPUS), its output in LOGS/LOG.log, in the background
+    local gpu=$(($1 % GPUS)) log=$2
     shift 2
     (CUDA_VISIBLE_DEVICES=$gpu "$PYTHON" "${C[@]}" "$@" > "$LOGS/$log.log" 2>&1 ||
         echo "[$(date -u +%T)] FAILED: $log (rc $?)" >> "$LOGS/failed.txt") &
