@@ -1458,7 +1458,7 @@ def evaluate_setting_arms(config: Comparison, pop: Population, run: RunFolder, s
     from .family import is_trained
 
     pending = [arm for arm in selected if not run.has("eval", "finetuned", f"{arm.name}.json")]
-    caches, cases_of = {}, {}
+    caches, of_setting = {}, {}  # a setting's alpha, cache and cases, read once for all its runs
     for arm in pending:
         setting = arm.setting
         folder = extended_folder(run, setting.name) if arm.method == START else arm_folder(run, arm)
@@ -1466,13 +1466,13 @@ def evaluate_setting_arms(config: Comparison, pop: Population, run: RunFolder, s
             stage = "extend" if arm.method == START else "finetune"
             raise ValueError(f"{arm.name} is not trained ({folder}): run the '{stage}' stage first.")
         start = time.perf_counter()
-        alpha = setting_alpha(config, pop, run, setting)
-        cache = setting_validation_cache(config, pop, run, setting)
-        if cache not in caches:
-            caches[cache] = stages.cache_scores(cache)
-        if setting.name not in cases_of:
-            cases_of[setting.name] = setting_cases(config, pop, run, setting)
-        cases = cases_of[setting.name]
+        if setting.name not in of_setting:
+            alpha = setting_alpha(config, pop, run, setting)
+            cache = setting_validation_cache(config, pop, run, setting)
+            if cache not in caches:  # (a) and (b) share E1's
+                caches[cache] = stages.cache_scores(cache)
+            of_setting[setting.name] = (alpha, cache, setting_cases(config, pop, run, setting))
+        alpha, cache, cases = of_setting[setting.name]
         scored = arm.method != "cache"  # the outside evaluator weighted cache's training
         column = {"cache": cache, "alpha": alpha, "beta": config.scoring.beta, "soft": False}
         device = stages.device_of(pop)

@@ -416,7 +416,8 @@ class ScoringJob:
             return
         if self.evaluator is None:
             self.evaluator = load_model(args.evaluator, self.device, args.torch_dtype, args.tensor_parallel)
-        # After the tensor-parallel split (each rank converts its shards) and the fingerprint; once.
+        # After the tensor-parallel split (each rank converts its shards) and the fingerprint. Each later
+        # block finds its layers converted already: to_precision skips them.
         self.evaluator = to_precision(self.evaluator, args.evaluator_precision)
 
         def score(block: list[str]) -> list[tuple]:  # per document, its scores under each K of the ladder
