@@ -254,7 +254,7 @@ def test_the_h100x4_config_is_the_plan():
     b256, e2048 = specs["B256"], specs["E2048"]
     assert b256.shape == comparison.dataclasses.replace(pop.base.shape, max_position_embeddings=256)
     assert b256.training == comparison.dataclasses.replace(pop.base.training, seq_len=256)
-    assert (b256.gate.length, b256.gate.min_accuracy) == (256, 0.7) and b256.mix == pop.base.mix
+    assert (b256.gate.length, b256.gate.min_accuracy, b256.gate.lines) == (256, 0.7, 2) and b256.mix == pop.base.mix
     assert (b256.seed, e2048.seed) == (pop.base.seed, pop.evaluators[0].seed)
     e1 = pop.evaluators[0]
     assert e2048.shape == comparison.dataclasses.replace(e1.shape, max_position_embeddings=2048)
@@ -269,6 +269,15 @@ def _settings(**changes):
     with open(SMOKE, encoding="utf-8") as handle:
         settings = yaml.safe_load(handle)["settings"]
     return [{**settings[0], **changes}, *settings[1:]]
+
+
+def _pretrained(**changes):
+    """The smoke config's pretrained models, the first one changed by ``changes``."""
+    import yaml
+
+    with open(SMOKE, encoding="utf-8") as handle:
+        pretrained = yaml.safe_load(handle)["pretrained"]
+    return [{**pretrained[0], **changes}, *pretrained[1:]]
 
 
 @pytest.mark.parametrize(
@@ -288,6 +297,10 @@ def _settings(**changes):
         ({"rerun.when": "void"}, r"rerun\.when = 'void': a config with settings has no reruns"),
         ({"extensions": [{"name": "y", "method": "yarn", "factor": 2}]}, r"extensions .*or settings, not both"),
         ({"finetune.fresh_factor": 0.5}, r"finetune\.fresh_factor = 0\.5: must be >= 1"),
+        (
+            {"pretrained": _pretrained(gate={"length": 512, "cases": 4, "min_accuracy": 0.0, "lines": 2})},
+            r"pretrained\[0\]\.gate\.lines = 2: B's gate of the same length 512 asks None, and the two read one file",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key_and_value(tmp_path, changes, message):
@@ -298,3 +311,40 @@ def test_bad_settings_are_refused_naming_the_key_and_value(tmp_path, changes, me
     )
     with pytest.raises(ValueError, match=message):
         comparison.read_comparison(path, corpus=DATA)
+
+
+def _gate_cases(tmp_path, **gate):
+    """The gate cases ``write_gate_cases`` writes for the smoke base with its gate changed by ``gate``."""
+    from helpers import byte_level_bpe
+    from longppl_reproduce import lines
+
+    pop = comparison.read_population(os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml"), corpus=DATA)
+    spec = comparison.dataclasses.replace(pop.base, gate=comparison.dataclasses.replace(pop.base.gate, **gate))
+    run = RunFolder(str(tmp_path), log=lambda *_: None)
+    tokenizer = byte_level_bpe()
+    logged = stages.write_gate_cases(pop, run, tokenizer, spec)
+    cases = lines.read_lines_cases(str(tmp_path / "data" / "cases" / f"gate-{spec.gate.length}.jsonl"))
+    return pop, tokenizer, logged, cases
+
+
+def test_a_gate_s_lines_fix_its_records_and_must_leave_room_for_the_greedy_answer(tmp_path):
+    pop, tokenizer, logged, cases = _gate_cases(tmp_path / "two", length=2048, cases=5, lines=2)
+    assert {case.num_lines for case in cases} == {2} and len(cases) == 5 and "of 2 lines" in logged
+    # by default as many lines as fit with the reference answer and the greedy answer's tokens
+    _, _, logged, fitted = _gate_cases(tmp_path / "fit", length=2048, cases=5)
+    most = max(case.num_lines for case in fitted)
+    assert most > 2 and f"of {most} lines" in logged
+    # a record too long for the gate's positions once the greedy answer's tokens are added
+    prompt = len(tokenizer(cases[0].prompt, add_special_tokens=True)["input_ids"])
+    with pytest.raises(ValueError, match=r"gate\.lines = 2 lines: the longest prompt takes \d+ tokens, .* more than gate\.length = \d+; ask fewer lines"):
+        _gate_cases(tmp_path / "short", length=prompt + pop.evaluation.max_new_tokens - 1, cases=5, lines=2)
+
+
+def test_a_population_whose_gates_of_one_length_disagree_on_lines_is_refused(tmp_path):
+    from helpers import edited_config
+
+    source = os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml")
+    path = edited_config(source, tmp_path, **{"base.gate": {"length": 1024, "cases": 4, "min_accuracy": 0.0, "lines": 2},
+                                                  "base.shape.max_position_embeddings": 1024})
+    with pytest.raises(ValueError, match=r"evaluators\[0\]\.gate\.lines.*B's gate of the same length 1024 asks 2"):
+        comparison.read_population(path, corpus=DATA)

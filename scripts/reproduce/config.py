@@ -290,11 +290,18 @@ class Mix:
 @dataclass(frozen=True)
 class Gate:
     """A check a model must pass before the experiment goes on: lines accuracy at ``length`` tokens
-    (``cases`` cases, the asked line uniform over the record) at least ``min_accuracy``."""
+    (``cases`` cases, the asked line uniform over the record) at least ``min_accuracy``.
+
+    ``lines``: the records' number of lines; by default as many as fit when the prompt, the
+    reference answer and the greedy answer's ``evaluation.max_new_tokens`` count against
+    ``length``. Give it where that count leaves a record the model never trained on (at 256 tokens
+    it leaves one line, while every 256-token training record holds two); the prompt and the greedy
+    answer must still fit ``length``."""
 
     length: int = checked(positive)
     cases: int = checked(positive)
     min_accuracy: float = checked(share)
+    lines: int | None = checked(positive, default=None)
 
 
 @dataclass(frozen=True)
@@ -495,6 +502,19 @@ class Analysis:
         return {"resamples": self.resamples, "seed": self.seed, "level": self.level}
 
 
+def gate_lines_conflict(specs) -> tuple[Pretrained, Pretrained] | None:
+    """Two of ``specs`` whose gates share a length but ask records of different ``lines``, or None.
+
+    The gate cases of a length are one file (``data/cases/gate-<length>.jsonl``), read by every
+    model gated at that length, so their gates must agree on its records."""
+    first = {}
+    for spec in specs:
+        other = first.setdefault(spec.gate.length, spec)
+        if other.gate.lines != spec.gate.lines:
+            return other, spec
+    return None
+
+
 @dataclass(frozen=True)
 class Population:
     """The LongPPL population experiment: a base B extended by several methods, each fine-tuned for
@@ -526,6 +546,15 @@ class Population:
             if extension.name in taken:
                 yield f"extensions[{index}].name", "is taken by the base, an evaluator or another extension"
             taken.add(extension.name)
+        pretrained = [self.base, *self.evaluators]
+        clash = gate_lines_conflict(pretrained)
+        if clash:
+            other, spec = clash
+            key = "base" if spec is self.base else f"evaluators[{pretrained.index(spec) - 1}]"
+            yield f"{key}.gate.lines", (
+                f"is {spec.gate.lines}, and {other.name}'s gate of the same length {spec.gate.length} asks "
+                f"{other.gate.lines}: the two read one file of gate cases; give both the same lines"
+            )
         length = self.data.length
         if self.finetune.training.seq_len > length:
             yield "finetune.training.seq_len", f"must not pass data.length {length}"

@@ -88,6 +88,7 @@ from .config import (
     checked,
     each,
     folder_name,
+    gate_lines_conflict,
     non_negative,
     positive,
     read_config,
@@ -397,6 +398,14 @@ def check_settings(config: Comparison, pop: Population, where: str) -> None:
         if spec.name in taken:
             raise ValueError(f"{where}pretrained[{index}].name = {spec.name!r}: is taken by the population's models.")
         taken.add(spec.name)
+    clash = gate_lines_conflict([*stages.gate_specs(pop), *config.pretrained])
+    if clash:
+        other, spec = clash
+        raise ValueError(
+            f"{where}pretrained[{config.pretrained.index(spec)}].gate.lines = {spec.gate.lines}: {other.name}'s gate "
+            f"of the same length {spec.gate.length} asks {other.gate.lines}, and the two read one file of gate cases; "
+            "give both the same lines."
+        )
     specs = model_specs(config, pop)
     room = pop.evaluation.max_new_tokens
     for index, setting in enumerate(config.settings):
@@ -620,13 +629,13 @@ def settings_data_jobs(
     starts, lengths = {spec.gate.length for spec in stages.gate_specs(pop)}, set()
     for spec in pretrained:
         if spec.gate.length not in starts | lengths and not has("cases", start_cases_name(spec.gate.length)):
-            jobs.append(("gate", spec.gate.length, spec.gate.cases))
+            jobs.append(("gate", spec.gate.length, spec.gate.cases, spec.gate.lines))
         lengths.add(spec.gate.length)
     mix = config.finetune.mix
     for setting in settings:
         length = setting.seq_len
         if setting.start_length not in starts | lengths and not has("cases", start_cases_name(setting.start_length)):
-            jobs.append(("gate", setting.start_length, pop.evaluation.cases))
+            jobs.append(("gate", setting.start_length, pop.evaluation.cases, None))
         lengths.add(setting.start_length)
         for kind in mix.task_shares():
             if not has("pools", stages.pool_name(kind, length, mix.asked_within)):
@@ -661,10 +670,9 @@ def settings_data_job(configs: tuple, root: str, job: tuple) -> str:
         stream = np.load(run.path("data", "train_tokens.npy"), mmap_mode="r", allow_pickle=False)
         return stages.write_pool(pop, run, tokenizer, stream, *arguments)
     if kind == "gate":
-        length, cases = arguments
-        spec = dataclasses.replace(
-            pop.base, name=f"cases-{length}", gate=dataclasses.replace(pop.base.gate, length=length, cases=cases)
-        )
+        length, cases, num_lines = arguments
+        gate = dataclasses.replace(pop.base.gate, length=length, cases=cases, lines=num_lines)
+        spec = dataclasses.replace(pop.base, name=f"cases-{length}", gate=gate)
         return stages.write_gate_cases(pop, run, tokenizer, spec)
     if kind == "lines":
         return stages.write_lines_cases_beyond(pop, run, tokenizer, *arguments)

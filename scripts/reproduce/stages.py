@@ -301,11 +301,23 @@ def write_gate_cases(config: Population, run: RunFolder, tokenizer, spec: Pretra
     """Lines cases at a gate's length, the asked line uniform over the record."""
     from . import lines
 
-    evaluation, seed = config.evaluation, config.seed
-    # The greedy answer follows the prompt inside the model's positions.
-    target = spec.gate.length - evaluation.max_new_tokens
-    num_lines = lines.lines_for_token_length(tokenizer, target, seed=seed)
-    cases = lines.generate_lines_cases(num_lines, spec.gate.cases, seed + spec.gate.length)
+    evaluation, seed, gate = config.evaluation, config.seed, spec.gate
+    if gate.lines is None:
+        # The greedy answer follows the prompt inside the model's positions.
+        target = gate.length - evaluation.max_new_tokens
+        num_lines = lines.lines_for_token_length(tokenizer, target, seed=seed)
+    else:
+        num_lines = gate.lines
+    cases = lines.generate_lines_cases(num_lines, gate.cases, seed + gate.length)
+    if gate.lines is not None:
+        longest = max(len(tokenizer(case.prompt, add_special_tokens=True)["input_ids"]) for case in cases)
+        if longest + evaluation.max_new_tokens > gate.length:
+            raise ValueError(
+                f"{spec.name}'s gate asks records of gate.lines = {gate.lines} lines: the longest prompt takes "
+                f"{longest} tokens, and with the greedy answer's evaluation.max_new_tokens = "
+                f"{evaluation.max_new_tokens} that is {longest + evaluation.max_new_tokens}, more than gate.length "
+                f"= {gate.length}; ask fewer lines or a longer gate."
+            )
     lines.write_lines_cases(run.path("data", "cases", f"gate-{spec.gate.length}.jsonl"), cases)
     return f"data: {len(cases)} gate cases of {num_lines} lines for {spec.name}"
 
