@@ -298,8 +298,13 @@ def decision_lines(results: dict) -> list[str]:
     def primary(name: str, pair: str, measure: str = "primary_accuracy") -> str:
         return interval_text(settings[name]["differences"].get(pair, {}).get(measure, {}))
 
+    absent = [name for name, found in settings.items() if not (found["runs"] or found["start"])]
+    # The plan decides over the settings that ran; until every setting is in, say whose records the
+    # decision rests on, so that a decision from one setting does not read as the study's.
+    scope = f" (on the records of {', '.join(n for n in settings if n not in absent)} alone: {', '.join(absent)} not in them)"
     out = [
-        f"- **LongCE's claim (`self − ce`, primary): {claim['decision']}.** Settings whose interval excludes 0 "
+        f"- **LongCE's claim (`self − ce`, primary): {claim['decision']}{scope if absent else ''}.** Settings whose "
+        "interval excludes 0 "
         f"on the positive side: {', '.join(claim['positive_settings']) or 'none'} (of "
         f"{', '.join(claim['compared_settings']) or 'none'} with a comparison). Pooled μ "
         + pooled_text(pooled["primary_accuracy"])
