@@ -18,6 +18,9 @@
 #   caches-c  E2048's calibration and validation cache, c's extension, E2048's cache of the
 #             2048-token pool and c's frozen cache                                             ~3-4 min
 #   train-c   c's 20 runs and their evaluation                                                 ~7-8 min
+# or, b and c on one fresh machine: prep-models-bc, caches-bc, train-b, train-c
+#   prep-models-bc  a's data, then E1 | b's data and B256 | c's data and E2048 side by side     ~8-9 min
+#   caches-bc       the caches of b and c, six processes on four GPUs                           ~3 min
 #   report    the plan's statistics and decisions from the records (any machine; also runs on a CPU)
 # The times are estimates for 4 H100s, scaled by tokens from the second attempt's H200 stage
 # times (docs/reproduction.md: data 176 s, B 122 s and E1 130 s at 5000 steps, E1 scoring 16.4M
@@ -40,7 +43,9 @@ PYTHON=${PYTHON:-python3}  # the device's python3 holds PyTorch
 # each as MODEL:SETTING, the setting whose files it needs
 MODELS_AB=${MODELS_AB:-B:a B256:b E1:a}
 MODELS_C=${MODELS_C:-E1 E2048}
+MODELS_BC=${MODELS_BC:-E1:a B256:b E2048:c}  # prep-models-bc: a's first, each other setting's files before its model
 SEEDS=${SEEDS:-0 1 2 3}  # one GPU per seed, in order
+CHAINS=${CHAINS:-4}      # processes per GPU in train-*: 4 or 2 (train_setting)
 # the GPUs of the machine: the phases are laid out for 4; with fewer, GPU i's processes go to GPU
 # i mod GPUS (side by side, so a phase takes longer)
 GPUS=${GPUS:-4}
@@ -66,16 +71,24 @@ wait_all() {
     fi
 }
 
-train_setting() {  # train_setting SETTING: 20 runs, 8 processes (2 per GPU)
-    # Cost in CE runs: self and ce-fresh ~3.3 each, ce, cache and frozen 1 each (9.6 a seed). Each
-    # GPU takes one seed: one process self + ce + frozen (5.3), the other ce-fresh + cache (4.3)
-    # and, on GPU 0, the start model's evaluation.
-    local setting=$1 seed gpu=0 start=,start
+train_setting() {  # train_setting SETTING: 20 runs, one seed per GPU, CHAINS processes per GPU
+    # Cost in CE runs: self and ce-fresh ~3.3 each, ce, cache and frozen 1 each (9.6 a seed); on
+    # GPU 0 also the start model's evaluation. The 14M-parameter model leaves an H100 mostly idle
+    # (a CE step took as long with 2 processes on a GPU as with 1), so more processes per GPU
+    # shorten the phase: CHAINS=4 runs self | ce + frozen | ce-fresh | cache (longest ~3.3 CE runs),
+    # CHAINS=2 self + ce + frozen | ce-fresh + cache (~5.3; setting a ran so).
+    local setting=$1 seed gpu=0 start=,start chain chains
+    case $CHAINS in
+    2) chains=("self,ce,frozen" "ce-fresh,cache") ;;
+    4) chains=("self" "ce,frozen" "ce-fresh" "cache") ;;
+    *) echo "CHAINS=$CHAINS: choose 2 or 4" >&2; exit 2 ;;
+    esac
     for seed in $SEEDS; do
-        on_gpu "$gpu" "$setting-s$seed-self" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
-            --methods self,ce,frozen
-        on_gpu "$gpu" "$setting-s$seed-fresh" --stages finetune,evaluate --settings "$setting" --seeds "$seed" \
-            --methods "ce-fresh,cache$start"
+        for chain in "${chains[@]}"; do
+            case $chain in *cache) chain=$chain$start ;; esac
+            on_gpu "$gpu" "$setting-s$seed-${chain//,/+}" --stages finetune,evaluate --settings "$setting" \
+                --seeds "$seed" --methods "$chain"
+        done
         gpu=$((gpu + 1)) start=
     done
     wait_all
@@ -108,6 +121,36 @@ caches)
     ;;
 train-a) train_setting a ;;
 train-b) train_setting b ;;
+prep-models-bc)
+    # b and c on one fresh machine: a's data (the tokenizer, the population's data, E1's files),
+    # then E1 | b's data and B256 | c's data and E2048 side by side, each model through its gate
+    "$PYTHON" "${C[@]}" --stages start --settings a --models none > "$LOGS/prep-a.log" 2>&1 || FAILED=1
+    if [ $FAILED = 0 ]; then
+        gpu=0
+        for item in $MODELS_BC; do
+            model=${item%%:*} setting=${item##*:}
+            (if [ "$setting" != a ]; then
+                "$PYTHON" "${C[@]}" --stages start --settings "$setting" --models none > "$LOGS/prep-$setting.log" 2>&1
+            fi &&
+                CUDA_VISIBLE_DEVICES=$((gpu % GPUS)) "$PYTHON" "${C[@]}" --stages start --settings "$setting" \
+                    --models "$model" > "$LOGS/$model.log" 2>&1 ||
+                echo "[$(date -u +%T)] FAILED: prep-$setting or $model (rc $?)" >> "$LOGS/failed.txt") &
+            gpu=$((gpu + 1))
+        done
+        wait_all
+    fi
+    ;;
+caches-bc)
+    # the caches phase of b beside c's: E1's and E2048's alpha and validation caches, the
+    # extensions of b and c with their frozen caches, E1's and E2048's caches of the pools
+    on_gpu 0 scoring-b --stages cache --settings b --methods ce,ce-fresh,start
+    on_gpu 1 frozen-b --stages extend,cache --settings b --methods frozen
+    on_gpu 2 cache-E1 --stages cache --settings b --methods cache
+    on_gpu 3 frozen-c --stages extend,cache --settings c --methods frozen
+    on_gpu 0 scoring-c --stages cache --settings c --methods ce,ce-fresh,start
+    on_gpu 2 cache-E2048 --stages cache --settings c --methods cache
+    wait_all
+    ;;
 prep-c)
     "$PYTHON" "${C[@]}" --stages start --settings c --models none > "$LOGS/prep.log" 2>&1 || FAILED=1
     ;;
@@ -131,7 +174,8 @@ report)
     "$PYTHON" "${C[@]}" --stages report > "$LOGS/report.log" 2>&1 || FAILED=1
     ;;
 *)
-    echo "unknown phase $PHASE: choose prep, models, caches, train-a, train-b, prep-c, models-c, caches-c, train-c, report" >&2
+    echo "unknown phase $PHASE: choose prep, models, caches, train-a, train-b, prep-c, models-c, caches-c, train-c," \
+        "prep-models-bc, caches-bc, report" >&2
     exit 2
     ;;
 esac
