@@ -336,7 +336,10 @@ def test_a_gate_s_lines_fix_its_records_and_must_leave_room_for_the_greedy_answe
     assert most > 2 and f"of {most} lines" in logged
     # a record too long for the gate's positions once the greedy answer's tokens are added
     prompt = len(tokenizer(cases[0].prompt, add_special_tokens=True)["input_ids"])
-    with pytest.raises(ValueError, match=r"gate\.lines = 2 lines: the longest prompt takes \d+ tokens, .* more than gate\.length = \d+; ask fewer lines"):
+    with pytest.raises(
+        ValueError,
+        match=r"gate\.lines = 2 lines: the longest prompt takes \d+ tokens, .* more than gate\.length = \d+; ask fewer lines",
+    ):
         _gate_cases(tmp_path / "short", length=prompt + pop.evaluation.max_new_tokens - 1, cases=5, lines=2)
 
 
@@ -344,7 +347,13 @@ def test_a_population_whose_gates_of_one_length_disagree_on_lines_is_refused(tmp
     from helpers import edited_config
 
     source = os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml")
-    path = edited_config(source, tmp_path, **{"base.gate": {"length": 1024, "cases": 4, "min_accuracy": 0.0, "lines": 2},
-                                                  "base.shape.max_position_embeddings": 1024})
+    path = edited_config(
+        source,
+        tmp_path,
+        **{
+            "base.gate": {"length": 1024, "cases": 4, "min_accuracy": 0.0, "lines": 2},
+            "base.shape.max_position_embeddings": 1024,
+        },
+    )
     with pytest.raises(ValueError, match=r"evaluators\[0\]\.gate\.lines.*B's gate of the same length 1024 asks 2"):
         comparison.read_population(path, corpus=DATA)

@@ -320,7 +320,10 @@ def test_a_missing_setting_pools_the_others_with_one_degree_of_freedom_and_says_
     assert results["decisions"]["frozen"]["c"]["matches_self"] is None
     text = (tmp_path / "report.md").read_text()
     assert "**Not in the records: setting(s) c** (not run or not evaluated)." in text
-    assert "LongCE's claim (`self − ce`, primary): setting-dependent (on the records of a, b alone: c not in them).**" in text
+    assert (
+        "LongCE's claim (`self − ce`, primary): setting-dependent (on the records of a, b alone: c not in them).**"
+        in text
+    )
     assert "The pooled model is fitted over a and b only, so its interval has 1 degree of freedom" in text
     assert "Not in the records: a-self-s3." in text
 

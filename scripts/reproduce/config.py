@@ -551,9 +551,12 @@ class Population:
         if clash:
             other, spec = clash
             key = "base" if spec is self.base else f"evaluators[{pretrained.index(spec) - 1}]"
-            yield f"{key}.gate.lines", (
-                f"is {spec.gate.lines}, and {other.name}'s gate of the same length {spec.gate.length} asks "
-                f"{other.gate.lines}: the two read one file of gate cases; give both the same lines"
+            yield (
+                f"{key}.gate.lines",
+                (
+                    f"is {spec.gate.lines}, and {other.name}'s gate of the same length {spec.gate.length} asks "
+                    f"{other.gate.lines}: the two read one file of gate cases; give both the same lines"
+                ),
             )
         length = self.data.length
         if self.finetune.training.seq_len > length:
