@@ -18,9 +18,11 @@
 #   caches-c  E2048's calibration and validation cache, c's extension, E2048's cache of the
 #             2048-token pool and c's frozen cache                                             ~3-4 min
 #   train-c   c's 20 runs and their evaluation                                                 ~7-8 min
-# or, b and c on one fresh machine: prep-models-bc, caches-bc, train-b, train-c
-#   prep-models-bc  a's data, then E1 | b's data and B256 | c's data and E2048 side by side     ~8-9 min
-#   caches-bc       the caches of b and c, six processes on four GPUs                           ~3 min
+# or, b and c on one fresh machine (after a's session):
+#   PREP_SETTINGS="a b c" prep   a's data, then b's and c's side by side (CPU)                     ~6-7 min
+#   MODELS="E1:a B256:b E2048:c" models                                                            ~3-4 min
+#   caches-bc the caches of b and c, six processes on four GPUs                                    ~3 min
+#   train-b, train-c (CHAINS=4)                                                                   ~4 and ~5 min
 #   report    the plan's statistics and decisions from the records (any machine; also runs on a CPU)
 # The times are estimates for 4 H100s, scaled by tokens from the second attempt's H200 stage
 # times (docs/reproduction.md: data 176 s, B 122 s and E1 130 s at 5000 steps, E1 scoring 16.4M
@@ -41,9 +43,9 @@ CONFIG=${5:-configs/reproduce/longce_settings_h100x4.yaml}
 PYTHON=${PYTHON:-python3}  # the device's python3 holds PyTorch
 # the models of the pretraining phases, one GPU each (the config's names; the smoke config's differ),
 # each as MODEL:SETTING, the setting whose files it needs
-MODELS_AB=${MODELS_AB:-B:a B256:b E1:a}
+MODELS=${MODELS:-B:a B256:b E1:a}   # models; b and c on one machine: E1:a B256:b E2048:c
 MODELS_C=${MODELS_C:-E1 E2048}
-MODELS_BC=${MODELS_BC:-E1:a B256:b E2048:c}  # prep-models-bc: a's first, each other setting's files before its model
+PREP_SETTINGS=${PREP_SETTINGS:-a b}  # prep: the settings whose files it writes; b and c on one machine: a b c
 SEEDS=${SEEDS:-0 1 2 3}  # one GPU per seed, in order
 CHAINS=${CHAINS:-4}      # processes per GPU in train-*: 4 or 2 (train_setting)
 # the GPUs of the machine: the phases are laid out for 4; with fewer, GPU i's processes go to GPU
@@ -97,14 +99,21 @@ train_setting() {  # train_setting SETTING: 20 runs, one seed per GPU, CHAINS pr
 echo "[$(date -u +%T)] phase $PHASE"
 case $PHASE in
 prep)
-    # a first, then b: b's 256-token files (B256's task documents, its gate cases) cannot stop a's
-    "$PYTHON" "${C[@]}" --stages start --settings a --models none > "$LOGS/prep-a.log" 2>&1 || FAILED=1
-    "$PYTHON" "${C[@]}" --stages start --settings b --models none > "$LOGS/prep-b.log" 2>&1 || FAILED=1
+    # the first setting alone (it writes the tokenizer and the population's data), then the others
+    # side by side, each writing its own files (atomically); one setting's failure (b's 256-token
+    # files, say) stops no other's
+    first=${PREP_SETTINGS%% *}
+    "$PYTHON" "${C[@]}" --stages start --settings "$first" --models none > "$LOGS/prep-$first.log" 2>&1 || FAILED=1
+    for setting in ${PREP_SETTINGS#"$first"}; do
+        ("$PYTHON" "${C[@]}" --stages start --settings "$setting" --models none > "$LOGS/prep-$setting.log" 2>&1 ||
+            echo "[$(date -u +%T)] FAILED: prep-$setting (rc $?)" >> "$LOGS/failed.txt") &
+    done
+    wait_all
     ;;
 models)
-    # each model with the setting whose files it needs (B256: b's, the others a's)
+    # each model with the setting whose files it needs (B256: b's, E2048: c's, B and E1: a's)
     gpu=0
-    for item in $MODELS_AB; do
+    for item in $MODELS; do
         on_gpu "$gpu" "${item%%:*}" --stages start --settings "${item##*:}" --models "${item%%:*}"
         gpu=$((gpu + 1))
     done
@@ -121,25 +130,6 @@ caches)
     ;;
 train-a) train_setting a ;;
 train-b) train_setting b ;;
-prep-models-bc)
-    # b and c on one fresh machine: a's data (the tokenizer, the population's data, E1's files),
-    # then E1 | b's data and B256 | c's data and E2048 side by side, each model through its gate
-    "$PYTHON" "${C[@]}" --stages start --settings a --models none > "$LOGS/prep-a.log" 2>&1 || FAILED=1
-    if [ $FAILED = 0 ]; then
-        gpu=0
-        for item in $MODELS_BC; do
-            model=${item%%:*} setting=${item##*:}
-            (if [ "$setting" != a ]; then
-                "$PYTHON" "${C[@]}" --stages start --settings "$setting" --models none > "$LOGS/prep-$setting.log" 2>&1
-            fi &&
-                CUDA_VISIBLE_DEVICES=$((gpu % GPUS)) "$PYTHON" "${C[@]}" --stages start --settings "$setting" \
-                    --models "$model" > "$LOGS/$model.log" 2>&1 ||
-                echo "[$(date -u +%T)] FAILED: prep-$setting or $model (rc $?)" >> "$LOGS/failed.txt") &
-            gpu=$((gpu + 1))
-        done
-        wait_all
-    fi
-    ;;
 caches-bc)
     # the caches phase of b beside c's: E1's and E2048's alpha and validation caches, the
     # extensions of b and c with their frozen caches, E1's and E2048's caches of the pools
@@ -175,7 +165,7 @@ report)
     ;;
 *)
     echo "unknown phase $PHASE: choose prep, models, caches, train-a, train-b, prep-c, models-c, caches-c, train-c," \
-        "prep-models-bc, caches-bc, report" >&2
+        "caches-bc, report" >&2
     exit 2
     ;;
 esac
