@@ -33,18 +33,20 @@ shape (123B, 246 GB in bf16) split TP=4 in bf16, on one 32k document timed once 
 documents of 32k; and TP=2 in fp8 (a rank holds 61 GB of float8 weights), the document timed once
 (``--repeats``, ``--corpus-docs``). Weights are drawn on each rank's GPU from the parameter's name,
 each rank its own slices only (``benchmarking.random_model``): the 123B model is never whole
-anywhere, and the fp8 one is converted block by block as it is drawn (a real checkpoint is
-converted after loading, so a rank must hold its bf16 share first: 123 GB at TP=2). Each run is a
-process (TP: torchrun); peak memory per GPU; the JSON is rewritten after every run, so a run cut
-off keeps the ones before. The runs share ``--time-budget`` seconds (default 510, a 9-minute device
-call for one 123B run or the two 8B ones: a run that would start with less than 30 left is recorded
-as not run), each allowed what is left (``--timeout``: less). Before a run starts its scoring time
-is estimated (:func:`run_estimate`: its FLOPs at :data:`ASSUMED_TFLOPS` per GPU) and printed. A
-run past its time is stopped whole (:func:`stop_run`: launcher and ranks) and recorded as
-``"timeout"``; each rank appends its phases to a progress file in ``--work``, whose first and last
-lines the run's record keeps. The parent process never touches a GPU (the workers record its
-name). Whether the fp8 blocks compile under tensor parallelism is recorded: a compilation error is
-kept and the run goes on eagerly.
+anywhere, and the fp8 one is converted block by block as it is drawn (a real checkpoint is converted
+after loading, so a rank must hold its bf16 share first: 123 GB at TP=2). A run's untimed first call
+scores a document of the timed length where the run compiles (fp8, the library's default), so that
+the timed ones run graphs already compiled (:func:`first_call_tokens`), and a short one otherwise.
+Each run is a process (TP: torchrun); peak memory per GPU; the JSON is rewritten after every run, so
+a run cut off keeps the ones before. The runs share ``--time-budget`` seconds (default 510, a
+9-minute device call for one 123B run or the two 8B ones: a run that would start with less than 30
+left is recorded as not run), each allowed what is left (``--timeout``: less). Before a run starts
+its scoring time is estimated (:func:`run_estimate`: its FLOPs at :data:`ASSUMED_TFLOPS` per GPU)
+and printed. A run past its time is stopped whole (:func:`stop_run`: launcher and ranks) and
+recorded as ``"timeout"``; each rank appends its phases to a progress file in ``--work``, whose
+first and last lines the run's record keeps. The parent process never touches a GPU (the workers
+record its name). Whether the fp8 blocks compile under tensor parallelism is recorded: a compilation
+error is kept and the run goes on eagerly.
 
     python scripts/bench_fp8.py speed --out-dir bench_fp8                       # one GPU, ~5 min on an H100
     python scripts/bench_fp8.py fidelity --out-dir bench_fp8 --models RUN/models/E1 --run-folder RUN \\
@@ -473,7 +475,7 @@ def parallel_worker(args) -> None:
     from longce.data import byte_level_tokenizer
     from longppl.models.precision import convert_blocks_to_fp8
     from longppl.parallel import tensor_parallel
-    from longppl.settings import KeyTokenSettings, evaluator_compiles
+    from longppl.settings import KeyTokenSettings
 
     run = parallel_sizes(args)[args.worker]
     cpu = args.smoke
@@ -491,8 +493,8 @@ def parallel_worker(args) -> None:
     devices = [] if cpu else [torch.device(device).index]
     doc_tokens = 600 if args.smoke else args.doc_tokens
     K, d = SMOKE_WINDOWS if args.smoke else PARALLEL_WINDOWS
-    warm_tokens = K + 2 * d + 7
-    cuts = byte_documents(args.data, [warm_tokens, doc_tokens] + [doc_tokens] * run["corpus_docs"])
+    first_tokens = first_call_tokens(run, doc_tokens, K, d)
+    cuts = byte_documents(args.data, [first_tokens, doc_tokens] + [doc_tokens] * run["corpus_docs"])
     parts = {"document": cuts[1:2]}
     if run["corpus_docs"]:
         parts["corpus"] = cuts[2:]
@@ -515,7 +517,7 @@ def parallel_worker(args) -> None:
             )
             record.update(build_seconds=round(seconds, 2), weights_gib=peak)
             note("weights built", seconds=round(seconds, 1), gib=peak)
-            compiled = evaluator_compiles(None, run["precision"])  # the library's default for this precision
+            compiled = run_compiles(run)
             try:  # the first call compiles (and warms the allocator and the communicators)
                 first = timed_on(lambda: score(model, cuts[:1], compiled), devices, distributed)[0]
             except Exception as err:  # noqa: BLE001 - compiled split layers are untried: record it, run eagerly
@@ -526,7 +528,7 @@ def parallel_worker(args) -> None:
                 compiled = False
                 first = timed_on(lambda: score(model, cuts[:1], False), devices, distributed)[0]
             record.update(first_call_seconds=round(first, 2), compiled=compiled)
-            note("first call done", seconds=round(first, 1), compiled=compiled, tokens=warm_tokens)
+            note("first call done", seconds=round(first, 1), compiled=compiled, tokens=first_tokens)
             for part, texts in parts.items():
                 count = run["repeats"] if part == "document" else 1
                 times, peaks = [], []
@@ -577,17 +579,35 @@ def scoring_estimate(config, tokens: int, K: int, d: int) -> dict:
     return dict(product_parameters=products, short_window_token_factor=round(factor, 3), flops_per_document=flops)
 
 
+def run_compiles(run: dict) -> bool:
+    """Whether a run's evaluator compiles its blocks: the library's default for its precision
+    (``settings.evaluator_compiles``: fp8 compiles, bf16 runs eagerly)."""
+    from longppl.settings import evaluator_compiles
+
+    return evaluator_compiles(None, run["precision"])
+
+
+def first_call_tokens(run: dict, doc_tokens: int, K: int, d: int) -> int:
+    """Tokens of the document a run scores in its untimed first call. Where the run compiles
+    (:func:`run_compiles`), the timed documents' length: the first call then compiles every graph
+    their passes need (one per kind of pass: one sequence, a batch of windows, windows padded with a
+    mask), and the timed documents find them all; a shorter document, cheaper, may leave one out,
+    which a timed document then compiles. Otherwise a short one (``K + 2d + 7``: a long pass and two
+    short windows), which warms the allocator and the communicators."""
+    return doc_tokens if run_compiles(run) else K + 2 * d + 7
+
+
 def run_estimate(run: dict, doc_tokens: int, K: int, d: int) -> dict:
-    """:func:`scoring_estimate` of a run's documents (the first call's short one, the timed ones) and
-    their seconds at :data:`ASSUMED_TFLOPS` per GPU: the scoring only (start, build and compilation
-    come on top)."""
+    """:func:`scoring_estimate` of a run's documents (the first call's, :func:`first_call_tokens`, and
+    the timed ones) and their seconds at :data:`ASSUMED_TFLOPS` per GPU: the scoring only (start,
+    build and compilation come on top)."""
     config = config_of(run["shape"])
     estimate = scoring_estimate(config, doc_tokens, K, d)
     timed = run["repeats"] + run["corpus_docs"]
-    flops = timed * estimate["flops_per_document"]
-    flops += scoring_estimate(config, K + 2 * d + 7, K, d)["flops_per_document"]
+    first = first_call_tokens(run, doc_tokens, K, d)
+    flops = timed * estimate["flops_per_document"] + scoring_estimate(config, first, K, d)["flops_per_document"]
     tflops = ASSUMED_TFLOPS[run["precision"]]
-    return dict(estimate, documents_timed=timed, assumed_tflops_per_gpu=tflops,
+    return dict(estimate, documents_timed=timed, first_call_tokens=first, assumed_tflops_per_gpu=tflops,
                 estimated_scoring_seconds=round(flops / (tflops * 1e12 * run["tp"]), 1))  # fmt: skip
 
 
@@ -704,9 +724,10 @@ def parallel(args) -> dict:
         timeout = min(args.timeout or left, left)
         print(
             f"{name}: {estimate['documents_timed']} timed document(s) of {doc_tokens} tokens "
-            f"({estimate['flops_per_document'] / 1e15:.1f} PFLOP each); scoring estimated at "
-            f"{estimate['estimated_scoring_seconds']:g} s at {estimate['assumed_tflops_per_gpu']:g} TFLOP/s per GPU "
-            f"x {run['tp']}, plus start, build and first call; timeout {timeout:.0f} s "
+            f"({estimate['flops_per_document'] / 1e15:.1f} PFLOP each) after an untimed one of "
+            f"{estimate['first_call_tokens']}; scoring estimated at {estimate['estimated_scoring_seconds']:g} s "
+            f"at {estimate['assumed_tflops_per_gpu']:g} TFLOP/s per GPU x {run['tp']}, plus start, build and "
+            f"compilation; timeout {timeout:.0f} s "
             f"({time.strftime('%H:%M:%S')})",
             flush=True,
         )

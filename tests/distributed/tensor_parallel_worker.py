@@ -10,11 +10,17 @@ the first decoder layer's input norm ran on, tokens of the backbone's output (B*
 pass, read by hooks, so the test can check that the norms really ran on this rank's share of the
 tokens.
 
+``compiled``: sequence parallelism with the decoder layers compiled (``core.compilation``, dynamo's
+``"eager"`` backend: dynamo decides the graphs and their guards, and skipping inductor's code
+generation keeps it quick), the texts scored one at a time; the npz also holds ``graphs``: after each
+text, how many graphs dynamo holds for the decoder layers' forward (all layers share its code).
+
     python tensor_parallel_worker.py <out> <texts.json> <K> <d> <split> <folder>...
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -28,9 +34,22 @@ try:
 except ImportError:  # torch < 2.5
     from torch.distributed._tensor import DTensor
 
+from longppl.core.compilation import compiled_blocks
 from longppl.core.scoring import score_with_evaluator
 from longppl.models.loading import load_model, load_tokenizer
 from longppl.settings import KeyTokenSettings
+
+
+def layer_graphs(layer: torch.nn.Module) -> int:
+    """Graphs dynamo holds for ``layer``'s forward: the frame it compiles is the forward or one of
+    the wrappers transformers puts around it (which, depends on the version), so all are counted."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    function, graphs = type(layer).forward, 0
+    while function is not None:
+        graphs += len(_debug_get_cache_entry_list(function.__code__))
+        function = getattr(function, "__wrapped__", None)
+    return graphs
 
 
 def main() -> None:
@@ -40,8 +59,9 @@ def main() -> None:
     state = PartialState(cpu=True)
     try:
         for folder in folders:
-            # "sequence": the default (sequence parallelism where the layout allows, which these families have)
-            options = {} if split == "sequence" else {"sequence_parallel": False}
+            # "sequence", "compiled": the default (sequence parallelism where the layout allows, which these
+            # families have)
+            options = {"sequence_parallel": False} if split == "tensor" else {}
             model = load_model(folder, "cpu", "float32", tensor_parallel=2, **options)
             # The split is real (this rank holds half the heads and half of o_proj's inputs) and
             # made of plain tensors: no DTensor anywhere, so a forward pass runs none of its dispatch.
@@ -49,7 +69,7 @@ def main() -> None:
             hidden = model.config.hidden_size
             assert attention.q_proj.weight.shape == (hidden // 2, hidden), attention.q_proj.weight.shape
             assert attention.o_proj.weight.shape == (hidden, hidden // 2), attention.o_proj.weight.shape
-            assert attention.o_proj.split.sequence_parallel == (split == "sequence")
+            assert attention.o_proj.split.sequence_parallel == (split != "tensor")
             dtensors = [name for name, parameter in model.named_parameters() if isinstance(parameter, DTensor)]
             assert not dtensors, dtensors
             counts = []
@@ -68,16 +88,27 @@ def main() -> None:
                 layer.input_layernorm.register_forward_pre_hook(norm_input)
                 layer.self_attn.q_proj.register_forward_pre_hook(q_input)
                 model.model.register_forward_hook(backbone_output)
-            scores = score_with_evaluator(
+
+            score = functools.partial(
+                score_with_evaluator,
                 model,
                 load_tokenizer(folder),
-                texts,
-                KeyTokenSettings(int(trunc_len), int(stride)),
+                settings=KeyTokenSettings(int(trunc_len), int(stride)),
                 max_tokens_per_batch=256,
                 progress=False,
                 per_document=True,
             )
+
             arrays = {}
+            if split == "compiled":
+                scores, graphs = [], []
+                with compiled_blocks(model, backend="eager"):
+                    for text in texts:
+                        scores += score(texts=[text])
+                        graphs.append(layer_graphs(model.model.layers[0]))
+                arrays["graphs"] = np.array(graphs)
+            else:
+                scores = score(texts=texts)
             for index, row in enumerate(scores):
                 arrays[f"lp_long_{index}"], arrays[f"lp_short_{index}"] = row.lp_long, row.lp_short
                 arrays[f"ids_{index}"] = row.input_ids

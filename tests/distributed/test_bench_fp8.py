@@ -95,12 +95,19 @@ def test_the_scoring_estimate_counts_the_products_and_the_short_windows():
     assert found["short_window_token_factor"] == pytest.approx(sum(windows) / 10_000, abs=1e-3)
     attention = 2 * 2 * 4 * 16 * (10_000**2 + sum(n * n for n in windows))  # layers, heads, head_dim
     assert found["flops_per_document"] == 2 * products * (10_000 + sum(windows)) + attention
-    # the run's seconds: its timed documents and the first call's short one, at the assumed rate, over its GPUs
+    # the run's seconds: its timed documents and the first call's short one (bf16: eager), at the assumed
+    # rate, over its GPUs
     run = dict(bench_fp8.PARALLEL_RUNS["123b-tp4"], shape="tiny")
     short = bench_fp8.scoring_estimate(config, 4096 + 2048 + 7, 4096, 1024)["flops_per_document"]
     flops = (run["repeats"] + run["corpus_docs"]) * found["flops_per_document"] + short
     seconds = bench_fp8.run_estimate(run, 10_000, 4096, 1024)["estimated_scoring_seconds"]
     assert seconds == pytest.approx(flops / (400e12 * 4), abs=0.05)
+    # a compiled run (fp8): its first call scores a document of the timed length, and the estimate counts it
+    run = dict(bench_fp8.PARALLEL_RUNS["123b-tp2-fp8"], shape="tiny")
+    estimate = bench_fp8.run_estimate(run, 10_000, 4096, 1024)
+    assert estimate["first_call_tokens"] == 10_000
+    flops = (run["repeats"] + run["corpus_docs"] + 1) * found["flops_per_document"]
+    assert estimate["estimated_scoring_seconds"] == pytest.approx(flops / (700e12 * 2), abs=0.05)
 
 
 @pytest.mark.slow

@@ -99,6 +99,36 @@ def test_split_evaluators_score_as_the_unsplit_reference(saved, tmp_path, split)
 
 
 @pytest.mark.slow
+def test_compiled_split_layers_compile_a_few_graphs_once_and_the_same_on_every_rank(saved, tmp_path):
+    # Mistral (the 123B evaluator's family) split with sequence parallelism, its decoder layers
+    # compiled, scoring the three texts one after another: a long pass of 140, 107 and 93 tokens each,
+    # then batches of short windows, full and partial. dynamo must serve every length with the graphs
+    # the first text made (a pass of one sequence, one of several windows, one padded with a mask;
+    # and the head's 16-token probe, whose 8 tokens a rank equal this tiny model's head_dim, which
+    # dynamo then fixes), the same number on both ranks. Before, it made a graph per [B, T] of a pass
+    # (read from the hooks' state, a constant to it), and rank 1 twice as many (its first layer's
+    # input, a view of the whole hidden states, started at a storage offset above 0).
+    texts = [saved["texts"][index] for index in (2, 0, 1)]  # the longest first: its passes cover the others'
+    (tmp_path / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
+    folder = str(saved["root"] / "mistral")
+    done = launch([WORKER, str(tmp_path), str(tmp_path / "texts.json"), str(K), str(D), "compiled", folder], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "recompile_limit" not in done.stderr  # no layer fell back to running eagerly
+    ranks = [np.load(tmp_path / f"mistral-{rank}.npz", allow_pickle=False) for rank in (0, 1)]
+    graphs = [rank["graphs"].tolist() for rank in ranks]
+    assert graphs[0] == graphs[1], graphs
+    assert 1 < graphs[0][0] <= 4 and graphs[0] == [graphs[0][0]] * len(texts), graphs
+    # compiled, the rows are the unsplit reference's
+    model = tiny_model("mistral", len(saved["tokenizer"]), seed=3).eval()
+    for index, text in enumerate(texts):
+        ids, _, lp_long, lp_short = evaluator_scores(model, saved["tokenizer"], text, K, D)
+        for rank in ranks:
+            assert rank[f"ids_{index}"].tolist() == ids
+            np.testing.assert_allclose(rank[f"lp_long_{index}"], lp_long, atol=TOLERANCE, equal_nan=True)
+            np.testing.assert_allclose(rank[f"lp_short_{index}"], lp_short, atol=TOLERANCE, equal_nan=True)
+
+
+@pytest.mark.slow
 def test_split_layers_with_biases_compute_the_whole_layers(tmp_path):
     # A column-wise layer then a row-wise one, both with a bias (none of the tested families has a
     # row-wise bias; the row-wise layer must add it once, after the all-reduce, not once per rank).

@@ -224,13 +224,21 @@ class SplitGroup:
 
     def scatter(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's tokens of ``hidden`` ``[B, T, h]`` (whole on every rank): ``[1, p, h]``, a view
-        where no padding falls in this rank's part."""
+        where no padding falls in this rank's part (a tensor of its own under ``torch.compile``
+        for ranks ``r > 0``)."""
         flat = hidden.reshape(-1, hidden.shape[-1])
         part = self.part(flat.shape[0])
         mine = flat[self.rank * part : (self.rank + 1) * part]
         missing = part - mine.shape[0]
         if missing:
             mine = torch.cat([mine, mine.new_zeros(missing, mine.shape[1])])
+        elif self.rank and torch.compiler.is_compiling():
+            # The first decoder layer's input. A view starts at storage offset r*p*h, and torch.compile
+            # specialises an offset of 0 apart from any other: on ranks r > 0 the first layer would
+            # compile graphs of its own (offset > 0) beside those of the other layers and of padded
+            # passes (offset 0), twice rank 0's graphs, toward dynamo's recompile limit. A copy of
+            # p*h values once per forward pass (not per layer) starts it at 0; eager needs none.
+            mine = mine.clone()
         return mine.unsqueeze(0)
 
     def gather(self, local: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
@@ -298,8 +306,13 @@ class TokenSplit:
 
     - :meth:`enter` (pre-hook of the first decoder layer): keep this rank's tokens
       (:meth:`SplitGroup.scatter`), remembering ``B`` and ``T``;
+    - :meth:`carry` (pre-hook of every decoder layer): hand ``(B, T)`` to the layer's call as the
+      keyword :attr:`KEYWORD`, which the layer passes on to its attention (the families' decoder
+      layers pass their ``**kwargs`` to ``self_attn``);
     - :meth:`gather` (pre-hook of each module holding a column-wise group: ``self_attn``, ``mlp``):
       the normed hidden states all-gathered back to ``[B, T, hidden]`` (:meth:`SplitGroup.gather`);
+      the attention's takes :attr:`KEYWORD` out of its call (so the attention never sees it) and
+      keeps it for the MLP's;
     - the row-wise layers reduce-scatter (:class:`RowwiseLinear` under ``split.sequence_parallel``);
     - :meth:`leave` (forward hook of the final norm): its output gathered back to ``[B, T, hidden]``.
 
@@ -309,24 +322,44 @@ class TokenSplit:
     exactly ``[B, T]``, as without the split. One forward at a time (``B``, ``T`` are kept from
     :meth:`enter` to :meth:`leave`). A caller asking for the decoder layers' outputs
     (``output_hidden_states``) gets this rank's tokens.
+
+    Why ``(B, T)`` travels as an argument of the layer's call: with the decoder layers compiled
+    (``core.compilation``), each layer is one graph, and the gathers run inside it. dynamo takes an
+    integer it reads from an attribute of an object reached through a module (this object, through
+    the hooks) for a constant, so ``B`` and ``T`` read from here compiled the layer once per
+    ``[B, T]`` of a forward pass (a long pass, each batch of short windows) until dynamo's recompile
+    limit, after which the layers ran eagerly; an integer among the call's arguments it takes for a
+    dynamic size, so lengths share graphs: a document makes a few (a pass of one sequence, one of
+    several windows, one with a padding mask), the next document none. Eager, nothing changes.
     """
+
+    #: The keyword under which each decoder layer's call carries ``(B, T)`` to its attention.
+    KEYWORD = "sequence_parallel_shape"
 
     def __init__(self, split: SplitGroup):
         self.split = split
-        self.shape = (0, 0)  # [B, T] of the forward pass under way, set by enter
+        self.batch, self.tokens = 0, 0  # [B, T] of the forward pass under way, set by enter
 
     def enter(self, module, args, kwargs):
         def scatter(hidden):
-            self.shape = tuple(hidden.shape[:2])
+            self.batch, self.tokens = hidden.shape[:2]
             return self.split.scatter(hidden)
 
         return _with_hidden_states(args, kwargs, scatter)
 
+    def carry(self, module, args, kwargs):
+        return args, {**kwargs, self.KEYWORD: (self.batch, self.tokens)}
+
     def gather(self, module, args, kwargs):
-        return _with_hidden_states(args, kwargs, lambda hidden: self.split.gather(hidden, *self.shape))
+        if self.KEYWORD in kwargs:  # the attention's call: dynamic sizes under torch.compile
+            kwargs = dict(kwargs)
+            # Kept for the MLP's gather (its call has no keywords): read within the same compiled
+            # layer, they stay dynamic there too.
+            self.batch, self.tokens = kwargs.pop(self.KEYWORD)
+        return _with_hidden_states(args, kwargs, lambda hidden: self.split.gather(hidden, self.batch, self.tokens))
 
     def leave(self, module, args, output):
-        return self.split.gather(output, *self.shape)
+        return self.split.gather(output, self.batch, self.tokens)
 
 
 def has_llama_layout(base_model: nn.Module) -> bool:
@@ -339,7 +372,7 @@ def has_llama_layout(base_model: nn.Module) -> bool:
 def split_tokens(base_model: nn.Module, styles: dict[str, str], split: SplitGroup) -> TokenSplit:
     """Put sequence parallelism (:class:`TokenSplit`) on ``base_model``, already split by
     :func:`split_modules` over ``split``, whose ``{submodule name: style}`` is ``styles``: hooks on
-    ``layers[0]``, on the modules that hold the column-wise layers, on ``norm``, and the row-wise
+    the decoder layers, on the modules that hold the column-wise layers, on ``norm``, and the row-wise
     layers made to reduce-scatter (``split.sequence_parallel``).
 
     Raises:
@@ -352,6 +385,8 @@ def split_tokens(base_model: nn.Module, styles: dict[str, str], split: SplitGrou
         )
     hooks = TokenSplit(split)
     base_model.layers[0].register_forward_pre_hook(hooks.enter, with_kwargs=True)
+    for layer in base_model.layers:  # after enter: hooks run in the order they were registered
+        layer.register_forward_pre_hook(hooks.carry, with_kwargs=True)
     # The module holding a column-wise layer (self_attn for q/k/v, mlp for gate/up) gets the
     # hidden states as its input and feeds them to its column-wise layers: one gather serves them all.
     for owner in sorted({name.rpartition(".")[0] for name, style in styles.items() if style == "colwise"}):
