@@ -164,10 +164,15 @@ class TokenCounts:
     def of(cls, scores: EvaluatorScores, rule: KeyTokenRule) -> "TokenCounts":
         """The counts of ``scores`` (``offsets`` ``[n, 2]``, ``lp_long`` and ``lp_short`` ``[n]``) under
         the hard rule ``rule``."""
-        offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
-        covering = offsets[:, 1] > offsets[:, 0]
         lsd = long_short_difference(scores.lp_long, scores.lp_short)
-        key = key_token_mask(scores.lp_long, scores.lp_short, rule)
+        return cls.of_marks(scores.offsets, lsd, key_token_mask(scores.lp_long, scores.lp_short, rule))
+
+    @classmethod
+    def of_marks(cls, offsets, lsd: np.ndarray, key: np.ndarray) -> "TokenCounts":
+        """The counts from what a caller holding them computed already: ``offsets`` ``[n, 2]``, the
+        tokens' LSD ``[n]`` (NaN: no short-context score) and key-token mask ``[n]``."""
+        offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        covering = offsets[:, 1] > offsets[:, 0]
         return cls(int(covering.sum()), int((covering & ~np.isnan(lsd)).sum()), int((covering & key).sum()))
 
 
@@ -191,11 +196,10 @@ def key_token_document(
     ``STYLE``, inside an element of class ``longppl-keys``). Arguments as ``key_token_html``.
     """
     lsd_cap = check_lsd_cap(lsd_cap, alpha)
-    rule = KeyTokenRule(alpha, beta, use_lcl)
     offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
     lsd = long_short_difference(scores.lp_long, scores.lp_short)
-    key = key_token_mask(scores.lp_long, scores.lp_short, rule)
-    counts = TokenCounts.of(scores, rule)
+    key = key_token_mask(scores.lp_long, scores.lp_short, KeyTokenRule(alpha, beta, use_lcl))
+    counts = TokenCounts.of_marks(offsets, lsd, key)
     # Pieces: [start, end, key, tooltip lines, largest LSD of its tokens (NaN: none has one)].
     pieces: list[list] = []
     for index, (start, end) in enumerate(offsets.tolist()):
