@@ -77,6 +77,12 @@ EXAMPLES_FILE = os.path.join(HERE, "space_examples.json")
 DEFAULT_MODELS = ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-360M", "Qwen/Qwen2.5-0.5B")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
+
+def _is_owner_name(name: str) -> bool:
+    """Whether ``name`` is a Hub id of the form ``owner/name`` (no ``..``, so never a path upwards)."""
+    return bool(_HUB_ID.match(name)) and ".." not in name
+
+
 #: The fields' labels, as the page shows them and the messages name them.
 K_LABEL, D_LABEL = "K (short-context length)", "d (sliding window)"
 ALPHA_LABEL, BETA_LABEL = "alpha (LSD threshold)", "beta (LCL threshold)"
@@ -88,7 +94,7 @@ def run_it_yourself(environ=None) -> str:
     ``owner/name``, in a Space's environment), else by the bare name, as the README does."""
     environ = os.environ if environ is None else environ
     space_id = environ.get("SPACE_ID", "").strip()
-    if _HUB_ID.match(space_id) and ".." not in space_id:
+    if _is_owner_name(space_id):
         load = f'evaluate.load("{space_id}")'
     else:
         load = 'import longppl, then evaluate.load("longppl")'
@@ -134,7 +140,7 @@ def _check_model_entry(model: str, local_models: bool) -> None:
         if not os.path.isdir(model):
             raise ValueError(f"LONGPPL_SPACE_MODELS lists {model!r}, which is not a folder: list model folders.")
         return
-    if not _HUB_ID.match(model) or ".." in model:
+    if not _is_owner_name(model):
         raise ValueError(
             f"LONGPPL_SPACE_MODELS lists {model!r}, which is not a Hub model id: list ids such as "
             "Qwen/Qwen2.5-0.5B separated by commas (local paths are served only to tests, with "
