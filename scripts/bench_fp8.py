@@ -82,6 +82,7 @@ from longppl.tools.benchmarking import (
     MISTRAL_LARGE_2_SHAPE,
     TINY_LLAMA_SHAPE,
     byte_documents,
+    byte_level_config,
     compare_rows,
     compare_saved_rows,
     measure,
@@ -140,11 +141,8 @@ EVALUATED_STATISTICS = {
 }
 
 
-def config_of(shape: str, positions: int = 131072):
-    from transformers import AutoConfig
-
-    fields = dict(SHAPES[shape], max_position_embeddings=positions, bos_token_id=256, eos_token_id=257)
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+def config_of(shape: str):
+    return byte_level_config(SHAPES[shape])
 
 
 def versions(device: str | None = "cuda") -> dict:

@@ -1,8 +1,8 @@
 """What the benchmarks in scripts/ share (``bench_longppl.py``, ``bench_longce.py``, ``bench_multi_gpu.py``,
 ``bench_tensor_parallel.py``, ``bench_fp8.py``): the model shapes they build, random-weight models
 built in place on the GPUs (whole or split by tensor parallelism: a 123B model is never whole
-anywhere), documents cut from a JSONL of texts, timing one call with its peak GPU memory, comparing
-the rows of two runs, and writing their JSON results. The scripts do not import each other; they
+anywhere) and their configs, documents cut from a JSONL of texts, timing one call with its peak GPU
+memory, comparing the rows of two runs, and writing their JSON results. The scripts do not import each other; they
 import this.
 
 Light at import (no torch): the benchmarks answer ``--help`` before loading torch.
@@ -175,6 +175,16 @@ def random_parameter(name: str, shape, dtype, device, std: float, seed: int, ind
         into = tuple(slice(max(b0, t.start) - b0, min(b1, t.stop) - b0) for (b0, b1), t in zip(bounds, tile))
         out[into] = value[within]
     return out
+
+
+def byte_level_config(fields: dict):
+    """The ``transformers`` config of ``fields`` (its ``model_type`` and the config's fields, e.g.
+    ``dict(model_type="llama", **LLAMA_SHAPES[...])``) for documents of the byte-level tokenizer
+    (``longce.data.byte_level_tokenizer``: ``<s>`` = 256, ``</s>`` = 257), with 131072 positions."""
+    from transformers import AutoConfig
+
+    fields = dict(fields, max_position_embeddings=131072, bos_token_id=256, eos_token_id=257)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def whole_shape(local_shape, index, size: int) -> tuple[int, ...]:
