@@ -82,6 +82,7 @@ from longppl.tools.benchmarking import (
     MISTRAL_LARGE_2_SHAPE,
     TINY_LLAMA_SHAPE,
     byte_documents,
+    byte_level_config,
     compare_rows,
     compare_saved_rows,
     measure,
@@ -140,11 +141,8 @@ EVALUATED_STATISTICS = {
 }
 
 
-def config_of(shape: str, positions: int = 131072):
-    from transformers import AutoConfig
-
-    fields = dict(SHAPES[shape], max_position_embeddings=positions, bos_token_id=256, eos_token_id=257)
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+def config_of(shape: str):
+    return byte_level_config(SHAPES[shape])
 
 
 def versions(device: str | None = "cuda") -> dict:
@@ -359,6 +357,7 @@ def fidelity(args) -> dict:
                pooled="LongPPL and PPL pooled over documents: exp(total NLL / count)", models=[])  # fmt: skip
     out.update(versions())
     evaluated = [(folder, load_tokenizer(folder)) for folder in args.evaluated]
+    evaluated_scores = {}  # an evaluated model's scores do not depend on the evaluator: scored once
     entries = [(folder, False) for folder in args.models] + [
         (folder, True) for folder in args.models if args.random_init
     ]
@@ -394,9 +393,13 @@ def fidelity(args) -> dict:
         record["statistics"] = bootstrap(per_document, STATISTICS, args.bootstrap, args.seed)
         record["evaluated"] = {}
         for evaluated_folder, evaluated_tokenizer in evaluated:
-            evaluated_model = load_model(evaluated_folder, device, dtype)
-            model_scores = score_with_model(evaluated_model, evaluated_tokenizer, texts, progress=False)
-            evaluated_model = None  # freed before the next one loads
+            if evaluated_folder not in evaluated_scores:
+                evaluated_model = load_model(evaluated_folder, device, dtype)
+                evaluated_scores[evaluated_folder] = score_with_model(
+                    evaluated_model, evaluated_tokenizer, texts, progress=False
+                )
+                evaluated_model = None  # freed before the next one loads
+            model_scores = evaluated_scores[evaluated_folder]
             results = [
                 document_results(model_scores, text_key_weights(texts, scores, model_scores, rule=rule))
                 for scores in (reference, other)

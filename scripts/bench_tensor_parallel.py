@@ -68,6 +68,7 @@ from longppl.tools.benchmarking import (
     MISTRAL_LARGE_2_SHAPE,
     TINY_LLAMA_SHAPE,
     byte_documents,
+    byte_level_config,
     compare_saved_rows,
     random_model,
     random_parameter,
@@ -136,10 +137,7 @@ def texts(doc_tokens: int, corpus_docs: int, corpus_tokens: int, path: str = CRS
 
 
 def config_of(shape: str):
-    from transformers import AutoConfig
-
-    fields = dict(SHAPES[shape], max_position_embeddings=131072, bos_token_id=256, eos_token_id=257)
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+    return byte_level_config(SHAPES[shape])
 
 
 def build(shape: str, layout: str, gpus: int, std: float, seed: int, device: str):

@@ -1,8 +1,8 @@
 """What the benchmarks in scripts/ share (``bench_longppl.py``, ``bench_longce.py``, ``bench_multi_gpu.py``,
 ``bench_tensor_parallel.py``, ``bench_fp8.py``): the model shapes they build, random-weight models
 built in place on the GPUs (whole or split by tensor parallelism: a 123B model is never whole
-anywhere), documents cut from a JSONL of texts, timing one call with its peak GPU memory, comparing
-the rows of two runs, and writing their JSON results. The scripts do not import each other; they
+anywhere) and their configs, documents cut from a JSONL of texts, timing one call with its peak GPU
+memory, comparing the rows of two runs, and writing their JSON results. The scripts do not import each other; they
 import this.
 
 Light at import (no torch): the benchmarks answer ``--help`` before loading torch.
@@ -177,6 +177,16 @@ def random_parameter(name: str, shape, dtype, device, std: float, seed: int, ind
     return out
 
 
+def byte_level_config(fields: dict):
+    """The ``transformers`` config of ``fields`` (its ``model_type`` and the config's fields, e.g.
+    ``dict(model_type="llama", **LLAMA_SHAPES[...])``) for documents of the byte-level tokenizer
+    (``longce.data.byte_level_tokenizer``: ``<s>`` = 256, ``</s>`` = 257), with 131072 positions."""
+    from transformers import AutoConfig
+
+    fields = dict(fields, max_position_embeddings=131072, bos_token_id=256, eos_token_id=257)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
 def whole_shape(local_shape, index, size: int) -> tuple[int, ...]:
     """The whole shape of a parameter whose rank holds ``local_shape`` at ``index`` (``local_slice``'s,
     over ``size`` ranks): the split dimension times ``size``, the others as they are."""
@@ -208,26 +218,27 @@ def random_model(config, dtype, device: str, std: float = 0.02, seed: int = 0, m
     if mesh is not None:
         tensor_parallel.shard_model(model, mesh, sequence_parallel)
         rank, size = mesh.get_local_rank(), mesh.size()
+
+    def draw(name: str, parameter) -> None:
+        index = tensor_parallel.local_slice(model, name, rank) if mesh is not None else None
+        shape = tuple(parameter.shape) if index is None else whole_shape(parameter.shape, index, size)
+        value = random_parameter(name, shape, dtype, device, std, seed, index)  # this rank's part only
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+
     blocks = repeated_blocks(model)
-    block_of = {id(p): index for index, block in enumerate(blocks) for p in block.parameters()}
-    # tied parameters once; the blocks' last, in order, so that each block is finished before the next
-    order = sorted(
-        (name for name, _ in model.named_parameters()), key=lambda n: block_of.get(id(model.get_parameter(n)), -1)
-    )
-    last_of_block = {
-        block_of[id(model.get_parameter(name))]: name for name in order if id(model.get_parameter(name)) in block_of
-    }
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    prefix = {id(module): name for name, module in model.named_modules()}
     with torch.no_grad():
-        for name in order:
-            block = block_of.get(id(model.get_parameter(name)))
-            index = tensor_parallel.local_slice(model, name, rank) if mesh is not None else None
-            parameter = model.get_parameter(name)
-            shape = tuple(parameter.shape) if index is None else whole_shape(parameter.shape, index, size)
-            value = random_parameter(name, shape, dtype, device, std, seed, index)  # this rank's part only
-            owner, _, leaf = name.rpartition(".")
-            model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
-            if each_block is not None and block is not None and last_of_block[block] == name:
-                each_block(blocks[block])
+        # tied parameters once (named_parameters); the blocks' last, one block finished before the next
+        for name, parameter in list(model.named_parameters()):
+            if id(parameter) not in in_blocks:
+                draw(name, parameter)
+        for block in blocks:
+            for name, parameter in list(block.named_parameters(prefix=prefix[id(block)])):
+                draw(name, parameter)
+            if each_block is not None:
+                each_block(block)
     for name, buffer in list(model.named_buffers()):
         owner, _, leaf = name.rpartition(".")
         model.get_submodule(owner)._buffers[leaf] = buffer.to(device)
