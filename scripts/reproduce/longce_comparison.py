@@ -1140,13 +1140,13 @@ def arm_void(config: Comparison, curve: list[dict]) -> dict:
     start = curve[0]["acc_start"]
     if point is None:
         return {"at_step": at, "acc_start": None, "start_acc_start": start, "void": None}
-    threshold = config.void.min_ratio * start
+    rule = void_rule([point["acc_start"]], start, config.void.min_ratio)  # the rule on this one run
     return {
         "at_step": at,
         "acc_start": point["acc_start"],
         "start_acc_start": start,
-        "threshold": threshold,
-        "void": point["acc_start"] < threshold,
+        "threshold": rule["threshold"],
+        "void": rule["void"],
     }
 
 
