@@ -1784,7 +1784,7 @@ def settings_report(config: Comparison, pop: Population, run: RunFolder, selecti
             "missing": [a.name for a in runs if a not in done],
             **analysis.analyse_setting(rows, start_row, methods, len(seeds), config.level),
         }
-    if not any(found["runs"] or found["start"] for found in settings.values()):
+    if analysis.absent_settings(settings) == list(settings):  # not one setting in the records
         raise ValueError(
             f"No evaluation records of settings {', '.join(settings)} in {run.path('eval', 'finetuned')}: run the "
             "'evaluate' stage, or untar the device's records-<phase>.tgz into --output-dir."
