@@ -609,11 +609,6 @@ def pool_names(length: int) -> tuple[str, str]:
     return f"finetune-{length}", f"finetune-{length}-fresh"
 
 
-def start_cases_name(length: int) -> str:
-    """Lines cases at a setting's start length, the asked line anywhere: a gate's cases."""
-    return f"gate-{length}.jsonl"
-
-
 def settings_data_jobs(
     config: Comparison, pop: Population, run: RunFolder, settings: list[Setting], models=None
 ) -> list[tuple]:
@@ -628,13 +623,15 @@ def settings_data_jobs(
                 jobs.append(("pool", kind, spec.training.seq_len, spec.mix.asked_within))
     starts, lengths = {spec.gate.length for spec in stages.gate_specs(pop)}, set()
     for spec in pretrained:
-        if spec.gate.length not in starts | lengths and not has("cases", start_cases_name(spec.gate.length)):
+        if spec.gate.length not in starts | lengths and not has("cases", stages.gate_cases_name(spec.gate.length)):
             jobs.append(("gate", spec.gate.length, spec.gate.cases, spec.gate.lines))
         lengths.add(spec.gate.length)
     mix = config.finetune.mix
     for setting in settings:
         length = setting.seq_len
-        if setting.start_length not in starts | lengths and not has("cases", start_cases_name(setting.start_length)):
+        if setting.start_length not in starts | lengths and not has(
+            "cases", stages.gate_cases_name(setting.start_length)
+        ):
             jobs.append(("gate", setting.start_length, pop.evaluation.cases, None))
         lengths.add(setting.start_length)
         for kind in mix.task_shares():
@@ -821,7 +818,7 @@ def benchmark_cases(pop: Population, run: RunFolder, setting: Setting | None = N
         cases = stages.read_benchmark_cases(pop, run, with_needle=False)
         return {"512": cases["gate"], **{str(n): group for n, group in cases["lines"].items()}}
     return {
-        "start": stages.read_cases(run, start_cases_name(setting.start_length)),
+        "start": stages.read_cases(run, stages.gate_cases_name(setting.start_length)),
         **{str(n): stages.read_cases(run, stages.lines_cases_name(n)) for n in setting.lines_lengths},
     }
 
@@ -1140,13 +1137,13 @@ def arm_void(config: Comparison, curve: list[dict]) -> dict:
     start = curve[0]["acc_start"]
     if point is None:
         return {"at_step": at, "acc_start": None, "start_acc_start": start, "void": None}
-    threshold = config.void.min_ratio * start
+    rule = void_rule([point["acc_start"]], start, config.void.min_ratio)  # the rule on this one run
     return {
         "at_step": at,
         "acc_start": point["acc_start"],
         "start_acc_start": start,
-        "threshold": threshold,
-        "void": point["acc_start"] < threshold,
+        "threshold": rule["threshold"],
+        "void": rule["void"],
     }
 
 
@@ -1441,7 +1438,7 @@ def setting_cases(config: Comparison, pop: Population, run: RunFolder, setting: 
     longest = max(setting.lines_lengths)
     cases = {
         "lines": {n: stages.read_cases(run, stages.lines_cases_name(n)) for n in setting.lines_lengths},
-        "gate": stages.read_cases(run, start_cases_name(setting.start_length)),
+        "gate": stages.read_cases(run, stages.gate_cases_name(setting.start_length)),
         "needle": needle.read_needle_cases(run.path("data", "cases", f"needle-{longest}.jsonl")),
     }
     if setting.beyond_start:
@@ -1784,7 +1781,7 @@ def settings_report(config: Comparison, pop: Population, run: RunFolder, selecti
             "missing": [a.name for a in runs if a not in done],
             **analysis.analyse_setting(rows, start_row, methods, len(seeds), config.level),
         }
-    if not any(found["runs"] or found["start"] for found in settings.values()):
+    if analysis.absent_settings(settings) == list(settings):  # not one setting in the records
         raise ValueError(
             f"No evaluation records of settings {', '.join(settings)} in {run.path('eval', 'finetuned')}: run the "
             "'evaluate' stage, or untar the device's records-<phase>.tgz into --output-dir."

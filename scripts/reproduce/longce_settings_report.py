@@ -279,6 +279,17 @@ def interval_text(found: dict, digits: int = 3) -> str:
     return f"{signed(found['value'], digits)} [{signed(found['low'], digits)}, {signed(found['high'], digits)}]"
 
 
+def setting_rows(found: dict) -> list[dict]:
+    """A setting's rows (``settings[name]`` of ``results.json``): its start model's, if evaluated,
+    then its runs'."""
+    return ([found["start"]] if found["start"] else []) + found["runs"]
+
+
+def absent_settings(settings: dict) -> list[str]:
+    """The settings (``{name: found}``, in order) without a row in the records."""
+    return [name for name, found in settings.items() if not setting_rows(found)]
+
+
 def _answer(value: bool | None) -> str:
     return "no comparison" if value is None else ("**yes**" if value else "no")
 
@@ -298,7 +309,7 @@ def decision_lines(results: dict) -> list[str]:
     def primary(name: str, pair: str, measure: str = "primary_accuracy") -> str:
         return interval_text(settings[name]["differences"].get(pair, {}).get(measure, {}))
 
-    absent = [name for name, found in settings.items() if not (found["runs"] or found["start"])]
+    absent = absent_settings(settings)
     # The plan decides over the settings that ran; until every setting is in, say whose records the
     # decision rests on, so that a decision from one setting does not read as the study's.
     scope = f" (on the records of {', '.join(n for n in settings if n not in absent)} alone: {', '.join(absent)} not in them)"
@@ -329,7 +340,7 @@ def decision_lines(results: dict) -> list[str]:
 
 
 def _run_table(found: dict) -> list[str]:
-    rows = ([found["start"]] if found["start"] else []) + found["runs"]
+    rows = setting_rows(found)
     beyond = any(finite(r.get("beyond_start")) for r in rows)
     lengths = sorted({n for r in rows for n in r["accuracy"]}, key=int)
     head = ["run", "steps", "primary", " / ".join(lengths), "acc start", *(["beyond start"] if beyond else [])]
@@ -357,7 +368,7 @@ def _run_table(found: dict) -> list[str]:
 
 def _outcomes(found: dict) -> list[str]:
     """The outcomes with a value in this setting (beyond-start only where configured)."""
-    rows = ([found["start"]] if found["start"] else []) + found["runs"]
+    rows = setting_rows(found)
     return [k for k in OUTCOMES if any(finite(r.get(k)) for r in rows)]
 
 
@@ -417,8 +428,7 @@ def format_settings_report(results: dict) -> str:
     level = round(results["config"]["level"] * 100)
     out = ["# LongCE beyond one setting", "", "```", results["command"], "```", ""]
     out.append(f"Seeds: {', '.join(map(str, results['seeds']))}.")
-    present = [name for name, found in settings.items() if found["runs"] or found["start"]]
-    absent = [name for name in settings if name not in present]
+    absent = absent_settings(settings)
     if absent:
         out.append(f"**Not in the records: setting(s) {', '.join(absent)}** (not run or not evaluated).")
     used = pooled["self - ce"]["primary_accuracy"]["settings"]

@@ -25,15 +25,16 @@ at positions ``scored_start - 1 ... scored_end - 2``.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from longppl.atomic_files import write_file_atomically
 from longppl.settings import require_int
+
+from .stages import write_jsonl
 
 # How many times a case is drawn again when its cue occurs elsewhere in it, before giving up.
 _ATTEMPTS = 64
@@ -149,12 +150,7 @@ _FIELDS = ("input_ids", "span_start", "cue_start", "scored_start", "book", "offs
 def write_passage_recall_cases(path: str, cases: Sequence[RecallCase]) -> None:
     """Write cases as JSONL (atomically), one object per case with the fields of :class:`RecallCase`;
     :func:`read_passage_recall_cases` reads them back."""
-    records = [
-        json.dumps({field: list(c.input_ids) if field == "input_ids" else getattr(c, field) for field in _FIELDS})
-        + "\n"
-        for c in cases
-    ]
-    write_file_atomically(path, lambda handle: handle.writelines(records))
+    write_jsonl(path, [dataclasses.asdict(c) for c in cases])  # the fields in _FIELDS's order
 
 
 def _whole(value) -> bool:

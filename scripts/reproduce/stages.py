@@ -147,7 +147,7 @@ def data_jobs(config: Population, run: RunFolder) -> list[tuple]:
                 jobs.append(("pool", kind, seq_len, mix.asked_within))
     lengths = set()
     for spec in gate_specs(config):  # one file a length: evaluators of one length share it
-        if spec.gate.length not in lengths and not run.has("data", "cases", f"gate-{spec.gate.length}.jsonl"):
+        if spec.gate.length not in lengths and not run.has("data", "cases", gate_cases_name(spec.gate.length)):
             jobs.append(("gate", spec.name))
         lengths.add(spec.gate.length)
     for length in config.evaluation.lines_lengths:
@@ -318,8 +318,14 @@ def write_gate_cases(config: Population, run: RunFolder, tokenizer, spec: Pretra
                 f"{evaluation.max_new_tokens} that is {longest + evaluation.max_new_tokens}, more than gate.length "
                 f"= {gate.length}; ask fewer lines or a longer gate."
             )
-    lines.write_lines_cases(run.path("data", "cases", f"gate-{spec.gate.length}.jsonl"), cases)
+    lines.write_lines_cases(run.path("data", "cases", gate_cases_name(spec.gate.length)), cases)
     return f"data: {len(cases)} gate cases of {num_lines} lines for {spec.name}"
+
+
+def gate_cases_name(length: int) -> str:
+    """The file of gate cases of ``length`` tokens (the asked line anywhere), one a length: every
+    model gated at that length reads it."""
+    return f"gate-{length}.jsonl"
 
 
 def lines_cases_name(length: int, beyond: int | None = None) -> str:
@@ -520,7 +526,7 @@ def read_benchmark_cases(config: Population, run: RunFolder, with_needle: bool =
 
     cases = {
         "lines": {n: read_cases(run, f"lines-{n}.jsonl") for n in config.evaluation.lines_lengths},
-        "gate": read_cases(run, f"gate-{config.base.gate.length}.jsonl"),
+        "gate": read_cases(run, gate_cases_name(config.base.gate.length)),
     }
     if with_needle:
         cases["needle"] = needle.read_needle_cases(run.path("data", "cases", "needle.jsonl"))
@@ -561,7 +567,7 @@ def check_gate(config: Population, run: RunFolder, spec: Pretrained) -> dict:
     path = ("eval", "gates", f"{spec.name}.json")
     if not run.has(*path):
         model, tokenizer = load_member(model_folder(run, spec.name), device_of(config))
-        found = lines_result(model, tokenizer, read_cases(run, f"gate-{spec.gate.length}.jsonl"), config)
+        found = lines_result(model, tokenizer, read_cases(run, gate_cases_name(spec.gate.length)), config)
         found.update(model=spec.name, gate=dataclasses.asdict(spec.gate))
         found["passed"] = found["accuracy"] >= spec.gate.min_accuracy
         run.write_json(found, *path)
