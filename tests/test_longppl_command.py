@@ -401,3 +401,29 @@ def test_a_parser_with_subcommands_leaves_their_options_to_them(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["score", "--gpsu", "4"])
     assert "unknown option(s) --gpsu (did you mean --gpus?)" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_raised_inside_a_finalizer_still_ends_the_command(tmp_path):
+    # Python's SIGINT handler raises KeyboardInterrupt wherever the main thread is; inside a __del__
+    # (garbage collection while a library imports) Python only prints it and runs on. The finalizer
+    # here raises it as that handler would.
+    script = tmp_path / "finalizer.py"
+    script.write_text(
+        "import time\n"
+        "from longppl.tools.cli import interruptible\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        "        raise KeyboardInterrupt\n"
+        "with interruptible('demo'):\n"
+        "    Finalized()\n"
+        "    time.sleep(20)\n"
+        "print('ran on')\n"
+    )
+    env = dict(os.environ, LONGPPL_AUTO_REGISTER="0")
+    env.pop("LONGPPL_DEBUG", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert done.returncode == 130 and "ran on" not in done.stdout, (done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines() == ["demo: interrupted"], done.stderr

@@ -252,6 +252,51 @@ def _replace_dir(source: str, destination: str) -> None:
 INTERRUPTED_STATUS = 130
 
 
+def _is_project_command() -> tuple[bool, str]:
+    """``(whether this process is one of the project's commands, its name)``: a console script of the
+    ``longppl``, ``longce`` or ``longppl_reproduce`` packages, or ``python -m ...`` (whose module is
+    still being found while ``import longppl`` runs)."""
+    from importlib.metadata import entry_points
+
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "longppl"
+    ours = ("longppl.", "longppl_reproduce.", "longce.")
+    scripts = {point.name for point in entry_points(group="console_scripts") if point.value.startswith(ours)}
+    return sys.argv[:1] == ["-m"] or name in scripts, name
+
+
+def _redeliver_interrupt(unraisable, previous=None) -> None:
+    """``sys.unraisablehook`` of a command: a Ctrl-C whose ``KeyboardInterrupt`` was raised inside a
+    finalizer (a ``__del__``, say during garbage collection while a library imports) is only
+    printed by Python ("Exception ignored in ...") and lost, and the command would run on. It is sent
+    again from a short-lived thread, so that it reaches the main thread after the finalizer, as the
+    Ctrl-C the user gave; any other unraisable exception goes to ``previous`` (Python's hook)."""
+    import signal
+    import threading
+
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        main = threading.main_thread().ident
+        # to the main thread itself where the platform can (a blocking call there, a sleep, returns at once)
+        again = (
+            (lambda: signal.pthread_kill(main, signal.SIGINT))
+            if hasattr(signal, "pthread_kill")
+            else (lambda: signal.raise_signal(signal.SIGINT))
+        )
+        threading.Timer(0.01, again).start()
+        return
+    (previous or sys.__unraisablehook__)(unraisable)
+
+
+def keep_interrupts_from_finalizers() -> None:
+    """Install :func:`_redeliver_interrupt` as ``sys.unraisablehook`` (once; the hook it replaces
+    handles every other unraisable exception). Run by the commands (``tools.cli.interruptible``, and
+    :func:`ensure_registered` in a command), never by ``import longppl`` in a program."""
+    import functools
+
+    if getattr(sys.unraisablehook, "func", None) is _redeliver_interrupt:
+        return
+    sys.unraisablehook = functools.partial(_redeliver_interrupt, previous=sys.unraisablehook)
+
+
 def exit_if_command_interrupted() -> None:
     """For a Ctrl-C that arrives while ``import longppl`` registers the metric (:func:`ensure_registered`),
     which runs before any command's ``longppl.tools.cli.interruptible``: when this process is one of the
@@ -260,13 +305,9 @@ def exit_if_command_interrupted() -> None:
     :data:`INTERRUPTED_STATUS`, as ``interruptible`` does; otherwise (``import longppl`` in a program,
     or ``LONGPPL_DEBUG`` set) return, and the ``KeyboardInterrupt`` goes on. Standard library only: it
     runs in the bottom floor, below the commands."""
-    from importlib.metadata import entry_points
-
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "longppl"
-    ours = ("longppl.", "longppl_reproduce.", "longce.")
-    scripts = {point.name for point in entry_points(group="console_scripts") if point.value.startswith(ours)}
+    command, name = _is_project_command()
     debugging = os.environ.get("LONGPPL_DEBUG", "").strip().lower() in ("1", "on", "yes", "true")
-    if (sys.argv[:1] == ["-m"] or name in scripts) and not debugging:
+    if command and not debugging:
         print(f"{name if name != '-m' else 'longppl'}: interrupted", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED_STATUS)
 
@@ -292,6 +333,8 @@ def ensure_registered() -> str | None:
     copy = loaded_copy(modules_cache)
     if is_current(copy):
         return copy
+    if _is_project_command()[0]:  # registering imports evaluate (seconds): Ctrl-C lands there too
+        keep_interrupts_from_finalizers()
     try:
         return register_metric(modules_cache, if_stale=True)
     except KeyboardInterrupt:
