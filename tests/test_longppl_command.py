@@ -358,6 +358,36 @@ def test_ctrl_c_is_one_line_and_status_130(moment, tmp_path, modules_cache):
     assert not os.path.exists(tmp_path / "models") or not os.listdir(tmp_path / "models")
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch: seconds
+def test_a_second_ctrl_c_while_the_command_ends_keeps_status_130(tmp_path, modules_cache):
+    # Python gives SIGINT its default action back while it shuts down: a second Ctrl-C there (an
+    # impatient user, or a Ctrl-C given again after a finalizer swallowed it) would kill the process
+    # by the signal (status -2) instead of the command's 130.
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache, LONGPPL_CACHE_DIR=str(tmp_path / "models"))
+    env.pop("LONGPPL_DEBUG", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "longppl", "quickstart", "--retrain", "--steps", "100000"], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    for line in process.stdout:
+        if "Training a tiny model" in line:
+            break
+    process.send_signal(signal.SIGINT)
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "interrupted" in line:
+            break
+    while process.poll() is None:  # Ctrl-C again and again while the command ends
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.002)
+    _, rest = process.communicate(timeout=120)
+    err = "".join(lines) + rest
+    assert process.returncode == 130 and "Traceback" not in err, (process.returncode, err[-3000:])
+    assert err.strip().splitlines()[-1] == "longppl quickstart: interrupted"
+
+
 @pytest.mark.parametrize(
     "tool, argv, hint",
     [

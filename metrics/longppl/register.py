@@ -281,7 +281,10 @@ def _redeliver_interrupt(unraisable, previous=None) -> None:
             if hasattr(signal, "pthread_kill")
             else (lambda: signal.raise_signal(signal.SIGINT))
         )
-        threading.Timer(0.01, again).start()
+        # a daemon: a command that ends meanwhile does not wait for it (end_interrupted ignores the signal)
+        timer = threading.Timer(0.01, again)
+        timer.daemon = True
+        timer.start()
         return
     (previous or sys.__unraisablehook__)(unraisable)
 
@@ -308,8 +311,22 @@ def exit_if_command_interrupted() -> None:
     command, name = _is_project_command()
     debugging = os.environ.get("LONGPPL_DEBUG", "").strip().lower() in ("1", "on", "yes", "true")
     if command and not debugging:
-        print(f"{name if name != '-m' else 'longppl'}: interrupted", file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED_STATUS)
+        end_interrupted(name if name != "-m" else "longppl")
+
+
+def end_interrupted(prog: str) -> None:
+    """End a command that Ctrl-C interrupted: one ``<prog>: interrupted`` line on stderr and
+    :data:`INTERRUPTED_STATUS`. SIGINT is ignored from here on: Python gives SIGINT back its default
+    action (death by the signal, status -2) while it shuts down, and a second Ctrl-C, or one that
+    :func:`_redeliver_interrupt` sends again a moment late, would otherwise replace the status."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signal handlers can only be set there
+        pass
+    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED_STATUS)
 
 
 def _auto_register_enabled() -> bool:

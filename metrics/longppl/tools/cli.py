@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 # live in the bottom floor (register), which runs before any command code.
 from longppl.register import (  # noqa: F401
     INTERRUPTED_STATUS,
+    end_interrupted,
     exit_if_command_interrupted,
     keep_interrupts_from_finalizers,
 )
@@ -240,8 +241,7 @@ def interruptible(prog: str) -> Iterator[None]:
     except KeyboardInterrupt:
         if debugging():
             raise
-        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED_STATUS)
+        end_interrupted(prog)
 
 
 def read_yaml_file(path: str):
