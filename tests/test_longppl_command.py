@@ -363,7 +363,9 @@ def test_a_second_ctrl_c_while_the_command_ends_keeps_status_130(tmp_path, modul
     # Python gives SIGINT its default action back while it shuts down: a second Ctrl-C there (an
     # impatient user, or a Ctrl-C given again after a finalizer swallowed it) would kill the process
     # by the signal (status -2) instead of the command's 130.
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache, LONGPPL_CACHE_DIR=str(tmp_path / "models"))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache, LONGPPL_CACHE_DIR=str(tmp_path / "models")
+    )
     env.pop("LONGPPL_DEBUG", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "longppl", "quickstart", "--retrain", "--steps", "100000"], cwd=REPO, env=env,
