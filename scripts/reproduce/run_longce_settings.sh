@@ -7,27 +7,30 @@
 #
 # PHASE, in order (session 1: settings a and b; session 2, on a fresh machine: setting c):
 #   prep      tokenizer, the population's data, a's and b's cases and fine-tuning pools (CPU)  ~4-5 min
-#   models    B, B256, E1 pretrained side by side on GPUs 0-2, each through its gate   ~5-6 min
+#   models    B, B256, E1 pretrained side by side on GPUs 0-2, each through its gate    ~5-6 min
 #   caches    E1's calibration and validation cache, the extensions of a and b, E1's cache of
-#             the 1024-token pool and the frozen caches of a and b, side by side              ~3-4 min
+#             the 1024-token pool and the frozen caches of a and b, side by side        ~3-4 min
 #   train-a   a's 20 runs (4 seeds x 5 methods), 2 processes per GPU, then their evaluation,
-#             and a's start model's                                                            ~6-8 min
-#   train-b   the same for b                                                                    ~6-8 min
-#   prep-c    tokenizer, the population's data, c's cases and the 2048-token pools (CPU)       ~5-6 min
-#   models-c  E1 and E2048 pretrained side by side on GPUs 0-1 (E2048: 15,000 steps)          ~7 min
+#             and a's start model's                                                     ~6-8 min
+#   train-b   the same for b                                                            ~6-8 min
+#   prep-c    tokenizer, the population's data, c's cases and the 2048-token pools (CPU)    7:17
+#   models-c  E1 and E2048 pretrained side by side on GPUs 0-1 (E2048: 15,000 steps)    7:10
 #   caches-c  E2048's calibration and validation cache, c's extension, E2048's cache of the
-#             2048-token pool and c's frozen cache                                             ~3-4 min
-#   train-c   c's 20 runs and their evaluation                                                 ~7-8 min
+#             2048-token pool and c's frozen cache                                      1:55
+#   train-c   c's 20 runs and their evaluation (CHAINS=4)                               6:13
 # or, b and c on one fresh machine (after a's session):
-#   PREP_SETTINGS="a b c" prep   a's data, then b's and c's side by side (CPU)               7:21 measured
-#   MODELS="E1:a B256:b E2048:c" models (B256 and E2048: 15,000 steps)                       6:31 measured
-#   caches-bc the caches of b and c, six processes on four GPUs                              2:11 measured
-#   train-b, train-c (CHAINS=4)                                                  4:55 measured, ~6 min
+#   PREP_SETTINGS="a b c" prep   a's data, then b's and c's side by side (CPU)          7:21 measured
+#   MODELS="E1:a B256:b E2048:c" models (B256 and E2048: 15,000 steps)                  6:31 measured
+#   caches-bc the caches of b and c, six processes on four GPUs                         2:11 measured
+#   train-b, train-c (CHAINS=4)                                                         4:55, 6:13 measured
 #   report    the plan's statistics and decisions from the records (any machine; also runs on a CPU)
-# The times are estimates for 4 H100s, scaled by tokens from the second attempt's H200 stage
-# times (docs/reproduction.md: data 176 s, B 122 s and E1 130 s at 5000 steps, E1 scoring 16.4M
-# tokens 242 s, a CE run of 1000 x 16,384 tokens 110 s): a CE run here is 500 x 12,288 tokens
-# (~0.4 of that), self and ce-fresh ~3.3 CE runs; two processes share a GPU.
+# The times in m:ss were measured on 4 H100s; the others are estimates, scaled by tokens from the
+# second attempt's H200 stage times (docs/reproduction.md: data 176 s, B 122 s and E1 130 s at
+# 5000 steps, E1 scoring 16.4M tokens 242 s, a CE run of 1000 x 16,384 tokens 110 s): a CE run
+# here is 500 x 12,288 tokens (~0.4 of that), self and ce-fresh ~3.3 CE runs; two processes share
+# a GPU. A model that fails its gate stops its phase, its folder and gate record kept; to train it
+# again, move RUN_DIR/models/NAME and RUN_DIR/eval/gates/NAME.json aside and run the phase with
+# MODELS_C (or MODELS) naming it alone.
 #
 # RUN_DIR: the run folder (kept between the phases of one session); BOOKS_DIR: holds train.jsonl.gz
 # and validation.jsonl.gz; OUT_DIR: where the phase leaves records-<phase>.tgz (eval/, every
