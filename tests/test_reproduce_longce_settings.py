@@ -360,3 +360,25 @@ def test_a_population_whose_gates_of_one_length_disagree_on_lines_is_refused(tmp
     )
     with pytest.raises(ValueError, match=r"evaluators\[0\]\.gate\.lines.*B's gate of the same length 1024 asks 2"):
         comparison.read_population(path, corpus=DATA)
+
+
+def test_a_failed_gate_stops_the_run_and_says_how_to_train_the_model_again(tmp_path):
+    """A gate recorded as failed stops the run every time (the record is kept, not redone), and the
+    message names the model folder and the record to move aside to train the model again."""
+    pop = comparison.read_population(os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml"), corpus=DATA)
+    run = RunFolder(str(tmp_path), log=lambda *_: None)
+    spec = comparison.dataclasses.replace(
+        pop.base, gate=comparison.dataclasses.replace(pop.base.gate, min_accuracy=0.8)
+    )
+    failed = {"accuracy": 0.12, "correct": 3, "total": 25, "passed": False}
+    run.write_json(failed, "eval", "gates", f"{spec.name}.json")
+    for _ in range(2):  # the second call reads the same record: a failed gate is not measured again
+        with pytest.raises(ValueError) as raised:
+            stages.check_gate(pop, run, spec)
+        message = str(raised.value)
+        assert f"{spec.name} fails its gate: lines accuracy 0.120 at {spec.gate.length} tokens is below 0.8" in message
+        assert stages.model_folder(run, spec.name) in message
+        assert run.path("eval", "gates", f"{spec.name}.json") in message
+    passed = dict(failed, accuracy=0.9, passed=True)
+    run.write_json(passed, "eval", "gates", f"{spec.name}.json")
+    assert stages.check_gate(pop, run, spec)["accuracy"] == 0.9

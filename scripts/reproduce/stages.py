@@ -577,7 +577,8 @@ def check_gate(config: Population, run: RunFolder, spec: Pretrained) -> dict:
         raise ValueError(
             f"{spec.name} fails its gate: lines accuracy {record['accuracy']:.3f} at {spec.gate.length} tokens is below "
             f"{spec.gate.min_accuracy} (recorded in {run.path(*path)}); the population cannot be measured with it, so "
-            "the run stops here: train it longer or change the plan."
+            "the run stops here: train it longer or change the plan. A trained model and its gate record are kept "
+            f"and not redone, so to train it again move {model_folder(run, spec.name)} and that record aside first."
         )
     return record
 
