@@ -79,8 +79,14 @@ def load_model(model_args: ModelArguments, training_args: LongCEConfig, tokenize
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
+    from longppl.models.named import resolve
+
     from .context_extension import apply_context_extension
 
+    # a real model's short name or a GGUF file: the folder it is converted into (once)
+    source = model_args.model_name_or_path and (
+        resolve(model_args.model_name_or_path, "model_name_or_path") or model_args.model_name_or_path
+    )
     if model_args.model_config is not None:
         kwargs = dict(model_args.model_config)
         kwargs.setdefault("vocab_size", len(tokenizer))
@@ -88,7 +94,7 @@ def load_model(model_args: ModelArguments, training_args: LongCEConfig, tokenize
             kwargs.setdefault(name, getattr(tokenizer, name))
         config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     else:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+        config = AutoConfig.from_pretrained(source, cache_dir=model_args.cache_dir)
     attn = apply_context_extension(
         config,
         model_args.context_extension,
@@ -111,7 +117,7 @@ def load_model(model_args: ModelArguments, training_args: LongCEConfig, tokenize
         )
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            model_args.model_name_or_path,
+            source,
             config=config,
             dtype=dtype,
             attn_implementation=attn,

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from longppl.models.named import resolve
+
 from .arguments import BYTE_LEVEL, DataArguments, ModelArguments
 from .config import LongCESettings
 
@@ -79,7 +81,9 @@ def load_tokenizer(model_args: ModelArguments):
     tokenizer = (
         byte_level_tokenizer()
         if name == BYTE_LEVEL
-        else AutoTokenizer.from_pretrained(name, cache_dir=model_args.cache_dir)
+        else AutoTokenizer.from_pretrained(
+            resolve(name, "tokenizer_name_or_path") or name, cache_dir=model_args.cache_dir
+        )
     )
     if tokenizer.eos_token_id is None:
         raise ValueError(

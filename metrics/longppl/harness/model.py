@@ -30,6 +30,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import longppl
+from longppl.models.named import resolve as resolve_named
 
 from ._internal import DEFAULT_MAX_TOKENS_PER_BATCH, encode_texts, require_bool, require_int
 
@@ -71,7 +72,8 @@ class LongPPLLM(HFLM):
         add_special_tokens: tokenize documents with the model's special tokens (default False).
         max_tokens_per_batch: token budget of one forward pass over documents (default 32768).
         torch_compile: compile the transformer blocks while scoring (default False).
-        **kwargs: every argument of ``HFLM`` (``pretrained``, ``dtype``, ``device``, ``peft``, ...).
+        **kwargs: every argument of ``HFLM`` (``pretrained``, ``dtype``, ``device``, ``peft``, ...);
+            ``pretrained`` may be a real model's short name (``gemma-3-270m``) or a ``*.gguf`` path.
     """
 
     def __init__(
@@ -86,6 +88,9 @@ class LongPPLLM(HFLM):
         self.add_special_tokens = require_bool("add_special_tokens", add_special_tokens)
         self.max_tokens_per_batch = require_int("max_tokens_per_batch", max_tokens_per_batch)
         self.torch_compile = require_bool("torch_compile", torch_compile)
+        for key in ("pretrained", "tokenizer"):  # a real model's short name or a GGUF file: its converted folder
+            if isinstance(kwargs.get(key), str):
+                kwargs[key] = resolve_named(kwargs[key], key) or kwargs[key]
         super().__init__(*args, **kwargs)
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:

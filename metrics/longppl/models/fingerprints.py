@@ -6,7 +6,8 @@
 
   * a **checkpoint** (a Hub id or a local directory, as ``evaluator_model_id`` or in the scripts):
     a Hub id is identified by the commit its revision resolves to (which covers its tokenizer
-    files); a local directory by the bytes of its files: ``config.json`` and the tokenizer's files
+    files); a folder converted from a GGUF file (``named``: a real model's short name or a
+    ``*.gguf`` path) by that file's SHA-256 and its tokenizer files; another local directory by the bytes of its files: ``config.json`` and the tokenizer's files
     (``TOKENIZER_FILES``, ``*.model``, ``*.tiktoken``) whole, and of every weight file its name,
     size and ``CHECKPOINT_SAMPLES`` evenly spaced blocks of ``CHECKPOINT_BLOCK`` bytes. Nothing is
     loaded, so a cached corpus can be checked against an evaluator id without loading the
@@ -158,11 +159,21 @@ class ModelIdentity:
         Returns ``None`` for a Hub id whose revision cannot be resolved to a commit (offline and not
         cached); the caller then loads the model and uses :meth:`of_model`.
         """
+        from .named import resolve
+
         digest = hashlib.sha256(b"longppl-checkpoint-v1\0")
         digest.update(dtype_name(dtype).encode())
-        if os.path.isdir(name_or_path):
+        folder = resolve(name_or_path) or name_or_path  # a short name or GGUF file: its converted folder
+        if os.path.isdir(folder):
             revision = ""
-            digest.update(_directory_digest(name_or_path))
+            gguf = gguf_source(folder)
+            if gguf is None:
+                digest.update(_directory_digest(folder))
+            else:  # converted from a GGUF (named): identified by that file's hash, not this copy's bytes
+                digest = hashlib.sha256(b"longppl-checkpoint-gguf-v1\0")
+                digest.update(dtype_name(dtype).encode())
+                digest.update(f"gguf:{gguf}".encode())
+                _hash_tokenizer_files(folder, digest)
         else:
             revision = _hub_commit(name_or_path)
             if revision is None:
@@ -222,6 +233,22 @@ def file_sha256(path: str, block_bytes: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def gguf_source(folder: str) -> str | None:
+    """The SHA-256 of the GGUF file a folder was converted from (``named``), else ``None``."""
+    from .named import source_sha256
+
+    return source_sha256(folder)
+
+
+def _hash_tokenizer_files(folder: str, digest) -> None:
+    """Feed ``digest`` the names and bytes of a saved folder's tokenizer files."""
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if (name in TOKENIZER_FILES or name.endswith(_TOKENIZER_FILE_SUFFIXES)) and os.path.isfile(path):
+            with open(path, "rb") as handle:
+                digest.update(f"\0tokenizer:{name}:".encode() + handle.read())
+
+
 def _directory_digest(folder: str) -> bytes:
     """Digest of a saved model folder: its config and tokenizer files, and sampled blocks of its
     weight files."""
@@ -230,13 +257,8 @@ def _directory_digest(folder: str) -> bytes:
     if os.path.isfile(config):
         with open(config, "rb") as handle:
             digest.update(handle.read())
-    names = sorted(os.listdir(folder))
-    for name in names:
-        path = os.path.join(folder, name)
-        if (name in TOKENIZER_FILES or name.endswith(_TOKENIZER_FILE_SUFFIXES)) and os.path.isfile(path):
-            with open(path, "rb") as handle:
-                digest.update(f"\0tokenizer:{name}:".encode() + handle.read())
-    for name in names:
+    _hash_tokenizer_files(folder, digest)
+    for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if not (name.endswith(_WEIGHT_FILE_SUFFIXES) and os.path.isfile(path)):
             continue

@@ -212,7 +212,10 @@ def locate_cache(source, argument: str = "key_tokens") -> Location:
 
 def check_model_source(name_or_path, argument: str = "model_id", tokenizer: bool = False) -> str:
     """``name_or_path`` as a string, after checking that a model can be loaded from it: a local
-    directory holding a saved model or tokenizer, or a Hub model id that exists (see :func:`locate`).
+    directory holding a saved model or tokenizer, or a Hub model id that exists (see :func:`locate`);
+    for a real model's short name (``gemma-3-270m``, ``smollm2-135m``) or a ``*.gguf`` file, the
+    folder it is converted into (``named.resolve``; converted on first use). Loaders use the
+    returned string.
 
     Args:
         argument: the argument's name, for the message (e.g. ``"evaluator_model_id"``).
@@ -221,9 +224,21 @@ def check_model_source(name_or_path, argument: str = "model_id", tokenizer: bool
         ValueError: saying what was wrong with ``name_or_path`` and what to pass.
     """
     from .fingerprints import saved_model_files
+    from .named import NAMED_MODELS, close_name, resolve
 
+    # A short name of a real model shipped by a registry package, or a GGUF file: its converted folder.
+    folder = resolve(name_or_path, argument)
+    if folder is not None:
+        return folder
     how = "pass the directory a model was saved to with save_pretrained, or a Hub model id"
-    location = locate(name_or_path, "model", argument, how + ".")
+    if isinstance(name_or_path, str) and not os.path.exists(os.path.expanduser(name_or_path)):
+        near = close_name(name_or_path)
+        if near is not None and not in_local_cache(name_or_path):
+            raise ValueError(
+                f"{_named(argument, name_or_path)} is not a local path, nor a model short name: did you mean "
+                f"{near!r}? (short names: {', '.join(NAMED_MODELS)}; else {how}.)"
+            )
+    location = locate(name_or_path, "model", argument, how + " (or a short name: " + ", ".join(NAMED_MODELS) + ").")
     if not location.local:
         return location.name
     named = _named(argument, location.name)

@@ -22,7 +22,8 @@ The Space is a public server, so every request is bounded (all settable by the S
 environment variables / Space secrets; see ``SpaceSettings.from_env``):
 
 * models: only the Hub ids of ``LONGPPL_SPACE_MODELS`` (comma-separated; default
-  ``DEFAULT_MODELS``, small public models). Anything else (another id, a local path) is refused
+  ``DEFAULT_MODELS``, small public models), or the short names of the real models that registry
+  packages ship (``gemma-3-270m``, ``smollm2-135m``: the ``models`` extra; no Hub needed). Anything else (another id, a local path) is refused
   by comparing strings, before anything is loaded or the file system is looked at; remote code is
   never trusted. Loaded models stay in memory for the next requests (the two last used). For
   tests only, ``LONGPPL_SPACE_LOCAL_MODELS=1`` lets the list name absolute paths of model folders
@@ -61,6 +62,8 @@ import gradio as gr
 from .. import settings as _settings
 from ..metric import options as _options
 from ..models import sources as _sources
+from ..models.named import NAMED_MODELS, named_model
+from ..models.named import resolve as resolve_named
 from ..views import key_token_html as _views
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -136,6 +139,8 @@ def _env_bool(environ, name: str) -> bool:
 
 def _check_model_entry(model: str, local_models: bool) -> None:
     """Raise a ``ValueError`` unless ``model`` is a Hub id, or (``local_models``) an absolute path of a folder."""
+    if named_model(model) is not None:  # a real model shipped by a registry package (the models extra)
+        return
     if local_models and os.path.isabs(model):
         if not os.path.isdir(model):
             raise ValueError(f"LONGPPL_SPACE_MODELS lists {model!r}, which is not a folder: list model folders.")
@@ -143,7 +148,8 @@ def _check_model_entry(model: str, local_models: bool) -> None:
     if not _is_owner_name(model):
         raise ValueError(
             f"LONGPPL_SPACE_MODELS lists {model!r}, which is not a Hub model id: list ids such as "
-            "Qwen/Qwen2.5-0.5B separated by commas (local paths are served only to tests, with "
+            f"Qwen/Qwen2.5-0.5B, or short names ({', '.join(NAMED_MODELS)}), separated by commas (local paths are "
+            "served only to tests, with "
             "LONGPPL_SPACE_LOCAL_MODELS=1, and only as absolute paths)."
         )
 
@@ -313,16 +319,22 @@ def load_model(model_id: str, local: bool = False, hub_timeout_s: float = SpaceS
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = local and os.path.isabs(model_id)
-    if not local and os.path.exists(model_id):  # an owner's id that would resolve to a local folder, not the Hub
+    named = named_model(model_id) is not None
+    if (
+        not local and not named and os.path.exists(model_id)
+    ):  # an owner's id that would resolve to a local folder, not the Hub
         raise _error(f"The Space is misconfigured: the listed model {model_id!r} is not loaded from the Hub.")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     try:
-        if not local:
+        source = model_id
+        if named:  # converted from the package's GGUF on first use, then loaded from that folder
+            source = resolve_named(model_id, "model")
+        elif not local:
             _check_hub(model_id, hub_timeout_s)
-        options = dict(trust_remote_code=False, local_files_only=local)
-        tokenizer = AutoTokenizer.from_pretrained(model_id, **options)
-        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **options)
+        options = dict(trust_remote_code=False, local_files_only=local or named)
+        tokenizer = AutoTokenizer.from_pretrained(source, **options)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **options)
         return model.to(device).eval(), tokenizer
     except Exception as err:
         if _is_out_of_memory(err):

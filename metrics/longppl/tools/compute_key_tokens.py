@@ -272,7 +272,10 @@ def check_tensor_parallel(args, torch) -> None:
             f"--device {args.device} with --tensor-parallel {args.tensor_parallel}: each rank of a tensor-parallel "
             "group uses its own GPU; leave --device out (or use --device auto alone, without --tensor-parallel)."
         )
-    tensor_parallel_plan(AutoConfig.from_pretrained(args.evaluator), args.tensor_parallel, "--tensor-parallel")
+    from longppl.models.sources import check_model_source
+
+    config = AutoConfig.from_pretrained(check_model_source(args.evaluator, "--evaluator"))
+    tensor_parallel_plan(config, args.tensor_parallel, "--tensor-parallel")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_launch(
         args.tensor_parallel,
