@@ -22,6 +22,7 @@ our chunked-checkpoint function and, when installed, Liger-Kernel's fused linear
 
     # the figures of docs/benchmarks.md (one GPU):
     python scripts/bench_longce.py --lengths 32768 65536 --loss-kernels
+    python scripts/bench_longce.py --model smollm2-135m --lengths 8192 32768 --windows 1024   # a real model
     python scripts/bench_longce.py --tiny --lengths 300 500     # CPU smoke run
 """
 
@@ -59,9 +60,16 @@ def load_dependencies() -> None:
         sys.exit("install the project first: pip install -e .")
 
 
-def build_model(tiny: bool, device: str):
+def build_model(tiny: bool, device: str, source: str | None = None):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
+    if source is not None:  # a real model: a short name (smollm2-135m), a *.gguf file or a saved folder
+        from longppl.models.sources import check_model_source
+
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained(check_model_source(source, "--model"), dtype=dtype).to(device)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.train()
     if tiny:
         config = LlamaConfig(
             vocab_size=1000,
@@ -245,6 +253,11 @@ def main(argv=None):
         help="CPU smoke run with a tiny model (K=64, d=32; one torch thread unless OMP_NUM_THREADS is set)",
     )
     parser.add_argument(
+        "--model",
+        help="a real model instead of the random Llama-3.2-1B shape: a short name (smollm2-135m), a *.gguf file "
+        "or a saved folder; documents are random ids of its vocabulary (default: the random model)",
+    )
+    parser.add_argument(
         "--skip-reference", action="store_true", help="do not run the (slow) reference LongCE (default: run it)"
     )
     parser.add_argument(
@@ -283,7 +296,7 @@ def main(argv=None):
         choose_torch_threads(1)  # a tiny model: extra intra-op threads only wait
     K = 64 if args.tiny else args.trunc_len
     windows = [32] if args.tiny else args.windows
-    model = build_model(args.tiny, device)
+    model = build_model(args.tiny, device, args.model)
     print(
         f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
         f"K={K}, gamma={args.gamma}, budget={args.max_tokens_per_batch}",
