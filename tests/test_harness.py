@@ -123,11 +123,16 @@ def test_the_harness_gives_the_numbers_of_longppl_evaluate(files, expected, pair
     assert [d["n_tokens"] for d in documents] == reference["n_tokens"]
     assert [d["longppl"] for d in documents] == pytest.approx(reference["longppls"], rel=1e-12, nan_ok=True)
     assert [d["ppl"] for d in documents] == pytest.approx(reference["perplexities"], rel=1e-12)
-    # the corpus value is weighted by key-token counts, which this corpus makes differ from a plain mean
+    # the corpus value is the official script's: log LongPPLs weighted by key-token counts, which this
+    # corpus makes differ from a plain (geometric) mean of the documents
     keyed = [d for d in documents if d["n_key_tokens"] > 0]
-    weighted = sum(d["longppl"] * d["n_key_tokens"] for d in keyed) / sum(d["n_key_tokens"] for d in keyed)
+    logs = [math.log(d["longppl"]) for d in keyed]
+    weighted = math.exp(sum(d["n_key_tokens"] * x for d, x in zip(keyed, logs)) / sum(d["n_key_tokens"] for d in keyed))
     assert results["longppl,none"] == pytest.approx(weighted, rel=1e-12)
-    assert abs(weighted - np.mean([d["longppl"] for d in keyed])) > 1e-4 * weighted  # far above the tolerance
+    assert abs(weighted - math.exp(np.mean(logs))) > 1e-4 * weighted  # far above the tolerance
+    tokens = sum(d["n_tokens"] for d in documents)
+    ppl = math.exp(sum(d["n_tokens"] * math.log(d["ppl"]) for d in documents) / tokens)
+    assert results["ppl,none"] == pytest.approx(ppl, rel=1e-12)
     # a bootstrap standard error over documents where the harness reports one
     for metric in ("longppl", "ppl"):
         assert results[f"{metric}_stderr,none"] == bootstrap_stderr(documents, ITERS, metric, "official") > 0
@@ -174,22 +179,33 @@ def items(*documents) -> list[dict]:
 
 def test_the_corpus_value_is_weighted_by_key_token_counts_not_a_mean_of_documents():
     docs = items((2.0, 1, 3.0, 10), (10.0, 9, 5.0, 30), (float("nan"), 0, 4.0, 20))  # the last: no key tokens
+    # the official script as it stands: weighted means of the logs, exponentiated
     official = corpus_aggregation("longppl", "official")(docs)
-    assert official == pytest.approx((2.0 * 1 + 10.0 * 9) / 10)  # 9.2, while the mean of the two is 6
-    pooled = corpus_aggregation("longppl", "pooled")(docs)
-    assert pooled == pytest.approx(math.exp((math.log(2.0) + 9 * math.log(10.0)) / 10))
-    assert corpus_aggregation("ppl", "official")(docs) == pytest.approx((3.0 * 10 + 5.0 * 30 + 4.0 * 20) / 60)
+    assert official == pytest.approx(math.exp((1 * math.log(2.0) + 9 * math.log(10.0)) / 10))  # 8.51
+    ppl = math.exp((10 * math.log(3.0) + 30 * math.log(5.0) + 20 * math.log(4.0)) / 60)
+    assert corpus_aggregation("ppl", "official")(docs) == pytest.approx(ppl)
+    # the official script before July 2025: weighted means of the values themselves
+    before = corpus_aggregation("longppl", "official-pre-2025-07")(docs)
+    assert before == pytest.approx((2.0 * 1 + 10.0 * 9) / 10)  # 9.2, while the mean of the two is 6
+    ppl = (3.0 * 10 + 5.0 * 30 + 4.0 * 20) / 60
+    assert corpus_aggregation("ppl", "official-pre-2025-07")(docs) == pytest.approx(ppl)
+    # pooled: the same LongPPL as official; PPL over predicted tokens (n_tokens - 1 per document)
+    assert corpus_aggregation("longppl", "pooled")(docs) == pytest.approx(official)
+    ppl = math.exp((9 * math.log(3.0) + 29 * math.log(5.0) + 19 * math.log(4.0)) / 57)
+    assert corpus_aggregation("ppl", "pooled")(docs) == pytest.approx(ppl)
 
 
 def test_a_corpus_without_key_tokens_warns_why_longppl_is_nan():
     docs = items((float("nan"), 0, 3.0, 10), (float("nan"), 0, 5.0, 30))
     with pytest.warns(UserWarning, match="No key tokens in any of the 2 documents, so LongPPL is NaN"):
         assert math.isnan(corpus_aggregation("longppl", "official")(docs))
-    assert corpus_aggregation("ppl", "official")(docs) == pytest.approx(4.5)
+    assert corpus_aggregation("ppl", "official")(docs) == pytest.approx(
+        math.exp((10 * math.log(3) + 30 * math.log(5)) / 40)
+    )
 
 
 @pytest.mark.parametrize("metric", ["longppl", "ppl"])
-@pytest.mark.parametrize("aggregation", ["official", "pooled"])
+@pytest.mark.parametrize("aggregation", ["official", "official-pre-2025-07", "pooled"])
 def test_the_bootstrap_resamples_documents_and_aggregates_each_resample_as_the_corpus(metric, aggregation):
     docs = items((2.0, 1, 3.0, 10), (10.0, 9, 5.0, 30), (float("nan"), 0, 4.0, 20), (4.0, 3, 6.0, 15))
     rng = np.random.default_rng(7)
@@ -212,6 +228,34 @@ def test_the_bootstrap_resamples_documents_and_aggregates_each_resample_as_the_c
     # data parallelism gathers the documents rank by rank: the standard error must not change
     interleaved = docs[0::2] + docs[1::2]
     assert bootstrap_stderr(interleaved, 50, metric, aggregation) == bootstrap_stderr(docs, 50, metric, aggregation)
+
+
+def written_out(rule: str, metric: str, docs: list[dict], times) -> float:
+    """The corpus value of the documents drawn ``times`` each, by the official scripts' formulas."""
+    if metric == "longppl":
+        pairs = [(t * d["n_key_tokens"], d["longppl"]) for d, t in zip(docs, times) if d["n_key_tokens"] > 0]
+    else:
+        pairs = [(t * d["n_tokens"], d["ppl"]) for d, t in zip(docs, times)]
+    weight = sum(w for w, _ in pairs)
+    if weight == 0:
+        return math.nan
+    if rule == "official":  # the official script as it stands: exp of the weighted mean of the logs
+        return math.exp(sum(w * math.log(v) for w, v in pairs) / weight)
+    return sum(w * v for w, v in pairs) / weight  # before July 2025: the weighted mean of the values
+
+
+@pytest.mark.parametrize("metric", ["longppl", "ppl"])
+@pytest.mark.parametrize("rule", ["official", "official-pre-2025-07"])
+def test_the_corpus_value_and_its_standard_error_follow_the_official_formulas(metric, rule):
+    docs = items((2.0, 1, 3.0, 10), (10.0, 9, 5.0, 30), (float("nan"), 0, 4.0, 20), (4.0, 3, 6.0, 15))
+    assert corpus_aggregation(metric, rule)(docs) == pytest.approx(written_out(rule, metric, docs, [1] * 4))
+    docs = sorted(docs, key=lambda doc: json.dumps(doc, sort_keys=True))
+    draws = np.random.default_rng(harness.task.BOOTSTRAP_SEED).multinomial(len(docs), np.full(len(docs), 0.25), 50)
+    finite = [v for v in (written_out(rule, metric, docs, row) for row in draws) if math.isfinite(v)]
+    mean = sum(finite) / len(finite)
+    assert bootstrap_stderr(docs, 50, metric, rule) == pytest.approx(
+        math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+    )
 
 
 def one_line_error(argv: list[str]) -> str:
@@ -247,7 +291,7 @@ def test_bad_inputs_end_the_command_with_one_line(files, tmp_path, monkeypatch):
     assert "0 evaluator/settings combinations of the key-token cache match (trunc_len=99)" in one_line_error(
         cli(model, f"key_tokens={cache}", "trunc_len=99")
     )
-    assert "aggregation='mean' is not one of official, pooled" in one_line_error(
+    assert "aggregation must be one of 'official', 'official-pre-2025-07', 'pooled'" in one_line_error(
         cli(model, f"key_tokens={cache}", "aggregation=mean")
     )
     assert "alpha must be a finite number" in one_line_error(cli(model, f"key_tokens={cache}", "alpha=nan"))
@@ -310,11 +354,22 @@ def test_import_longppl_does_not_import_the_harness():
         ({"sliding_window": 0}, "sliding_window must be an integer >= 1, got 0"),
         ({"gamma": -1.0}, "gamma must be > 0"),
         ({"soft": "yes"}, "soft must be True or False, got 'yes'"),
+        ({"aggregation": "mean"}, "aggregation must be one of 'official', 'official-pre-2025-07', 'pooled'"),
     ],
 )
 def test_task_settings_are_checked_before_the_cache_is_read(setting, message):
     with pytest.raises(ValueError, match=message):
         harness.LongPPLTask({"task": "longppl", "metadata": {"key_tokens": "no/such-cache", **setting}})
+
+
+def test_the_official_rule_before_july_2025_is_a_task_setting(monkeypatch):
+    """The old rule's name passes the task's check: the task goes on to read its cache."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(Exception) as raised:
+        harness.LongPPLTask(
+            {"task": "longppl", "metadata": {"key_tokens": "no/such-cache", "aggregation": "official-pre-2025-07"}}
+        )
+    assert "aggregation" not in str(raised.value)
 
 
 def test_a_peft_adapter_is_scored_as_the_adapted_model(files, tmp_path):

@@ -134,12 +134,31 @@ def test_values_equal_the_official_algorithm(metric, setup):
         assert got == pytest.approx(ref["longppl"], rel=1e-5)
     for got, ref in zip(result["perplexities"], refs):
         assert got == pytest.approx(ref["ppl"], rel=1e-5)
-    # official aggregation: key-token-weighted mean of LongPPLs, token-weighted mean of PPLs
-    official = sum(r["longppl"] * r["n_key"] for r in refs) / sum(r["n_key"] for r in refs)
-    assert result["longppl"] == pytest.approx(official, rel=1e-5)
-    assert result["ppl"] == pytest.approx(
-        sum(r["ppl"] * r["n_tokens"] for r in refs) / sum(r["n_tokens"] for r in refs), rel=1e-5
-    )
+    # The default is the official evaluation script as it stands (since July 2025): per-text values
+    # averaged in the log domain, weighted by key tokens (LongPPL) and by n_token (PPL).
+    keys, tokens = sum(r["n_key"] for r in refs), sum(r["n_tokens"] for r in refs)
+    official_longppl = math.exp(sum(r["n_key"] * math.log(r["longppl"]) for r in refs) / keys)
+    official_ppl = math.exp(sum(r["n_tokens"] * math.log(r["ppl"]) for r in refs) / tokens)
+    assert result["longppl"] == pytest.approx(official_longppl, rel=1e-5)
+    assert result["ppl"] == pytest.approx(official_ppl, rel=1e-5)
+    # The official script before July 2025: the same weights on the values themselves.
+    before = run(metric, setup, aggregation="official-pre-2025-07")
+    before_longppl = sum(r["n_key"] * r["longppl"] for r in refs) / keys
+    before_ppl = sum(r["n_tokens"] * r["ppl"] for r in refs) / tokens
+    assert before["longppl"] == pytest.approx(before_longppl, rel=1e-5)
+    assert before["ppl"] == pytest.approx(before_ppl, rel=1e-5)
+    # The same formulas on the metric's own per-text values, to float rounding: the rules are told apart
+    # far beyond it (tiny random models give texts of similar perplexity, so the two rules are close).
+    assert before["longppls"] == result["longppls"] and before["perplexities"] == result["perplexities"]
+    per_text = list(zip(result["n_key_tokens"], result["longppls"], result["n_tokens"], result["perplexities"]))
+    keys, tokens = sum(k for k, *_ in per_text), sum(n for _, _, n, _ in per_text)
+    official_longppl = math.exp(sum(k * math.log(value) for k, value, _, _ in per_text) / keys)
+    official_ppl = math.exp(sum(n * math.log(value) for _, _, n, value in per_text) / tokens)
+    assert result["longppl"] == pytest.approx(official_longppl, rel=1e-12)
+    assert result["ppl"] == pytest.approx(official_ppl, rel=1e-12)
+    assert before["longppl"] == pytest.approx(sum(k * value for k, value, _, _ in per_text) / keys, rel=1e-12)
+    assert before["ppl"] == pytest.approx(sum(n * value for _, _, n, value in per_text) / tokens, rel=1e-12)
+    assert before["longppl"] > result["longppl"] * (1 + 1e-6) and before["ppl"] > result["ppl"] * (1 + 1e-6)
     # evaluate's perplexity metric: the plain mean of the per-text perplexities
     assert result["mean_perplexity"] == pytest.approx(sum(r["ppl"] for r in refs) / len(refs), rel=1e-5)
     pooled = run(metric, setup, aggregation="pooled")
@@ -277,7 +296,7 @@ def test_no_key_tokens_anywhere_gives_nan_and_warning(metric, setup):
         (dict(gamma=0.0), "gamma must be > 0"),
         (dict(gamma=-1.0, soft=True), "gamma must be > 0"),
         (dict(max_tokens_per_batch=0), "max_tokens_per_batch must be an integer >= 1"),
-        (dict(aggregation="mean"), "aggregation must be 'official' or 'pooled'"),
+        (dict(aggregation="mean"), "aggregation must be one of 'official', 'official-pre-2025-07', 'pooled'"),
         (dict(evaluator_model=None, evaluator_tokenizer=None), "No evaluator given.*self_evaluation=True"),
         (dict(self_evaluation=True), "do not pass an evaluator too"),
         (dict(tokenizer=None), "model is a model object, so pass its tokenizer too"),

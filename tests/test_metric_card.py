@@ -196,3 +196,21 @@ def test_inputs_table_is_the_options_dataclass():
 
     assert rows["`alpha`"] == f"`{settings.DEFAULT_ALPHA}`" and rows["`gamma`"] == f"`{settings.DEFAULT_GAMMA}`"
     assert rows["`trunc_len`"] == f"`{settings.DEFAULT_TRUNC_LEN}`" and rows["`aggregation`"] == '`"official"`'
+
+
+def test_the_tables_say_which_aggregation_made_them(repo_root):
+    """The card's table of the paper's values and the README's quickstart table name the corpus rule
+    that made them: the default, the official evaluation script as it stands."""
+    from longppl.settings import DEFAULT_AGGREGATION
+
+    _, body = card_parts()
+    lead = " ".join(body[body.index("#### Values from Popular Papers") : body.index("| Evaluated model |")].split())
+    assert (
+        f'official evaluation script as it stands (since July 2025), which is this metric\'s default `aggregation="{DEFAULT_AGGREGATION}"`'
+        in lead
+    )
+    assert 'by `aggregation="official-pre-2025-07"`' in lead  # the official table's values before July 2025
+    with open(os.path.join(repo_root, "README.md"), encoding="utf-8") as handle:
+        readme = handle.read()
+    before_table = readme[: readme.index("| model ")].rstrip().splitlines()[-1]
+    assert before_table.endswith(f"alpha=2, beta=-2, aggregation={DEFAULT_AGGREGATION}"), before_table

@@ -84,6 +84,7 @@ def test_help_is_quick_and_explains_every_option(tool, modules_cache):
         helps = {o["option"]: o["help"] for o in probe["options"]}
         assert "(default: 5)" in helps["--gamma"] and "(default: 32768)" in helps["--max-tokens-per-batch"]
         assert "pooled" in helps["--aggregation"] and "(default: official)" in helps["--aggregation"]
+        assert "official-pre-2025-07: the official evaluation script before July 2025" in helps["--aggregation"]
         assert "progress" in helps["--no-progress"]
 
 

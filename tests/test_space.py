@@ -7,6 +7,7 @@ import dataclasses
 import html
 import importlib.metadata
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -213,6 +214,12 @@ def test_compute_button_gives_the_metric_values_and_key_tokens(space, tiny_model
     )
     assert float(longppl_value) == pytest.approx(expected["longppl"], abs=1e-4)
     assert float(ppl) == pytest.approx(expected["ppl"], abs=1e-4)
+    # the texts combined as the official evaluation script combines them (since July 2025)
+    keys, tokens = sum(expected["n_key_tokens"]), sum(expected["n_tokens"])
+    logs = sum(k * math.log(v) for k, v in zip(expected["n_key_tokens"], expected["longppls"]) if k)
+    assert float(longppl_value) == pytest.approx(math.exp(logs / keys), abs=1e-4)
+    logs = sum(n * math.log(v) for n, v in zip(expected["n_tokens"], expected["perplexities"]))
+    assert float(ppl) == pytest.approx(math.exp(logs / tokens), abs=1e-4)
     assert f"| 2 | {expected['longppls'][1]:.3f} | {expected['perplexities'][1]:.3f} |" in table
     # The key-token view holds each text, numbered from 1, with the evaluator's key tokens (LSD >
     # alpha and LCL > beta, from the evaluator's own log-probs here) marked inline.

@@ -176,10 +176,30 @@ DEFAULT_BETA = KeyTokenRule.beta
 DEFAULT_GAMMA = KeyTokenRule.gamma
 #: Token budget of one forward pass (``batching``): results never depend on it, only speed and memory.
 DEFAULT_MAX_TOKENS_PER_BATCH = 32768
-#: How per-text results make the corpus LongPPL and PPL (``scoring.aggregate``): ``"official"``
-#: weights per-text values as the official evaluation script does, ``"pooled"`` pools all tokens.
-AGGREGATIONS = ("official", "pooled")
-DEFAULT_AGGREGATION = AGGREGATIONS[0]
+#: How per-text results make the corpus LongPPL and PPL (``scoring.corpus_values`` computes them), and
+#: what each rule is, in the words help texts use. ``"official"`` is the official evaluation script as
+#: it stands (PKU-ML/LongPPL since July 2025, package 0.3.0), whose numbers the paper's table prints;
+#: ``"official-pre-2025-07"`` is that script before July 2025, which its authors replaced as a bug
+#: (kept to reproduce numbers computed with it); ``"pooled"`` pools the tokens of all texts.
+AGGREGATIONS = {
+    "official": "the official evaluation script as it stands (since July 2025): "
+    "exp(sum n_key * log LongPPL / sum n_key) over the texts with key tokens, "
+    "exp(sum n_tokens * log PPL / sum n_tokens) over all texts",
+    "official-pre-2025-07": "the official evaluation script before July 2025: "
+    "sum n_key * LongPPL / sum n_key, sum n_tokens * PPL / sum n_tokens (means of the values themselves)",
+    "pooled": "exp(total NLL / total count) over the tokens of all texts (LongPPL: the same as official)",
+}
+DEFAULT_AGGREGATION = "official"
+
+
+def require_aggregation(name: str, value) -> str:
+    """``value`` if it names one of :data:`AGGREGATIONS`, else ``ValueError`` naming them all."""
+    if isinstance(value, str) and value in AGGREGATIONS:
+        return value
+    choices = ", ".join(repr(rule) for rule in AGGREGATIONS)
+    raise ValueError(f"{name} must be one of {choices} (default {DEFAULT_AGGREGATION!r}), got {value!r}.")
+
+
 #: What the evaluator's Linear layers compute in (``evaluator_precision``, ``longppl score
 #: --evaluator-precision``; ``models.precision``): ``"bf16"``, the evaluator as loaded in its dtype
 #: (bfloat16 on a GPU), the exact reference; ``"fp8"``, the transformer blocks' Linear layers in float8

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +31,7 @@ from ..settings import (  # noqa: F401
     KeyTokenSettings,
     WindowSettings,
     check_token_ids,
+    require_aggregation,
     settings_object,
 )
 from .batching import long_context_log_probs
@@ -493,27 +494,89 @@ def document_results(model_scores: Sequence[ModelScores], key_weights: Sequence[
     return [document_result(ms.lp, w) for ms, w in zip(model_scores, key_weights)]
 
 
-def aggregate(results: Sequence[DocumentResult], aggregation: str = DEFAULT_AGGREGATION) -> tuple[float, float]:
-    """Corpus ``(longppl, ppl)``.
+@dataclass(frozen=True)
+class _CorpusRule:
+    """One corpus value as a weighted mean over documents: ``sum_i c_i * term_i / sum_i c_i * w_i``,
+    exponentiated when ``exp`` (the terms are log values or NLLs), the mean itself otherwise.
 
-    ``"official"`` (default) reproduces the official evaluation script: the mean of per-document
-    LongPPLs weighted by their key-token counts, and of per-document PPLs weighted by token counts
-    (documents without key tokens are left out of the LongPPL mean). ``"pooled"`` is the perplexity
-    of all key tokens of all documents taken together, ``exp(sum nll / count)`` (and likewise PPL).
+    ``weight`` names the ``DocumentResult`` field that is ``w_i``; ``term`` gives ``[n]`` terms
+    (``w_i`` times the averaged value) from the ``[n]`` columns. Documents of weight 0 are left out.
     """
-    with_keys = [r for r in results if r.n_key_tokens > 0]
-    key_total = sum(r.n_key_tokens for r in with_keys)
-    if aggregation == "official":
-        longppl = sum(r.longppl * r.n_key_tokens for r in with_keys) / key_total if key_total else float("nan")
-        tokens = sum(r.n_tokens for r in results)
-        ppl = sum(r.ppl * r.n_tokens for r in results) / tokens if tokens else float("nan")
-    elif aggregation == "pooled":
-        longppl = math.exp(sum(r.key_nll for r in with_keys) / key_total) if key_total else float("nan")
-        predicted = sum(r.n_predicted for r in results)
-        ppl = math.exp(sum(r.nll for r in results) / predicted) if predicted else float("nan")
-    else:
-        raise ValueError(f"aggregation={aggregation!r} is not one of 'official', 'pooled'.")
-    return float(longppl), float(ppl)
+
+    weight: str
+    term: Callable[[Mapping[str, np.ndarray]], np.ndarray]
+    exp: bool
+
+
+#: The rules of ``settings.AGGREGATIONS`` (their words are there), per metric. ``official`` is the
+#: official evaluation script as it stands: the weighted mean of the texts' log LongPPLs (log PPLs),
+#: weighted by key tokens (by ``n_tokens``, the first token included), exponentiated. For LongPPL
+#: this is ``pooled`` (``n_key * log LongPPL`` is the text's key NLL); for PPL the official weights
+#: count each text's first token, which has no prediction, so the two differ slightly.
+_RULES = {
+    "official": {
+        "longppl": _CorpusRule("n_key_tokens", lambda c: c["n_key_tokens"] * np.log(c["longppl"]), exp=True),
+        "ppl": _CorpusRule("n_tokens", lambda c: c["n_tokens"] * np.log(c["ppl"]), exp=True),
+    },
+    "official-pre-2025-07": {
+        "longppl": _CorpusRule("n_key_tokens", lambda c: c["n_key_tokens"] * c["longppl"], exp=False),
+        "ppl": _CorpusRule("n_tokens", lambda c: c["n_tokens"] * c["ppl"], exp=False),
+    },
+    "pooled": {
+        "longppl": _CorpusRule("n_key_tokens", lambda c: c["key_nll"], exp=True),
+        "ppl": _CorpusRule("n_predicted", lambda c: c["nll"], exp=True),
+    },
+}
+
+
+def document_columns(results: Sequence[DocumentResult]) -> dict[str, np.ndarray]:
+    """The fields of ``results`` as ``[n]`` float64 arrays, one per field, in document order."""
+    return {
+        name: np.array([getattr(r, name) for r in results], dtype=np.float64)
+        for name in DocumentResult.__dataclass_fields__
+    }
+
+
+def corpus_values(
+    columns: Mapping[str, np.ndarray], aggregation: str = DEFAULT_AGGREGATION, counts: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Corpus ``longppl`` and ``ppl`` under ``aggregation`` (one of ``settings.AGGREGATIONS``), for one
+    corpus or for many resamples of it at once (the harness's bootstrap): the one place the rules are.
+
+    Args:
+        columns: per document, ``[n]`` arrays of the ``DocumentResult`` fields (:func:`document_columns`).
+        counts: ``[r, n]``, how often each document is in each of ``r`` corpora; default ``[1, n]``
+            ones, the documents themselves.
+    Returns:
+        ``{"longppl": [r], "ppl": [r]}``; NaN where no document counts (LongPPL: none with key tokens).
+    """
+    require_aggregation("aggregation", aggregation)
+    counts = np.ones((1, len(columns["longppl"]))) if counts is None else np.asarray(counts, dtype=np.float64)
+    out = {}
+    for metric, rule in _RULES[aggregation].items():
+        weights = np.asarray(columns[rule.weight], dtype=np.float64)
+        counted = weights > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(counted, rule.term(columns), 0.0)  # a left-out document's NaN stays out
+            weight, total = counts @ np.where(counted, weights, 0.0), counts @ terms
+            mean = np.where(weight > 0, total / np.where(weight > 0, weight, 1.0), np.nan)
+        out[metric] = np.exp(mean) if rule.exp else mean
+    return out
+
+
+def aggregate(results: Sequence[DocumentResult], aggregation: str = DEFAULT_AGGREGATION) -> tuple[float, float]:
+    """Corpus ``(longppl, ppl)`` of ``results`` under ``aggregation`` (:func:`corpus_values`).
+
+    ``"official"`` (default) is the official evaluation script as it stands (since July 2025):
+    ``exp(sum n_key * log LongPPL / sum n_key)`` over the documents with key tokens and
+    ``exp(sum n_tokens * log PPL / sum n_tokens)`` over all, ``n_tokens`` counting each document's
+    first token. ``"official-pre-2025-07"`` is that script before July 2025: the same weighted means
+    of the LongPPLs and PPLs themselves. ``"pooled"`` is the perplexity of all key tokens of all
+    documents taken together, ``exp(sum nll / count)`` (and likewise PPL over predicted tokens);
+    its LongPPL is the official one.
+    """
+    values = corpus_values(document_columns(results), aggregation)
+    return float(values["longppl"][0]), float(values["ppl"][0])
 
 
 def summarize_results(

@@ -6,8 +6,15 @@ numbers equal); these are the few pieces of it that ``import longppl`` does not 
 
 from __future__ import annotations
 
-from longppl.core.scoring import DocumentResult, encode_texts
-from longppl.settings import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_MAX_TOKENS_PER_BATCH, require_bool, require_int
+from longppl.core.scoring import DocumentResult, corpus_values, document_columns, encode_texts
+from longppl.settings import (
+    AGGREGATIONS,
+    DEFAULT_AGGREGATION,
+    DEFAULT_MAX_TOKENS_PER_BATCH,
+    require_aggregation,
+    require_bool,
+    require_int,
+)
 from longppl.tools.cli import USER_ERRORS, debugging
 
 __all__ = [
@@ -16,8 +23,11 @@ __all__ = [
     "DEFAULT_MAX_TOKENS_PER_BATCH",
     "USER_ERRORS",
     "DocumentResult",
+    "corpus_values",
     "debugging",
+    "document_columns",
     "encode_texts",
+    "require_aggregation",
     "require_bool",
     "require_int",
 ]

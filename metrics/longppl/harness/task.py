@@ -12,14 +12,16 @@ the command line (which applies to every task of the run): ``key_tokens`` (the c
 without ``dataset_path``, such as the bundled ``longppl``), ``split`` (of a Hub cache, default
 ``train``), ``evaluator``, ``trunc_len``, ``sliding_window`` (which of the cache's evaluator/settings
 combinations), ``alpha``, ``beta``, ``use_lcl``, ``soft``, ``gamma`` (the key-token rule) and
-``aggregation`` (``official``, the default, or ``pooled``).
+``aggregation`` (``official``, the default, ``official-pre-2025-07`` or ``pooled``: ``longppl.settings.AGGREGATIONS``).
 
 Per document (``--log_samples``), both metrics hold the document's result: ``longppl``, ``ppl``,
 ``n_key_tokens``, ``n_tokens``, ``key_nll``, ``nll``, ``n_predicted`` (``longppl.core.scoring.DocumentResult``).
-The corpus values are ``longppl.summarize_results`` of those results: with ``official`` the mean of
-per-document LongPPLs weighted by their key-token counts (documents without key tokens left out) and
-of per-document PPLs weighted by their token counts, never a plain mean of per-document values. Their
-standard errors are bootstraps over documents (:func:`bootstrap_stderr`).
+The corpus values are ``longppl.summarize_results`` of those results: with ``official``, as the
+official evaluation script computes them since July 2025, the exponential of the mean of per-document
+log LongPPLs weighted by their key-token counts (documents without key tokens left out) and of
+per-document log PPLs weighted by their token counts; never a plain mean of per-document values. Their
+standard errors are bootstraps over documents (:func:`bootstrap_stderr`), each resample aggregated by
+the same rule.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from lm_eval.api.task import ConfigurableTask
 
 import longppl
 
-from ._internal import AGGREGATIONS, DEFAULT_AGGREGATION, DocumentResult, require_int
+from ._internal import (
+    AGGREGATIONS,
+    DEFAULT_AGGREGATION,
+    DocumentResult,
+    corpus_values,
+    document_columns,
+    require_aggregation,
+    require_int,
+)
 from .model import MODEL_TYPE, DocumentLogProbs, DocumentRequest
 
 #: The metrics of a LongPPL task, both lower-is-better.
@@ -60,27 +70,9 @@ _BOOTSTRAP_CHUNK = 1000  # resamples drawn at once: [chunk, documents] counts in
 
 def _corpus_values(counts: np.ndarray, items: list[dict], metric: str, aggregation: str) -> np.ndarray:
     """The corpus value of ``metric`` for each row of ``counts`` ``[r, n]`` (how often each of the ``n``
-    documents is drawn), as ``longppl.summarize_results`` computes it for the documents so drawn."""
-
-    def column(name: str) -> np.ndarray:
-        return np.array([item[name] for item in items], dtype=np.float64)
-
-    if metric == "longppl":
-        keys = column("n_key_tokens")
-        with_keys = keys > 0  # documents without key tokens are left out, as aggregate() does
-        weight = counts @ np.where(with_keys, keys, 0.0)
-        if aggregation == "official":
-            total = counts @ np.where(with_keys, column("longppl") * keys, 0.0)
-        else:
-            total = counts @ np.where(with_keys, column("key_nll"), 0.0)
-    elif aggregation == "official":
-        tokens = column("n_tokens")
-        weight, total = counts @ tokens, counts @ (column("ppl") * tokens)
-    else:
-        weight, total = counts @ column("n_predicted"), counts @ column("nll")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = np.where(weight > 0, total / np.where(weight > 0, weight, 1.0), np.nan)
-    return mean if aggregation == "official" else np.exp(mean)
+    documents is drawn), by the rule ``longppl.summarize_results`` applies (``scoring.corpus_values``)."""
+    columns = document_columns([DocumentResult(**item) for item in items])
+    return corpus_values(columns, aggregation, counts)[metric]
 
 
 def canonical_order(item: dict) -> str:
@@ -129,7 +121,7 @@ def corpus_aggregation(metric: str, aggregation: str):
             )
         return float(longppl.summarize_results(results, aggregation)[metric])
 
-    aggregate.__name__ = aggregate.__qualname__ = f"{metric}_{aggregation}"
+    aggregate.__name__ = aggregate.__qualname__ = f"{metric}_{aggregation}".replace("-", "_")
     aggregate.longppl_bootstrap = lambda items, iters: bootstrap_stderr(items, iters, metric, aggregation)
     return aggregate
 
@@ -162,9 +154,10 @@ class LongPPLTask(ConfigurableTask):
                 f"Task {name!r} has no key-token cache: pass --metadata key_tokens=<the folder longppl-score "
                 "wrote, or a Hub dataset id>, or give the task's YAML a dataset_path line."
             )
-        aggregation = settings.get("aggregation", DEFAULT_AGGREGATION)
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"Task {name!r}: aggregation={aggregation!r} is not one of {', '.join(AGGREGATIONS)}.")
+        try:
+            aggregation = require_aggregation("aggregation", settings.get("aggregation", DEFAULT_AGGREGATION))
+        except ValueError as err:
+            raise ValueError(f"Task {name!r}: {err}") from None
         # how messages name the cache: the task YAML's line, or the --metadata key
         self.cache_argument = "dataset_path" if config.get("dataset_path") else "key_tokens"
         self.cache_source = str(source)

@@ -46,11 +46,11 @@ from ..models.precision import check_precision, to_precision
 from ..models.sources import check_model_source
 from ..rules.key_tokens import key_char_spans
 from ..settings import (
-    AGGREGATIONS,
     DEFAULT_MAX_TOKENS_PER_BATCH,
     KeyTokenRule,
     WindowSettings,
     evaluator_compiles,
+    require_aggregation,
     require_bool,
     require_int,
     require_precision,
@@ -349,8 +349,7 @@ class _Request:
             raise ValueError(
                 f"progress_callback must be a function callback(desc, done, total), got {o.progress_callback!r}."
             )
-        if o.aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be 'official' or 'pooled', got {o.aggregation!r}.")
+        require_aggregation("aggregation", o.aggregation)
         if o.return_key_spans and rule.soft:
             raise ValueError(
                 "return_key_spans=True lists the key tokens of the hard rule, but soft=True weights every "

@@ -232,6 +232,12 @@ def compute_longppl(
         `dict` with ``longppl`` (``None`` when no token is key, as in the official package),
         ``n_key_token``, ``ppl`` and ``n_token`` (the evaluated model's tokens, without special tokens).
 
+    Over a corpus, the official evaluation script as it stands (since July 2025) combines the texts'
+    values in the log domain: LongPPL ``exp(sum n_key_token * log longppl / sum n_key_token)`` over the
+    texts whose ``longppl`` is not ``None``, PPL ``exp(sum n_token * log ppl / sum n_token)`` over all.
+    The metric computes exactly this by default (``aggregation="official"``); the script before July
+    2025 took the same weighted means of the values themselves (``aggregation="official-pre-2025-07"``).
+
     As officially, the evaluator tokenizes with its special tokens and the evaluated model without.
     Bad arguments (``trunc_len < 1``, a NaN threshold, ...) raise ``ValueError`` before any model
     is loaded, as in the metric.

@@ -14,6 +14,7 @@ import textwrap
 from dataclasses import dataclass, field, fields
 
 from ..settings import (
+    AGGREGATIONS,
     DEFAULT_AGGREGATION,
     DEFAULT_ALPHA,
     DEFAULT_BETA,
@@ -153,7 +154,7 @@ class LongPPLOptions:
     aggregation: object = _option(
         DEFAULT_AGGREGATION,
         "`str`",
-        '"official" = key-token-weighted mean of per-text LongPPLs (token-weighted for PPL), as the official evaluation script; "pooled" = exp(total NLL / total count) over all texts.',
+        "; ".join(f'"{name}" = {words}' for name, words in AGGREGATIONS.items()) + ".",
     )
     add_special_tokens: object = _option(
         None,

@@ -382,6 +382,11 @@ SUMMARY_COLUMNS = (
     "key tokens (evaluator's)",
     "tokens (evaluator's)",
 )
+#: Under the corpus values: how the texts' values make them (the metric's default aggregation).
+_CORPUS_NOTE = (
+    f"all texts together, as the official evaluation script combines them (aggregation="
+    f"{_settings.DEFAULT_AGGREGATION}): weighted by key tokens (LongPPL) and tokens (PPL), in the log domain"
+)
 _SUMMARY_NOTE = (
     "LongPPL and PPL average over the evaluated model's tokens. The evaluator picks the key tokens among "
     "its own tokens (those the view below shows and counts); they reach the evaluated model's tokens "
@@ -675,8 +680,8 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
         button = gr.Button("Compute", variant="primary")
         with gr.Row():
             # Text boxes: empty until a request has been scored (a gr.Number would show 0).
-            longppl = gr.Textbox(label="LongPPL", interactive=False)
-            ppl = gr.Textbox(label="PPL", interactive=False)
+            longppl = gr.Textbox(label="LongPPL", info=_CORPUS_NOTE, interactive=False)
+            ppl = gr.Textbox(label="PPL", info=_CORPUS_NOTE, interactive=False)
         per_text = gr.Markdown(label="Per text")
         key_tokens = gr.HTML(
             label="Key tokens", css_template=_views.STYLE, show_label=True, container=True, padding=True

@@ -40,7 +40,7 @@ PROG = "evaluate_longppl.py"
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
+    from longppl.settings import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
     from longppl.tools.cache_cli import add_cache_arguments
 
     parser = tool_parser(prog, __doc__)
@@ -76,11 +76,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--aggregation",
-        choices=("official", "pooled"),
-        default="official",
-        help="corpus value; official: the official script's mean of per-text LongPPLs "
-        "weighted by their key-token counts; pooled: exp of the key-token NLL pooled "
-        "over all texts (default: %(default)s)",
+        choices=tuple(AGGREGATIONS),
+        default=DEFAULT_AGGREGATION,
+        help="how per-text values make the corpus LongPPL and PPL; "
+        + "; ".join(f"{name}: {words}" for name, words in AGGREGATIONS.items())
+        + " (default: %(default)s)",
     )
     parser.add_argument(
         "--add-special-tokens",
@@ -208,7 +208,10 @@ def main(argv=None, prog: str = PROG) -> dict:
     texts = cache.texts(rows)
     evaluator_scores = [cache.scores(row) for row in rows]
     evaluator = cache.row(rows[0])["evaluator_name"] if rows else ""
-    print(f"{len(texts)} texts of the key-token cache (evaluator {evaluator or '(unnamed)'}, {settings.describe()})")
+    print(
+        f"{len(texts)} texts of the key-token cache (evaluator {evaluator or '(unnamed)'}, {settings.describe()}); "
+        f"corpus values by aggregation={args.aggregation}"
+    )
 
     results = []
     for name in args.models:

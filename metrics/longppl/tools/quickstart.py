@@ -24,7 +24,13 @@ import time
 # Only light modules before the arguments are parsed (`--help` must not wait for torch): the
 # `longppl` package loads its torch-based parts on first use.
 import longppl
-from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SLIDING_WINDOW, DEFAULT_TRUNC_LEN
+from longppl.settings import (
+    DEFAULT_AGGREGATION,
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_SLIDING_WINDOW,
+    DEFAULT_TRUNC_LEN,
+)
 from longppl.tools.cli import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
@@ -110,7 +116,8 @@ def toy_demo(args) -> None:
     cut = metric.compute(model=cut_context(model, args.window), **common)
     print(
         f"\n{args.documents} documents of {docs.ids.shape[1]} words; evaluator: the full-context model; "
-        f"K={args.trunc_len}, d={args.sliding_window}, alpha={DEFAULT_ALPHA:g}, beta={DEFAULT_BETA:g}"
+        f"K={args.trunc_len}, d={args.sliding_window}, alpha={DEFAULT_ALPHA:g}, beta={DEFAULT_BETA:g}, "
+        f"aggregation={DEFAULT_AGGREGATION}"
     )
     print_table([("full context", full), (f"context cut to {args.window} tokens", cut)])
     print(
@@ -135,7 +142,10 @@ def hub_demo(args) -> None:
         max_length=args.max_length,
         device=args.device,
     )
-    print(f"\n{len(texts)} texts; evaluator: {args.evaluator}; K={args.trunc_len}, d={args.sliding_window}")
+    print(
+        f"\n{len(texts)} texts; evaluator: {args.evaluator}; K={args.trunc_len}, d={args.sliding_window}, "
+        f"aggregation={DEFAULT_AGGREGATION}"
+    )
     print_table([(args.model, result)])
 
 
