@@ -19,12 +19,18 @@ from helpers import accelerate_launch_on_cpu, assert_same_cache, byte_level_bpe,
 
 from longppl.cache import key_token_cache
 from longppl.cache.key_token_cache import CacheDamagedError, KeyTokenCache, append_rows
-from longppl.cache.shards import MANIFEST_FILE, SHARD_FOLDER
+from longppl.cache.shards import RECORD_KEY, SHARD_FOLDER, STATE_FILE
 from longppl.settings import KeyTokenSettings
 from longppl.tools import cache_tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCORE_WORKER = os.path.join(HERE, "distributed", "score_worker.py")
+
+
+def committed(path: str) -> list[dict]:
+    """The shards ``state.json`` of the cache ``path`` records, in commit order."""
+    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as handle:
+        return json.load(handle)[RECORD_KEY]["shards"]
 
 
 def texts(prefix: str, n: int) -> list[str]:
@@ -67,9 +73,9 @@ def test_append_adds_shards_and_never_rewrites_old_files(tmp_path):
     before = files_state(path)
     append_rows(path, synthetic_rows(second, seed=2))
     after = files_state(path)
-    # every file of the first commit is untouched (same mtime, same bytes), except the manifest
-    assert {name: after[name] for name in before if name != MANIFEST_FILE} == {
-        name: state for name, state in before.items() if name != MANIFEST_FILE
+    # every file of the first commit is untouched (same mtime, same bytes), except the record
+    assert {name: after[name] for name in before if name != STATE_FILE} == {
+        name: state for name, state in before.items() if name != STATE_FILE
     }
     shards = sorted(name for name in after if name.startswith(SHARD_FOLDER + os.sep))
     assert len(shards) == 2
@@ -89,10 +95,10 @@ def test_an_old_single_folder_cache_loads_and_takes_shards_beside_it(tmp_path):
     path = str(tmp_path / "cache")
     old = KeyTokenCache(synthetic_rows(texts("old", 4), seed=3))
     old.save(path)  # what every earlier version wrote: one save_to_disk folder
-    base = files_state(path)
+    base = {name: state for name, state in files_state(path).items() if name != STATE_FILE}
     assert KeyTokenCache.load(path).texts(range(4)) == texts("old", 4)
     append_rows(path, synthetic_rows(texts("new", 2), seed=4))
-    assert {name: files_state(path)[name] for name in base} == base
+    assert {name: files_state(path)[name] for name in base} == base  # all but the record, state.json
     cache = KeyTokenCache.load(path)
     assert cache.texts(range(6)) == texts("old", 4) + texts("new", 2)
     # a save to the cache (the metric's) merges base and shards into one folder again, losing nothing
@@ -117,9 +123,7 @@ def test_compaction_merges_shards_keeps_each_key_once_and_the_users_files(tmp_pa
     summary = cache_tool.main(["compact", path])
     assert summary["shards"] == 3 and summary["rows_before"] == 5 and summary["rows"] == 3
     assert "3 shards compacted, 3 rows (2 repeated rows dropped)" in capsys.readouterr().out
-    assert not os.path.exists(os.path.join(path, SHARD_FOLDER)) and not os.path.exists(
-        os.path.join(path, MANIFEST_FILE)
-    )
+    assert not os.path.exists(os.path.join(path, SHARD_FOLDER)) and committed(path) == []
     assert (tmp_path / "cache" / "NOTES.md").read_text(encoding="utf-8") == "mine"
     cache = KeyTokenCache.load(path)
     assert cache.texts(range(3)) == texts("a", 2) + texts("b", 1) and same_rows(rows_of(cache), before)
@@ -184,15 +188,15 @@ def damage_remove(path, shard):
     os.remove(shard)
 
 
-def damage_manifest(path, shard):
-    with open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8") as handle:
-        handle.write('{"format": "longppl-shards", "version": 1, "shards": [')
+def damage_record(path, shard):
+    with open(os.path.join(path, STATE_FILE), "w", encoding="utf-8") as handle:
+        handle.write('{"_data_files": [')
 
 
 def damage_escape(path, shard):
-    manifest = json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))
-    manifest["shards"][0]["file"] = "../elsewhere.arrow"
-    json.dump(manifest, open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8"))
+    state = json.load(open(os.path.join(path, STATE_FILE), encoding="utf-8"))
+    state[RECORD_KEY]["shards"][0]["file"] = "../elsewhere.arrow"
+    json.dump(state, open(os.path.join(path, STATE_FILE), "w", encoding="utf-8"))
 
 
 @pytest.mark.parametrize(
@@ -200,8 +204,8 @@ def damage_escape(path, shard):
     [
         (damage_truncate, r"its shard shards/\S+\.arrow is \d+ bytes, but \d+ were committed \(truncated"),
         (damage_flip, r"the content of its shard shards/\S+\.arrow does not match its SHA-256 checksum"),
-        (damage_remove, r"its manifest longppl_shards\.json names the shard shards/\S+\.arrow, which is missing"),
-        (damage_manifest, r"its shard manifest longppl_shards\.json is unreadable \(JSONDecodeError"),
+        (damage_remove, r"its record names the shard shards/\S+\.arrow, which is missing"),
+        (damage_record, r"its file state\.json is unreadable \(JSONDecodeError"),
         (damage_escape, r"names '\.\./elsewhere\.arrow', not a file in shards/"),
     ],
 )
@@ -209,9 +213,7 @@ def test_a_damaged_shard_or_manifest_is_named_in_one_line(tmp_path, damage, mess
     path = str(tmp_path / "cache")
     append_rows(path, synthetic_rows(texts("a", 3), seed=1))
     append_rows(path, synthetic_rows(texts("b", 3), seed=2))
-    shard = os.path.join(
-        path, json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))["shards"][1]["file"]
-    )
+    shard = os.path.join(path, committed(path)[1]["file"])
     damage(path, shard)
     with pytest.raises(CacheDamagedError, match=message) as caught:
         KeyTokenCache.load(path)
@@ -222,9 +224,7 @@ def test_a_shard_file_the_manifest_does_not_name_is_not_read(tmp_path):
     """A writer killed between moving its shard in and naming it: its rows were never committed."""
     path = str(tmp_path / "cache")
     append_rows(path, synthetic_rows(texts("a", 2), seed=1))
-    shard = os.path.join(
-        path, json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))["shards"][0]["file"]
-    )
+    shard = os.path.join(path, committed(path)[0]["file"])
     with open(shard, "rb") as source, open(os.path.join(path, SHARD_FOLDER, "orphan.arrow"), "wb") as copy:
         copy.write(source.read())
     assert len(KeyTokenCache.load(path)) == 2
