@@ -144,13 +144,25 @@ def _flip_scores(path):
         (_truncate, r"its file data-00000-of-00001\.arrow is \d+ bytes, but \d+ were written \(truncated"),
         (_empty, r"its file data-00000-of-00001\.arrow is 0 bytes, but \d+ were written"),
         (_bad_json("state.json"), r"its file state\.json is unreadable \(JSONDecodeError"),
-        (_drop_data_file, r"its state\.json names the files \[\], but its checksum file \['data-00000-of-00001\.arrow'\]"),
+        (
+            _drop_data_file,
+            r"its state\.json names the files \[\], but its checksum file \['data-00000-of-00001\.arrow'\]",
+        ),
         (_bad_json("dataset_info.json"), r"its file dataset_info\.json is 17 bytes, but \d+ were written"),
         (_bad_json(CHECKSUM_FILE), rf"its checksum file {CHECKSUM_FILE} is unreadable \(JSONDecodeError"),
         (_no_files, rf"its checksum file {CHECKSUM_FILE} lists no files"),
         (_flip_scores, r"the content of its file data-00000-of-00001\.arrow does not match its SHA-256 checksum"),
     ],
-    ids=["truncated", "empty", "state-json", "state-no-files", "info-json", "checksum-json", "checksum-no-files", "bit-flips"],
+    ids=[
+        "truncated",
+        "empty",
+        "state-json",
+        "state-no-files",
+        "info-json",
+        "checksum-json",
+        "checksum-no-files",
+        "bit-flips",
+    ],
 )
 def test_damaged_files_give_a_clear_error(saved_cache, damage, detail):
     damage(saved_cache)
@@ -175,9 +187,7 @@ def test_damaged_files_without_checksums_give_a_clear_error_too(saved_cache, dam
     os.remove(os.path.join(saved_cache, CHECKSUM_FILE))  # as written by a plain Dataset.save_to_disk
     assert len(KeyTokenCache.load(saved_cache)) == 3
     damage(saved_cache)
-    with pytest.raises(
-        CacheDamagedError, match=rf"at '{re.escape(saved_cache)}' is damaged: {detail}"
-    ):
+    with pytest.raises(CacheDamagedError, match=rf"at '{re.escape(saved_cache)}' is damaged: {detail}"):
         KeyTokenCache.load(saved_cache)
 
 

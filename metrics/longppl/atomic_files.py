@@ -74,7 +74,7 @@ def fsync_path(path: str) -> None:
 
 def fsync_tree(folder: str) -> None:
     """Flush every file and folder under ``folder`` (and ``folder`` itself) to the disk, files first."""
-    for root, dirs, files in os.walk(folder, topdown=False):
+    for root, _, files in os.walk(folder, topdown=False):
         for name in files:
             if not os.path.islink(os.path.join(root, name)):
                 fsync_path(os.path.join(root, name))

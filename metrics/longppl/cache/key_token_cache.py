@@ -45,17 +45,20 @@ tokenizer (other vocabulary, merges, normaliser, BOS setting) never reuse rows. 
 cannot tell which tokenizer produced it, so format-1 caches are refused with an error that says to
 rebuild them, rather than matched (stale rows) or kept beside new rows (ambiguous lookups).
 
-A cache directory holds a ``save_to_disk`` folder (its base), immutable shards (``shards``: rows
-committed by ``longppl score`` and :func:`append_rows` as they are scored, named in the manifest
-``longppl_shards.json``), or both; an old single-folder cache is a base alone. Reading it gives one
-``Dataset`` over every file, memory-mapped: the base's rows, then each shard's in commit order.
-:func:`compact_cache` (``longppl cache compact``) rewrites base and shards as one base.
+A cache directory holds a ``save_to_disk`` base (``data-*.arrow``), immutable shards (``shards``:
+rows committed by ``longppl score`` and :func:`append_rows` as they are scored), or both; an old
+single-folder cache is a base alone. Its ``state.json`` names every committed file and records
+each shard (``shards``), so the directory is a ``datasets`` folder after every commit:
+``datasets.load_from_disk(path)`` and :meth:`KeyTokenCache.load` give one ``Dataset`` over the same
+files, memory-mapped: the base's rows, then each shard's in commit order. :func:`compact_cache`
+(``longppl cache compact``) rewrites base and shards as one base; :func:`repair_cache` (``longppl
+cache repair``) drops damaged shards.
 
 Guarantees of a cache directory (written by :meth:`KeyTokenCache.save` and :func:`append_rows`):
 
 - **Appends rewrite nothing**: :func:`append_rows` writes a new shard beside the cache, then moves
-  it in and names it in the manifest under the cache's lock; no other file changes, and a process
-  killed at any point loses the rows of that shard only. A save to the cache's own directory (the
+  it in and names it in ``state.json`` under the cache's lock; no other file changes, and a
+  process killed at any point loses the rows of that shard only. A save to the cache's own directory (the
   metric's) merges base and shards into one new base, as compaction does.
 
 - **Atomic swap**: a save writes a new copy beside the cache and swaps it in (``atomic_files``);
@@ -68,9 +71,10 @@ Guarantees of a cache directory (written by :meth:`KeyTokenCache.save` and :func
   only for the merge and swap, never while scoring. Readers take the lock shared, so a load never
   sees a swap half done. Saving to another directory than the one a cache was loaded from
   replaces that directory's content with this cache's rows (a copy), under the same lock.
-- **Checksums**: each shard's size and SHA-256 are in the manifest, checked at every load like the
-  base's (a missing, truncated or changed shard, an unreadable manifest: :class:`CacheDamagedError`).
-  A save stores the size and SHA-256 of every file it wrote in
+- **Checksums**: each shard's size and SHA-256 are in ``state.json``, checked at every load like the
+  base's (a missing, truncated or changed shard, an unreadable ``state.json``: :class:`CacheDamagedError`;
+  for a shard, ``longppl cache repair`` drops it). A save stores the size and SHA-256 of every
+  file it wrote but ``state.json`` (which commits replace; it is checked against the files) in
   ``longppl_checksums.json`` inside the directory; every load verifies them before reading (a
   streaming SHA-256 per file, files in parallel: about 1 ms per MB of cache on one core). A
   truncated or emptied data file, a damaged ``state.json`` / ``dataset_info.json`` or changed
@@ -991,8 +995,8 @@ def _swap_in(path: str, dataset: datasets.Dataset, exists: bool) -> datasets.Dat
 def append_rows(path, rows: datasets.Dataset) -> str:
     """Commit ``rows`` (from :func:`key_token_rows`) to the cache directory ``path`` as a new shard.
 
-    The shard is written and hashed beside the cache first, then moved in and named in the manifest
-    under the cache's lock (``shards``): no file of the cache is rewritten, a reader sees all of the
+    The shard is written and hashed beside the cache first, then moved in and named in ``state.json``
+    under the cache's lock (``shards``): no Arrow file of the cache is rewritten, a reader sees all of the
     shard or none of it, and a process killed at any point loses these rows only. Rows whose key is
     already cached are appended too (the first row of a key is the one used; compaction drops the
     others). Any number of processes may append to one cache at once.

@@ -168,7 +168,9 @@ def read_record(path: str) -> Record:
             if record is not None and (
                 record.get("format") != MANIFEST_FORMAT or record.get("version") != RECORD_VERSION
             ):
-                raise ValueError(f"its shard record is of format {record.get('format')!r} version {record.get('version')!r}")
+                raise ValueError(
+                    f"its shard record is of format {record.get('format')!r} version {record.get('version')!r}"
+                )
             shards = None if record is None else record["shards"]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"its file {STATE_FILE} is unreadable ({type(err).__name__}: {err})") from err
@@ -273,9 +275,7 @@ def write_record(
         fsync_path(path)
 
 
-def commit_shard(
-    path: str, tmp: str, entry: dict, info: dict, prepare: Callable[[str], None] | None = None
-) -> None:
+def commit_shard(path: str, tmp: str, entry: dict, info: dict, prepare: Callable[[str], None] | None = None) -> None:
     """Move the shard written by :func:`write_shard` into the cache ``path`` and name it in
     ``state.json``. The caller holds the cache's exclusive lock.
 
