@@ -296,23 +296,11 @@ def _read_directory(path: str) -> datasets.Dataset:
             )
     if record.state is not None and RECORD_KEY in record.state and _dataset_features(path) != CACHE_FEATURES:
         raise _damaged(path, f"its {INFO_FILE} does not declare the cache's columns")
-    entries = record.shards
-    for entry in entries:  # sizes first (cheap), then the content
-        problem = shard_problem(path, entry)
-        if problem:
+    shards = []
+    for _, shard, problem in _open_shards(path, record.shards):
+        if problem is not None:
             raise _damaged(path, problem, shard=True)
-    names = [entry["file"] for entry in entries]
-    # hashlib releases the GIL on large buffers: shards are hashed in parallel, as the base's files.
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
-        digests = list(pool.map(lambda name: file_sha256(os.path.join(path, name)), names))
-    for entry, digest in zip(entries, digests):
-        if digest != entry["sha256"]:
-            raise _damaged(
-                path,
-                f"the content of its shard {entry['file']} does not match its SHA-256 checksum (changed on disk)",
-                shard=True,
-            )
-    info = datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES)
+        shards.append(shard)
     parts = []
     for name in record.base:
         try:  # with the file's own columns: a plain save_to_disk copy of other columns is named as such
@@ -322,25 +310,39 @@ def _read_directory(path: str) -> datasets.Dataset:
             raise _damaged(path, f"datasets could not read it ({type(err).__name__}: {err})") from err
     if len(parts) > 1:
         parts = [datasets.concatenate_datasets(parts)]
-    if parts and entries:  # the base's columns are checked before it is joined to the shards'
+    if parts and shards:  # the base's columns are checked before it is joined to the shards'
         check_cache_dataset(parts[0], repr(path))
-    for entry in entries:
-        try:
-            shard = datasets.Dataset.from_file(os.path.join(path, entry["file"]), info=info)
-        except (OSError, ValueError, pa.ArrowException) as err:
-            raise _damaged(
-                path, f"datasets could not read its shard {entry['file']} ({type(err).__name__}: {err})", shard=True
-            ) from err
-        if len(shard) != entry["rows"]:
-            raise _damaged(
-                path,
-                f"its shard {entry['file']} holds {len(shard)} rows, but {entry['rows']} were committed",
-                shard=True,
-            )
-        parts.append(shard)
+    parts += shards
     if not parts:
         return KeyTokenCache().dataset
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _open_shards(path: str, entries: list[dict]) -> list[tuple[dict, datasets.Dataset | None, str | None]]:
+    """Each committed shard of the cache ``path``, memory-mapped after its checks, or what is wrong
+    with it: ``[(entry, shard or None, problem or None)]`` in commit order. A shard is damaged when it
+    is missing, of another size or SHA-256 than committed, unreadable, or of another row count."""
+    problems = [shard_problem(path, entry) for entry in entries]  # sizes first (cheap), then the content
+    names = [entry["file"] for entry, problem in zip(entries, problems) if problem is None]
+    # hashlib releases the GIL on large buffers: shards are hashed in parallel, as the base's files.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
+        digests = dict(zip(names, pool.map(lambda name: file_sha256(os.path.join(path, name)), names)))
+    info = datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES)
+    opened = []
+    for entry, problem in zip(entries, problems):
+        shard = None
+        if problem is None and digests[entry["file"]] != entry["sha256"]:
+            problem = f"the content of its shard {entry['file']} does not match its SHA-256 checksum (changed on disk)"
+        if problem is None:
+            try:
+                shard = datasets.Dataset.from_file(os.path.join(path, entry["file"]), info=info)
+            except (OSError, ValueError, pa.ArrowException) as err:
+                problem = f"datasets could not read its shard {entry['file']} ({type(err).__name__}: {err})"
+        if shard is not None and len(shard) != entry["rows"]:
+            problem = f"its shard {entry['file']} holds {len(shard)} rows, but {entry['rows']} were committed"
+            shard = None
+        opened.append((entry, shard, problem))
+    return opened
 
 
 def _dataset_info() -> dict:
@@ -1083,19 +1085,8 @@ def repair_cache(path) -> dict:
             record = read_record(path)
         except ValueError as err:
             raise _damaged(path, str(err)) from err
-        info = datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES)
         kept = []
-        for entry in record.shards:
-            problem = shard_problem(path, entry)
-            if problem is None and file_sha256(os.path.join(path, entry["file"])) != entry["sha256"]:
-                problem = f"the content of its shard {entry['file']} does not match its SHA-256 checksum"
-            if problem is None:
-                try:
-                    rows = len(datasets.Dataset.from_file(os.path.join(path, entry["file"]), info=info))
-                    if rows != entry["rows"]:
-                        problem = f"its shard {entry['file']} holds {rows} rows, but {entry['rows']} were committed"
-                except (OSError, ValueError, pa.ArrowException) as err:
-                    problem = f"datasets could not read its shard {entry['file']} ({type(err).__name__}: {err})"
+        for entry, _, problem in _open_shards(path, record.shards):
             if problem is None:
                 kept.append(entry)
             else:
