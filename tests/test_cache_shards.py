@@ -3,11 +3,14 @@ them, old single-folder caches, compaction, damaged shards and manifests, a full
 ``longppl score`` committing shards as it goes, killed (SIGKILL) at several points on one and two
 processes, then resumed to the uninterrupted run's cache."""
 
+import contextlib
 import errno
 import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -19,12 +22,18 @@ from helpers import accelerate_launch_on_cpu, assert_same_cache, byte_level_bpe,
 
 from longppl.cache import key_token_cache
 from longppl.cache.key_token_cache import CacheDamagedError, KeyTokenCache, append_rows
-from longppl.cache.shards import MANIFEST_FILE, SHARD_FOLDER
+from longppl.cache.shards import RECORD_KEY, SHARD_FOLDER, STATE_FILE
 from longppl.settings import KeyTokenSettings
 from longppl.tools import cache_tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCORE_WORKER = os.path.join(HERE, "distributed", "score_worker.py")
+
+
+def committed(path: str) -> list[dict]:
+    """The shards ``state.json`` of the cache ``path`` records, in commit order."""
+    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as handle:
+        return json.load(handle)[RECORD_KEY]["shards"]
 
 
 def texts(prefix: str, n: int) -> list[str]:
@@ -67,9 +76,9 @@ def test_append_adds_shards_and_never_rewrites_old_files(tmp_path):
     before = files_state(path)
     append_rows(path, synthetic_rows(second, seed=2))
     after = files_state(path)
-    # every file of the first commit is untouched (same mtime, same bytes), except the manifest
-    assert {name: after[name] for name in before if name != MANIFEST_FILE} == {
-        name: state for name, state in before.items() if name != MANIFEST_FILE
+    # every file of the first commit is untouched (same mtime, same bytes), except the record
+    assert {name: after[name] for name in before if name != STATE_FILE} == {
+        name: state for name, state in before.items() if name != STATE_FILE
     }
     shards = sorted(name for name in after if name.startswith(SHARD_FOLDER + os.sep))
     assert len(shards) == 2
@@ -89,10 +98,10 @@ def test_an_old_single_folder_cache_loads_and_takes_shards_beside_it(tmp_path):
     path = str(tmp_path / "cache")
     old = KeyTokenCache(synthetic_rows(texts("old", 4), seed=3))
     old.save(path)  # what every earlier version wrote: one save_to_disk folder
-    base = files_state(path)
+    base = {name: state for name, state in files_state(path).items() if name != STATE_FILE}
     assert KeyTokenCache.load(path).texts(range(4)) == texts("old", 4)
     append_rows(path, synthetic_rows(texts("new", 2), seed=4))
-    assert {name: files_state(path)[name] for name in base} == base
+    assert {name: files_state(path)[name] for name in base} == base  # all but the record, state.json
     cache = KeyTokenCache.load(path)
     assert cache.texts(range(6)) == texts("old", 4) + texts("new", 2)
     # a save to the cache (the metric's) merges base and shards into one folder again, losing nothing
@@ -117,14 +126,107 @@ def test_compaction_merges_shards_keeps_each_key_once_and_the_users_files(tmp_pa
     summary = cache_tool.main(["compact", path])
     assert summary["shards"] == 3 and summary["rows_before"] == 5 and summary["rows"] == 3
     assert "3 shards compacted, 3 rows (2 repeated rows dropped)" in capsys.readouterr().out
-    assert not os.path.exists(os.path.join(path, SHARD_FOLDER)) and not os.path.exists(
-        os.path.join(path, MANIFEST_FILE)
-    )
+    assert not os.path.exists(os.path.join(path, SHARD_FOLDER)) and committed(path) == []
     assert (tmp_path / "cache" / "NOTES.md").read_text(encoding="utf-8") == "mine"
     cache = KeyTokenCache.load(path)
     assert cache.texts(range(3)) == texts("a", 2) + texts("b", 1) and same_rows(rows_of(cache), before)
     info = cache_tool.main(["info", path])
     assert info["rows"] == 3 and info["shards"] == 0
+
+
+def test_compaction_while_runs_commit_counts_the_rows_it_read(tmp_path, monkeypatch, capsys):
+    """Scoring runs commit whenever the cache's lock is free: a compaction reads, merges and swaps
+    under one lock, so its counts are of one state (never a negative number of dropped rows), and
+    what is committed after it stays."""
+    path = str(tmp_path / "cache")
+    append_rows(path, synthetic_rows(texts("a", 2), seed=1))
+    append_rows(path, synthetic_rows(texts("a", 2), seed=1))  # two rows repeated
+    lock, arrivals, busy = key_token_cache.directory_lock, [], []
+
+    @contextlib.contextmanager
+    def lock_then_a_commit(*args, **kwargs):
+        with lock(*args, **kwargs) as held:
+            yield held
+        if not busy:  # the moment the lock is free, a run commits a shard of 3 documents
+            busy.append(1)
+            arrivals.append(texts(f"run{len(arrivals)}", 3))
+            append_rows(path, synthetic_rows(arrivals[-1], seed=len(arrivals)))
+            busy.pop()
+
+    monkeypatch.setattr(key_token_cache, "directory_lock", lock_then_a_commit)
+    summary = cache_tool.main(["compact", path])
+    monkeypatch.undo()
+    assert "(2 repeated rows dropped)" in capsys.readouterr().out
+    assert summary["rows_before"] - summary["rows"] == 2 and summary["rows"] == 2 + 3 * (len(arrivals) - 1)
+    cache = KeyTokenCache.load(path)
+    assert sorted(cache.texts(range(len(cache)))) == sorted(texts("a", 2) + [t for run in arrivals for t in run])
+
+
+def test_a_damaged_shard_is_dropped_by_repair_and_the_rest_kept(tmp_path, capsys):
+    path = str(tmp_path / "cache")
+    for index in range(3):
+        append_rows(path, synthetic_rows(texts(f"part{index}", 2), seed=index))
+    damage_truncate(path, os.path.join(path, committed(path)[1]["file"]))
+    with pytest.raises(
+        CacheDamagedError, match=rf"Drop the damaged shards with `longppl cache repair {re.escape(path)}`"
+    ) as caught:
+        KeyTokenCache.load(path)
+    assert "run the same `longppl score` command again to score their documents" in str(caught.value)
+    summary = cache_tool.main(["repair", path])
+    out = capsys.readouterr().out
+    assert [d["rows"] for d in summary["dropped"]] == [2] and summary["rows"] == 4 and summary["shards"] == 2
+    assert "1 damaged shards dropped, 4 rows kept" in out and "is " in out.splitlines()[0]
+    cache = KeyTokenCache.load(path)
+    assert cache.texts(range(4)) == texts("part0", 2) + texts("part2", 2)
+    assert datasets.load_from_disk(path)["text"] == cache.texts(range(4))
+    # the documents are scored again and committed (as the rerun of longppl score does)
+    append_rows(path, synthetic_rows(texts("part1", 2), seed=1))
+    assert len(KeyTokenCache.load(path)) == 6
+    assert cache_tool.main(["repair", path])["dropped"] == []
+    assert "no damaged shard, 6 rows" in capsys.readouterr().out
+
+
+def test_repair_leaves_a_damaged_base_to_rebuilding(tmp_path):
+    path = str(tmp_path / "cache")
+    KeyTokenCache(synthetic_rows(texts("base", 2), seed=1)).save(path)
+    append_rows(path, synthetic_rows(texts("a", 2), seed=2))
+    damage_truncate(path, os.path.join(path, "data-00000-of-00001.arrow"))
+    with pytest.raises(CacheDamagedError, match="Its rows cannot be trusted: delete the directory and rebuild it"):
+        cache_tool.main(["repair", path])
+
+
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        ("folder", "is a folder"),
+        ("cache", "is a folder"),
+        ("notes.txt/out.parquet", r"is inside '\S+notes\.txt', which is a file"),
+        ("notes.txt", r"exists; pass --overwrite to replace it"),
+    ],
+)
+def test_curate_refuses_an_output_it_must_not_write_in_one_line(tmp_path, monkeypatch, output, message):
+    path = str(tmp_path / "cache")
+    append_rows(path, synthetic_rows(texts("curate", 2), seed=7))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LONGPPL_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        cache_tool.cli(["curate", path, "--output", output])
+    line = str(ended.value.code)
+    assert "\n" not in line and f": error: --output {output!r} " in line
+    assert re.search(message, line), line
+    assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "mine" and os.listdir(tmp_path / "folder") == []
+    assert sorted(os.listdir(tmp_path)) == ["cache", "folder", "notes.txt"]
+
+
+def test_curate_replaces_a_file_when_asked_to(tmp_path):
+    path = str(tmp_path / "cache")
+    append_rows(path, synthetic_rows(texts("curate", 2), seed=7))
+    output = tmp_path / "curation.parquet"
+    output.write_text("an earlier file", encoding="utf-8")
+    cache_tool.main(["curate", path, "--output", str(output), "--overwrite"])
+    assert datasets.Dataset.from_parquet(str(output))["text"] == texts("curate", 2)
 
 
 def test_rows_of_other_settings_live_beside_each_other(tmp_path):
@@ -184,15 +286,15 @@ def damage_remove(path, shard):
     os.remove(shard)
 
 
-def damage_manifest(path, shard):
-    with open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8") as handle:
-        handle.write('{"format": "longppl-shards", "version": 1, "shards": [')
+def damage_record(path, shard):
+    with open(os.path.join(path, STATE_FILE), "w", encoding="utf-8") as handle:
+        handle.write('{"_data_files": [')
 
 
 def damage_escape(path, shard):
-    manifest = json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))
-    manifest["shards"][0]["file"] = "../elsewhere.arrow"
-    json.dump(manifest, open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8"))
+    state = json.load(open(os.path.join(path, STATE_FILE), encoding="utf-8"))
+    state[RECORD_KEY]["shards"][0]["file"] = "../elsewhere.arrow"
+    json.dump(state, open(os.path.join(path, STATE_FILE), "w", encoding="utf-8"))
 
 
 @pytest.mark.parametrize(
@@ -200,8 +302,8 @@ def damage_escape(path, shard):
     [
         (damage_truncate, r"its shard shards/\S+\.arrow is \d+ bytes, but \d+ were committed \(truncated"),
         (damage_flip, r"the content of its shard shards/\S+\.arrow does not match its SHA-256 checksum"),
-        (damage_remove, r"its manifest longppl_shards\.json names the shard shards/\S+\.arrow, which is missing"),
-        (damage_manifest, r"its shard manifest longppl_shards\.json is unreadable \(JSONDecodeError"),
+        (damage_remove, r"its record names the shard shards/\S+\.arrow, which is missing"),
+        (damage_record, r"its file state\.json is unreadable \(JSONDecodeError"),
         (damage_escape, r"names '\.\./elsewhere\.arrow', not a file in shards/"),
     ],
 )
@@ -209,9 +311,7 @@ def test_a_damaged_shard_or_manifest_is_named_in_one_line(tmp_path, damage, mess
     path = str(tmp_path / "cache")
     append_rows(path, synthetic_rows(texts("a", 3), seed=1))
     append_rows(path, synthetic_rows(texts("b", 3), seed=2))
-    shard = os.path.join(
-        path, json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))["shards"][1]["file"]
-    )
+    shard = os.path.join(path, committed(path)[1]["file"])
     damage(path, shard)
     with pytest.raises(CacheDamagedError, match=message) as caught:
         KeyTokenCache.load(path)
@@ -222,9 +322,7 @@ def test_a_shard_file_the_manifest_does_not_name_is_not_read(tmp_path):
     """A writer killed between moving its shard in and naming it: its rows were never committed."""
     path = str(tmp_path / "cache")
     append_rows(path, synthetic_rows(texts("a", 2), seed=1))
-    shard = os.path.join(
-        path, json.load(open(os.path.join(path, MANIFEST_FILE), encoding="utf-8"))["shards"][0]["file"]
-    )
+    shard = os.path.join(path, committed(path)[0]["file"])
     with open(shard, "rb") as source, open(os.path.join(path, SHARD_FOLDER, "orphan.arrow"), "wb") as copy:
         copy.write(source.read())
     assert len(KeyTokenCache.load(path)) == 2
@@ -282,19 +380,36 @@ def run_score(files, output, processes=1, die=None, shard_documents=2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point, n, kept", [("written", 3, 4), ("renamed", 2, 2), ("committed", 4, 8)])
+@pytest.mark.parametrize(
+    "point, n, kept", [("renamed", 1, 0), ("written", 3, 4), ("renamed", 2, 2), ("committed", 4, 8)]
+)
 def test_a_killed_single_process_run_keeps_its_shards_and_resumes_to_the_same_cache(scoring, tmp_path, point, n, kept):
     output = str(tmp_path / "cache")
     killed = run_score(scoring, output, die=f"0:{point}:{n}")
     assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL: no handler ran
     # every shard committed before the kill is there, and nothing else (shards of 2 documents)
-    assert len(KeyTokenCache.load(output)) == kept
+    assert len(KeyTokenCache.load(output, create=True)) == kept
     resumed = run_score(scoring, output)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"10 documents ({10 - kept} scored now, {kept} already cached)" in resumed.stdout
     assert_same_cache(scoring["reference"], output)
+    assert datasets.load_from_disk(output)["text"] == KeyTokenCache.load(output).dataset["text"]
     # the killed writer's temporary folder was removed by the next commit (its process is gone)
     assert sorted(os.listdir(tmp_path)) == ["cache"]
+
+
+@pytest.mark.slow
+def test_a_truncated_shard_is_repaired_and_its_documents_scored_again_by_the_same_command(scoring, tmp_path):
+    output = str(tmp_path / "cache")
+    shutil.copytree(scoring["reference"], output)
+    damage_truncate(output, os.path.join(output, committed(output)[2]["file"]))
+    refused = run_score(scoring, output)
+    assert refused.returncode == 1 and f"`longppl cache repair {output}`" in refused.stderr.strip().splitlines()[-1]
+    assert cache_tool.main(["repair", output])["rows"] == 8
+    resumed = run_score(scoring, output)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "10 documents (2 scored now, 8 already cached)" in resumed.stdout
+    assert_same_cache(scoring["reference"], output)
 
 
 @pytest.mark.slow
@@ -458,3 +573,22 @@ def test_a_ladder_of_k_gives_the_rows_of_separate_runs_per_k(scoring, tmp_path, 
     assert len(KeyTokenCache.load(ladder)) == 30
     for k, alone in ((K, scoring["reference"]), (17, str(tmp_path / "alone17")), (64, str(tmp_path / "alone64"))):
         assert_same_cache(alone, only_k(ladder, k, str(tmp_path / f"ladder{k}")))
+
+
+@pytest.mark.slow
+def test_a_ladder_extended_by_a_k_commits_only_the_new_rows(scoring, tmp_path):
+    from accelerate import PartialState
+
+    from longppl.tools import compute_key_tokens
+
+    common = ["--corpus", scoring["corpus"], "--evaluator", scoring["evaluator"], "--sliding-window", str(D)]
+    ladder = str(tmp_path / "ladder")
+    try:
+        compute_key_tokens.main([*common, "--output", ladder, "--trunc-len", str(K), "17"])
+        summary = compute_key_tokens.main([*common, "--output", ladder, "--trunc-len", str(K), "17", "64"])
+    finally:
+        PartialState._reset_state()
+    assert summary["scored"] == 10
+    dataset = KeyTokenCache.load(ladder).dataset
+    assert sorted(dataset["trunc_len"]) == [17] * 10 + [K] * 10 + [64] * 10  # each key once
+    assert_same_cache(scoring["reference"], only_k(ladder, K, str(tmp_path / "ladderK")))

@@ -16,7 +16,7 @@ from reference import evaluator_scores as reference_evaluator_scores
 
 import longppl
 import longppl.core.scoring
-from longppl.cache.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache
+from longppl.cache.key_token_cache import CACHE_FEATURES, FORMAT_VERSION, KeyTokenCache, append_rows
 from longppl.models.fingerprints import ModelIdentity, text_fingerprint
 from longppl.settings import KeyTokenSettings
 
@@ -215,6 +215,34 @@ def test_a_dataset_object_is_used_and_updated_in_memory(metric, setup, built, tm
     result = run(metric, setup, key_tokens=dataset)
     assert_same_results(result, built["live"])
     assert len(dataset) == 2 and os.listdir(tmp_path) == ["cache.parquet"]
+
+
+def test_a_sharded_cache_shared_as_the_hub_serves_it_gives_the_same_results(metric, setup, built, tmp_path):
+    """A cache of shards, never compacted, opened by datasets and shared: what
+    ``datasets.load_from_disk(path).push_to_hub(repo)`` uploads (datasets writes each of its shards
+    ``shard(n, i, contiguous=True).to_parquet(...)`` as ``data/train-0000i-of-0000n.parquet``),
+    read back by ``load_dataset`` from such a folder, as from the repository. (The Hub itself is
+    out of reach here; the upload is not exercised.)"""
+    rows = KeyTokenCache.load(built["path"]).dataset
+    path = str(tmp_path / "cache")
+    append_rows(path, rows.select([0]))
+    append_rows(path, rows.select([1, 2]))
+    shared = datasets.load_from_disk(path)
+    assert len(shared.cache_files) == 2  # the two shards themselves, memory-mapped
+    hub = tmp_path / "hub"
+    for index in range(2):
+        shared.shard(2, index, contiguous=True).to_parquet(str(hub / "data" / f"train-{index:05d}-of-00002.parquet"))
+    loaded = datasets.load_dataset(str(hub), split="train")
+    assert loaded.features == CACHE_FEATURES and loaded["text"] == shared["text"] == rows["text"]
+    for name in ("input_ids", "offsets"):
+        assert loaded[name] == rows[name]
+    for name in ("lp_long", "lp_short"):
+        assert all(
+            np.array_equal(a, b, equal_nan=True)
+            for a, b in zip(loaded.with_format("numpy")[name], rows.with_format("numpy")[name])
+        )
+    assert_same_results(run(metric, setup, key_tokens=loaded), built["live"])
+    assert_same_results(run(metric, setup, key_tokens=path), built["live"])
 
 
 def test_not_a_cache_or_an_incompatible_one(metric, setup, built, tmp_path):

@@ -1,10 +1,13 @@
 """Writing files and directories so that readers see the old content or the new, never a half.
 
-Files: written to a temporary file in the same folder, then renamed over the target
-(``os.replace`` is atomic on POSIX and Windows).
+Files: written to a temporary file in the same folder, flushed to the disk (``fsync``), then
+renamed over the target (``os.replace`` is atomic on POSIX and Windows), and the folder flushed
+too: after a power loss the target holds the old content or the new, never a name pointing to
+bytes that were still in the page cache.
 
 Directories (a ``datasets`` cache): written to a temporary directory beside the target, then
-swapped in with two renames: target -> ``.<name>.previous``, temporary -> target; the previous
+swapped in with two renames: target -> ``.<name>.previous``, temporary -> target (every file of
+the new copy flushed before the first rename, the parent folder after the second); the previous
 copy is deleted last. A directory cannot be renamed over a non-empty one, so there is a window of
 two renames in which the target is missing; :func:`recover_directory` (run before every read and
 write) puts the previous copy back if a run died inside that window. An interrupted write
@@ -54,6 +57,30 @@ def apply_umask(path: str) -> None:
     os.chmod(path, 0o666 & ~_umask())
 
 
+def fsync_path(path: str) -> None:
+    """Flush the file or folder ``path`` to the disk (``os.fsync``). A folder is flushed so that the
+    names created, renamed or removed in it survive a power loss; file systems that cannot flush a
+    folder (``EINVAL``, ``ENOTSUP``: some network and FUSE file systems) are let be."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if os.path.isdir(path) else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: str) -> None:
+    """Flush every file and folder under ``folder`` (and ``folder`` itself) to the disk, files first."""
+    for root, _, files in os.walk(folder, topdown=False):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                fsync_path(os.path.join(root, name))
+        fsync_path(root)
+
+
 def write_file_atomically(
     path: str, write: Callable[[IO], None], newline: str | None = None, binary: bool = False
 ) -> None:
@@ -61,7 +88,9 @@ def write_file_atomically(
 
     A ``path`` that is a symbolic link is written through, as ``open(path, "w")`` would: the temporary
     file goes beside the link's target and is renamed onto it, so the link stays a link (to new
-    content). A loop of links is an ``OSError`` (``ELOOP``), before anything is written.
+    content). A loop of links is an ``OSError`` (``ELOOP``), before anything is written. The file is
+    flushed to the disk before the rename and its folder after it (:func:`fsync_path`), so that a
+    power loss never leaves the name on bytes that were not written.
     """
     if os.path.islink(path):
         path = os.path.realpath(path)
@@ -74,12 +103,15 @@ def write_file_atomically(
         text = {} if binary else dict(encoding="utf-8", newline=newline)
         with os.fdopen(fd, "wb" if binary else "w", **text) as handle:
             write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
         apply_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    fsync_path(folder)
 
 
 def cannot_create(path: str, folder: bool = False) -> str | None:
@@ -289,6 +321,7 @@ def replace_directory_atomically(path: str, write: Callable[[str], None]) -> Non
     previous = _previous(path)
     try:  # owned_temp_dir's os.mkdir already honours the umask (unlike mkdtemp)
         write(tmp)
+        fsync_tree(tmp)  # the new copy's bytes are on the disk before any name points to them
         if os.path.exists(path):
             os.rename(path, previous)
         os.rename(tmp, path)
@@ -296,5 +329,6 @@ def replace_directory_atomically(path: str, write: Callable[[str], None]) -> Non
         shutil.rmtree(tmp, ignore_errors=True)
         recover_directory(path)
         raise
+    fsync_path(folder)
     # Readers that memory-mapped the previous copy keep their open files (POSIX unlinks lazily).
     shutil.rmtree(previous, ignore_errors=True)

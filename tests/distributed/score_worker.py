@@ -7,7 +7,8 @@ RANK (``RANK`` of the launcher, 0 alone) at its N-th shard commit, at POINT:
 
 - ``written``: the shard's file is written and hashed beside the cache, not yet moved in (the
   cache's lock is held);
-- ``renamed``: the file is in ``shards/``, the manifest does not name it yet;
+- ``renamed``: the file is in ``shards/``, ``state.json`` does not name it yet (at a first commit:
+  in the folder being built beside the cache);
 - ``committed``: right after the commit.
 
 A process killed by SIGKILL leaves no trace (no handler, no ``finally``): what a preempted job or an
@@ -38,11 +39,11 @@ def die_at(point: str, n: int) -> None:
         shards_module.write_file_atomically,
     )
 
-    def counting_commit(path, tmp, entry):
+    def counting_commit(path, tmp, entry, *args, **kwargs):
         commits["count"] += 1
         if point == "written" and commits["count"] == n:
             kill()
-        return commit_shard(path, tmp, entry)
+        return commit_shard(path, tmp, entry, *args, **kwargs)
 
     def manifest(path, write, *args, **kwargs):
         if point == "renamed" and commits["count"] == n:

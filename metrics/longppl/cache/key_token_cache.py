@@ -45,17 +45,20 @@ tokenizer (other vocabulary, merges, normaliser, BOS setting) never reuse rows. 
 cannot tell which tokenizer produced it, so format-1 caches are refused with an error that says to
 rebuild them, rather than matched (stale rows) or kept beside new rows (ambiguous lookups).
 
-A cache directory holds a ``save_to_disk`` folder (its base), immutable shards (``shards``: rows
-committed by ``longppl score`` and :func:`append_rows` as they are scored, named in the manifest
-``longppl_shards.json``), or both; an old single-folder cache is a base alone. Reading it gives one
-``Dataset`` over every file, memory-mapped: the base's rows, then each shard's in commit order.
-:func:`compact_cache` (``longppl cache compact``) rewrites base and shards as one base.
+A cache directory holds a ``save_to_disk`` base (``data-*.arrow``), immutable shards (``shards``:
+rows committed by ``longppl score`` and :func:`append_rows` as they are scored), or both; an old
+single-folder cache is a base alone. Its ``state.json`` names every committed file and records
+each shard (``shards``), so the directory is a ``datasets`` folder after every commit:
+``datasets.load_from_disk(path)`` and :meth:`KeyTokenCache.load` give one ``Dataset`` over the same
+files, memory-mapped: the base's rows, then each shard's in commit order. :func:`compact_cache`
+(``longppl cache compact``) rewrites base and shards as one base; :func:`repair_cache` (``longppl
+cache repair``) drops damaged shards.
 
 Guarantees of a cache directory (written by :meth:`KeyTokenCache.save` and :func:`append_rows`):
 
 - **Appends rewrite nothing**: :func:`append_rows` writes a new shard beside the cache, then moves
-  it in and names it in the manifest under the cache's lock; no other file changes, and a process
-  killed at any point loses the rows of that shard only. A save to the cache's own directory (the
+  it in and names it in ``state.json`` under the cache's lock; no other file changes, and a
+  process killed at any point loses the rows of that shard only. A save to the cache's own directory (the
   metric's) merges base and shards into one new base, as compaction does.
 
 - **Atomic swap**: a save writes a new copy beside the cache and swaps it in (``atomic_files``);
@@ -68,9 +71,10 @@ Guarantees of a cache directory (written by :meth:`KeyTokenCache.save` and :func
   only for the merge and swap, never while scoring. Readers take the lock shared, so a load never
   sees a swap half done. Saving to another directory than the one a cache was loaded from
   replaces that directory's content with this cache's rows (a copy), under the same lock.
-- **Checksums**: each shard's size and SHA-256 are in the manifest, checked at every load like the
-  base's (a missing, truncated or changed shard, an unreadable manifest: :class:`CacheDamagedError`).
-  A save stores the size and SHA-256 of every file it wrote in
+- **Checksums**: each shard's size and SHA-256 are in ``state.json``, checked at every load like the
+  base's (a missing, truncated or changed shard, an unreadable ``state.json``: :class:`CacheDamagedError`;
+  for a shard, ``longppl cache repair`` drops it). A save stores the size and SHA-256 of every
+  file it wrote but ``state.json`` (which commits replace; it is checked against the files) in
   ``longppl_checksums.json`` inside the directory; every load verifies them before reading (a
   streaming SHA-256 per file, files in parallel: about 1 ms per MB of cache on one core). A
   truncated or emptied data file, a damaged ``state.json`` / ``dataset_info.json`` or changed
@@ -117,7 +121,21 @@ from ..atomic_files import (
 from ..models.fingerprints import ModelIdentity, file_sha256, text_fingerprint
 from ..models.sources import require_path
 from ..settings import KeyTokenSettings
-from .shards import MANIFEST_FILE, SHARD_FOLDER, commit_shard, has_manifest, read_manifest, shard_problem, write_shard
+from .shards import (
+    INFO_FILE,
+    MANIFEST_FILE,
+    RECORD_KEY,
+    SHARD_FOLDER,
+    STATE_FILE,
+    commit_shard,
+    has_manifest,
+    has_record,
+    interrupted_first_commit,
+    read_record,
+    shard_problem,
+    write_record,
+    write_shard,
+)
 
 if TYPE_CHECKING:  # scoring imports torch; scripts' --help reads this module's options without it
     from ..core.scoring import EvaluatorScores
@@ -159,24 +177,53 @@ class CacheDamagedError(ValueError):
     """A key-token cache directory whose files are damaged (truncated, emptied, changed on disk)."""
 
 
-def _damaged(path: str, detail: str) -> CacheDamagedError:
+def _damaged(path: str, detail: str, shard: bool = False) -> CacheDamagedError:
+    """The error for a damaged cache; ``shard``: the damage is in shards only, which
+    :func:`repair_cache` can drop (their documents are then scored again by the next run)."""
+    repair = (
+        f"Drop the damaged shards with `longppl cache repair {path}` (the other rows stay), then run the same "
+        "`longppl score` command again to score their documents; or delete"
+        if shard
+        else "Its rows cannot be trusted: delete"
+    )
     return CacheDamagedError(
-        f"The key-token cache at {path!r} is damaged: {detail}. Its rows cannot be trusted: delete the "
-        f"directory and rebuild it ({_HOW_TO_BUILD[:-1]}), or restore it from a copy."
+        f"The key-token cache at {path!r} is damaged: {detail}. {repair} the directory and rebuild it "
+        f"({_HOW_TO_BUILD[:-1]}), or restore it from a copy."
     )
 
 
 def _write_checksums(folder: str) -> None:
-    """Record the size and SHA-256 of every file in ``folder`` (a cache just written there)."""
+    """Record the size and SHA-256 of every file in ``folder`` (a cache just written there) but
+    ``state.json``, which each commit of a shard replaces (it is checked against the files instead)."""
     files = {
         name: {"bytes": os.path.getsize(os.path.join(folder, name)), "sha256": file_sha256(os.path.join(folder, name))}
         for name in sorted(os.listdir(folder))
-        if name != CHECKSUM_FILE and os.path.isfile(os.path.join(folder, name))
+        if name not in (CHECKSUM_FILE, STATE_FILE) and os.path.isfile(os.path.join(folder, name))
     }
     write_file_atomically(
         os.path.join(folder, CHECKSUM_FILE),
         lambda handle: json.dump({"algorithm": "sha256", "files": files}, handle, indent=1, sort_keys=True),
     )
+
+
+def _checksum_names(path: str) -> list[str]:
+    """The files ``longppl_checksums.json`` of ``path`` lists (read by :func:`verify_checksums` first)."""
+    with open(os.path.join(path, CHECKSUM_FILE), encoding="utf-8") as handle:
+        return sorted(json.load(handle)["files"])
+
+
+def _stop_checksumming_state(path: str) -> None:
+    """Drop ``state.json`` from the checksum file of ``path`` (written by an earlier version, which
+    listed it): a commit is about to replace it. Done before the commit, so that a kill in between
+    leaves a checksum file that still holds for every file it lists."""
+    record = os.path.join(path, CHECKSUM_FILE)
+    if not os.path.isfile(record):
+        return
+    with open(record, encoding="utf-8") as handle:
+        checksums = json.load(handle)
+    if STATE_FILE in checksums.get("files", {}):
+        del checksums["files"][STATE_FILE]
+        write_file_atomically(record, lambda handle: json.dump(checksums, handle, indent=1, sort_keys=True))
 
 
 def verify_checksums(path: str) -> bool:
@@ -224,65 +271,91 @@ def verify_checksums(path: str) -> bool:
 def _read_directory(path: str) -> datasets.Dataset:
     """The cache's dataset at ``path`` after verifying its checksums; errors name ``path``.
 
-    The rows are the base's (the ``save_to_disk`` folder, if any) and then each committed shard's
-    (``shards``), every file memory-mapped: one ``Dataset`` over them, nothing copied.
+    The rows are the base's (the ``save_to_disk`` files, if any) and then each committed shard's
+    (``shards``), every file memory-mapped: one ``Dataset`` over the files ``state.json`` names, in
+    its order, the rows ``datasets.load_from_disk(path)`` gives. An empty cache (a first commit
+    killed before it was committed) gives no rows.
     """
-    parts = [] if has_manifest(path) and not _has_base(path) else [_read_base(path)]
+    if not _is_cache_directory(path):
+        shown = sorted(os.listdir(path))
+        raise ValueError(
+            f"{path!r} is not a key-token cache: it is not a directory written by datasets' save_to_disk or "
+            f"longppl score (it holds {', '.join(shown[:5]) + (', …' if len(shown) > 5 else '') or 'nothing'}). "
+            f"{_HOW_TO_BUILD}"
+        )
+    checked = verify_checksums(path)  # the base's files (and an earlier version's state.json)
     try:
-        entries = read_manifest(path)
+        record = read_record(path)
     except ValueError as err:
         raise _damaged(path, str(err)) from err
-    for entry in entries:  # sizes first (cheap), then the content
-        problem = shard_problem(path, entry)
-        if problem:
-            raise _damaged(path, problem)
-    names = [entry["file"] for entry in entries]
-    # hashlib releases the GIL on large buffers: shards are hashed in parallel, as the base's files.
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
-        digests = list(pool.map(lambda name: file_sha256(os.path.join(path, name)), names))
-    for entry, digest in zip(entries, digests):
-        if digest != entry["sha256"]:
+    if checked:
+        listed = {name for name in _checksum_names(path) if name.endswith(".arrow")}
+        if listed != set(record.base):
             raise _damaged(
-                path, f"the content of its shard {entry['file']} does not match its SHA-256 checksum (changed on disk)"
+                path, f"its {STATE_FILE} names the files {record.base}, but its checksum file {sorted(listed)}"
             )
-    info = datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES)
-    for entry in entries:
-        try:
-            shard = datasets.Dataset.from_file(os.path.join(path, entry["file"]), info=info)
+    if record.state is not None and RECORD_KEY in record.state and _dataset_features(path) != CACHE_FEATURES:
+        raise _damaged(path, f"its {INFO_FILE} does not declare the cache's columns")
+    shards = []
+    for _, shard, problem in _open_shards(path, record.shards):
+        if problem is not None:
+            raise _damaged(path, problem, shard=True)
+        shards.append(shard)
+    parts = []
+    for name in record.base:
+        try:  # with the file's own columns: a plain save_to_disk copy of other columns is named as such
+            parts.append(datasets.Dataset.from_file(os.path.join(path, name)))
         except (OSError, ValueError, pa.ArrowException) as err:
-            raise _damaged(
-                path, f"datasets could not read its shard {entry['file']} ({type(err).__name__}: {err})"
-            ) from err
-        if len(shard) != entry["rows"]:
-            raise _damaged(
-                path, f"its shard {entry['file']} holds {len(shard)} rows, but {entry['rows']} were committed"
-            )
-        parts.append(shard)
+            # a truncated or empty Arrow file of a base without checksums (a plain save_to_disk copy)
+            raise _damaged(path, f"datasets could not read it ({type(err).__name__}: {err})") from err
+    if len(parts) > 1:
+        parts = [datasets.concatenate_datasets(parts)]
+    if parts and shards:  # the base's columns are checked before it is joined to the shards'
+        check_cache_dataset(parts[0], repr(path))
+    parts += shards
+    if not parts:
+        return KeyTokenCache().dataset
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
-def _has_base(path: str) -> bool:
-    """Whether ``path`` holds a ``save_to_disk`` folder (beside its shards, or alone)."""
-    return any(os.path.exists(os.path.join(path, name)) for name in (CHECKSUM_FILE, "state.json"))
+def _open_shards(path: str, entries: list[dict]) -> list[tuple[dict, datasets.Dataset | None, str | None]]:
+    """Each committed shard of the cache ``path``, memory-mapped after its checks, or what is wrong
+    with it: ``[(entry, shard or None, problem or None)]`` in commit order. A shard is damaged when it
+    is missing, of another size or SHA-256 than committed, unreadable, or of another row count."""
+    problems = [shard_problem(path, entry) for entry in entries]  # sizes first (cheap), then the content
+    names = [entry["file"] for entry, problem in zip(entries, problems) if problem is None]
+    # hashlib releases the GIL on large buffers: shards are hashed in parallel, as the base's files.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names), os.cpu_count() or 1))) as pool:
+        digests = dict(zip(names, pool.map(lambda name: file_sha256(os.path.join(path, name)), names)))
+    info = datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES)
+    opened = []
+    for entry, problem in zip(entries, problems):
+        shard = None
+        if problem is None and digests[entry["file"]] != entry["sha256"]:
+            problem = f"the content of its shard {entry['file']} does not match its SHA-256 checksum (changed on disk)"
+        if problem is None:
+            try:
+                shard = datasets.Dataset.from_file(os.path.join(path, entry["file"]), info=info)
+            except (OSError, ValueError, pa.ArrowException) as err:
+                problem = f"datasets could not read its shard {entry['file']} ({type(err).__name__}: {err})"
+        if shard is not None and len(shard) != entry["rows"]:
+            problem = f"its shard {entry['file']} holds {len(shard)} rows, but {entry['rows']} were committed"
+            shard = None
+        opened.append((entry, shard, problem))
+    return opened
 
 
-def _read_base(path: str) -> datasets.Dataset:
-    """The ``save_to_disk`` folder at ``path`` after verifying its checksums."""
-    verify_checksums(path)
-    try:
-        return datasets.load_from_disk(path)
-    except FileNotFoundError as err:
-        raise ValueError(
-            f"{path!r} is not a key-token cache: it is not a directory written by datasets' save_to_disk "
-            f"({err}). {_HOW_TO_BUILD}"
-        ) from err
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as err:
-        # state.json / dataset_info.json that is not JSON, a truncated or empty Arrow file, ...
-        raise _damaged(path, f"datasets could not read it ({type(err).__name__}: {err})") from err
+def _dataset_info() -> dict:
+    """``dataset_info.json`` of a cache, as ``save_to_disk`` writes it (first-level keys sorted)."""
+    info = asdict(datasets.DatasetInfo(description=_DESCRIPTION, features=CACHE_FEATURES))
+    return {key: info[key] for key in sorted(info)}
 
 
 def _write_directory(dataset: datasets.Dataset, folder: str) -> None:
+    """Write ``dataset`` as a base in the empty ``folder``: ``save_to_disk``, its ``state.json``
+    marked as a cache's with no shards yet, the checksums."""
     dataset.save_to_disk(folder)
+    write_record(folder, read_record(folder), [], _dataset_info())
     _write_checksums(folder)
 
 
@@ -302,6 +375,15 @@ def _own_files(path: str) -> set[str]:
     return own | {name for name in os.listdir(path) if _DATASETS_FILE.fullmatch(name)}
 
 
+def _dataset_features(path: str) -> datasets.Features | None:
+    """The features ``dataset_info.json`` in ``path`` declares, or ``None`` (no such readable file)."""
+    try:
+        with open(os.path.join(path, INFO_FILE), encoding="utf-8") as handle:
+            return datasets.Features.from_dict(json.load(handle)["features"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def _dataset_columns(path: str) -> list[str] | None:
     """The columns ``dataset_info.json`` in ``path`` declares, or ``None`` (no such readable file)."""
     try:
@@ -313,12 +395,14 @@ def _dataset_columns(path: str) -> list[str] | None:
 
 
 def _is_cache_directory(path: str) -> bool:
-    """Whether the existing directory ``path`` holds a key-token cache: its marker (the checksum
-    file every save writes), or, for a plain ``save_to_disk`` copy, a ``dataset_info.json``
-    declaring the cache's columns. Contents are checked when the cache is read."""
-    if os.path.isfile(os.path.join(path, CHECKSUM_FILE)) or has_manifest(path):
+    """Whether the existing directory ``path`` holds a key-token cache: its markers (the checksum
+    file every save writes, the shard record in ``state.json``, an earlier version's shard
+    manifest), a ``dataset_info.json`` declaring the cache's columns (a plain ``save_to_disk`` copy,
+    or a first commit killed after writing it), or nothing but shard files in ``shards/`` (a first
+    commit of an earlier version killed before its manifest). Contents are checked when read."""
+    if os.path.isfile(os.path.join(path, CHECKSUM_FILE)) or has_manifest(path) or has_record(path):
         return True
-    return set(CACHE_FEATURES) <= set(_dataset_columns(path) or ())
+    return set(CACHE_FEATURES) <= set(_dataset_columns(path) or ()) or interrupted_first_commit(path)
 
 
 def _carry_foreign_files(old: str, new: str) -> None:
@@ -864,12 +948,7 @@ class KeyTokenCache:
         path = cache_directory(path, argument="path", create=True)
         merge = self.path is not None and os.path.realpath(self.path) == path
         with _datasets_progress(progress), directory_lock(path):
-            recover_directory(path)
-            # Checked again under the lock, right before the swap: only a cache or an empty folder
-            # is ever replaced (another process may have put files there since the check above).
-            exists = os.path.isdir(path) and bool(os.listdir(path))
-            if exists and not _is_cache_directory(path):
-                cache_directory(path, argument="path", create=True)  # raises, naming what is there
+            exists = _prepare_swap(path)
             dataset = self._dataset
             if merge and exists:
                 current = KeyTokenCache(_read_directory(path), path)
@@ -877,29 +956,49 @@ class KeyTokenCache:
                 for rows in self._pending:
                     current.add(rows)
                 dataset = current._dataset
-
-            def write(folder: str) -> None:
-                _write_directory(dataset, folder)
-                if exists:
-                    _carry_foreign_files(path, folder)
-
-            try:
-                replace_directory_atomically(path, write)
-            except OSError as err:  # full disk, file-size limit, read-only: the old copy is intact
-                raise write_failed(path, err, dataset) from err
-            # memory-mapped from its new home (its checksums were just taken from these files)
-            self._dataset = check_cache_dataset(datasets.load_from_disk(path), repr(path))
+            self._dataset = _swap_in(path, dataset, exists)
         self.path = path
         self._index = self._arrays = None
         self._pending = []
         return path
 
 
+def _prepare_swap(path: str) -> bool:
+    """Under the exclusive lock of ``path``, before its content is replaced: finish an interrupted
+    swap and check again that only a cache or an empty folder is replaced (another process may have
+    put files there since the first check). Returns whether a non-empty cache is there."""
+    recover_directory(path)
+    exists = os.path.isdir(path) and bool(os.listdir(path))
+    if exists and not _is_cache_directory(path):
+        cache_directory(path, argument="path", create=True)  # raises, naming what is there
+    return exists
+
+
+def _swap_in(path: str, dataset: datasets.Dataset, exists: bool) -> datasets.Dataset:
+    """Replace the cache directory ``path`` by ``dataset`` written as one base (the caller holds the
+    exclusive lock); the user's files in it are carried over. Returns the rows memory-mapped from
+    their new home."""
+
+    def write(folder: str) -> None:
+        _write_directory(dataset, folder)
+        if exists:
+            _carry_foreign_files(path, folder)
+
+    try:
+        replace_directory_atomically(path, write)
+    except OSError as err:  # full disk, file-size limit, read-only: the old copy is intact
+        raise write_failed(path, err, dataset) from err
+    if not len(dataset):  # datasets cannot read back a folder of no rows (state.json names no file)
+        return dataset
+    # memory-mapped from its new home (its checksums were just taken from these files)
+    return check_cache_dataset(datasets.load_from_disk(path), repr(path))
+
+
 def append_rows(path, rows: datasets.Dataset) -> str:
     """Commit ``rows`` (from :func:`key_token_rows`) to the cache directory ``path`` as a new shard.
 
-    The shard is written and hashed beside the cache first, then moved in and named in the manifest
-    under the cache's lock (``shards``): no file of the cache is rewritten, a reader sees all of the
+    The shard is written and hashed beside the cache first, then moved in and named in ``state.json``
+    under the cache's lock (``shards``): no Arrow file of the cache is rewritten, a reader sees all of the
     shard or none of it, and a process killed at any point loses these rows only. Rows whose key is
     already cached are appended too (the first row of a key is the one used; compaction drops the
     others). Any number of processes may append to one cache at once.
@@ -933,15 +1032,18 @@ def append_rows(path, rows: datasets.Dataset) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             cache_directory(path, argument="path", create=True)  # raises, naming what is there
         try:
-            commit_shard(path, tmp, entry)
+            commit_shard(path, tmp, entry, _dataset_info(), _stop_checksumming_state)
         except OSError as err:
             raise write_failed(path, err, rows, "the new shard") from err
+        except ValueError as err:  # state.json or the manifest unreadable: nothing was changed
+            raise _damaged(path, str(err)) from err
     return path
 
 
 def compact_cache(path) -> dict:
     """Rewrite the cache directory ``path`` as one ``save_to_disk`` folder: its base and all its
-    shards, each key once (the first row), in the same order; atomically, under the cache's lock.
+    shards, each key once (the first row), in the same order; atomically, under the cache's lock
+    (held from the read to the swap: a commit waits for it, so the counts are of one state).
 
     Returns:
         ``{"path", "rows_before", "rows", "shards"}`` (``shards``: how many were merged).
@@ -949,12 +1051,50 @@ def compact_cache(path) -> dict:
     path = cache_directory(path, argument="path")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"No key-token cache at {path!r}. {_HOW_TO_BUILD}")
-    with directory_lock(path, shared=True, optional=True):
-        shards = len(read_manifest(path)) if has_manifest(path) else 0
-    cache = KeyTokenCache.load(path)
-    before = len(cache)
-    cache.save(path)
+    with _datasets_progress(False), directory_lock(path):
+        exists = _prepare_swap(path)
+        cache = KeyTokenCache(_read_directory(path), path)
+        shards = len(read_record(path).shards)
+        before = len(cache)
+        cache._drop_duplicates()
+        if len(cache):  # (datasets cannot read back a folder of no rows: an empty cache stays as it is)
+            _swap_in(path, cache.dataset, exists)
     return dict(path=path, rows_before=before, rows=len(cache), shards=shards)
+
+
+def repair_cache(path) -> dict:
+    """Drop the damaged shards of the cache directory ``path`` from its record, under its lock.
+
+    A shard is damaged when it is missing, of another size or content than committed, or
+    unreadable; its rows leave the cache (its file stays in ``shards/``, unnamed, until the next
+    compaction), and the next ``longppl score`` run with the same options scores its documents
+    again. The base and the record itself cannot be repaired this way (the error says so).
+
+    Returns:
+        ``{"path", "dropped": [{"file", "rows", "problem"}], "shards", "rows"}`` (shards and rows kept).
+    """
+    path = cache_directory(path, argument="path")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"No key-token cache at {path!r}. {_HOW_TO_BUILD}")
+    dropped = []
+    with directory_lock(path):
+        recover_directory(path)
+        if not _is_cache_directory(path):
+            _read_directory(path)  # raises, saying what is there
+        try:
+            record = read_record(path)
+        except ValueError as err:
+            raise _damaged(path, str(err)) from err
+        kept = []
+        for entry, _, problem in _open_shards(path, record.shards):
+            if problem is None:
+                kept.append(entry)
+            else:
+                dropped.append(dict(file=entry["file"], rows=entry["rows"], problem=problem))
+        if dropped:
+            write_record(path, record, kept, _dataset_info(), _stop_checksumming_state)
+        cache = KeyTokenCache(_read_directory(path), path)  # the base and the shards kept, verified
+    return dict(path=path, dropped=dropped, shards=len(kept), rows=len(cache))
 
 
 def open_cache(source: str, split: str = "train", argument: str = "key_tokens") -> KeyTokenCache:

@@ -58,7 +58,7 @@ from longppl.tools.cli import run_command, tool_parser
 # were started by (tools/cli.py).
 PROG = "compute_key_tokens.py"
 # A shard of 256 documents (or 10 minutes) at most: a killed run loses that much scoring per process;
-# a commit costs a file rename and a manifest rewrite (docs/benchmarks.md).
+# a commit costs a file rename and a rewrite of state.json (docs/benchmarks.md).
 DEFAULT_SHARD_DOCUMENTS = 256
 DEFAULT_SHARD_MINUTES = 10.0
 
@@ -388,6 +388,7 @@ class ScoringJob:
             self.identity = ModelIdentity.of_model(self.evaluator, self.tokenizer)  # bf16 weights, as loaded
         # fp8 rows are keyed apart from bf16 rows of the same weights; bf16 keeps its identity
         self.identity = self.identity.with_precision(args.evaluator_precision)
+        self.cached: set[tuple] = set()  # (text, settings) with a row in the cache (missing)
         self.first = {}
         for index, text in enumerate(self.texts):
             self.first.setdefault(text, index)
@@ -400,6 +401,14 @@ class ScoringJob:
         if cache is None:
             cache = KeyTokenCache.load(self.args.output, create=True)
         found = [cache.find(texts, settings, self.identity.fingerprint) for settings in self.args.ladder]
+        # (text, K) pairs already cached: a rung added to a ladder scores the documents again, but
+        # only the new rung's rows are committed (score)
+        self.cached = {
+            (text, settings)
+            for settings, rows in zip(self.args.ladder, found)
+            for text, row in zip(texts, rows)
+            if row is not None
+        }
         return [text for text, *rows in zip(texts, *found) if None in rows]
 
     def score(self, texts: list[str], writes: bool = True, name: str | None = None) -> None:
@@ -423,12 +432,16 @@ class ScoringJob:
         # block finds its layers converted already: to_precision skips them.
         self.evaluator = to_precision(self.evaluator, args.evaluator_precision)
 
-        def score(block: list[str]) -> list[tuple]:  # per document, its scores under each K of the ladder
+        # the rungs some of these documents lack (a ladder extended: only the new K); a rung's rows do
+        # not depend on which other rungs share the long pass
+        ladder = [settings for settings in args.ladder if any((text, settings) not in self.cached for text in texts)]
+
+        def score(block: list[str]) -> list[tuple]:  # per document, its scores under each K of ``ladder``
             rungs = score_context_ladder(
                 self.evaluator,
                 self.tokenizer,
                 block,
-                args.ladder,
+                ladder,
                 max_tokens_per_batch=args.max_tokens_per_batch,
                 progress=False,
                 torch_compile=evaluator_compiles(args.torch_compile, args.evaluator_precision),
@@ -443,10 +456,15 @@ class ScoringJob:
             texts, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
         ):
             if writes:  # one shard per block, committed at once: a kill loses the block in progress only
-                rows = [
-                    key_token_rows(block, [document[rung] for document in scores], settings, self.identity)
-                    for rung, settings in enumerate(args.ladder)
-                ]
+                rows = []
+                for rung, settings in enumerate(ladder):  # each document's rows that the cache lacks
+                    new = [i for i, text in enumerate(block) if (text, settings) not in self.cached]
+                    if new:
+                        rows.append(
+                            key_token_rows(
+                                [block[i] for i in new], [scores[i][rung] for i in new], settings, self.identity
+                            )
+                        )
                 append_rows(args.output, datasets.concatenate_datasets(rows) if len(rows) > 1 else rows[0])
                 committed += len(block)
                 if name is not None:
