@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from longppl.core.scoring import DocumentResult, encode_texts
 from longppl.settings import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_MAX_TOKENS_PER_BATCH, require_bool, require_int
-from longppl.tools.cli import USER_ERRORS, debugging
+from longppl.tools.cli import USER_ERRORS, closest, debugging, with_closest
 
 __all__ = [
     "AGGREGATIONS",
@@ -16,8 +16,10 @@ __all__ = [
     "DEFAULT_MAX_TOKENS_PER_BATCH",
     "USER_ERRORS",
     "DocumentResult",
+    "closest",
     "debugging",
     "encode_texts",
     "require_bool",
     "require_int",
+    "with_closest",
 ]
