@@ -1,7 +1,8 @@
 """LongPPL inside lm-evaluation-harness (``longppl.harness``): the ``longppl`` model type and tasks give
 the numbers of ``longppl evaluate`` on the same cache, model and settings, across tokenizer pairs, per
 document and for the corpus (weighted by key-token counts, with a bootstrap standard error); bad
-inputs end the command with one line.
+inputs (a misspelt setting or task name among them) end the command with one line; the entry points
+that lm_eval's plugin loading reads load the model type and the tasks.
 
 lm-eval is the ``harness`` extra: without it these tests are skipped, except under CI (``.ci/run``
 installs the extra), where they fail.
@@ -295,6 +296,10 @@ def test_bad_inputs_end_the_command_with_one_line(files, tmp_path, monkeypatch):
         cli(model, f"key_tokens={cache}", "aggregation=mean")
     )
     assert "alpha must be a finite number" in one_line_error(cli(model, f"key_tokens={cache}", "alpha=nan"))
+    # a misspelt setting is refused, not ignored (the run would have used alpha's default)
+    assert "Task 'longppl': unknown setting(s) alhpa (did you mean alpha?). The settings of a LongPPL task" in (
+        one_line_error(cli(model, f"key_tokens={cache}", "alhpa=0.005"))
+    )
     # the harness's own model gives no per-token log-probs
     assert "only the 'longppl' model type gives: run it with --model longppl" in one_line_error(
         cli(model, f"key_tokens={cache}", model_type="hf")
@@ -302,6 +307,57 @@ def test_bad_inputs_end_the_command_with_one_line(files, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # lm_eval's task index, built twice
+def test_a_misspelt_task_name_gets_the_closest_task_names(monkeypatch):
+    monkeypatch.delenv("LONGPPL_DEBUG", raising=False)
+    message = one_line_error(cli("no-model-is-loaded", "key_tokens=x", tasks="longpl,hellaswg"))
+    assert message.endswith(
+        "Tasks not found: longpl (did you mean longppl?), hellaswg (did you mean hellaswag?); "
+        "`python -m longppl.harness ls tasks` lists the tasks."
+    )
+
+
+def test_run_help_says_what_the_arguments_do_to_a_longppl_task(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps lines to the terminal (and words at hyphens)
+    with pytest.raises(SystemExit) as stop:
+        harness_main(["run", "--help"])
+    assert stop.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert shown.startswith("usage: python -m longppl.harness run ")
+    # --limit: which documents, and what the corpus values then are
+    assert (
+        "Limit examples per task (integer count or fraction); for a LongPPL task, its first N documents in the "
+        "key-token cache's row order (a fraction: that share of them, rounded up), so that LongPPL, PPL and "
+        "their standard errors are those of these documents only"
+    ) in shown
+    assert "--metadata key=value sets, for every LongPPL task of the run: " + ", ".join(harness.task.SETTINGS) in shown
+
+
+@pytest.mark.slow
+def test_limit_scores_the_first_documents_of_the_cache(files, expected):
+    """``--limit 2``: the first two texts of the cache, and the corpus values of those two alone."""
+    out = lm_eval.simple_evaluate(
+        model="longppl",
+        model_args=f"pretrained={files['models']['same']},device=cpu,dtype=float32",
+        tasks=["longppl"],
+        task_manager=harness.task_manager(None, {"key_tokens": files["cache"], **RULE}),
+        log_samples=True,
+        bootstrap_iters=0,
+        limit=2,
+    )
+    samples = sorted(out["samples"]["longppl"], key=lambda sample: sample["doc_id"])
+    assert [sample["doc"]["row"] for sample in samples] == [0, 1]
+    documents = per_document(samples)
+    reference = expected["same"]
+    assert [d["n_key_tokens"] for d in documents] == reference["n_key_tokens"][:2]
+    assert [d["longppl"] for d in documents] == pytest.approx(reference["longppls"][:2], rel=1e-12, nan_ok=True)
+    results = out["results"]["longppl"]
+    for metric in ("longppl", "ppl"):
+        corpus = corpus_aggregation(metric, harness.task.DEFAULT_AGGREGATION)(documents)
+        assert results[f"{metric},none"] == pytest.approx(corpus, rel=1e-12)
+    assert results["longppl,none"] != pytest.approx(reference["longppl"], rel=1e-6)  # not the whole corpus
+
+
 def test_a_model_whose_positions_are_too_short_is_named_with_the_document(files, tmp_path):
     tok = byte_level_bpe()
     tiny_model("gpt2", len(tok), seed=5, max_positions=64).save_pretrained(tmp_path / "short")
@@ -370,6 +426,104 @@ def test_the_official_rule_before_july_2025_is_a_task_setting(monkeypatch):
             {"task": "longppl", "metadata": {"key_tokens": "no/such-cache", "aggregation": "official-pre-2025-07"}}
         )
     assert "aggregation" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "key, setting",
+    [("alhpa", "alpha"), ("trunc-len", "trunc_len"), ("key_token", "key_tokens"), ("Beta", "beta"),
+     ("aggregate", "aggregation"), ("no_lcl", "use_lcl")],
+)  # fmt: skip
+def test_a_misspelt_setting_is_refused_with_the_setting_it_resembles(key, setting):
+    metadata = {"key_tokens": "no/such-cache", key: "1"}
+    with pytest.raises(ValueError) as refused:
+        harness.LongPPLTask({"task": "mine", "metadata": metadata})
+    message = str(refused.value)
+    assert message.startswith(f"Task 'mine': unknown setting(s) {key} (did you mean {setting}?). ")
+    assert message.endswith("are " + ", ".join(harness.task.SETTINGS) + ".")
+
+
+def test_other_metadata_keys_pass_and_only_those_the_task_cannot_place_are_named(recwarn):
+    """lm_eval's own keys and the model's arguments (``--model_args``, which lm_eval merges into every
+    task's metadata) pass silently; a key neither a setting nor close to one is named in a warning."""
+    from longppl.harness.task import check_metadata
+
+    placed = {"key_tokens": "c", "alpha": 1.0, "version": 1, "config_source": "x.yaml", "pretrained": "m",
+              "dtype": "float32", "max_tokens_per_batch": 8, "trust_remote_code": False}  # fmt: skip
+    check_metadata("longppl", placed)
+    assert not [w for w in recwarn if "ignores the metadata" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"Task 'longppl' ignores the metadata attn_implementation: not a setting"):
+        check_metadata("longppl", {**placed, "attn_implementation": "sdpa"})
+
+
+PLUGIN_GROUPS = {"lm_eval.models": "longppl.harness.model:LongPPLLM", "lm_eval.tasks": "longppl.harness.tasks"}
+
+
+def test_setup_cfg_declares_the_model_type_and_tasks_in_lm_evals_plugin_groups():
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(os.path.join(os.path.dirname(os.path.dirname(__file__)), "setup.cfg"), encoding="utf-8")
+    declared = {
+        group: dict(
+            line.replace(" ", "").split("=", 1) for line in config["options.entry_points"][group].split("\n") if line
+        )
+        for group in PLUGIN_GROUPS
+    }
+    assert declared == {group: {"longppl": target} for group, target in PLUGIN_GROUPS.items()}
+
+
+def test_the_installed_entry_points_load_the_model_type_and_the_tasks():
+    """What lm_eval's plugin loading (its development branch) does with the installed entry points: the
+    model type by its class, whose ``module:name`` must be the entry point's value (lm_eval then takes the
+    class ``@register_model`` registers in place of the entry point), and the task YAMLs from the folder of
+    the package the ``lm_eval.tasks`` entry point names (every ``*.yaml`` under it)."""
+    import importlib.metadata
+    import importlib.util
+
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    hint = "reinstall the project (pip install -e .): the installed metadata predates setup.cfg's entry points"
+    installed = {group: {p.name: p for p in importlib.metadata.entry_points(group=group)} for group in PLUGIN_GROUPS}
+    assert {group: points["longppl"].value for group, points in installed.items() if "longppl" in points} == (
+        PLUGIN_GROUPS
+    ), hint
+    model = installed["lm_eval.models"]["longppl"].load()
+    assert model is harness.LongPPLLM and issubclass(model, LM) and get_model("longppl") is model
+    assert f"{model.__module__}:{model.__name__}" == PLUGIN_GROUPS["lm_eval.models"]
+    spec = importlib.util.find_spec(installed["lm_eval.tasks"]["longppl"].value)
+    (folder,) = spec.submodule_search_locations
+    assert os.path.samefile(folder, harness.TASKS_PATH)
+    # the bundled task alone: not the template's placeholder task
+    assert TaskManager(include_path=folder, include_defaults=False).all_tasks == ["longppl"]
+
+
+def test_the_harness_extras_pin_of_python_dateutil_is_explained_in_setup_cfg():
+    """The harness extra installs python-dateutil < 3 (a venv built with the test extra has 4.x): lm-eval
+    needs pytablewriter, which needs typepy[datetime], whose datetime extra caps python-dateutil below 3.
+    setup.cfg says so; this reads the chain from the installed packages' metadata."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    def requirement(package: str, name: str, extra: str = "") -> Requirement:
+        for line in importlib.metadata.requires(package) or []:
+            found = Requirement(line)
+            if found.name.lower() == name and (found.marker is None or found.marker.evaluate({"extra": extra})):
+                return found
+        raise AssertionError(f"{package} no longer requires {name}: update setup.cfg's comment on the harness extra")
+
+    assert "datetime" in requirement("pytablewriter", "typepy").extras
+    requirement("lm_eval", "pytablewriter")
+    assert not requirement("typepy", "python-dateutil", "datetime").specifier.contains("3.0.0")
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "setup.cfg"), encoding="utf-8") as handle:
+        above = handle.read().split("\nharness =\n", 1)[0].splitlines()
+    comment = []  # the comment lines right above the extra
+    while above and above[-1].startswith("#"):
+        comment.insert(0, above.pop())
+    comment = " ".join(line.lstrip("# ") for line in comment)
+    assert all(name in comment for name in ("pytablewriter", "typepy[datetime]", "python-dateutil<3")), comment
 
 
 def test_a_peft_adapter_is_scored_as_the_adapted_model(files, tmp_path):

@@ -312,6 +312,22 @@ def _scores(lsd, lcl):
     return "".join(words), EvaluatorScores(np.arange(len(offsets)), offsets, lp_long, lp_short)
 
 
+@pytest.mark.parametrize(
+    "lsd, counted",
+    [
+        ([np.nan, 3.0], "1 key token of the evaluator's 2 tokens of this text (100.0% of the 1 with"),
+        ([3.0], "1 key token of the evaluator's 1 token of this text (100.0% of the 1 with"),
+        ([np.nan, 3.0, 2.5], "2 key tokens of the evaluator's 3 tokens of this text (100.0% of the 2 with"),
+        ([np.nan, 0.5], "0 key tokens of the evaluator's 2 tokens of this text (0.0% of the 1 with"),
+    ],
+)
+def test_the_key_token_counts_agree_with_their_nouns(app, lsd, counted):
+    text, scores = _scores(lsd, [-1.0] * len(lsd))
+    view = app.key_token_view([text], [scores], 2.0, -2.0, 1)
+    meta = re.sub(r"<[^>]*>", "", re.search(r'<p class="meta">(.*?)</p>', view).group(1))
+    assert meta.startswith(counted), meta
+
+
 def _opacities(fragment: str, css: str) -> list[float]:
     return [
         float(value)

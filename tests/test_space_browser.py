@@ -2,8 +2,9 @@
 folder of their own, ``python app.py``) on 127.0.0.1 with tiny local models, driven by headless
 Chromium (Debian's package) through Playwright: one computation, read off the page (its counts
 labelled and agreeing, its legend, its per-token details on focus, its words unbroken); the
-messages of bad fields and of a paste over the limit, each replacing the results on the page; and
-one model that cannot be loaded, whose message must appear on the page.
+messages of bad fields and of a paste over the limit, each replacing the results on the page (and
+results replacing an earlier message); and one model that cannot be loaded, whose message must
+appear on the page.
 
 CI (``.ci/run``) installs Chromium and Playwright, and there a missing browser fails the test; on a
 developer's machine without them it is skipped with the reason.
@@ -344,8 +345,11 @@ def test_bad_fields_and_long_pastes_get_our_messages_and_clear_the_results(page,
     assert "The field alpha (LSD threshold) is empty; enter a number (default: 2)." in shown and "None" not in shown
     _results_are_gone(page)
     _screenshot(page, tmp_path, "space_empty_field.png")
-    # A K beyond the Space's range: our message (field, range, what to do), not gradio's.
+    # The field filled again: the new results come, and the earlier message (shown until closed) goes.
     _compute_and_wait_for_the_view(page, text)
+    page.get_by_text("The field alpha (LSD threshold) is empty").wait_for(state="detached")
+    assert page.get_by_role("button", name="Close").count() == 0  # no message left open over the results
+    # A K beyond the Space's range: our message (field, range, what to do), not gradio's.
     page.get_by_label("K (short-context length)").fill("5000")
     page.get_by_role("button", name="Compute").click()
     shown = _message(page, "K (short-context length) is 5000")

@@ -1,8 +1,8 @@
-"""LongPPL inside lm-evaluation-harness (``lm_eval`` 0.4.13): the ``longppl`` model type and the
-LongPPL tasks, whose results JSON holds the numbers ``longppl evaluate`` prints.
+"""LongPPL inside lm-evaluation-harness (``lm_eval`` 0.4.13 or a later 0.4 release): the ``longppl``
+model type and the LongPPL tasks, whose results JSON holds the numbers ``longppl evaluate`` prints.
 
-lm_eval 0.4.13 finds model types in its own registry only (it has no plugin entry point), so the
-``longppl`` model type exists in a process once this package is imported. Two ways in:
+lm_eval 0.4.13 finds model types in its own registry only (it loads no plugins), so the ``longppl``
+model type exists in a process once this package is imported. Two ways in:
 
 - the command line, every ``lm_eval`` argument forwarded, this package's task folder added to
   ``--include_path``::
@@ -13,6 +13,10 @@ lm_eval 0.4.13 finds model types in its own registry only (it has no plugin entr
   (``accelerate launch -m longppl.harness run ...`` for data parallelism);
 - Python: ``import longppl.harness`` before ``lm_eval.simple_evaluate(model="longppl", ...,
   task_manager=longppl.harness.task_manager(metadata={"key_tokens": ...}))``.
+
+A release of lm_eval that loads plugins needs neither: setup.cfg declares the model type
+(``lm_eval.models``) and the task folder (``lm_eval.tasks``, :mod:`longppl.harness.tasks`) in its
+entry-point groups, so the plain ``lm_eval --model longppl --tasks longppl ...`` imports this package.
 
 Importing it also lets the harness report a standard error for LongPPL and PPL (:func:`install_stderr`).
 ``import longppl`` never imports this package: lm_eval is the optional ``harness`` extra.
@@ -26,7 +30,7 @@ try:
     import lm_eval  # noqa: F401
 except ImportError as err:  # pragma: no cover - the extra is installed wherever the tests run
     raise ImportError(
-        "longppl.harness needs lm-evaluation-harness: pip install 'longppl-hf[harness]' (lm-eval==0.4.13)."
+        "longppl.harness needs lm-evaluation-harness: pip install 'longppl-hf[harness]' (lm-eval>=0.4.13,<0.5)."
     ) from err
 
 from .model import MODEL_TYPE, DocumentLogProbs, DocumentRequest, LongPPLLM

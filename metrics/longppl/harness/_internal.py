@@ -15,7 +15,7 @@ from longppl.settings import (
     require_bool,
     require_int,
 )
-from longppl.tools.cli import USER_ERRORS, debugging
+from longppl.tools.cli import USER_ERRORS, closest, debugging, with_closest
 
 __all__ = [
     "AGGREGATIONS",
@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_MAX_TOKENS_PER_BATCH",
     "USER_ERRORS",
     "DocumentResult",
+    "closest",
     "corpus_values",
     "debugging",
     "document_columns",
@@ -30,4 +31,5 @@ __all__ = [
     "require_aggregation",
     "require_bool",
     "require_int",
+    "with_closest",
 ]

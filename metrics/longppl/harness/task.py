@@ -13,6 +13,9 @@ without ``dataset_path``, such as the bundled ``longppl``), ``split`` (of a Hub 
 ``train``), ``evaluator``, ``trunc_len``, ``sliding_window`` (which of the cache's evaluator/settings
 combinations), ``alpha``, ``beta``, ``use_lcl``, ``soft``, ``gamma`` (the key-token rule) and
 ``aggregation`` (``official``, the default, ``official-pre-2025-07`` or ``pooled``: ``longppl.settings.AGGREGATIONS``).
+A key close to a setting without being one (``alhpa``) is refused, naming the setting it resembles;
+another key the task does not know is named in a warning (lm_eval passes the model's arguments, and
+settings meant for other tasks of the run, as metadata too: :func:`check_metadata`).
 
 Per document (``--log_samples``), both metrics hold the document's result: ``longppl``, ``ppl``,
 ``n_key_tokens``, ``n_tokens``, ``key_nll``, ``nll``, ``n_predicted`` (``longppl.core.scoring.DocumentResult``).
@@ -27,6 +30,7 @@ the same rule.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import warnings
 
@@ -40,12 +44,13 @@ from ._internal import (
     AGGREGATIONS,
     DEFAULT_AGGREGATION,
     DocumentResult,
+    closest,
     corpus_values,
     document_columns,
     require_aggregation,
     require_int,
 )
-from .model import MODEL_TYPE, DocumentLogProbs, DocumentRequest
+from .model import MODEL_TYPE, DocumentLogProbs, DocumentRequest, LongPPLLM
 
 #: The metrics of a LongPPL task, both lower-is-better.
 METRICS = ("longppl", "ppl")
@@ -63,6 +68,9 @@ SETTINGS = (
     "gamma",
     "aggregation",
 )
+#: Keys lm_eval itself writes into a task's metadata: the task's version, the YAML it was read from, a
+#: YAML ``metadata:`` that is not a mapping, a Python task's placeholder.
+HARNESS_METADATA = ("version", "config_source", "_metadata", "config")
 #: Seed of the bootstrap's resampling: the same run reports the same standard errors.
 BOOTSTRAP_SEED = 1234
 _BOOTSTRAP_CHUNK = 1000  # resamples drawn at once: [chunk, documents] counts in memory
@@ -73,6 +81,52 @@ def _corpus_values(counts: np.ndarray, items: list[dict], metric: str, aggregati
     documents is drawn), by the rule ``longppl.summarize_results`` applies (``scoring.corpus_values``)."""
     columns = document_columns([DocumentResult(**item) for item in items])
     return corpus_values(columns, aggregation, counts)[metric]
+
+
+def model_arguments() -> frozenset[str]:
+    """The named arguments of the ``longppl`` model type (its own and ``HFLM``'s, ``pretrained``, ``dtype``,
+    ...). lm_eval's command line and ``simple_evaluate`` merge ``--model_args`` into every task's metadata,
+    so a LongPPL task sees them there beside its settings."""
+    names = set()
+    for cls in LongPPLLM.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            parameters = inspect.signature(init).parameters.values()
+            names.update(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return frozenset(names - {"self"})
+
+
+def check_metadata(task: str, metadata: dict) -> None:
+    """Refuse a metadata key of task ``task`` that reads as a misspelt setting; warn about other keys it ignores.
+
+    A task's metadata holds, beside its settings (:data:`SETTINGS`), what lm_eval adds
+    (:data:`HARNESS_METADATA`), the model's arguments (:func:`model_arguments`, and ``from_pretrained``
+    keywords that no signature names, such as ``attn_implementation``) and ``--metadata`` meant for
+    other tasks of the same run. So a key is refused when it is close to a setting without being one
+    (``alhpa``, ``trunc-len``, ``Alpha``: difflib, on the key in lower case with ``-`` as ``_``), and any
+    other key the task does not know is named in a warning with the settings.
+
+    Raises:
+        ValueError: a key close to a setting, named with the setting it resembles and every setting.
+    """
+    known = set(SETTINGS) | set(HARNESS_METADATA) | model_arguments()
+    unknown = [key for key in metadata if key not in known]
+    close = {key: closest(str(key).lower().replace("-", "_"), list(SETTINGS)) for key in unknown}
+    settings = ", ".join(SETTINGS)
+    misspelt = [key for key in unknown if close[key]]
+    if misspelt:
+        named = ", ".join(f"{key} (did you mean {close[key]}?)" for key in misspelt)
+        raise ValueError(
+            f"Task {task!r}: unknown setting(s) {named}. The settings of a LongPPL task (--metadata key=value, "
+            f"or the task YAML's metadata:) are {settings}."
+        )
+    if unknown:
+        warnings.warn(
+            f"Task {task!r} ignores the metadata {', '.join(map(str, unknown))}: not a setting of a LongPPL task "
+            f"({settings}). Expected for a model argument (lm_eval passes --model_args to the tasks as metadata) "
+            "or a setting of another task of the run.",
+            stacklevel=3,
+        )
 
 
 def canonical_order(item: dict) -> str:
@@ -137,7 +191,8 @@ class LongPPLTask(ConfigurableTask):
             passes it. The request type, metrics and document fields are this class's.
     Raises:
         ValueError: no cache named, a cache without rows, settings that pick no (or several) of the
-            cache's combinations, a bad key-token rule, K, d or aggregation.
+            cache's combinations, a bad key-token rule, K, d or aggregation, a misspelt setting
+            (:func:`check_metadata`).
     """
 
     VERSION = 1
@@ -147,6 +202,7 @@ class LongPPLTask(ConfigurableTask):
         config.pop("class", None)
         name = config.get("task") or "longppl"
         metadata = dict(config.get("metadata") or {})
+        check_metadata(name, metadata)
         settings = {key: metadata[key] for key in SETTINGS if metadata.get(key) is not None}
         source = config.get("dataset_path") or settings.get("key_tokens")
         if not source:

@@ -12,7 +12,8 @@ Every failure reaches the page as a ``gr.Error`` that says what failed and what 
 UI's words (the fields' labels, K and d, texts numbered from 1 as ``longppl visualize --document``
 numbers them): bad input (an empty field, a K out of range), a request over the limits below, a
 model that cannot be loaded (Hub unreachable, gated or missing model, out of memory) and anything
-unexpected. "Compute" clears the previous results first, so a message never stands over them.
+unexpected. "Compute" clears the previous results and closes the previous messages first (messages
+stay until closed), so a message never stands over the results of another request.
 Messages about a limit end with how to run the metric elsewhere, by this Space's id where
 ``SPACE_ID`` gives it (``run_it_yourself``). The Hub is asked once, with a short timeout
 (``LONGPPL_SPACE_HUB_TIMEOUT_S``), whether a model is there before it is loaded, so an outage fails
@@ -620,6 +621,15 @@ def clear_results():
     return "", "", "", ""
 
 
+#: Run in the page as "Compute" is clicked, before ``clear_results``: closes the messages of earlier
+#: requests (gradio's pop-ups, shown until closed), so that none stands over this request's results.
+#: It presses each pop-up's close button, as a visitor would; it returns ``clear_results``'s inputs (none).
+CLOSE_MESSAGES = """() => {
+    document.querySelectorAll('[data-testid="toast-close"]').forEach((button) => button.click());
+    return [];
+}"""
+
+
 def load_examples(path: str = EXAMPLES_FILE) -> tuple[list[list], list[str]]:
     """``(rows, titles)`` for ``gr.Examples``: each row is ``[text, K, d]`` (the file's K and d: the
     excerpts are short, so K must be too) and its title labels it."""
@@ -687,8 +697,9 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
             label="Key tokens", css_template=_views.STYLE, show_label=True, container=True, padding=True
         )
         outputs = [longppl, ppl, key_tokens, per_text]
-        # Clear first, then score: a failure's message then never stands over an earlier request's results.
-        button.click(clear_results, outputs=outputs, queue=False, show_progress="hidden").then(
+        # Clear first (the results and the messages), then score: a failure's message then never stands
+        # over an earlier request's results, nor an earlier failure's message over this one's results.
+        button.click(clear_results, outputs=outputs, queue=False, show_progress="hidden", js=CLOSE_MESSAGES).then(
             score,
             inputs=[texts, model_id, evaluator_model_id, trunc_len, sliding_window, alpha, beta],
             outputs=outputs,

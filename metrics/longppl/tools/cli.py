@@ -156,13 +156,26 @@ def unknown_options_message(unknown: list[str], options: list[str], prog: str) -
 def with_closest_option(unknown: list[str], options: list[str]) -> str:
     """``--trunk-len (did you mean --trunc-len?), --x``: each unknown option with the closest of the
     long ``options`` (difflib), the hint every command gives (``longce-train`` too)."""
-    import difflib
+    return with_closest(unknown, [o for o in options if o.startswith("--")])
 
+
+def with_closest(unknown: list[str], names: list[str]) -> str:
+    """``alhpa (did you mean alpha?), x``: each unknown name with the closest of ``names``
+    (:func:`closest`), or alone where none is close."""
     named = []
     for name in unknown:
-        close = difflib.get_close_matches(name, [o for o in options if o.startswith("--")], n=1)
-        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        close = closest(name, names)
+        named.append(f"{name} (did you mean {close}?)" if close else name)
     return ", ".join(named)
+
+
+def closest(name: str, names: list[str]) -> str | None:
+    """The one of ``names`` closest to ``name`` (difflib's ``get_close_matches``: similarity at least
+    0.6), or ``None`` where none is that close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=1)
+    return close[0] if close else None
 
 
 def _is_utf8(value: str) -> bool:

@@ -181,6 +181,11 @@ def _count(name: str, value: int) -> str:
     return f'<span class="count" data-count="{name}">{value}</span>'
 
 
+def _tokens(value: int) -> str:
+    """The word after a count of tokens: "token" after 1, "tokens" after any other count."""
+    return "token" if value == 1 else "tokens"
+
+
 def key_token_document(
     text: str,
     scores: EvaluatorScores,
@@ -238,8 +243,9 @@ def key_token_document(
         cursor = end
     body.append(html.escape(text[cursor:]))
     summary = (
-        f"{_count('key', counts.key)} key tokens of the evaluator's {_count('tokens', counts.tokens)} tokens of "
-        f"this text ({counts.key / max(counts.scored, 1):.1%} of the {_count('scored', counts.scored)} with a "
+        f"{_count('key', counts.key)} key {_tokens(counts.key)} of the evaluator's {_count('tokens', counts.tokens)} "
+        f"{_tokens(counts.tokens)} of this text ({counts.key / max(counts.scored, 1):.1%} of the "
+        f"{_count('scored', counts.scored)} with a "
         f"short-context score); key iff LSD &gt; {alpha:g}"
         + (f" and LCL &gt; {beta:g}" if use_lcl else "")
         + ". Hover a token for its LSD and LCL, or click or tap it; Tab steps through the key tokens."
