@@ -22,7 +22,7 @@ Packages table and the README's Layout name every module (tests/test_repository.
   corpus LongPPL / PPL).
 - floor 2, ``parallel/``: ``tensor_parallel`` (an evaluator split over several GPUs).
 - floor 3, ``models/``, where models come from and which they are: ``sources`` (local path or Hub
-  id), ``loading`` (a model and its tokenizer on a device), ``fingerprints`` (which evaluator and
+  id), ``named`` (real models by short name, converted once from a registry package's GGUF), ``loading`` (a model and its tokenizer on a device), ``fingerprints`` (which evaluator and
   text a cache row belongs to), ``precision`` (an evaluator in bf16 or, through torchao, fp8).
 - floor 3, ``views/``: ``key_token_html`` (the key-token page of ``longppl-visualize`` and the Space).
 - floor 4, ``cache/``: ``key_token_cache`` (an evaluator's scores of a corpus as a
