@@ -386,11 +386,19 @@ def write_model_card(trainer: LongCETrainer, model_args: ModelArguments, data_ar
     # A PEFT adapter's card is rewritten by PEFT after transformers' (create_model_card), with its own tags.
     card.data.tags = list(dict.fromkeys([*MODEL_CARD_TAGS, *(card.data.tags or [])]))
     args = trainer.args
-    settings = (
-        f"K = {args.longce_trunc_len} (longce_trunc_len), d = {args.longce_sliding_window} (longce_sliding_window), "
-        f"gamma = {args.longce_gamma:g} (longce_gamma), weights from {args.longce_weights!r} (longce_weights)"
-        + (", plain CE (longce_plain_ce)" if args.longce_plain_ce else "")
-    )
+    if args.longce_weights == "cache":  # the cache's own K and d: longce_trunc_len / _sliding_window were not read
+        settings = (
+            f"gamma = {args.longce_gamma:g} (longce_gamma), weights from 'cache' (longce_weights): an evaluator's "
+            f"key-token cache, {os.path.basename(os.path.normpath(data_args.key_tokens or 'key_tokens'))}, scored "
+            "with its own K and d"
+        )
+    else:
+        settings = (
+            f"K = {args.longce_trunc_len} (longce_trunc_len), d = {args.longce_sliding_window} "
+            f"(longce_sliding_window), gamma = {args.longce_gamma:g} (longce_gamma), weights from "
+            f"{args.longce_weights!r} (longce_weights)"
+            + (", plain CE (longce_plain_ce)" if args.longce_plain_ce else "")
+        )
     # transformers' first sentence knows neither a model built from model_config nor local data files
     # ("a fine-tuned version of [](https://huggingface.co/) on an unknown dataset"): ours names both.
     text = re.sub(
