@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import socket
+import subprocess
 import sys
 
 import torch
@@ -306,3 +307,75 @@ class ScriptedStub(torch.nn.Module):
         width = max(len(r) for r in rows)
         new = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows])
         return torch.cat([input_ids, new], dim=1)
+
+
+# ------------------------------------------------------------------ hang guards
+#
+# A test asserts behaviour, never speed. What a test waits on (a subprocess, a thread, a server) is
+# guarded against a hang only, by a limit far above any run of the suite: on a loaded two-core machine
+# the slowest subprocess took about ten minutes. Reaching the limit fails the test with a message that
+# says it was the time, never a wrong result.
+
+#: Seconds a test waits on one subprocess, thread or server before it calls that a hang.
+HANG_GUARD_S = 3600.0
+
+
+def hang(what: str, seconds: float, output: str | bytes | None = None):
+    """Fail the test because ``what`` still ran after ``seconds`` (the hang guard), with the end of
+    its ``output`` so far."""
+    import pytest
+
+    if isinstance(output, bytes):
+        output = output.decode("utf-8", "replace")
+    tail = f" Its last output: {output[-3000:]}" if output else ""
+    pytest.fail(
+        f"hang guard: {what} was still running after {seconds:g} s and was stopped. The test limits no speed: "
+        f"this is a hang (or a machine far slower than any the suite has run on), not a wrong result.{tail}",
+        pytrace=False,
+    )
+
+
+def _shown(command) -> str:
+    return " ".join(map(str, command)) if isinstance(command, (list, tuple)) else str(command)
+
+
+def run_guarded(command, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, **kwargs)`` under the hang guard (``HANG_GUARD_S``): reaching it kills
+    the process and fails the test saying so (:func:`hang`)."""
+    try:
+        return subprocess.run(command, timeout=HANG_GUARD_S, **kwargs)
+    except subprocess.TimeoutExpired as err:
+        hang(f"the command {_shown(command)}", HANG_GUARD_S, err.stderr or err.output)
+
+
+def communicate_guarded(process: subprocess.Popen, input=None):
+    """``process.communicate(input)`` under the hang guard: ``(stdout, stderr)``; a process still running
+    at the guard is killed and the test fails saying so."""
+    try:
+        return process.communicate(input, timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        hang(f"the command {_shown(process.args)}", HANG_GUARD_S, err or out)
+
+
+def wait_guarded(process: subprocess.Popen) -> int:
+    """``process.wait()`` under the hang guard: its exit status; a process still running at the guard is
+    killed and the test fails saying so."""
+    try:
+        return process.wait(timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        hang(f"the command {_shown(process.args)}", HANG_GUARD_S)
+
+
+def join_guarded(worker) -> None:
+    """``worker.join()`` (a thread or a ``multiprocessing`` process) under the hang guard: one still alive
+    at the guard fails the test saying so (a process is killed first)."""
+    worker.join(HANG_GUARD_S)
+    if worker.is_alive():
+        if hasattr(worker, "kill"):
+            worker.kill()
+            worker.join()
+        hang(repr(worker), HANG_GUARD_S)

@@ -5,6 +5,7 @@ import os
 import stat
 
 import pytest
+from helpers import HANG_GUARD_S
 
 from longppl.atomic_files import replace_directory_atomically, write_file_atomically
 
@@ -76,12 +77,14 @@ def test_directory_lock_excludes_writers_admits_readers_together_and_leaves_no_f
     assert events == ["first writer out", "second writer in"]
     assert os.listdir(tmp_path) == []
 
-    reading, done = threading.Event(), threading.Event()
+    reading, done, released = threading.Event(), threading.Event(), []
 
     def reader():
         with directory_lock(path, shared=True):
             reading.set()
-            done.wait(10)
+            # held until the second reader is done; a second reader that waited for this one would be
+            # released only by the hang guard, which the assertion below then names
+            released.append("by the test" if done.wait(HANG_GUARD_S) else f"by the hang guard ({HANG_GUARD_S:g} s)")
 
     thread = threading.Thread(target=reader)
     thread.start()
@@ -90,6 +93,7 @@ def test_directory_lock_excludes_writers_admits_readers_together_and_leaves_no_f
         assert locked and os.listdir(tmp_path) == [".cache.lock"]
     done.set()
     thread.join()
+    assert released == ["by the test"]
     assert os.listdir(tmp_path) == []  # the last reader removed the file
     with directory_lock(str(tmp_path / "missing" / "cache"), shared=True) as locked:
         assert not locked

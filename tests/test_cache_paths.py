@@ -8,7 +8,6 @@ import json
 import os
 import re
 import resource
-import subprocess
 import sys
 
 import datasets
@@ -16,7 +15,7 @@ import evaluate
 import numpy as np
 import pytest
 from distributed.cache_writer_worker import synthetic_rows
-from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, tiny_model
+from helpers import byte_level_bpe, govreport_texts, model_and_evaluator, run_guarded, tiny_model
 
 import longppl
 import longppl.core.scoring
@@ -172,7 +171,7 @@ def score_command(score_files, output, cwd, preexec_fn=None):
     command += ["--evaluator", score_files["evaluator"], "--output", output, "--trunc-len", str(K)]
     command += ["--sliding-window", str(D)]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec_fn)
+    return run_guarded(command, cwd=cwd, env=env, capture_output=True, text=True, preexec_fn=preexec_fn)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import evaluate
 import numpy as np
 import pytest
 from distributed.cache_writer_worker import IDENTITY, SETTINGS, all_texts, synthetic_rows
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import byte_level_bpe, communicate_guarded, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
 from longppl.atomic_files import _host, owned_temp_name
@@ -40,7 +40,7 @@ def run_writers(path, barrier, writers, rows, rounds, *extra):
         )
         for w in range(writers)
     ]
-    return [(p, *p.communicate(timeout=300)) for p in procs]
+    return [(p, *communicate_guarded(p)) for p in procs]
 
 
 @pytest.mark.slow

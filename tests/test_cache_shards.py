@@ -18,7 +18,15 @@ import datasets
 import numpy as np
 import pytest
 from distributed.cache_writer_worker import IDENTITY, SETTINGS, all_texts, synthetic_rows
-from helpers import accelerate_launch_on_cpu, assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
+from helpers import (
+    accelerate_launch_on_cpu,
+    assert_same_cache,
+    byte_level_bpe,
+    govreport_texts,
+    run_guarded,
+    tiny_model,
+    wait_guarded,
+)
 
 from longppl.cache import key_token_cache
 from longppl.cache.key_token_cache import CacheDamagedError, KeyTokenCache, append_rows
@@ -263,7 +271,7 @@ def test_concurrent_appends_and_saves_keep_every_row(tmp_path):
         for w in range(writers)
     ]
     for proc in procs:
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+        assert wait_guarded(proc) == 0, proc.stderr.read()[-3000:]
     cache = KeyTokenCache.load(path)
     expected = all_texts(writers, rounds, rows)
     assert len(cache) == len(expected) == 36 and set(cache.texts(range(len(cache)))) == expected
@@ -376,7 +384,7 @@ def run_score(files, output, processes=1, die=None, shard_documents=2):
     ours = ["--die", die] if die else []
     launcher = [*accelerate_launch_on_cpu(processes), SCORE_WORKER] if processes > 1 else [sys.executable, SCORE_WORKER]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
-    return subprocess.run([*launcher, *ours, *options], env=env, capture_output=True, text=True, timeout=600)
+    return run_guarded([*launcher, *ours, *options], env=env, capture_output=True, text=True)
 
 
 @pytest.mark.slow
@@ -454,7 +462,7 @@ def run_pipeline(files, output, logs, tasks, workers, die=None):
         *options,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
+    return run_guarded(command, env=env, capture_output=True, text=True, start_new_session=True)
 
 
 def test_the_task_shares_split_the_distinct_documents_whatever_the_cache_holds():

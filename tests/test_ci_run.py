@@ -6,6 +6,7 @@ import shutil
 import subprocess
 
 import pytest
+from helpers import run_guarded
 
 README = """# x
 <!-- setup-commands -->
@@ -44,9 +45,7 @@ def test_space_browser_and_harness_extras_are_installed_after_the_install_and_be
         shim.chmod(0o755)
     log = tmp_path / "log"
     env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", LOG=str(log))
-    done = subprocess.run(
-        ["bash", str(repo / ".ci" / "run")], cwd=repo, env=env, capture_output=True, text=True, timeout=60
-    )
+    done = run_guarded(["bash", str(repo / ".ci" / "run")], cwd=repo, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     lines = log.read_text().splitlines()
     # PyTorch's CPU wheel before the README's first command, only where no torch imports

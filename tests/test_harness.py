@@ -12,13 +12,12 @@ import json
 import math
 import os
 import pickle
-import subprocess
 import sys
 
 import datasets
 import numpy as np
 import pytest
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, run_guarded, tiny_model
 
 try:
     import lm_eval
@@ -147,7 +146,7 @@ def test_the_command_line_writes_the_results_json_of_longppl_evaluate(files, exp
                "--metadata", f"key_tokens={files['cache']}", f"alpha={ALPHA}", f"beta={BETA}",
                "--output_path", str(tmp_path / "out")]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    done = run_guarded(command, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (written,) = [os.path.join(path, name) for path, _, names in os.walk(tmp_path / "out") for name in names]
     results = json.loads(open(written, encoding="utf-8").read())["results"]["longppl"]
@@ -399,7 +398,7 @@ def test_the_harness_hf_evaluate_hook_loads_the_metric(tmp_path, monkeypatch):
 
 def test_import_longppl_does_not_import_the_harness():
     code = "import sys, longppl; print('longppl.harness' in sys.modules, 'lm_eval' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_guarded([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
 
 

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import subprocess
 
 import datasets
 import evaluate
@@ -20,6 +19,7 @@ from helpers import (
     byte_level_bpe,
     govreport_texts,
     metaspace_bpe,
+    run_guarded,
     tiny_model,
 )
 
@@ -92,6 +92,34 @@ def cache(tools, files):
     return output
 
 
+def test_documents_too_short_for_k_are_counted_once_with_what_to_do(tools, files, tmp_path, capsys):
+    # evaluator tokens of each document with its special tokens, as K counts them (window_bounds: n > K)
+    lengths = [len(byte_level_bpe()(text)["input_ids"]) for text in files["texts"]]
+    longest, second = max(lengths), sorted(lengths)[1]
+    assert len(set(lengths)) == 4 and K < min(lengths)
+
+    def warnings_of(*trunc_len):
+        capsys.readouterr()
+        output = str(tmp_path / f"cache-{'-'.join(trunc_len)}")
+        common = ["--corpus", files["corpus"], "--evaluator", files["evaluator"], "--output", output]
+        tools["compute_key_tokens"].main([*common, "--trunc-len", *trunc_len, "--sliding-window", str(D)])
+        return [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+
+    # K = the longest document: none has a short-context score, the cache can give no LongPPL
+    assert warnings_of(str(longest)) == [
+        f"compute_key_tokens.py: warning: none of the 4 documents is longer than K={longest} evaluator tokens (the "
+        f"longest has {longest}), so no token has a short-context score: this cache can give no key tokens and no "
+        f"LongPPL. Score again with a --trunc-len well below {longest}, or use longer documents."
+    ]
+    # a ladder: under K, every document is scored; under the second-shortest, two are not
+    assert warnings_of(str(K), str(second)) == [
+        "compute_key_tokens.py: warning: documents of at most K evaluator tokens have no short-context score, hence "
+        f"no key tokens, and LongPPL leaves them out: 2 of 4 at K={second}. A smaller --trunc-len, or longer "
+        "documents, would include them."
+    ]
+    assert warnings_of(str(K)) == []
+
+
 @pytest.mark.slow
 def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
     output = str(tmp_path / "cache")
@@ -110,7 +138,7 @@ def test_two_processes_give_the_single_process_cache(files, cache, tmp_path):
         *SETTINGS,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_guarded(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "4 documents (4 scored now, 0 already cached)" in done.stdout
     assert_same_cache(cache, output)
@@ -487,6 +515,48 @@ def test_html_shows_tokens_sharing_a_character_as_one_piece():
         in document
     )
     assert "token 1: LCL -1.00; no short-context score (i &lt; K=2)" in document
+
+
+def test_the_view_counts_key_tokens_as_the_metric_transfers_them_by_character_span():
+    from longppl.views.key_token_html import TokenCounts, key_token_html
+
+    text = "Café au lait"  # "é" split into two byte-level tokens, both spanning character 3
+    offsets = np.array([[0, 0], [0, 3], [3, 4], [3, 4], [4, 7], [7, 12]])
+    nan = float("nan")
+    lp_long = np.array([nan, -1.0, -0.5, -0.2, -3.0, -0.1])
+    lp_short = np.array([nan, nan, -4.0, -0.3, -3.1, -2.5])
+    scores = EvaluatorScores(np.arange(6), offsets, lp_long, lp_short)
+    # the official transfer, written out: key tokens (LSD > 2, LCL > -2) are tokens 2 and 5; their
+    # characters are 3..4 and 7..12; a token lies within them when its whole span does: tokens 2, 3 and 5
+    own = [(lp_long[i] - lp_short[i] > 2.0) and lp_long[i] > -2.0 for i in range(6)]
+    spans = [tuple(offsets[i]) for i in range(6) if own[i]]
+    within = [i for i in range(1, 6) if any(a <= offsets[i][0] and offsets[i][1] <= b for a, b in spans)]
+    assert sum(own) == 2 and within == [2, 3, 5]
+    assert TokenCounts.of(scores, KeyTokenRule(2.0, -2.0)) == TokenCounts(tokens=5, scored=4, key=3)
+    page = key_token_html(text, scores, alpha=2.0, beta=-2.0, trunc_len=2)
+    assert '<span class="count" data-count="key">3</span> key tokens of the evaluator' in page
+
+
+def test_the_views_counts_are_the_metrics_under_one_byte_fallback_tokenizer():
+    from helpers import SlowByteTokenizer
+
+    from longppl.core.scoring import document_results, score_with_evaluator, score_with_model, text_key_weights
+    from longppl.settings import KeyTokenSettings
+    from longppl.views.key_token_html import TokenCounts
+
+    # one token per UTF-8 byte: the bytes of "é", "—" or "北" are tokens sharing one character's span
+    tokenizer = SlowByteTokenizer()
+    model = tiny_model("llama", 259, seed=4)
+    texts = [govreport_texts()[2][:300] + " Café — naïve 北京 façade, déjà vu. " * 6]
+    rule = KeyTokenRule(ALPHA, BETA)
+    (evaluator_scores,) = score_with_evaluator(model, tokenizer, texts, KeyTokenSettings(K, D), progress=False)
+    model_scores = score_with_model(model, tokenizer, texts, progress=False)
+    (result,) = document_results(model_scores, text_key_weights(texts, [evaluator_scores], model_scores, rule=rule))
+    counts = TokenCounts.of(evaluator_scores, rule)
+    own = int(evaluator_scores.key_mask(rule).sum())
+    assert 0 < own < result.n_key_tokens  # bytes of one character share its span: the transfer adds some
+    assert counts.tokens == result.n_tokens == len(texts[0].encode("utf-8"))
+    assert counts.key == result.n_key_tokens
 
 
 def test_correlations_against_plain_formulas():

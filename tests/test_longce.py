@@ -6,7 +6,6 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
 import warnings
 from types import SimpleNamespace
@@ -15,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from helpers import one_step_args, tiny_model
+from helpers import one_step_args, run_guarded, tiny_model
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments, default_data_collator
 
 from longce import LongCEConfig, LongCETrainer, batch_documents, lm_head_loss
@@ -785,7 +784,7 @@ def test_import_longce_is_light_and_longce_config_needs_no_datasets(tmp_path):
 
     register.register_metric(str(tmp_path))  # a current copy: `import longppl` does not load evaluate for it
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", IMPORTS], env=env, capture_output=True, text=True, timeout=300)
+    done = run_guarded([sys.executable, "-c", IMPORTS], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["import longce"] == []

@@ -7,7 +7,6 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -24,6 +23,7 @@ from helpers import (
     metaspace_bpe,
     one_step_args,
     one_torch_thread,
+    run_guarded,
     tiny_model,
 )
 from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlattening, default_data_collator
@@ -483,12 +483,11 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     rows = rows_with_weights([40, 31, 12, 18, 35, 22, 9, 27], seed=5)  # unequal token counts per process
     data = str(tmp_path / "data")
     Dataset.from_dict({key: [r[key] for r in rows] for key in ("input_ids", "longce_weights")}).save_to_disk(data)
-    done = subprocess.run(
+    done = run_guarded(
         [*accelerate_launch_on_cpu(2), os.path.abspath(__file__), data, str(tmp_path / "ddp"), "2"],
         env=dict(os.environ, OMP_NUM_THREADS="1"),
         capture_output=True,
         text=True,
-        timeout=420,
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     with one_torch_thread():

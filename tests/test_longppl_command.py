@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import REPO
-from helpers import assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
+from helpers import assert_same_cache, byte_level_bpe, communicate_guarded, govreport_texts, run_guarded, tiny_model
 from longppl_reproduce import longce_comparison, population
 
 from longppl.cache.key_token_cache import KeyTokenCache
@@ -59,9 +59,7 @@ def modules_cache(tmp_path_factory):
 
 def python_m_longppl(*args, modules_cache):
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", HF_MODULES_CACHE=modules_cache)
-    return subprocess.run(
-        [sys.executable, "-m", "longppl", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_guarded([sys.executable, "-m", "longppl", *args], cwd=REPO, env=env, capture_output=True, text=True)
 
 
 def test_setup_cfg_installs_longppl_beside_the_old_names():
@@ -115,9 +113,7 @@ def test_subcommand_help_is_the_tools_help_under_its_new_name(command, modules_c
         f"import sys, importlib; sys.argv = ['{OLD_NAMES[command]}', '--help']; "
         f"getattr(importlib.import_module('{module}'), '{function}')(['--help'])"
     )
-    direct = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    direct = run_guarded([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert direct.returncode == 0, direct.stderr
     assert direct.stdout.startswith(f"usage: {OLD_NAMES[command]} ")
     assert done.stdout.split("\n\n", 1)[1] == direct.stdout.split("\n\n", 1)[1]
@@ -150,7 +146,7 @@ def test_longppl_does_not_import_longce_until_train_runs(modules_cache):
         "print([m for m in sys.modules if m == 'longce' or m.startswith('longce.')])"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache)
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_guarded([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
@@ -339,7 +335,7 @@ def interrupted_run(args, wait, env, ready=None):
     else:
         time.sleep(wait)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    _, err = communicate_guarded(process)
     return process.returncode, err
 
 
@@ -384,7 +380,7 @@ def test_a_second_ctrl_c_while_the_command_ends_keeps_status_130(tmp_path, modul
     while process.poll() is None:  # Ctrl-C again and again while the command ends
         process.send_signal(signal.SIGINT)
         time.sleep(0.002)
-    _, rest = process.communicate(timeout=120)
+    _, rest = communicate_guarded(process)
     err = "".join(lines) + rest
     assert process.returncode == 130 and "Traceback" not in err, (process.returncode, err[-3000:])
     assert err.strip().splitlines()[-1] == "longppl quickstart: interrupted"
@@ -453,8 +449,8 @@ def test_a_ctrl_c_raised_inside_a_finalizer_still_ends_the_command(tmp_path):
     )
     env = dict(os.environ, LONGPPL_AUTO_REGISTER="0")
     env.pop("LONGPPL_DEBUG", None)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    done = run_guarded(
+        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert done.returncode == 130 and "ran on" not in done.stdout, (done.stdout, done.stderr)

@@ -592,27 +592,29 @@ def test_model_paths_that_do_not_exist(metric, setup, tmp_path):
         run(metric, dict(setup, model=None, tokenizer=None, model_id=str(tmp_path / "file.txt")))
 
 
-def test_offline_hub_id_not_in_the_cache_fails_fast_without_network(metric, setup, tmp_path, monkeypatch):
+def test_offline_hub_id_not_in_the_cache_fails_without_network(metric, setup, tmp_path, monkeypatch):
     import socket
-    import time
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
 
+    connections = []
+
     def no_network(*args, **kwargs):
+        connections.append(args)
         raise AssertionError("the check must not touch the network")
 
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    start = time.perf_counter()
     with pytest.raises(
         ValueError,
         match=r"model_id='nobody/no-such-model' is not an existing directory \(no such path here\), and as a Hub "
         r"model id it is not in the local Hugging Face cache .*HF_HUB_OFFLINE=1",
     ):
         run(metric, dict(setup, model=None, tokenizer=None, model_id="nobody/no-such-model"))
-    assert time.perf_counter() - start < 5
+    # what makes it fast: nobody is asked (even a refused connection, caught and retried, would show here)
+    assert connections == []
 
 
 def test_tokenizer_of_another_model_is_named_before_any_forward_pass(metric, setup):

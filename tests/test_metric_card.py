@@ -5,12 +5,11 @@ import configparser
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 import yaml
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, run_guarded, tiny_model
 
 import longppl
 
@@ -157,13 +156,12 @@ def test_card_examples_run(tmp_path):
     )
     examples = work / "card_examples.txt"
     examples.write_text("\n".join(card_code_blocks()), encoding="utf-8")
-    done = subprocess.run(
+    done = run_guarded(
         [sys.executable, "-m", "doctest", "-o", "ELLIPSIS", str(examples)],
         cwd=work,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 

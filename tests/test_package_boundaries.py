@@ -8,11 +8,11 @@ import ast
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 from conftest import REPO
+from helpers import run_guarded
 
 #: {package: (its folder, the packages it must never import)}
 PACKAGES = {
@@ -105,12 +105,11 @@ def test_importing_every_module_of_a_package_loads_no_package_above_it(package):
         f"for name in {modules!r}:\n    importlib.import_module(name)\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(forbidden)!r}))\n"
     )
-    done = subprocess.run(
+    done = run_guarded(
         [sys.executable, "-c", code],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -76,18 +76,24 @@ def test_rope_models_run_past_their_positions_with_a_warning(tokenizer, texts):
     assert scores[1].lp_long.shape == (long,) and np.isfinite(scores[1].lp_long[1:]).all()
 
 
+def score_arguments(tmp_path, texts, tokenizer, arch: str) -> list[str]:
+    """``longppl score``'s arguments for ``texts`` (a JSONL corpus) scored by a tiny ``arch`` evaluator of
+    64 positions, saved in ``tmp_path/arch``, into ``tmp_path/cache``."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    evaluator = tmp_path / arch
+    tiny_model(arch, len(tokenizer), max_positions=64).save_pretrained(evaluator)
+    tokenizer.save_pretrained(evaluator)
+    args = ["--corpus", str(corpus), "--evaluator", str(evaluator), "--output", str(tmp_path / "cache")]
+    return args + ["--trunc-len", str(K), "--sliding-window", str(D), "--device", "cpu"]
+
+
 def test_longppl_score_names_the_document_and_max_length(tokenizer, texts, tmp_path):
     from accelerate import PartialState
 
     from longppl.tools import compute_key_tokens
 
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    evaluator = tmp_path / "gpt2"
-    tiny_model("gpt2", len(tokenizer), max_positions=64).save_pretrained(evaluator)
-    tokenizer.save_pretrained(evaluator)
-    args = ["--corpus", str(corpus), "--evaluator", str(evaluator), "--output", str(tmp_path / "cache")]
-    args += ["--trunc-len", str(K), "--sliding-window", str(D), "--device", "cpu"]
+    args = score_arguments(tmp_path, texts, tokenizer, "gpt2")
     try:
         with pytest.raises(
             ValueError,
@@ -101,3 +107,32 @@ def test_longppl_score_names_the_document_and_max_length(tokenizer, texts, tmp_p
         PartialState._reset_state()
     assert summary["scored"] == 2 and summary["tokens"] == lengths(tokenizer, texts[:1], True)[0] + 64
     assert math.isfinite(summary["key_share"])
+
+
+def test_longppl_score_says_once_how_many_documents_pass_the_trained_length(tokenizer, tmp_path, capsys):
+    import warnings
+
+    from accelerate import PartialState
+
+    from longppl.tools import compute_key_tokens
+
+    texts = [t[:400] for t in govreport_texts()[:6]] + [govreport_texts()[6][:60]]
+    n = lengths(tokenizer, texts, add_special_tokens=True)
+    longer = sum(length > 64 for length in n)
+    assert longer == 6 and n[-1] <= 64
+    args = [*score_arguments(tmp_path, texts, tokenizer, "llama"), "--shard-documents", "2"]
+    evaluator = tmp_path / "llama"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = compute_key_tokens.main(args)
+    finally:
+        PartialState._reset_state()
+    assert summary["scored"] == 7
+    assert [str(w.message) for w in caught if "positions" in str(w.message)] == []  # none per document
+    said = [line for line in capsys.readouterr().err.splitlines() if "positions" in line]
+    assert said == [
+        f"compute_key_tokens.py: warning: {longer} of the 7 documents scored are longer than the 64 positions the "
+        f"evaluator {str(evaluator)!r} was trained on (max_position_embeddings): its log-probs past position 64 "
+        "measure extrapolation. Cut the documents with --max-length if that is not intended."
+    ]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+from helpers import run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where a fresh machine has nothing yet; each is unset so that the libraries fall back to HOME.
@@ -54,9 +54,7 @@ def test_every_readme_snippet_loads_in_a_fresh_home(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in CACHE_VARIABLES}
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     for lines in code:  # each snippet in its own interpreter, as a reader would run it
-        done = subprocess.run(
-            [sys.executable, "-c", "\n".join(lines)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-        )
+        done = run_guarded([sys.executable, "-c", "\n".join(lines)], cwd=cwd, env=env, capture_output=True, text=True)
         assert done.returncode == 0, "\n".join(lines) + "\n--- fails in a fresh HOME:\n" + done.stderr[-2000:]
 
 
@@ -114,13 +112,12 @@ def test_every_readme_snippet_runs_as_written_on_a_cpu(tmp_path):
     )
     prelude = PLACEHOLDERS.format(tests=os.path.join(REPO, "tests"))
     for block, check in zip(blocks, CHECKS):
-        done = subprocess.run(
+        done = run_guarded(
             [sys.executable, "-c", "\n".join([prelude, block, check])],
             cwd=cwd,
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
         )
         assert done.returncode == 0, block + "\n--- fails on a CPU:\n" + done.stderr[-3000:]
         assert "have at most trunc_len" not in done.stderr  # texts as long as the snippet says are enough

@@ -4,12 +4,12 @@ import importlib
 import logging
 import os
 import shutil
-import subprocess
 import sys
 
 import evaluate
 import pytest
 from evaluate.loading import CachedEvaluationModuleFactory, LocalEvaluationModuleFactory, files_to_hash
+from helpers import run_guarded
 
 import longppl
 from longppl import register
@@ -36,8 +36,8 @@ def registered(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("registered")
     modules_cache = tmp_path / "modules"
     env = offline_env(tmp_path, modules_cache)
-    done = subprocess.run(
-        [sys.executable, "-m", "longppl.register"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    done = run_guarded(
+        [sys.executable, "-m", "longppl.register"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert "Registered the LongPPL metric at" in done.stdout
@@ -50,7 +50,7 @@ def test_bare_name_loads_our_metric_offline_from_a_fresh_directory(registered):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     code = "import evaluate, inspect; m = evaluate.load('longppl'); print(type(m).__name__, inspect.getfile(type(m)))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=fresh, env=env, capture_output=True, text=True, timeout=300)
+    done = run_guarded([sys.executable, "-c", code], cwd=fresh, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     name, path = done.stdout.split()
     code_hash = files_to_hash(register.module_files())
@@ -137,7 +137,7 @@ NOTICE = "couldn't be found locally at evaluate-metric--longppl, or remotely on 
 
 
 def _python(code, cwd, env):
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_guarded([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
 
 
 @pytest.mark.slow  # fresh interpreters or processes: seconds each

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 
 import pytest
+from helpers import join_guarded
 from longppl_reproduce import stages
 from longppl_reproduce.run_folder import RunFolder
 
@@ -29,7 +30,7 @@ def test_processes_adding_timings_to_one_folder_lose_no_entry(tmp_path):
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(timeout=120)
+        join_guarded(worker)
         assert worker.exitcode == 0
     timings = RunFolder(str(tmp_path)).timings()
     # every process's own entry and the shared one hold every call: a read-add-write race loses some

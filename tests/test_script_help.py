@@ -9,11 +9,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
 from conftest import REPO
+from helpers import run_guarded
 
 HEAVY = ("torch", "transformers", "datasets", "evaluate", "accelerate", "gradio")
 # A child Python runs a script (a path) or a tool (a module, as `python -m` does) as __main__ with
@@ -73,13 +73,12 @@ def modules_cache(tmp_path_factory):
 
 def _run(code: str, *args: str, modules_cache: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", HF_MODULES_CACHE=modules_cache)
-    done = subprocess.run(
+    done = run_guarded(
         [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{code}", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
@@ -171,7 +170,7 @@ def test_console_script_is_installed_and_answers_help(command, target, modules_c
     executable = shutil.which(command, path=os.path.dirname(sys.executable))
     assert executable is not None, hint
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="100", HF_MODULES_CACHE=modules_cache)
-    done = subprocess.run([executable, "--help"], env=env, capture_output=True, text=True, timeout=120)
+    done = run_guarded([executable, "--help"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: {command} ")
 

@@ -8,11 +8,11 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import run_guarded
 
 from longppl.core.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
@@ -61,12 +61,11 @@ def modules_cache(tmp_path_factory):
 @pytest.mark.parametrize("tool", ["evaluate_models", "visualize_key_tokens"])
 def test_help_is_quick_and_explains_every_option(tool, modules_cache):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_MODULES_CACHE=modules_cache)
-    done = subprocess.run(
+    done = run_guarded(
         [sys.executable, "-c", HELP_PROBE, f"longppl.tools.{tool}"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     help_text, probe = done.stdout.split("@@PROBE@@")
@@ -368,12 +367,11 @@ def test_the_installed_command_says_what_was_wrong_without_a_traceback(tmp_path)
         (evaluator / name).write_text("{}", encoding="utf-8")
     command = shutil.which("longppl-score", path=os.path.dirname(sys.executable))
     assert command is not None, "reinstall the project (pip install -e .) to get its console scripts"
-    done = subprocess.run(
+    done = run_guarded(
         [command, "--corpus", str(corpus), "--evaluator", str(evaluator), "--output", str(tmp_path / "out")],
         env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
         capture_output=True,
         text=True,
-        timeout=300,
     )
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (

@@ -23,7 +23,7 @@ import urllib.request
 import evaluate
 import numpy as np
 import pytest
-from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
+from helpers import HANG_GUARD_S, byte_level_bpe, govreport_texts, hang, metaspace_bpe, tiny_model
 
 import longppl
 
@@ -112,7 +112,7 @@ def server(models, tmp_path_factory, repo_root):
     )
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + HANG_GUARD_S
         while True:
             if process.poll() is not None:
                 pytest.fail(f"the app exited ({process.returncode}):\n{(space / 'server.log').read_text()}")
@@ -123,7 +123,7 @@ def server(models, tmp_path_factory, repo_root):
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"the app did not answer within 180 s:\n{(space / 'server.log').read_text()}")
+                hang("the app's server (not answering)", HANG_GUARD_S, (space / "server.log").read_text())
             time.sleep(0.5)
         yield url
     finally:
@@ -145,7 +145,7 @@ def page(playwright_browser, server):
         lambda route: route.continue_() if route.request.url.startswith(server) else route.abort(),
     )
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(HANG_GUARD_S * 1000)  # a hang guard: the page's waits test what appears, not when
     page.goto(server, wait_until="domcontentloaded")
     page.get_by_role("button", name="Compute").wait_for()
     yield page
@@ -380,14 +380,10 @@ def test_bad_fields_and_long_pastes_get_our_messages_and_clear_the_results(page,
 def test_a_model_that_cannot_be_loaded_says_why_on_the_page(page, tmp_path):
     page.get_by_label("Texts", exact=False).fill(govreport_texts()[0][1000:1900])
     _choose(page, "Evaluator model (Hub id)", UNREACHABLE)
-    start = time.monotonic()
     page.get_by_role("button", name="Compute").click()
     message = page.get_by_text(f"Could not reach the Hub for {UNREACHABLE}:")
     message.wait_for()
-    elapsed = time.monotonic() - start
-    print(f"the failing load reached the page in {elapsed:.1f} s")
     page.wait_for_timeout(1000)  # the message fades in
     _screenshot(page, tmp_path, "space_error.png")
     assert "try again later" in message.inner_text()
-    assert elapsed < 30, f"the failure took {elapsed:.0f} s to reach the page"
     assert page.get_by_label("LongPPL", exact=True).input_value() == ""

@@ -1,11 +1,11 @@
 """The scripts' CPU thread policy (longppl.tools.threads): one torch thread for tiny models, unless the user set OMP_NUM_THREADS."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from helpers import run_guarded
 
 from longppl.tools.threads import child_thread_env, choose_torch_threads, requested_threads
 
@@ -57,12 +57,11 @@ def test_child_processes_get_the_count_unless_the_user_chose():
 @pytest.mark.slow  # fresh interpreters or processes: seconds each
 def test_quickstart_says_what_to_set_instead_of_a_traceback(repo_root, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="abc", HF_MODULES_CACHE=str(tmp_path / "modules"), LONGPPL_AUTO_REGISTER="0")
-    done = subprocess.run(
+    done = run_guarded(
         [sys.executable, os.path.join(repo_root, "scripts", "quickstart.py"), "--steps", "1"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
     )
     assert done.returncode == 1
     assert "quickstart.py: error: OMP_NUM_THREADS='abc' is not a positive integer" in done.stderr

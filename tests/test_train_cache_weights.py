@@ -204,6 +204,10 @@ def test_training_and_evaluation_batches_carry_each_tokens_weight(tmp_path, monk
         max(entry["longce_max_weight"] for entry in trainer.state.log_history if "longce_max_weight" in entry) <= GAMMA
     )
     assert f"LongCE weights from {tmp_path / 'keys'}" in capsys.readouterr().out
+    # the model card names the weights' source, not the recipe's K and d, which these weights never used
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "weights from 'cache' (longce_weights): an evaluator's key-token cache, keys, scored with its own K" in card
+    assert "longce_trunc_len" not in card and "longce_sliding_window" not in card
 
 
 def test_packed_pieces_of_another_tokenizers_cache_carry_each_tokens_weight(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 import yaml
-from helpers import DATA, one_torch_thread
+from helpers import DATA, one_torch_thread, run_guarded
 from safetensors.torch import load_file
 
 from longce import LongCEConfig, LongCETrainer, apply_context_extension, cli
@@ -101,7 +101,7 @@ def test_script_runs_as_a_command(tmp_path):
         "2",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_guarded(argv, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LongCE training done" in done.stdout and "steps: 4" in done.stdout, done.stdout
     assert (tmp_path / "out" / "model.safetensors").is_file()
@@ -757,9 +757,7 @@ def test_every_recipe_field_has_help_text():
 
 def run_ok(argv: list[str]) -> subprocess.CompletedProcess:
     """Run a command from the repository on one thread; it must exit 0 (its stderr's end otherwise)."""
-    done = subprocess.run(
-        argv, cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
-    )
+    done = run_guarded(argv, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]
     return done
 
@@ -793,11 +791,10 @@ def test_import_longce_leaves_the_command_modules_out():
     code = (
         "import sys, longce; print([m for m in ('longce.arguments', 'longce.data', 'longce.cli') if m in sys.modules])"
     )
-    done = subprocess.run(
+    done = run_guarded(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=300,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -872,18 +869,85 @@ def test_torch_threads_below_one_is_refused(tmp_path, monkeypatch):
     )
 
 
+def test_longppl_train_names_itself_as_started_in_its_messages(tmp_path, capsys):
+    from longppl.tools.main import main as longppl
+
+    def error(*argv: str) -> str:
+        with pytest.raises(SystemExit) as stop:
+            longppl(["train", *argv])
+        return stop.value.code
+
+    assert error(*tiny_argv(tmp_path, "--max_stesp", "5")) == (
+        "longppl train: error: unknown option(s) --max_stesp (did you mean --max_steps?); "
+        "`longppl train --help-all` lists every field."
+    )
+    assert error(*tiny_argv(tmp_path, "--learning_rate", "abc")) == (
+        "longppl train: error: argument --learning_rate/--learning-rate: invalid float value: 'abc'; "
+        "`longppl train --help` lists the fields and their types."
+    )
+    # a run that is finished already: the one line that says so, and nothing trained
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3, "epoch": 0.5}))
+    capsys.readouterr()
+    assert longppl(["train", *tiny_argv(tmp_path, "--max_steps", "3")]) == 0
+    assert capsys.readouterr().err.startswith(f"longppl train: the run in '{tmp_path / 'run'}' is finished (step 3 ")
+    checkpoint.rename(tmp_path / "run" / "checkpoint-30")
+    assert error(*tiny_argv(tmp_path, "--overwrite_output_dir")).endswith(
+        "'last' would pick; longppl train deletes nothing it did not write. Move or delete them, or choose another "
+        "output_dir."
+    )
+
+
+def test_recipe_names_read_before_torch_are_the_fields_of_the_argument_dataclasses():
+    from longce.arguments import RecipeParser
+    from longce.recipes import options_of_fields, source_fields
+
+    classes = [ModelArguments, DataArguments, RecipeConfig]
+    read = source_fields()
+    assert read == {f.name: f.default is True for cls in classes for f in dataclasses.fields(cls) if f.init}
+    assert options_of_fields(read) == RecipeParser(classes).field_options()
+    # options of other names (HfArgumentParser's metadata "aliases") would need reading too: there are none
+    assert not any(f.metadata.get("aliases") for cls in classes for f in dataclasses.fields(cls))
+
+
+def test_settings_that_cached_weights_never_read_are_named_once(tmp_path, capsys):
+    cache = ("--longce_weights", "cache", "--key_tokens", str(tmp_path))
+    parse_args(tiny_argv(tmp_path, *cache))
+    assert capsys.readouterr().err.splitlines() == [
+        "longce-train: warning: longce_trunc_len, longce_sliding_window, longce_max_tokens_per_batch have no effect "
+        "with longce_weights 'cache': the weights are the evaluator's, read from key_tokens, scored with the cache's "
+        "own K and d (key_tokens_trunc_len and key_tokens_sliding_window choose among the cache's settings); drop "
+        "them from the recipe and command line, or use longce_weights 'self'."
+    ]
+    recipe = tmp_path / "recipe.yaml"  # the tiny recipe without the short-context pass's settings
+    shortened = {
+        k: v for k, v in read_recipe().items() if not k.startswith(("longce_trunc", "longce_sliding", "longce_max"))
+    }
+    shortened["data_files"] = DATA
+    recipe.write_text(yaml.safe_dump(shortened))
+    parse_args(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), *cache])
+    assert capsys.readouterr().err == ""
+    parse_args(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), *cache, "--longce_trunc_len", "64"])
+    assert capsys.readouterr().err.startswith(
+        "longce-train: warning: longce_trunc_len has no effect with longce_weights 'cache': "
+    )
+    parse_args(tiny_argv(tmp_path))  # weights of the trained model's own short-context pass: all are read
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.slow
 def test_the_installed_command_prints_one_line_and_the_traceback_on_request(tmp_path):
     command = os.path.join(os.path.dirname(sys.executable), "longce-train")
     argv = [command, "--config", str(tmp_path / "nope.yaml")]
     env = {k: v for k, v in os.environ.items() if k != "LONGPPL_DEBUG"}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    done = run_guarded(argv, capture_output=True, text=True, env=env)
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         f"longce-train: error: Config file '{tmp_path / 'nope.yaml'}' not found (--config takes a YAML recipe, "
         "e.g. configs/tiny_cpu.yaml)."
     ]
-    debug = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=dict(env, LONGPPL_DEBUG="1"))
+    debug = run_guarded(argv, capture_output=True, text=True, env=dict(env, LONGPPL_DEBUG="1"))
     assert debug.returncode == 1
     assert "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.rstrip().endswith(

@@ -53,12 +53,17 @@ def all_texts(writers: int, rounds: int, rows: int) -> set[str]:
     return {text for w in range(writers) for r in range(rounds) for text in writer_texts(w, r, rows)}
 
 
-def wait_for_all(barrier: str, name: str, writers: int, timeout: float = 120.0) -> None:
+def wait_for_all(barrier: str, name: str, writers: int, timeout: float = 3600.0) -> None:
+    """Wait until ``writers`` processes have reached the barrier ``name``. ``timeout``: a hang guard only,
+    far above any start of the writers (the tests' ``helpers.HANG_GUARD_S``), never a limit on speed."""
     open(os.path.join(barrier, f"{name}.{os.getpid()}"), "w").close()
     deadline = time.monotonic() + timeout
     while sum(entry.startswith(name + ".") for entry in os.listdir(barrier)) < writers:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"barrier {name}: not all {writers} writers arrived")
+            raise TimeoutError(
+                f"hang guard: barrier {name}: not all {writers} writers arrived within {timeout:g} s (a hang, not a "
+                "wrong result)"
+            )
         time.sleep(0.01)
 
 

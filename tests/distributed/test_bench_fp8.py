@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from helpers import byte_level_bpe, govreport_texts, one_torch_thread, tiny_model
+from helpers import byte_level_bpe, govreport_texts, one_torch_thread, run_guarded, tiny_model
 
 from longppl.core.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
@@ -146,7 +144,7 @@ def test_parallel_smoke(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_fp8.py"), "parallel", "--smoke"]
     command += ["--out-dir", str(tmp_path), "--runs", "8b-one", "8b-tp4", "123b-tp2-fp8", "--repeats", "1"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = run_guarded(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "parallel.json").read_text())
     assert [len(out["runs"][name]["ranks"]) for name in ("8b-one", "8b-tp4")] == [1, 2]
@@ -164,20 +162,17 @@ def test_parallel_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_a_parallel_run_past_its_timeout_is_stopped_whole(tmp_path):
-    # a run that cannot end in its 40 s (100,000 timed repeats): the parent ends launcher and ranks and
-    # returns at once, its stdout (a pipe, as under `| tail`) closed by every process; the run's record
-    # says where the ranks were
+    # a run that cannot end in its 40 s (100,000 timed repeats: hours): the parent ends launcher and ranks
+    # and returns (a parent that waited for the run would meet the hang guard), its stdout (a pipe, as
+    # under `| tail`) closed by every process; the run's record says where the ranks were
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_fp8.py"), "parallel", "--smoke", "--out-dir"]
     command += [str(tmp_path), "--work", str(tmp_path / "work"), "--runs", "8b-tp4", "--repeats", "100000"]
-    began = time.perf_counter()
     try:
-        done = subprocess.run([*command, "--timeout", "40"], env=env, capture_output=True, text=True, timeout=200)
-        elapsed = time.perf_counter() - began
+        done = run_guarded([*command, "--timeout", "40"], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
         run = json.loads((tmp_path / "parallel.json").read_text())["runs"]["8b-tp4"]
         assert run["status"] == "timeout" and run["ranks"] == []
-        assert elapsed < 40 + 45, elapsed  # the stop takes seconds, not the run's hours
         assert len(run["rank_pids"]) == 2
         assert not any(alive(pid) for pid in [run["launcher_pid"], *run["rank_pids"]])
         for rank in ("0", "1"):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from helpers import DATA
+from helpers import DATA, run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -104,7 +103,7 @@ def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_p
     command += ["--warmup", "1", "--repeats", "2", "--profile", "--probe-allreduce", "--data", DATA]
     command += ["--work", str(tmp_path / "work"), "--json", str(result_path)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    done = run_guarded(command, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     assert result["warmup"] == 1 and result["repeats"] == 2

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 
 import pytest
 import torch
-from helpers import accelerate_launch_on_cpu, one_torch_thread
+from helpers import accelerate_launch_on_cpu, one_torch_thread, run_guarded
 from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,13 +104,12 @@ def test_ddp_two_processes_match_one_process(tmp_path):
         str(tmp_path / "ddp.json"),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(
+    done = run_guarded(
         launch + recipe_argv(tmp_path, str(data), "ddp", GLOBAL_BATCH // 2),
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=420,
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     ranks = [read_report(str(tmp_path / f"ddp.json.rank{r}")) for r in range(2)]

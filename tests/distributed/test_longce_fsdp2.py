@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 import torch
 from datasets import Dataset
-from helpers import accelerate_launch_on_cpu, one_torch_thread
+from helpers import accelerate_launch_on_cpu, one_torch_thread, run_guarded
 from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,7 +47,7 @@ def read_result(directory) -> dict:
 def test_fsdp2_two_processes_match_one_process(tmp_path, mode):
     data = str(tmp_path / "data")
     save_rows(data)
-    done = subprocess.run(
+    done = run_guarded(
         [*accelerate_launch_on_cpu(2), WORKER, mode, data, str(tmp_path / "fsdp2"), str(GLOBAL_BATCH // 2), "fsdp2"],
         cwd=HERE,
         # the worker runs as a script (its folder first on sys.path) and imports tests/helpers.py
@@ -57,7 +56,6 @@ def test_fsdp2_two_processes_match_one_process(tmp_path, mode):
         ),
         capture_output=True,
         text=True,
-        timeout=300,
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 
 import datasets
 import numpy as np
 import pytest
 import yaml
-from helpers import DATA
+from helpers import DATA, run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -121,9 +120,7 @@ def test_scoring_check_runs_on_two_cpu_processes(tmp_path):
         "--json",
         str(result_path),
     ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600
-    )
+    done = run_guarded(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     assert result["identical"] is True and result["documents"] == 3
@@ -142,9 +139,7 @@ def test_training_check_with_cache_weights_scores_the_data_once_and_every_run_re
     command += ["cache", "--config", "configs/tiny_cpu.yaml", "--setups", "ddp", "--data", str(data)]
     command += ["--workdir", str(tmp_path), "--json", str(result_path), "--", "--max_steps", "2"]
     command += ["--logging_steps", "1", "--save_strategy", "no"]
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600, cwd=REPO
-    )
+    done = run_guarded(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(result_path.read_text())
     cache = KeyTokenCache.load(result["key_tokens"]).dataset

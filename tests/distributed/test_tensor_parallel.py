@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, tiny_model
+from helpers import accelerate_launch_on_cpu, byte_level_bpe, govreport_texts, run_guarded, tiny_model
 from reference import evaluator_scores
 
 from longppl.cache.key_token_cache import KeyTokenCache
@@ -55,9 +55,7 @@ def saved(tmp_path_factory):
 
 def launch(arguments: list[str], tmp_path) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
-    return subprocess.run(
-        [*accelerate_launch_on_cpu(2), *arguments], env=env, capture_output=True, text=True, timeout=600
-    )
+    return run_guarded([*accelerate_launch_on_cpu(2), *arguments], env=env, capture_output=True, text=True)
 
 
 @pytest.mark.slow

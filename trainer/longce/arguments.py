@@ -17,22 +17,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass, replace
 from typing import Any, get_type_hints
 
 from transformers import HfArgumentParser
 
-from longppl.tools.cli import read_yaml_file
-
 from .config import LongCEConfig, LongCESettings
 from .context_extension import METHODS
+
+# The reading of a recipe and the messages for names no field has need no torch: they live in
+# `recipes`, which the command runs before this module is imported (`recipes.check_before_loading`).
+# PROG: the command's name in messages when it is called from Python; a command shows the name it
+# was started by (`longppl train`, `longce-train`), passed on as `prog`.
+from .recipes import (  # noqa: F401  (load_recipe, resolve_recipe_paths: importable from here as before)
+    PROG,
+    load_recipe,
+    resolve_recipe_paths,
+    unknown_arguments_message,
+    unknown_fields_message,
+)
 from .weight_sources import WEIGHTS_COLUMN, weight_source_for
 
-# The command's name, for messages; the usage line names the program it was started by (sys.argv[0]:
-# longce-train, train_longce.py, ...).
-PROG = "longce-train"
 BYTE_LEVEL = "byte-level"
 # Names of the model weights' dtypes (``longce.cli.load_model`` maps them to torch dtypes).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -428,31 +434,6 @@ def _merge_alias(owner, name: str, alias: str, default=None) -> None:
 # ------------------------------------------------------------------ recipes and the parser
 
 
-def load_recipe(path: str) -> dict[str, Any]:
-    """The YAML mapping of a recipe file (``yaml.safe_load``: plain data only), read by
-    ``longppl.tools.cli.read_yaml_file`` (a file that does not parse is a ``ValueError`` naming it)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"Config file {path!r} not found (--config takes a YAML recipe, e.g. configs/tiny_cpu.yaml)."
-        )
-    recipe = read_yaml_file(path)
-    if recipe is None:
-        return {}
-    if not isinstance(recipe, dict):
-        raise ValueError(
-            f"Config file {path!r} must hold a YAML mapping of field: value, got a {type(recipe).__name__}."
-        )
-    return recipe
-
-
-def resolve_recipe_paths(paths: str | list[str], recipe_path: str) -> list[str]:
-    """``paths`` (one or a list) made absolute against the folder of ``recipe_path``; absolute paths and
-    URLs (``scheme://``) are returned unchanged."""
-    folder = os.path.dirname(os.path.abspath(recipe_path))
-    paths = [paths] if isinstance(paths, str) else list(paths)
-    return [p if os.path.isabs(p) or "://" in p else os.path.normpath(os.path.join(folder, p)) for p in paths]
-
-
 def _given_on_command_line(argv: list[str]) -> set[str]:
     """Field names that ``argv`` sets (``--name value``, ``--name=value``, a bare ``--name``; or ``--na-me``)."""
     return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--")}
@@ -518,9 +499,9 @@ class RecipeParser(HfArgumentParser):
 
     def error(self, message: str):
         """A usage error (a value of the wrong type, an option without its value...) as a ``ValueError``,
-        which the command prints as one ``longce-train: error: ...`` line (``run_command``) instead of
+        which the command prints as one ``<prog>: error: ...`` line (``run_command``) instead of
         argparse's usage block of every field first."""
-        raise ValueError(f"{message}; `{PROG} --help` lists the fields and their types.")
+        raise ValueError(f"{message}; `{self.prog} --help` lists the fields and their types.")
 
     @property
     def field_names(self) -> set[str]:
@@ -555,7 +536,7 @@ class RecipeParser(HfArgumentParser):
             args=argv, look_for_args_file=False, return_remaining_strings=True
         )
         if remaining:
-            raise ValueError(_unknown_arguments(remaining, self.field_options()))
+            raise ValueError(unknown_arguments_message(remaining, self.field_options(), self.prog))
         return tuple(parsed[: len(self.dataclass_types)])
 
 
@@ -582,17 +563,19 @@ def _help_groups(full: bool) -> list[tuple[type, Any, str]]:
     ]
 
 
-def build_parser(full: bool = True, recipe: dict[str, Any] | None = None) -> RecipeParser:
+def build_parser(full: bool = True, recipe: dict[str, Any] | None = None, prog: str | None = None) -> RecipeParser:
     """The parser that prints ``--help``: one titled group per argument dataclass, ``--config`` first.
 
     ``full=False`` is the short help: ``ModelArguments``, ``DataArguments``, the ``longce_*`` fields of
     ``LongCEConfig`` and the command's own fields of ``RecipeConfig``, with a pointer to ``--help-all``
     for every field. Each option shows its default (``recipe``'s value where it sets one) unless that is
-    ``None``. Parsing uses the argument dataclasses themselves (:func:`parse_args`).
+    ``None``. Parsing uses the argument dataclasses themselves (:func:`parse_args`). ``prog``: the name in
+    the usage line (default: the program's, ``sys.argv[0]``).
     """
     recipe = recipe or {}
     parser = RecipeParser(
         [_help_fields(cls, keep, title, recipe) for cls, keep, title in _help_groups(full)],
+        prog=prog,
         usage="%(prog)s --config RECIPE.yaml [--FIELD VALUE ...]",
         formatter_class=argparse.HelpFormatter,  # each help string carries its default (_help_fields)
         description="Fine-tune a causal LM with LongCE from a YAML recipe; every field below can be set in the "
@@ -639,20 +622,17 @@ def _help_fields(cls: type, keep, title: str, recipe: dict[str, Any]) -> type:
     return help_class
 
 
-def read_recipe(path: str, argv: list[str]) -> dict[str, Any]:
+def read_recipe(path: str, argv: list[str], prog: str = PROG) -> dict[str, Any]:
     """The recipe at ``path``, checked and ready to be the parser's defaults.
 
-    Unknown keys are a ``ValueError``; ``data_files`` / ``eval_data_files`` / ``key_tokens`` become
+    Unknown keys are a ``ValueError`` (``prog``: the command's name in it); ``data_files`` / ``eval_data_files`` / ``key_tokens`` become
     paths relative to the recipe's folder; each ``ALIASES`` group is merged (``merge_aliases``).
     """
     recipe = load_recipe(path)
     valid = {f.name for cls in (ModelArguments, DataArguments, RecipeConfig) for f in fields(cls) if f.init}
     unknown = sorted(set(recipe) - valid)
     if unknown:
-        raise ValueError(
-            f"Unknown field(s) {unknown} in {path!r}; see `{PROG} --help-all` "
-            "for the valid ones (ModelArguments, DataArguments, LongCEConfig)."
-        )
+        raise ValueError(unknown_fields_message(unknown, path, prog))
     # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
     # command line stay relative to the current directory, as usual.
     for key in ("data_files", "eval_data_files", "train_file", "validation_file"):
@@ -669,35 +649,55 @@ class _PreParser(argparse.ArgumentParser):
     error = RecipeParser.error
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeConfig]:
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> tuple[ModelArguments, DataArguments, RecipeConfig]:
     """Parse ``--config recipe.yaml`` plus command-line overrides into the three argument dataclasses.
 
     ``-h``/``--help`` and ``--help-all`` print the help (with the recipe's values as defaults) and exit.
     An option that is no field (``--max_stesp 5``) is a ``ValueError`` naming the closest field.
+    ``prog``: the command's name in messages. Settings that the chosen weight source never reads,
+    given in the recipe or on the command line, get one warning line on stderr (:func:`unread_settings`).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    pre = _PreParser(add_help=False, allow_abbrev=False)
+    pre = _PreParser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("-h", "--help", action="store_true")
     pre.add_argument("--help-all", "--help_all", action="store_true")
     known, _ = pre.parse_known_args(argv)
-    recipe = read_recipe(known.config, argv) if known.config is not None else {}
+    recipe = read_recipe(known.config, argv, prog) if known.config is not None else {}
     if known.help or known.help_all:
-        build_parser(full=not known.help or known.help_all, recipe=recipe).print_help()
+        build_parser(full=not known.help or known.help_all, recipe=recipe, prog=prog).print_help()
         raise SystemExit(0)
-    parser = RecipeParser([ModelArguments, DataArguments, RecipeConfig])
+    parser = RecipeParser([ModelArguments, DataArguments, RecipeConfig], prog=prog)
     model_args, data_args, training_args = parser.parse_recipe_and_args(argv, recipe)
+    note = unread_settings(training_args, set(recipe) | _given_on_command_line(argv))
+    if note is not None and training_args.process_index == 0:
+        print(f"{prog}: warning: {note}", file=sys.stderr, flush=True)
     return model_args, data_args, training_args
 
 
-def _unknown_arguments(remaining: list[str], options: list[str]) -> str:
-    """The error for arguments no field takes: each unknown option with the closest of ``options``."""
-    from longppl.tools.cli import with_closest_option
+#: The ``longce_*`` fields that only the trained model's short-context pass reads (``longce_weights``
+#: 'self'): with weights from a key-token cache they change nothing.
+SHORT_PASS_FIELDS = (
+    "longce_trunc_len",
+    "longce_sliding_window",
+    "longce_max_tokens_per_batch",
+    "longce_compile_windows",
+)
 
-    named = [arg.split("=", 1)[0] for arg in remaining if arg.startswith("-")]
-    if not named:
-        return (
-            f"unexpected argument(s) {' '.join(remaining)}: a value follows the --FIELD it sets; "
-            f"`{PROG} --help` lists the fields."
-        )
-    return f"unknown option(s) {with_closest_option(named, options)}; `{PROG} --help-all` lists every field."
+
+def unread_settings(training_args: LongCEConfig, given: set[str]) -> str | None:
+    """The warning for the fields among ``given`` (names set in the recipe or on the command line) that
+    the weight source of ``training_args`` never reads, or ``None``: with ``longce_weights`` 'cache', the
+    short-context pass's settings (``SHORT_PASS_FIELDS``), since the weights are the evaluator's, scored
+    with the cache's own K and d."""
+    if training_args.longce_weights != "cache":
+        return None
+    unread = [name for name in SHORT_PASS_FIELDS if name in given]
+    if not unread:
+        return None
+    return (
+        f"{', '.join(unread)} {'has' if len(unread) == 1 else 'have'} no effect with longce_weights 'cache': the "
+        "weights are the evaluator's, read from key_tokens, scored with the cache's own K and d (key_tokens_trunc_len "
+        "and key_tokens_sliding_window choose among the cache's settings); drop "
+        f"{'it' if len(unread) == 1 else 'them'} from the recipe and command line, or use longce_weights 'self'."
+    )

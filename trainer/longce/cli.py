@@ -38,11 +38,14 @@ and a model card, ``README.md``, tagged ``longce`` and citing the paper.
 model: ``configs/tiny_cpu.yaml`` uses 1.
 
 A bad input (a missing recipe, a bad value, a mistyped option, a cache without the training texts)
-ends the command with one ``longce-train: error: ...`` line, as the ``longppl-*`` commands do
-(``longppl.tools.cli.run_command``); ``LONGPPL_DEBUG=1`` shows the traceback.
+ends the command with one ``<prog>: error: ...`` line, as the ``longppl-*`` commands do
+(``longppl.tools.cli.run_command``); ``LONGPPL_DEBUG=1`` shows the traceback. ``<prog>`` is the name the
+command was started by (``longce-train``, ``longppl train``), in every message.
 
-torch's model classes, ``datasets`` and the trainer load after the arguments are parsed, so ``--help``
-and argument errors come without them.
+What needs no torch is checked before torch is imported (``longce.recipes.check_before_loading``: a
+missing or malformed recipe, a misspelled field or option, a data file or key-token cache that is not
+there); torch's model classes, ``datasets`` and the trainer load after the arguments are parsed, so
+``--help`` and argument errors come without them.
 """
 
 from __future__ import annotations
@@ -57,15 +60,19 @@ from typing import TYPE_CHECKING
 
 from longppl.tools.cli import run_command
 
-from .arguments import PROG, ModelArguments, RecipeConfig, build_parser, check_weight_source, parse_args
+# Nothing that imports torch at this module's import (transformers' TrainingArguments does): the command
+# checks what it can before (recipes.check_before_loading), and `longce.arguments` loads after that.
+from .recipes import PROG, check_before_loading
 
 if TYPE_CHECKING:
     import torch
 
+    from .arguments import ModelArguments, RecipeConfig
     from .config import LongCEConfig
     from .trainer import LongCETrainer
 
-__all__ = ["build_parser", "checkpoint_to_resume", "finished_run", "load_model", "main", "parse_args", "train"]
+__all__ = ["checkpoint_to_resume", "finished_run", "load_model", "main", "train"]
+
 
 #: Tags of the model card (besides those transformers adds); the hub finds LongCE models by them.
 MODEL_CARD_TAGS = ("longce", "long-context")
@@ -161,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train_and_close(argv: list[str] | None, prog: str) -> None:
-    # prog: run_command's name for the command; the parser's usage line takes it from sys.argv[0] too.
-    train(argv)
+    # prog: run_command's name for the command (the name it was started by), in every message
+    train(argv, prog)
     close_process_group()
 
 
@@ -178,16 +185,23 @@ def close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def train(argv: list[str] | None = None) -> LongCETrainer | None:
+def train(argv: list[str] | None = None, prog: str = PROG) -> LongCETrainer | None:
     """Parse the arguments, train (resuming as ``checkpoint_to_resume`` says), evaluate, save the model,
     ``all_results.json`` and the model card; returns the trainer. A run that ``finished_run`` finds
     already done is not trained again: one line says so and ``None`` is returned, nothing written.
+    ``prog``: the command's name in its messages.
+
+    What needs no torch is checked before torch is imported (``recipes.check_before_loading``).
 
     With evaluation data, ``eval_strategy`` steps/epoch evaluates during training, and the final model
     is evaluated once more unless the last of those ran at the last step; with ``eval_strategy`` no,
     once after training.
     """
-    model_args, data_args, training_args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    check_before_loading(argv, prog)
+    from .arguments import check_weight_source, parse_args
+
+    model_args, data_args, training_args = parse_args(argv, prog)
     # After parsing: `--help` and argument errors come without datasets and the trainer.
     from transformers import DataCollatorWithFlattening, default_data_collator
 
@@ -202,11 +216,11 @@ def train(argv: list[str] | None = None) -> LongCETrainer | None:
             "'validation') or validation_split_percentage (hold out a share of the training documents)."
         )
     check_weight_source(data_args, training_args)
-    resume = checkpoint_to_resume(training_args)
+    resume = checkpoint_to_resume(training_args, prog)
     finished = finished_run(training_args, resume)
     if finished is not None:
         if training_args.process_index == 0:
-            print(f"{PROG}: {finished}", file=sys.stderr)
+            print(f"{prog}: {finished}", file=sys.stderr)
         return None
     if training_args.torch_threads is not None:
         from longppl.tools.threads import choose_torch_threads
@@ -252,8 +266,9 @@ def train(argv: list[str] | None = None) -> LongCETrainer | None:
     return trainer
 
 
-def checkpoint_to_resume(args: RecipeConfig) -> str | None:
+def checkpoint_to_resume(args: RecipeConfig, prog: str = PROG) -> str | None:
     """The checkpoint folder training resumes from, or ``None`` to train afresh; the rules of run_clm.
+    ``prog``: the command's name in its messages.
 
     - ``resume_from_checkpoint``: that folder; ``last`` (or ``true``): the newest ``checkpoint-*`` of
       ``output_dir`` (none there is a ``ValueError``).
@@ -283,7 +298,7 @@ def checkpoint_to_resume(args: RecipeConfig) -> str | None:
             raise ValueError(
                 f"overwrite_output_dir trains afresh into output_dir {folder!r}, but it holds the checkpoint "
                 f"folders of an earlier run (the newest: {os.path.basename(last)}), which a later "
-                "resume_from_checkpoint 'last' would pick; longce-train deletes nothing it did not write. Move "
+                f"resume_from_checkpoint 'last' would pick; {prog} deletes nothing it did not write. Move "
                 "or delete them, or choose another output_dir."
             )
         return None
@@ -295,7 +310,7 @@ def checkpoint_to_resume(args: RecipeConfig) -> str | None:
         )
     if args.process_index == 0 and finished_run(args, last) is None:  # else train() says it is finished
         print(
-            f"{PROG}: output_dir {folder!r} holds checkpoints of an earlier run: resuming from "
+            f"{prog}: output_dir {folder!r} holds checkpoints of an earlier run: resuming from "
             f"{os.path.basename(last)} (choose another output_dir to train afresh).",
             file=sys.stderr,
         )
@@ -377,11 +392,19 @@ def write_model_card(trainer: LongCETrainer, model_args: ModelArguments, data_ar
     # A PEFT adapter's card is rewritten by PEFT after transformers' (create_model_card), with its own tags.
     card.data.tags = list(dict.fromkeys([*MODEL_CARD_TAGS, *(card.data.tags or [])]))
     args = trainer.args
-    settings = (
-        f"K = {args.longce_trunc_len} (longce_trunc_len), d = {args.longce_sliding_window} (longce_sliding_window), "
-        f"gamma = {args.longce_gamma:g} (longce_gamma), weights from {args.longce_weights!r} (longce_weights)"
-        + (", plain CE (longce_plain_ce)" if args.longce_plain_ce else "")
-    )
+    if args.longce_weights == "cache":  # the cache's own K and d: longce_trunc_len / _sliding_window were not read
+        settings = (
+            f"gamma = {args.longce_gamma:g} (longce_gamma), weights from 'cache' (longce_weights): an evaluator's "
+            f"key-token cache, {os.path.basename(os.path.normpath(data_args.key_tokens or 'key_tokens'))}, scored "
+            "with its own K and d"
+        )
+    else:
+        settings = (
+            f"K = {args.longce_trunc_len} (longce_trunc_len), d = {args.longce_sliding_window} "
+            f"(longce_sliding_window), gamma = {args.longce_gamma:g} (longce_gamma), weights from "
+            f"{args.longce_weights!r} (longce_weights)"
+            + (", plain CE (longce_plain_ce)" if args.longce_plain_ce else "")
+        )
     # transformers' first sentence knows neither a model built from model_config nor local data files
     # ("a fine-tuned version of [](https://huggingface.co/) on an unknown dataset"): ours names both.
     text = re.sub(

@@ -15,7 +15,6 @@ With ``key_tokens`` (``longce_weights: cache``) the documents are tokenized by
 
 from __future__ import annotations
 
-import os
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -27,17 +26,11 @@ from longppl.models.named import resolve
 from .arguments import BYTE_LEVEL, DataArguments, ModelArguments
 from .config import LongCESettings
 
+# the checks of a data file and of a key-token folder are the ones the command runs before torch loads
+from .recipes import DATA_FILE_BUILDERS, check_data_file, check_key_tokens_folder  # noqa: F401
+
 if TYPE_CHECKING:
     from longppl.cache.key_token_cache import KeyTokenCache
-
-DATA_FILE_BUILDERS = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".txt": "text",
-    ".text": "text",
-    ".parquet": "parquet",
-    ".csv": "csv",
-}
 
 
 # ------------------------------------------------------------------ tokenizer
@@ -110,18 +103,7 @@ def load_text_dataset(
     else:
         suffixes = set()
         for path in data_args.data_files:
-            suffix = os.path.splitext(path)[1].lower()
-            if suffix not in DATA_FILE_BUILDERS:
-                raise ValueError(
-                    f"{files_field}: {path!r} has an unsupported extension; use one of {sorted(DATA_FILE_BUILDERS)}."
-                )
-            if not any(c in path for c in "*?[") and not os.path.isfile(path):
-                raise FileNotFoundError(
-                    f"{files_field}: {path!r} not found (on the command line relative paths are "
-                    f"relative to the current directory, {os.getcwd()}; in a recipe, to the "
-                    "recipe's folder)."
-                )
-            suffixes.add(DATA_FILE_BUILDERS[suffix])
+            suffixes.add(check_data_file(path, files_field))
         if len(suffixes) > 1:
             raise ValueError(f"{files_field} mixes formats {sorted(suffixes)}; give files of one format.")
         raw = datasets.load_dataset(
@@ -171,13 +153,7 @@ def load_key_token_cache(data_args: DataArguments) -> KeyTokenCache | None:
     if data_args.key_tokens is None:
         return None
     path = data_args.key_tokens
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"key_tokens: no key-token cache folder at {path!r} (on the command line relative paths are "
-            f"relative to the current directory, {os.getcwd()}; in a recipe, to the recipe's folder). Score "
-            f"the training and evaluation texts into it first: longppl-score --corpus <the texts> --evaluator "
-            f"<model> --output {path}"
-        )
+    check_key_tokens_folder(path)
     from longppl.cache.key_token_cache import KeyTokenCache
 
     return KeyTokenCache.load(path)

@@ -139,6 +139,12 @@ def position_limits(model) -> tuple[int | None, str]:
     return (limit if isinstance(limit, int) else None), "relative"
 
 
+class PastPositionsWarning(UserWarning):
+    """Texts longer than the positions a RoPE-style model was trained on (:func:`check_positions`): they
+    are scored, but the log-probs past those positions measure extrapolation. A caller that scores a
+    corpus in many calls (``longppl score``: one document at a time) ignores it and says it once."""
+
+
 def model_name(model) -> str:
     """What messages call ``model``: the Hub id or folder it was loaded from, else its class."""
     inner = unwrap_model(model)
@@ -176,6 +182,7 @@ def check_positions(encoded, model, role: str, text_names: Sequence[str] | None 
         f"The {role} {name!r} was trained on {limit} positions (max_position_embeddings), but "
         f"{len(longer)} text(s) are longer, e.g. {text} with {length} tokens: its log-probs past "
         f"position {limit} measure extrapolation. Cut the texts with max_length if that is not intended.",
+        PastPositionsWarning,
         stacklevel=3,
     )
 

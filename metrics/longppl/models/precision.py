@@ -40,7 +40,11 @@ an fp8 evaluator's blocks run compiled unless ``torch_compile=False`` (``--no-to
 is not a CUDA GPU (the CPU, ``mps``, and ``"auto"``, whose layer split may offload weights to the
 CPU), a GPU of compute capability below 8.9 (float8 tensor cores: Ada, Hopper and later), a dtype
 other than bfloat16 (torchao's per-row scaling takes bfloat16 weights), and torchao missing or older
-than :data:`MIN_TORCHAO`.
+than :data:`MIN_TORCHAO`. What of that needs no torch (a device or dtype the user named, torchao's
+version) a command checks before torch is imported (:func:`check_precision_request`); whether the
+machine has a GPU, and which, only torch can say.
+
+This module imports torch only in the functions that use it, so that a command can import it first.
 """
 
 from __future__ import annotations
@@ -49,8 +53,6 @@ import re
 from collections.abc import Sequence
 from importlib import metadata
 
-from ..core.compilation import repeated_blocks
-from ..core.logprobs import unwrap_model
 from ..settings import require_precision
 
 #: The oldest torchao taken: 0.17.0 is the first release built against torch 2.11 (0.18.0, the newest
@@ -94,6 +96,60 @@ def check_torchao(argument: str = "evaluator_precision") -> None:
         )
 
 
+def _refuse_device(device: str, kind: str, argument: str) -> None:
+    """Refuse ``device`` (of type ``kind``: ``cuda``, ``cpu``, ...) for fp8 unless it is a CUDA GPU."""
+    fallback = f"use {argument}='bf16'"
+    if device == "auto":
+        raise ValueError(
+            f"{argument}='fp8' with device 'auto' (accelerate's layer split, which may leave weights on the CPU) "
+            "is not supported: run the evaluator on one GPU, or split it with tensor parallelism "
+            f"(longppl score --tensor-parallel N), or {fallback}."
+        )
+    if kind != "cuda":
+        raise ValueError(
+            f"{argument}='fp8' runs the evaluator's products on a CUDA GPU's float8 tensor cores, but its device "
+            f"is {device!r}: {fallback} there, or run on a GPU of compute capability "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer."
+        )
+
+
+def _refuse_dtype(name: str, argument: str) -> None:
+    """Refuse a dtype (by its name, ``float32``) other than bfloat16 for fp8."""
+    if name != "bfloat16":
+        raise ValueError(
+            f"{argument}='fp8' converts a bfloat16 evaluator (torchao's per-row float8 scales take bfloat16 "
+            f"weights), but it would be loaded in {name}: leave the dtype unset "
+            "(bfloat16 on a GPU) or pass bfloat16."
+        )
+
+
+def check_precision_request(
+    precision, device: str | None, torch_dtype: str | None, argument: str = "evaluator_precision"
+) -> str:
+    """The checks of :func:`check_precision` that need no torch, for a command to run before it imports
+    torch: a ``device`` named that is not a CUDA GPU (``cpu``, ``mps``, ``auto``), a ``torch_dtype``
+    named other than bfloat16, and, on a CUDA device named, torchao missing or too old. ``None`` (and
+    a dtype ``"auto"``): not chosen yet. Whether the process's own device is a GPU of float8 tensor
+    cores only torch can say: with no device named, :func:`check_precision` says it once torch is
+    loaded, before torchao (on a machine without a GPU, installing torchao would not help).
+
+    Returns:
+        ``precision``, checked (``settings.EVALUATOR_PRECISIONS``).
+    Raises:
+        ValueError: in :func:`check_precision`'s words.
+    """
+    precision = require_precision(argument, precision)
+    if precision == "bf16":
+        return precision
+    if device is not None:
+        _refuse_device(device, device.split(":", 1)[0], argument)
+    if torch_dtype not in (None, "auto"):
+        _refuse_dtype(str(torch_dtype).replace("torch.", ""), argument)
+    if device is not None:
+        check_torchao(argument)
+    return precision
+
+
 def check_precision(precision, device: str, dtype, argument: str = "evaluator_precision") -> str:
     """``precision`` (``settings.EVALUATOR_PRECISIONS``), checked against where and how the evaluator
     will run, before it is loaded.
@@ -112,19 +168,8 @@ def check_precision(precision, device: str, dtype, argument: str = "evaluator_pr
     import torch
 
     fallback = f"use {argument}='bf16'"
-    if device == "auto":
-        raise ValueError(
-            f"{argument}='fp8' with device 'auto' (accelerate's layer split, which may leave weights on the CPU) "
-            "is not supported: run the evaluator on one GPU, or split it with tensor parallelism "
-            f"(longppl score --tensor-parallel N), or {fallback}."
-        )
+    _refuse_device(device, "auto" if device == "auto" else torch.device(device).type, argument)
     where = torch.device(device)
-    if where.type != "cuda":
-        raise ValueError(
-            f"{argument}='fp8' runs the evaluator's products on a CUDA GPU's float8 tensor cores, but its device "
-            f"is {device!r}: {fallback} there, or run on a GPU of compute capability "
-            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer."
-        )
     indices = [where.index] if where.index is not None else list(range(torch.cuda.device_count()))
     for index in indices:
         capability = tuple(torch.cuda.get_device_capability(index))
@@ -134,12 +179,7 @@ def check_precision(precision, device: str, dtype, argument: str = "evaluator_pr
                 f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer: L4, L40, H100, H200, B200), but cuda:{index} "
                 f"({torch.cuda.get_device_name(index)}) has {capability[0]}.{capability[1]}: {fallback}."
             )
-    if dtype != torch.bfloat16:
-        raise ValueError(
-            f"{argument}='fp8' converts a bfloat16 evaluator (torchao's per-row float8 scales take bfloat16 "
-            f"weights), but it would be loaded in {str(dtype).replace('torch.', '')}: leave the dtype unset "
-            "(bfloat16 on a GPU) or pass bfloat16."
-        )
+    _refuse_dtype(str(dtype).replace("torch.", ""), argument)
     check_torchao(argument)
     return precision
 
@@ -211,6 +251,9 @@ def to_precision(model, precision: str):
     """
     if require_precision("evaluator_precision", precision) == "bf16":
         return model
+    from ..core.compilation import repeated_blocks
+    from ..core.logprobs import unwrap_model
+
     blocks = repeated_blocks(model)
     name = type(unwrap_model(model)).__name__
     if not blocks:

@@ -103,7 +103,7 @@ class ToolParser(argparse.ArgumentParser):
                 )
         unknown = [
             name
-            for name in _long_options(given)
+            for name in long_options(given)
             # a parser with subcommands leaves their options to them (each a ToolParser too)
             if self._subparsers is None and not any(option.startswith(name) for option in self._option_string_actions)
         ]
@@ -137,7 +137,7 @@ class ToolParser(argparse.ArgumentParser):
         return unique
 
 
-def _long_options(argv: list[str]) -> list[str]:
+def long_options(argv: list[str]) -> list[str]:
     """The ``--name`` of each long option in ``argv`` (``--name=value`` too), up to a bare ``--``."""
     names = []
     for arg in argv:

@@ -237,11 +237,15 @@ def main(argv=None, prog: str = PROG) -> dict:
             several processes...), with what to do; the command prints it as ``<prog>: error: ...``.
     """
     args = parse_args(argv, prog)  # before the heavy imports: `--help` and usage errors answer at once
-    # Where the corpus and the evaluator are (here, or on the Hub: asked once) is settled before torch
-    # loads, so that a wrong name fails in a second (longppl.models.sources).
+    # A precision this run cannot have (fp8 on a --device that is no GPU, in a --torch-dtype other than
+    # bfloat16, without torchao), and where the corpus and the evaluator are (here, or on the Hub: asked
+    # once), are settled before torch loads, so that a mistake fails in a second. Whether the process's
+    # own device is a GPU with float8 tensor cores only torch can say: ScoringJob checks that.
+    from longppl.models.precision import check_precision_request
     from longppl.models.sources import check_model_source
     from longppl.tools.corpus import locate_corpus
 
+    check_precision_request(args.evaluator_precision, args.device, args.torch_dtype, "--evaluator-precision")
     locate_corpus(args.corpus, "--corpus")
     check_model_source(args.evaluator, "--evaluator", tokenizer=True)
     import torch
@@ -309,12 +313,23 @@ def _run(args, state, start: float, prog: str = PROG) -> dict:
     shares = assign_to_processes([len(t) for t in missing], state.num_processes // group_size)
     job.score([missing[i] for i in shares[worker]], writes, "process 0" if state.is_main_process else None)
     state.wait_for_everyone()
+    from accelerate.utils import gather_object
+
+    # the documents each worker scored past the evaluator's trained length, said once for the run (a
+    # tensor-parallel group's ranks scored the same documents: its writer counts them)
+    past = gather_object([(job.past_positions if writes else 0, job.positions)])
 
     summary = {}
     if state.is_main_process:
+        count, positions = sum(n for n, _ in past), next((p for _, p in past if p is not None), None)
+        if count:
+            print(
+                f"{prog}: warning: {past_positions_note(args.evaluator, positions, count, len(missing))}",
+                file=sys.stderr,
+            )
         cache = KeyTokenCache.load(args.output)
         summary = summarize(
-            cache, job.texts, args.settings, job.identity, len(missing), args, time.perf_counter() - start
+            cache, job.texts, args.settings, job.identity, len(missing), args, time.perf_counter() - start, prog
         )
     state.wait_for_everyone()
     return summary
@@ -389,6 +404,8 @@ class ScoringJob:
         # fp8 rows are keyed apart from bf16 rows of the same weights; bf16 keeps its identity
         self.identity = self.identity.with_precision(args.evaluator_precision)
         self.cached: set[tuple] = set()  # (text, settings) with a row in the cache (missing)
+        # what `score` found: documents longer than the evaluator's trained positions (max_position_embeddings)
+        self.past_positions, self.positions = 0, None
         self.first = {}
         for index, text in enumerate(self.texts):
             self.first.setdefault(text, index)
@@ -414,11 +431,18 @@ class ScoringJob:
     def score(self, texts: list[str], writes: bool = True, name: str | None = None) -> None:
         """Score ``texts`` and commit their rows to the cache, one shard per block
         (:func:`scored_shards`); ``writes=False`` scores without committing (a tensor-parallel rank
-        other than its group's first). ``name``: print a line per commit, naming the worker."""
+        other than its group's first). ``name``: print a line per commit, naming the worker.
+
+        Documents longer than the positions the evaluator was trained on are scored without a warning
+        each (the scoring core's ``PastPositionsWarning``, one per document here): their count is added
+        to ``past_positions`` (and the positions kept in ``positions``), for the caller to say once
+        (:func:`past_positions_note`)."""
+        import warnings
+
         import datasets
 
         from longppl.cache.key_token_cache import append_rows, key_token_rows
-        from longppl.core.scoring import score_context_ladder
+        from longppl.core.scoring import PastPositionsWarning, position_limits, score_context_ladder
         from longppl.models.loading import load_model
         from longppl.models.precision import to_precision
         from longppl.settings import evaluator_compiles
@@ -431,6 +455,7 @@ class ScoringJob:
         # After the tensor-parallel split (each rank converts its shards) and the fingerprint. Each later
         # block finds its layers converted already: to_precision skips them.
         self.evaluator = to_precision(self.evaluator, args.evaluator_precision)
+        self.positions = position_limits(self.evaluator)[0]
 
         # the rungs some of these documents lack (a ladder extended: only the new K); a rung's rows do
         # not depend on which other rungs share the long pass
@@ -452,23 +477,37 @@ class ScoringJob:
             return list(zip(*rungs))
 
         committed = 0
-        for block, scores in scored_shards(
-            texts, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
-        ):
-            if writes:  # one shard per block, committed at once: a kill loses the block in progress only
-                rows = []
-                for rung, settings in enumerate(ladder):  # each document's rows that the cache lacks
-                    new = [i for i, text in enumerate(block) if (text, settings) not in self.cached]
-                    if new:
-                        rows.append(
-                            key_token_rows(
-                                [block[i] for i in new], [scores[i][rung] for i in new], settings, self.identity
+        with warnings.catch_warnings():  # the shards' scoring runs inside: its per-document warnings are counted
+            warnings.simplefilter("ignore", PastPositionsWarning)
+            for block, scores in scored_shards(
+                texts, score, args.shard_documents, args.shard_minutes * 60, args.pack_documents
+            ):
+                if self.positions is not None:  # scores[document][rung]: every rung holds the document's tokens
+                    self.past_positions += sum(document[0].input_ids.shape[0] > self.positions for document in scores)
+                if writes:  # one shard per block, committed at once: a kill loses the block in progress only
+                    rows = []
+                    for rung, settings in enumerate(ladder):  # each document's rows that the cache lacks
+                        new = [i for i, text in enumerate(block) if (text, settings) not in self.cached]
+                        if new:
+                            rows.append(
+                                key_token_rows(
+                                    [block[i] for i in new], [scores[i][rung] for i in new], settings, self.identity
+                                )
                             )
-                        )
-                append_rows(args.output, datasets.concatenate_datasets(rows) if len(rows) > 1 else rows[0])
-                committed += len(block)
-                if name is not None:
-                    print(f"committed {committed} of {len(texts)} documents of {name}", flush=True)
+                    append_rows(args.output, datasets.concatenate_datasets(rows) if len(rows) > 1 else rows[0])
+                    committed += len(block)
+                    if name is not None:
+                        print(f"committed {committed} of {len(texts)} documents of {name}", flush=True)
+
+
+def past_positions_note(evaluator: str, positions: int | None, count: int, scored: int) -> str:
+    """The one line saying that ``count`` of the ``scored`` documents were longer than the ``positions``
+    the evaluator ``evaluator`` was trained on (``ScoringJob.past_positions``)."""
+    return (
+        f"{count} of the {scored} documents scored are longer than the {positions} positions the evaluator "
+        f"{evaluator!r} was trained on (max_position_embeddings): its log-probs past position {positions} "
+        "measure extrapolation. Cut the documents with --max-length if that is not intended."
+    )
 
 
 def scored_shards(texts: list[str], score, documents: int, seconds: float, together: bool):
@@ -499,14 +538,22 @@ def scored_shards(texts: list[str], score, documents: int, seconds: float, toget
         yield block, scores
 
 
-def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:
-    """Print and return documents, tokens and key-token share of the corpus, and the seconds taken."""
+def summarize(cache, texts, settings, identity, scored, args, seconds, prog: str = PROG) -> dict:
+    """Print and return documents, tokens and key-token share of the corpus, and the seconds taken.
+
+    Documents too short for any short-context score under a K of ``args.ladder`` get one warning
+    line on stderr first (:func:`too_short_note`)."""
     rows = cache.find(texts, settings, identity.fingerprint)
     n_tokens = n_key = 0
+    lengths = {}  # evaluator tokens of each row's document (special tokens included, as K counts them)
     for row in dict.fromkeys(rows):
         scores = cache.scores(row)
+        lengths[row] = scores.input_ids.shape[0]
         n_tokens += scores.input_ids.shape[0]
         n_key += int(scores.key_mask(args.rule).sum())
+    note = too_short_note([lengths[row] for row in rows], [rung.trunc_len for rung in args.ladder])
+    if note is not None:
+        print(f"{prog}: warning: {note}", file=sys.stderr, flush=True)
     summary = dict(
         documents=len(texts),
         scored=scored,
@@ -522,6 +569,36 @@ def summarize(cache, texts, settings, identity, scored, args, seconds) -> dict:
         flush=True,
     )
     return summary
+
+
+def too_short_note(lengths: list[int], ladder: list[int]) -> str | None:
+    """The one line saying how many documents have no short-context score, or ``None`` when every
+    document has some under every K.
+
+    A document of ``n`` evaluator tokens (special tokens included) has short windows only when
+    ``n > K`` (the first K tokens have no short context: ``core.windows``), so a shorter one has no
+    LSD, no key tokens and no LongPPL; LongPPL leaves it out.
+
+    Args:
+        lengths: ``[documents]`` evaluator tokens of each document of the corpus.
+        ladder: the K of each row the run keeps (``--trunc-len``).
+    """
+    short = {k: sum(n <= k for n in lengths) for k in ladder}
+    if not any(short.values()):
+        return None
+    total, longest = len(lengths), max(lengths, default=0)
+    if all(count == total for count in short.values()):
+        smallest = f"K={min(ladder)}" + (" (the smallest --trunc-len given)" if len(ladder) > 1 else "")
+        return (
+            f"none of the {total} documents is longer than {smallest} evaluator tokens (the longest has {longest}), "
+            "so no token has a short-context score: this cache can give no key tokens and no LongPPL. Score again "
+            f"with a --trunc-len well below {longest}, or use longer documents."
+        )
+    counts = ", ".join(f"{count} of {total} at K={k}" for k, count in short.items() if count)
+    return (
+        f"documents of at most K evaluator tokens have no short-context score, hence no key tokens, and LongPPL "
+        f"leaves them out: {counts}. A smaller --trunc-len, or longer documents, would include them."
+    )
 
 
 def cli(argv=None) -> int:

@@ -29,11 +29,12 @@ another pipeline run: the rows are keyed by document, evaluator and settings.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from datatrove.pipeline.base import PipelineStep
 
-from longppl.tools.compute_key_tokens import PROG, ScoringJob, assign_to_processes, parse_args
+from longppl.tools.compute_key_tokens import PROG, ScoringJob, assign_to_processes, parse_args, past_positions_note
 
 
 def task_share(texts: Sequence[str], rank: int, world_size: int) -> list[str]:
@@ -59,6 +60,9 @@ def score_task(args, rank: int, world_size: int) -> dict:
     share = task_share(job.texts, rank, world_size)
     missing = job.missing(share)
     job.score(missing, name=f"task {rank}")
+    if job.past_positions:  # one line per task, not one per document
+        note = past_positions_note(args.evaluator, job.positions, job.past_positions, len(missing))
+        print(f"{PROG} (task {rank}): warning: {note}", file=sys.stderr, flush=True)
     return dict(task=rank, documents=len(share), scored=len(missing))
 
 

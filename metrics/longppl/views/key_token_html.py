@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..rules.key_tokens import key_token_mask, long_short_difference
+from ..rules.alignment import tokens_within_spans
+from ..rules.key_tokens import key_char_spans, key_token_mask, long_short_difference
 from ..settings import KeyTokenRule
 
 if TYPE_CHECKING:  # only for the annotations: scoring imports torch
@@ -148,12 +149,20 @@ def _describe(index: int, lsd: float, lcl: float, trunc_len: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class TokenCounts:
     """One text's evaluator tokens as the key-token view shows them: only the tokens that cover
-    characters of the text count (a special token such as a BOS covers none and is not shown), so
-    that under one tokenizer they are the evaluated model's tokens (the metric's ``n_tokens``, which
-    adds no special tokens by default) and its key tokens (``n_key_tokens``).
+    characters of the text count (a special token such as a BOS covers none and is not shown).
+
+    ``key`` counts the tokens the way the metric counts an evaluated model's key tokens: the key
+    tokens' characters are merged into spans, and every token whose characters lie within one of
+    them is a key token (the official code's transfer by character span). So a token that shares a
+    character with a key token is counted too, though its own LSD may be low: the byte pieces of one
+    character under a byte-fallback tokenizer (SentencePiece's ``<0xE2>``...), or of a byte-level
+    one, are all key when one of them is. Under one tokenizer (the evaluated model tokenizes the text
+    as the evaluator does, without its special tokens: the metric's default), ``tokens`` and ``key``
+    are the metric's ``n_tokens`` and ``n_key_tokens`` of the text, as long as the tokenizer gives
+    zero-width spans to special tokens only.
 
     ``tokens``: tokens of the text; ``scored``: those with a short-context score (all but the first
-    K); ``key``: the key tokens.
+    K); ``key``: the key tokens, counted as above.
     """
 
     tokens: int
@@ -170,10 +179,13 @@ class TokenCounts:
     @classmethod
     def of_marks(cls, offsets, lsd: np.ndarray, key: np.ndarray) -> "TokenCounts":
         """The counts from what a caller holding them computed already: ``offsets`` ``[n, 2]``, the
-        tokens' LSD ``[n]`` (NaN: no short-context score) and key-token mask ``[n]``."""
+        tokens' LSD ``[n]`` (NaN: no short-context score) and the evaluator's own key-token mask ``[n]``
+        (its rule applied to each token: ``key_token_mask``)."""
         offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
         covering = offsets[:, 1] > offsets[:, 0]
-        return cls(int(covering.sum()), int((covering & ~np.isnan(lsd)).sum()), int((covering & key).sum()))
+        # the metric's transfer: tokens within the merged character spans of the key tokens
+        within = tokens_within_spans(offsets, key_char_spans(offsets, key))
+        return cls(int(covering.sum()), int((covering & ~np.isnan(lsd)).sum()), int((covering & within).sum()))
 
 
 def _count(name: str, value: int) -> str:
@@ -196,7 +208,7 @@ def key_token_document(
     lsd_cap: float | None = None,
 ) -> tuple[str, str]:
     """``(summary, document)``: a ``<p class="meta">`` counting the evaluator's key tokens of ``text``
-    (``TokenCounts``: each count in a ``<span data-count="key|tokens|scored">``), and the text as a
+    as the metric counts them (``TokenCounts``: each count in a ``<span data-count="key|tokens|scored">``), and the text as a
     ``<div class="doc">`` with its tokens shaded and marked (see the module docstring; style:
     ``STYLE``, inside an element of class ``longppl-keys``). Arguments as ``key_token_html``.
     """
@@ -248,6 +260,7 @@ def key_token_document(
         f"{_count('scored', counts.scored)} with a "
         f"short-context score); key iff LSD &gt; {alpha:g}"
         + (f" and LCL &gt; {beta:g}" if use_lcl else "")
+        + ", and a token within the characters of key tokens counts as one, as the metric counts them"
         + ". Hover a token for its LSD and LCL, or click or tap it; Tab steps through the key tokens."
         + (
             ""
