@@ -55,10 +55,13 @@ def official_overlap(offsets, slices):
     return out
 
 
-def longppl_document(text, model, tokenizer, evaluator, evaluator_tokenizer, K, d, alpha, beta, use_lcl=True):
+def longppl_document(
+    text, model, tokenizer, evaluator, evaluator_tokenizer, K, d, alpha, beta, use_lcl=True, scores=None
+):
     """Per-document dict: longppl, n_key, ppl, n_tokens, key_nll (sum), nll (sum), n_pred, and
-    key_spans (the merged character spans of the model's key tokens)."""
-    ids, offsets, lp_long, lp_short = evaluator_scores(evaluator, evaluator_tokenizer, text, K, d)
+    key_spans (the merged character spans of the model's key tokens). ``scores``: the evaluator's
+    :func:`evaluator_scores` of ``text`` when computed already (several rules on one text)."""
+    ids, offsets, lp_long, lp_short = scores or evaluator_scores(evaluator, evaluator_tokenizer, text, K, d)
     key = [
         i
         for i in range(len(ids))
