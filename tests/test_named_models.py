@@ -188,3 +188,31 @@ def test_a_converted_folder_is_identified_by_its_gguf_not_its_path(tmp_path):
     c = folder(str(tmp_path / "c"), "2" * 64, "5.17")
     identity = [ModelIdentity.of_checkpoint(path, torch.float32).fingerprint for path in (a, b, c)]
     assert identity[0] == identity[1] != identity[2]
+
+
+def _metaspace_tokenizer(model_kind: str):
+    """A tokenizer whose vocabulary holds '▁the' and '▁of' whole: WordLevel uses them; BPE without merges
+    (what a wrong GGUF conversion builds) cuts them into letters."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    letters = sorted(set("▁xtheof"))
+    vocab = {token: index for index, token in enumerate(["<unk>", *letters, "▁x", "▁the", "▁of"])}
+    model = models.WordLevel(vocab, unk_token="<unk>") if model_kind == "whole" else models.BPE(vocab, merges=[])
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def test_a_tokenizer_converted_wrongly_from_the_gguf_is_refused_with_what_to_do():
+    """transformers 5.17 rebuilt Gemma 3's merges in the wrong order and cut ' the' into '▁t' + 'he': the
+    conversion checks the tokenizer on common words and refuses such a one, naming the version to use."""
+    assert named.split_words(_metaspace_tokenizer("whole")) == []
+    assert [word for word, _ in named.split_words(_metaspace_tokenizer("pieces"))] == ["the", "of"]
+    with pytest.raises(ValueError) as refused:
+        named._check_tokenizer(_metaspace_tokenizer("pieces"), "gemma-3-270m", "--evaluator")
+    message = str(refused.value)
+    assert message.startswith("--evaluator 'gemma-3-270m': transformers ")
+    assert "converts this GGUF file's tokenizer wrongly (it cuts ' the' into '▁' + 't' + 'h' + 'e'" in message
+    assert "pip install -U transformers" in message and "\n" not in message
+    named._check_tokenizer(_metaspace_tokenizer("whole"), "gemma-3-270m", "--evaluator")  # a sound one passes

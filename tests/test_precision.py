@@ -120,6 +120,26 @@ def test_a_recent_torchao_passes_the_checks(gpu, monkeypatch):
         assert precision.check_precision("fp8", "cuda", torch.bfloat16) == "fp8"
 
 
+def test_an_accepted_fp8_evaluator_is_said_to_be_approximate_with_the_measured_agreement(gpu, monkeypatch):
+    """fp8 passes its checks with a warning that carries what it did to a real evaluator's key tokens
+    (the figures of docs/benchmarks.md, which this test reads back from the committed records)."""
+    import json
+
+    installed_torchao(monkeypatch, "0.18.0")
+    with pytest.warns(UserWarning) as warned:
+        precision.check_precision("fp8", "cuda", torch.bfloat16)
+    (message,) = [str(w.message) for w in warned]
+    assert message.startswith("evaluator_precision='fp8' is approximate: against float32 on real evaluators")
+    results = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "records", "real_models", "results.json")
+    with open(results, encoding="utf-8") as handle:
+        rows = json.load(handle)["precision"]
+    for model, length in (("smollm2-135m", 8192), ("gemma-3-270m", 32768)):
+        measured = {r["precision"]: r for r in rows if r["model"] == model and r["length"] == length}
+        for name in ("fp8", "bf16"):
+            mean, low, high = measured[name]["jaccard"]
+            assert f"{mean:.2f} [{low:.2f}, {high:.2f}]" in message, (model, name, message)
+
+
 @pytest.mark.parametrize(
     "kwargs, says",
     [

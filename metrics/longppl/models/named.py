@@ -328,6 +328,41 @@ def _check_architecture(path: str, argument: str) -> None:
         )
 
 
+#: Common words whose whole-word token a sound tokenizer uses when its vocabulary holds one.
+PROBE_WORDS = ("the", "of", "and", "to", "in", "that", "for", "with")
+
+
+def split_words(tokenizer) -> list[tuple[str, list[str]]]:
+    """The :data:`PROBE_WORDS` that ``tokenizer`` cuts into pieces although its vocabulary holds the word
+    as one token (after a space: ``▁the`` or ``Ġthe``): ``[(word, pieces)]``. A tokenizer converted
+    wrongly from a GGUF file (transformers 5.17 on Gemma 3: merges rebuilt in the wrong order) cuts
+    ``' the'`` into ``'▁t' + 'he'``."""
+    vocab = tokenizer.get_vocab()
+    found = []
+    for word in PROBE_WORDS:
+        if not any(mark + word in vocab for mark in ("\u2581", "\u0120")):
+            continue
+        pieces = tokenizer.convert_ids_to_tokens(tokenizer(" " + word, add_special_tokens=False)["input_ids"])
+        if len(pieces) > 1:
+            found.append((word, pieces))
+    return found
+
+
+def _check_tokenizer(tokenizer, name: str, argument: str) -> None:
+    """Refuse a tokenizer this transformers converted wrongly from the GGUF (:func:`split_words`)."""
+    import transformers
+
+    split = split_words(tokenizer)
+    if len(split) >= 2:
+        word, pieces = split[0]
+        raise ValueError(
+            f"{_named(argument, name)}: transformers {transformers.__version__} converts this GGUF file's tokenizer "
+            f"wrongly (it cuts ' {word}' into {' + '.join(map(repr, pieces))} although the vocabulary holds the "
+            "whole word), so the model would read nonsense: convert it once with a newer transformers (5.24 "
+            "converts it right: pip install -U transformers); the converted folder then loads with any version."
+        )
+
+
 def _write_folder(path: str, sha256: str, name: str, out: str, argument: str) -> None:
     """Dequantize the GGUF at ``path`` (float32) and save model and tokenizer into ``out``."""
     try:
@@ -352,6 +387,7 @@ def _write_folder(path: str, sha256: str, name: str, out: str, argument: str) ->
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+    _check_tokenizer(tokenizer, name, argument)
     # The weights are dequantized already; transformers keeps its GGUF marker, which refuses to save.
     model.hf_quantizer = None
     model.is_quantized = False
