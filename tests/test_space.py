@@ -170,6 +170,15 @@ def test_settings_from_the_environment(app):
     assert app.SpaceSettings().models == app.DEFAULT_MODELS
 
 
+def test_the_model_list_takes_the_short_names_of_the_real_models(app):
+    """The real models a registry package ships (the models extra) are listed by short name; a folder of
+    that name beside the server is not what gets loaded (the name resolves to its converted folder)."""
+    settings = app.SpaceSettings.from_env({"LONGPPL_SPACE_MODELS": "gemma-3-270m, smollm2-135m,a-org/one"})
+    assert settings.models == ("gemma-3-270m", "smollm2-135m", "a-org/one")
+    with pytest.raises(ValueError, match="not a Hub model id: list ids such as Qwen/Qwen2.5-0.5B, or short names"):
+        app.SpaceSettings.from_env({"LONGPPL_SPACE_MODELS": "gemma-3-27m"})
+
+
 @pytest.mark.parametrize(
     "entry",
     ["/tmp/model", "./model", "../org/model", "org/../../etc", "model", "org/name/extra", "C:/model", "org/na me"],
