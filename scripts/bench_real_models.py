@@ -109,6 +109,18 @@ def _variant(base, precision: str, torch):
     return model, False
 
 
+def _record_head(mode: str, args, device_name: str, length: int, doc: str) -> dict:
+    """The fields every record starts with: what was measured, on which model, device and document."""
+    return {
+        "mode": mode,
+        "model": args.name or args.model,
+        "device": device_name,
+        "length": length,
+        "doc": doc,
+        "attention": args.attention,
+    }
+
+
 def _load(args, device: str, dtype, torch):
     """The model of ``--model`` in ``dtype`` with the attention of ``--attention`` (``flex_attention``:
     sliding-window layers skip the blocks outside their window)."""
@@ -160,13 +172,8 @@ def run_precision(args) -> None:
                 mask = scores.key_mask(rule)
                 scored = ~np.isnan(scores.lp_long)
                 record = {
-                    "mode": "precision",
-                    "model": args.name or args.model,
-                    "device": device_name,
-                    "length": length,
-                    "doc": doc,
+                    **_record_head("precision", args, device_name, length, doc),
                     "precision": precision,
-                    "attention": args.attention,
                     "seconds": seconds,
                     "peak_gib": peak,
                     "tokens": int(len(scores.input_ids)),
@@ -229,13 +236,8 @@ def run_speed(args) -> None:
                     times.append(seconds)
                     peaks.append(peak)
                 record = {
-                    "mode": "speed",
-                    "model": args.name or args.model,
-                    "device": device_name,
-                    "length": length,
-                    "doc": doc,
+                    **_record_head("speed", args, device_name, length, doc),
                     "implementation": name,
-                    "attention": args.attention,
                     "seconds": min(times),
                     "all_seconds": times,
                     "peak_gib": max(peaks),
