@@ -51,12 +51,12 @@ class LongPPLOptions:
     model_id: object = _option(
         None,
         "`str`",
-        "Hub id or local path of the evaluated causal LM. Or pass `model` and `tokenizer` objects (a PEFT-wrapped model works too). Checked before anything is loaded: a path must exist, and while offline (`HF_HUB_OFFLINE=1`) a Hub id must be in the local cache.",
+        "Hub id, local path, `*.gguf` file or short name (`smollm2-135m`, `gemma-3-270m`: real models from the package registry) of the evaluated causal LM. Or pass `model` and `tokenizer` objects (a PEFT-wrapped model works too). Checked before anything is loaded: a path must exist, and while offline (`HF_HUB_OFFLINE=1`) a Hub id must be in the local cache.",
     )
     evaluator_model_id: object = _option(
         None,
         "`str`",
-        "Hub id or local path of the evaluator. Or pass `evaluator_model` and `evaluator_tokenizer`. Required unless `self_evaluation=True` or `key_tokens` holds every text.",
+        "Hub id, local path, `*.gguf` file or short name (`gemma-3-270m`) of the evaluator. Or pass `evaluator_model` and `evaluator_tokenizer`. Required unless `self_evaluation=True` or `key_tokens` holds every text.",
     )
     model: object = _option(
         None,

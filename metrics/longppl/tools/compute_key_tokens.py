@@ -86,7 +86,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument("--split", default="train", help="split of a Hub dataset or DatasetDict (default: train)")
     parser.add_argument("--text-column", default="text", help="field / column holding the texts (default: text)")
-    parser.add_argument("--evaluator", required=True, help="Hub id or local path of the evaluator model (required)")
+    parser.add_argument(
+        "--evaluator",
+        required=True,
+        help="Hub id, local path, *.gguf file or short name (gemma-3-270m, smollm2-135m) of the evaluator model (required)",
+    )
     parser.add_argument(
         "--output", required=True, help="the cache directory (required; created, or updated atomically)"
     )

@@ -153,10 +153,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
     parser = tool_parser(prog, __doc__)
     parser.add_argument(
-        "--model", help="Hub id or path of the model to evaluate (needs --evaluator and --texts; default: the toy demo)"
+        "--model",
+        help="Hub id, path or short name (smollm2-135m) of the model to evaluate (needs --evaluator and --texts; default: the toy demo)",
     )
     parser.add_argument(
-        "--evaluator", help="Hub id or path of the evaluator, e.g. meta-llama/Llama-3.1-8B (default: the toy demo)"
+        "--evaluator",
+        help="Hub id, path or short name of the evaluator, e.g. gemma-3-270m or meta-llama/Llama-3.1-8B (default: the toy demo)",
     )
     parser.add_argument(
         "--texts", help="with --model: a .jsonl file (one JSON object per line) or a .txt file (no default)"
