@@ -9,7 +9,8 @@ fresh process (datatrove's ``_run_for_rank``, as every executor calls it) with a
 evaluator built in code (``longppl.tools.synthetic``: two layers, a word tokenizer), committing to a
 fresh cache, then runs the same task again (everything cached: the resume path). It reports the
 process's peak resident memory (``ru_maxrss``) and its RSS at the end, with the documents the task
-read. The number of tasks is the same for every size, so a task's share grows with the corpus:
+read (``--former``: also the same task of the former ``ScoreKeyTokens(options)`` form, which read
+the whole corpus as one JSONL file). The number of tasks is the same for every size, so a task's share grows with the corpus:
 flat figures mean the step streams its share, holding one block, not its share or the corpus.
 """
 
@@ -64,15 +65,35 @@ def one_task(args) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     evaluator = MistralForCausalLM(copy_model_config()).eval()
-    step = ScoreKeyTokens(
-        evaluator, KeyTokenSettings(8, 4), cache=args.cache, tokenizer=word_tokenizer(), shard_documents=256
-    )
-    pipeline = [JsonlReader(args.input), step, JsonlWriter(args.output, compression=None)]
+    if args.former:  # the former form: longppl score's options, the whole corpus read by the task
+        import warnings
+
+        folder = os.path.join(args.cache + "-former-evaluator")
+        evaluator.save_pretrained(folder)
+        word_tokenizer().save_pretrained(folder)
+        corpus = os.path.join(args.input + "-former.jsonl")
+        with open(corpus, "w", encoding="utf-8") as out:
+            for name in sorted(os.listdir(args.input)):
+                with open(os.path.join(args.input, name), encoding="utf-8") as handle:
+                    out.write(handle.read())
+        options = ["--corpus", corpus, "--evaluator", folder, "--output", args.cache + "-former",
+                   "--trunc-len", "8", "--sliding-window", "4"]  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            step = ScoreKeyTokens(options)
+        pipeline = [step]
+    else:
+        step = ScoreKeyTokens(
+            evaluator, KeyTokenSettings(8, 4), cache=args.cache, tokenizer=word_tokenizer(), shard_documents=256
+        )
+        pipeline = [JsonlReader(args.input), step, JsonlWriter(args.output, compression=None)]
     executor = LocalPipelineExecutor(pipeline, tasks=args.tasks, logging_dir=args.logs)
     began = time.perf_counter()
     executor._run_for_rank(args.rank)
     seconds = time.perf_counter() - began
     stats = {name: value.total for name, value in step.stats.stats.items()}
+    if args.former:  # it counts its share ("documents") and what it scored of it
+        stats = dict(scored=stats.get("scored", 0), cached=stats.get("documents", 0) - stats.get("scored", 0))
     return dict(
         seconds=round(seconds, 1),
         documents=int(stats.get("scored", 0) + stats.get("cached", 0)),
@@ -91,6 +112,9 @@ def main(argv=None) -> None:
     parser.add_argument("--words", type=int, default=24, help="words per document (default 24)")
     parser.add_argument("--work", default="pipeline_memory_work", help="a scratch folder (created)")
     parser.add_argument("--json", default=None, help="write the figures here too")
+    parser.add_argument(
+        "--former", action="store_true", help="also run the former ScoreKeyTokens(options) form, for comparison"
+    )
     parser.add_argument("--task", action="store_true", help=argparse.SUPPRESS)  # internal: one task
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     for name in ("input", "cache", "output", "logs"):
@@ -103,8 +127,9 @@ def main(argv=None) -> None:
     for documents in args.documents:
         root = os.path.join(args.work, str(documents))
         write_corpus(os.path.join(root, "input"), documents, args.files, args.words)
-        for run in ("first", "rerun"):
+        for run in ("first", "rerun") + (("former",) if args.former else ()):
             command = [sys.executable, os.path.abspath(__file__), "--task", "--tasks", str(args.tasks)]
+            command += ["--former"] if run == "former" else []
             for name in ("input", "cache", "output", "logs"):
                 command += [f"--{name}", os.path.join(root, name if name != "logs" else f"logs-{run}")]
             env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")

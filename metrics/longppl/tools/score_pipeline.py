@@ -357,6 +357,7 @@ class _CacheIndex:
         rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         order = np.argsort(prefixes, kind="stable")
         self.prefixes, self.rows = prefixes[order], rows[order]
+        self.fingerprints = data.select_columns(["text_fingerprint"]).with_format("arrow")  # one view, reused
 
     def scores(self, fingerprint: str):
         """The cached ``EvaluatorScores`` of the text of ``fingerprint``, or ``None``."""
@@ -366,7 +367,7 @@ class _CacheIndex:
         at = int(np.searchsorted(self.prefixes, prefix))
         while at < len(self.prefixes) and self.prefixes[at] == prefix:
             row = int(self.rows[at])
-            if self.cache.row(row)["text_fingerprint"] == fingerprint:  # the first 8 bytes matched: check all
+            if self.fingerprints[row].column(0)[0].as_py() == fingerprint:  # the first 8 bytes matched: check all
                 return self.cache.scores(row)
             at += 1
         return None
