@@ -83,8 +83,7 @@ def run_worker(values: dict, tmp_path, timeout: int = 900) -> subprocess.Complet
 
 def run_here(values: dict) -> None:
     """The pipeline in this process (the local executor, one worker)."""
-    sys.path.insert(0, os.path.join(HERE, "distributed"))
-    import datatrove_worker
+    from distributed import datatrove_worker
 
     datatrove_worker.main_config(values)
 
@@ -271,7 +270,7 @@ def require(what: str, present: bool, how: str) -> None:
 def test_under_ray_a_worker_killed_mid_task_is_resubmitted_and_resumes_to_the_local_cache(corpus, tmp_path):
     """A local Ray cluster (ray.init, 2 CPU workers) runs the 3 tasks; task 1's worker process is killed
     (SIGKILL) after its first shard; Ray reports the actor lost and datatrove resubmits the task, which
-    reads the committed shard instead of scoring it again. About a minute on 2 cores."""
+    reads the committed shard instead of scoring it again. About 30 s on 2 cores."""
     import importlib.util
 
     require("ray", importlib.util.find_spec("ray") is not None, "pip install -e '.[corpus]'")
@@ -311,23 +310,33 @@ def submit(values: dict, tmp_path) -> str:
     return done.stdout.split("JOB ")[-1].split()[0]
 
 
+def slurm_node() -> str:
+    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()[0]
+
+
 @pytest.mark.slow
-def test_under_slurm_a_cancelled_array_task_resumes_when_the_pipeline_runs_again(corpus, tmp_path):
+@pytest.mark.parametrize("lost", ["task", "node"])
+def test_under_slurm_a_lost_array_task_resumes_when_the_pipeline_runs_again(corpus, tmp_path, lost):
     """A job array of 3 tasks on the single-node Slurm of scripts/slurm/start_local_slurm.sh (CI starts
-    it); task 1 is cancelled (scancel) once it has committed a shard; running the pipeline again submits
-    task 1 alone, which resumes from its shard. About 40 s on 2 cores."""
+    it). Once task 1 has committed a shard, either it is cancelled (``scancel``): running the pipeline
+    again submits task 1 alone; or its node is set DOWN, which kills every task running there as a lost
+    node does, and back up: Slurm requeues those tasks itself. Either way task 1 resumes from its shard.
+    About 25 s (task) and 40 s (node) on 2 cores."""
     require("a Slurm cluster", slurm_is_up(), "run scripts/slurm/start_local_slurm.sh as root")
     # a job name of its own: datatrove also submits a job merging the stats, which waits on the array's
-    # success (never, for the cancelled run); the test cancels it by that name at the end
+    # success (never, for the interrupted run); the test cancels it by that name at the end
     name = f"longppl-test-{os.getpid()}-{tmp_path.name}"
     values = config(corpus, tmp_path, executor="slurm", workers=-1, pause={"rank": 1, "seconds": 2.0}, job_name=name)
+    node = slurm_node()
     try:
-        cancel_and_rerun(corpus, tmp_path, values)
+        interrupt_and_rerun(corpus, tmp_path, values, lost, node)
     finally:
         subprocess.run(["scancel", "--name", name], check=False)
+        if lost == "node":
+            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
 
 
-def cancel_and_rerun(corpus, tmp_path, values: dict) -> None:
+def interrupt_and_rerun(corpus, tmp_path, values: dict, lost: str, node: str) -> None:
     import time
 
     job = submit(values, tmp_path)
@@ -336,14 +345,34 @@ def cancel_and_rerun(corpus, tmp_path, values: dict) -> None:
     while not (os.path.exists(log) and "task 1: committed" in open(log, encoding="utf-8").read()):
         assert time.monotonic() < deadline, "task 1 committed no shard (a hang guard, not a timing check)"
         time.sleep(0.5)
-    subprocess.run(["scancel", f"{job}_1"], check=True)
-    wait_for_job(job)
-    assert sorted(os.listdir(os.path.join(values["logs"], "completions"))) == ["00000", "00002"]
-    assert 6 + 2 <= len(KeyTokenCache.load(values["cache"])) < 15
-    again = submit(dict(values, pause=None), tmp_path)
-    with open(os.path.join(values["logs"], "ranks_to_run.json"), encoding="utf-8") as handle:
-        assert json.load(handle) == [1]  # only the cancelled task runs again
-    wait_for_job(again)
+    if lost == "task":
+        subprocess.run(["scancel", f"{job}_1"], check=True)
+        wait_for_job(job)
+    else:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=longppl-test"], check=True)
+        # the tasks that ran there are killed; wait until their processes are gone (Slurm requeues them at
+        # once, and a requeued task launched while its old copy still exits drains the node)
+        while (
+            "No job steps exist" not in subprocess.run(["scontrol", "listpids"], capture_output=True, text=True).stderr
+        ):
+            assert time.monotonic() < deadline, "the killed tasks did not exit (a hang guard, not a timing check)"
+            time.sleep(0.5)
+        # (refused when the node has come back on its own: ReturnToService=2)
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
+        while not slurm_is_up():
+            assert time.monotonic() < deadline, "the node did not come back (a hang guard, not a timing check)"
+            time.sleep(0.5)
+        # Slurm requeues a lost node's batch jobs (JobRequeue=1, its default) to start a while later: now
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        wait_for_job(job)
+    unfinished = sorted(set(range(3)) - {int(n) for n in os.listdir(os.path.join(values["logs"], "completions"))})
+    assert unfinished == ([1] if lost == "task" else [])  # the lost node's tasks were requeued and resumed
+    assert 2 <= len(KeyTokenCache.load(values["cache"])) <= 15
+    if unfinished:
+        again = submit(dict(values, pause=None), tmp_path)
+        with open(os.path.join(values["logs"], "ranks_to_run.json"), encoding="utf-8") as handle:
+            assert json.load(handle) == unfinished  # only the unfinished tasks run again
+        wait_for_job(again)
     assert sorted(os.listdir(os.path.join(values["logs"], "completions"))) == ["00000", "00001", "00002"]
     assert_same_cache(corpus["reference"], values["cache"])
     assert stats_of(values["logs"], 1)["cached"] >= 2
