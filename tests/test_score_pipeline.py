@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from helpers import assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
 from test_cache_shards import direct_curation, files_state, require_datatrove
@@ -168,6 +169,34 @@ def test_the_former_options_form_still_runs_with_a_deprecation_message(corpus, t
     with pytest.warns(FutureWarning, match=r"ScoreKeyTokens\(options\) .* deprecated.*datatrove reader"):
         step = ScoreKeyTokens(options)
     assert step.options == options
+
+
+def test_the_cache_index_finds_rows_by_the_whole_fingerprint_where_the_first_bytes_agree(tmp_path):
+    """The index keeps 8 bytes of each fingerprint: rows that agree there are told apart by the rest."""
+    import pyarrow as pa
+    from distributed.cache_writer_worker import IDENTITY, SETTINGS, synthetic_rows
+
+    from longppl.cache.key_token_cache import append_rows
+    from longppl.models.fingerprints import text_fingerprint
+    from longppl.tools.score_pipeline import _CacheIndex
+
+    require_datatrove()
+    texts = ["first text here", "second text here", "third text here"]
+    rows = synthetic_rows(texts, seed=3)
+    real = text_fingerprint(texts[0])
+    twin = real[:16] + "f" * 48  # the first 8 bytes of the first row's, another tail (a crafted key)
+    table = rows.data.table
+    column = table.column("text_fingerprint").to_pylist()
+    column[1] = twin
+    table = table.set_column(table.schema.get_field_index("text_fingerprint"), "text_fingerprint", pa.array(column))
+    append_rows(str(tmp_path / "cache"), rows.__class__(table, info=rows.info))
+    index = _CacheIndex(str(tmp_path / "cache"), SETTINGS, IDENTITY.fingerprint)
+    cache = KeyTokenCache.load(str(tmp_path / "cache"))
+    for fingerprint, row in ((real, 0), (twin, 1), (text_fingerprint(texts[2]), 2)):
+        got, want = index.scores(fingerprint), cache.scores(row)
+        assert np.array_equal(got.lp_short, want.lp_short, equal_nan=True) and got.lp_short.size > 0
+    assert index.scores(real[:16] + "e" * 48) is None  # the same first bytes, a key the cache lacks
+    assert _CacheIndex(str(tmp_path / "cache"), KeyTokenSettings(5, 2), IDENTITY.fingerprint).scores(real) is None
 
 
 # ---- bad input ----
