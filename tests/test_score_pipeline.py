@@ -209,6 +209,8 @@ def test_arguments_are_checked_when_the_step_is_built(corpus, tmp_path):
         ScoreKeyTokens(None)
     with pytest.raises(ValueError, match="without its tokenizer: pass tokenizer="):
         ScoreKeyTokens(tiny_model("llama", 600))
+    with pytest.raises(ValueError, match="evaluator=.*no-such-model"):
+        ScoreKeyTokens(str(tmp_path / "no-such-model"))
     with pytest.raises(ValueError, match="settings must be a KeyTokenSettings"):
         ScoreKeyTokens(corpus["evaluator"], (K, D))
     (tmp_path / "notes").mkdir()

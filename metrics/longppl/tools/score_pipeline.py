@@ -171,6 +171,10 @@ class ScoreKeyTokens(PipelineStep):
 
             cache = cache_directory(cache, argument="cache", create=True)  # a bad folder fails now, not in each task
         self.evaluator = os.fspath(evaluator) if isinstance(evaluator, os.PathLike) else evaluator
+        if isinstance(self.evaluator, str):  # a wrong name or folder fails now, not in every task
+            from longppl.models.sources import check_model_source
+
+            check_model_source(self.evaluator, "evaluator", tokenizer=tokenizer is None)
         self.cache, self.tokenizer = cache, tokenizer
         self.max_length = None if max_length is None else require_int("max_length", max_length, minimum=2)
         self.torch_dtype, self.device = torch_dtype, device
