@@ -137,7 +137,9 @@ def test_each_task_reads_its_own_files_and_the_cache_equals_longppl_scores(corpu
     # run again (a fresh logging folder: every task runs): nothing scored, the cache unchanged, the same columns
     before = files_state(values["cache"])
     again = dict(values, logs=str(tmp_path / "logs-again"), output=str(tmp_path / "output-again"))
-    run_here(again)
+    with pytest.MonkeyPatch.context() as patch:  # every document is cached: the evaluator is not even loaded
+        patch.setattr("longppl.models.loading.load_model", lambda *a, **k: pytest.fail("the evaluator was loaded"))
+        run_here(again)
     assert files_state(values["cache"]) == before
     assert [stats_of(again["logs"], r) for r in range(3)] == [{"cached": 6}, {"cached": 6}, {"cached": 3}]
     assert output_documents(again["output"]) == outputs

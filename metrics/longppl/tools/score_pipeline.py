@@ -226,7 +226,7 @@ class _Task:
         import torch
 
         from longppl.models.fingerprints import ModelIdentity
-        from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
+        from longppl.models.loading import load_tokenizer, resolve_dtype
         from longppl.tools.threads import choose_torch_threads
 
         self.step, self.rank = step, rank
@@ -237,16 +237,25 @@ class _Task:
             if device == "cpu":
                 choose_torch_threads(1)  # tasks run side by side: one thread each unless OMP_NUM_THREADS says otherwise
             self.tokenizer = step.tokenizer if step.tokenizer is not None else load_tokenizer(step.evaluator)
-            dtype = resolve_dtype(step.torch_dtype, device)
-            self.model = load_model(step.evaluator, device, step.torch_dtype)
-            identity = ModelIdentity.of_checkpoint(step.evaluator, dtype)
-            self.identity = identity or ModelIdentity.of_model(self.model, self.tokenizer)
+            # loaded when a document needs scoring: a task whose documents are all cached loads nothing
+            self.model, self.device = None, device
+            self.identity = ModelIdentity.of_checkpoint(step.evaluator, resolve_dtype(step.torch_dtype, device))
+            if self.identity is None:  # a Hub id not resolved to a commit (offline): the loaded weights say
+                self.identity = ModelIdentity.of_model(self._evaluator(), self.tokenizer)
         else:
             self.model, self.tokenizer = step.evaluator, step.tokenizer
             self.identity = ModelIdentity.of_model(self.model, self.tokenizer)
         self.index = _CacheIndex(step.cache, step.settings, self.identity.fingerprint) if step.cache else None
         self.recent: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self.warned_no_text = False
+
+    def _evaluator(self):
+        """The evaluator, loaded on the task's device the first time it is needed."""
+        if self.model is None:
+            from longppl.models.loading import load_model
+
+            self.model = load_model(self.step.evaluator, self.device, self.step.torch_dtype)
+        return self.model
 
     def blocks(self, data) -> Iterator[list]:
         """The documents of ``data`` in blocks, each block's rows committed before it is yielded."""
@@ -293,7 +302,7 @@ class _Task:
                 step.stat_update("cached")
         if values is None:
             scores = score_with_evaluator(
-                self.model,
+                self._evaluator(),
                 self.tokenizer,
                 [text],
                 step.settings,
