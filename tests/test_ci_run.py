@@ -1,5 +1,5 @@
-""".ci/run: the README's two set-up commands, with the Space's and the harness's extras installed and the lint
-run between them, in a copy."""
+""".ci/run: the README's two set-up commands, with the Space's and the harness's extras installed, the
+single-node Slurm cluster started and the lint run between them, in a copy."""
 
 import os
 import shutil
@@ -27,6 +27,8 @@ def test_space_browser_and_harness_extras_are_installed_after_the_install_and_be
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(os.path.join(repo_root, ".ci", "run"), repo / ".ci" / "run")
     (repo / "README.md").write_text(README)
+    (repo / "scripts" / "slurm").mkdir(parents=True)  # records that CI starts the single-node Slurm cluster
+    (repo / "scripts" / "slurm" / "start_local_slurm.sh").write_text('echo "start slurm" >> "$LOG"\n')
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     shims = tmp_path / "bin"
     shims.mkdir()
@@ -56,6 +58,7 @@ def test_space_browser_and_harness_extras_are_installed_after_the_install_and_be
     assert lines[1].startswith(
         "pip install -e .[space,browser,harness,corpus] (in tmp."
     )  # in the isolated copy, not the checkout
-    assert lines[2:4] == ["python -m ruff format --check .", "python -m ruff check ."]
-    assert lines[4] == "python -m pytest -q tests"
-    assert len(lines) == 5
+    assert lines[2] == "start slurm"  # the Slurm pipeline test needs it up
+    assert lines[3:5] == ["python -m ruff format --check .", "python -m ruff check ."]
+    assert lines[5] == "python -m pytest -q tests"
+    assert len(lines) == 6
