@@ -239,6 +239,24 @@ def test_a_document_without_text_is_passed_on_without_columns_in_one_line(corpus
     assert len(KeyTokenCache.load(str(tmp_path / "cache"))) == 2
 
 
+def test_documents_past_the_evaluators_positions_are_said_once_per_task(tmp_path, caplog_loguru, recwarn):
+    """An evaluator trained on fewer positions than the documents hold: one line for the task, with the
+    count, instead of one warning a document."""
+    from datatrove.data import Document
+
+    from longppl.tools.score_pipeline import ScoreKeyTokens
+
+    tokenizer = byte_level_bpe()
+    model = tiny_model("llama", len(tokenizer), seed=1, max_positions=64)
+    step = ScoreKeyTokens(model, KeyTokenSettings(K, D), tokenizer=tokenizer)
+    texts = [t[200:700] for t in govreport_texts()[:3]]  # well over 64 tokens each
+    out = list(step.run(iter([Document(text=t, id=str(i)) for i, t in enumerate(texts)]), rank=0, world_size=1))
+    assert len(out) == 3
+    said = [m for m in caplog_loguru if "trained on" in m]
+    assert len(said) == 1 and "task 0: 3 of the 3 documents scored are longer than the 64 positions" in said[0]
+    assert not [w for w in recwarn if "positions" in str(w.message)]
+
+
 def test_an_input_file_not_in_the_readers_format_says_so_in_one_line(corpus, tmp_path):
     import datasets
 
