@@ -690,8 +690,10 @@ def build_demo(settings: SpaceSettings | None = None) -> gr.Blocks:
         button = gr.Button("Compute", variant="primary")
         with gr.Row():
             # Text boxes: empty until a request has been scored (a gr.Number would show 0).
-            longppl = gr.Textbox(label="LongPPL", info=_CORPUS_NOTE, interactive=False)
-            ppl = gr.Textbox(label="PPL", info=_CORPUS_NOTE, interactive=False)
+            longppl = gr.Textbox(label="LongPPL", interactive=False)
+            ppl = gr.Textbox(label="PPL", interactive=False)
+        # under the boxes, not as their info: a box's accessible name stays its label alone
+        gr.Markdown(f"LongPPL and PPL: {_CORPUS_NOTE}.")
         per_text = gr.Markdown(label="Per text")
         key_tokens = gr.HTML(
             label="Key tokens", css_template=_views.STYLE, show_label=True, container=True, padding=True
