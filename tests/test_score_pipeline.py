@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import assert_same_cache, byte_level_bpe, govreport_texts, tiny_model
+from helpers import HANG_GUARD_S, assert_same_cache, byte_level_bpe, govreport_texts, hang, run_guarded, tiny_model
 from test_cache_shards import direct_curation, files_state, require_datatrove
 
 from longppl.cache.key_token_cache import KeyTokenCache, compact_cache
@@ -67,19 +67,25 @@ def config(corpus, tmp_path, **changes) -> dict:
     return values
 
 
-def run_worker(values: dict, tmp_path, timeout: int = 900) -> subprocess.CompletedProcess:
-    """The pipeline in a fresh interpreter (``datatrove_worker.py``); ``timeout`` is a hang guard only."""
+def run_worker(values: dict, tmp_path) -> subprocess.CompletedProcess:
+    """The pipeline in a fresh interpreter (``datatrove_worker.py``), under the hang guard."""
     path = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.json"
     path.write_text(json.dumps(values), encoding="utf-8")
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
-    return subprocess.run(
-        [sys.executable, WORKER, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        start_new_session=True,
+    return run_guarded(
+        [sys.executable, WORKER, str(path)], env=env, capture_output=True, text=True, start_new_session=True
     )
+
+
+def wait_until(done, what: str) -> None:
+    """Poll ``done()`` every half second; past the hang guard the test fails saying it was the time."""
+    import time
+
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not done():
+        if time.monotonic() > deadline:
+            hang(what, HANG_GUARD_S)
+        time.sleep(0.5)
 
 
 def run_here(values: dict) -> None:
@@ -342,17 +348,14 @@ def slurm_is_up() -> bool:
     return found.returncode == 0 and any(s in found.stdout for s in ("idle", "mix", "alloc"))
 
 
-def wait_for_job(job: str, timeout: float = 600) -> None:
-    """Until the job array ``job`` has no task pending or running (``timeout``: a hang guard only)."""
-    import time
+def wait_for_job(job: str) -> None:
+    """Until the job array ``job`` has no task pending or running (under the hang guard)."""
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ended() -> bool:
         queued = subprocess.run(["squeue", "-h", "-j", job, "-t", "PD,R,CG,CF"], capture_output=True, text=True)
-        if queued.returncode == 0 and not queued.stdout.strip():
-            return
-        time.sleep(1)
-    raise AssertionError(f"the Slurm job {job} did not end in {timeout} s (a hang guard, not a timing check)")
+        return queued.returncode == 0 and not queued.stdout.strip()
+
+    wait_until(ended, f"the Slurm job {job}")
 
 
 def submit(values: dict, tmp_path) -> str:
@@ -388,14 +391,12 @@ def test_under_slurm_a_lost_array_task_resumes_when_the_pipeline_runs_again(corp
 
 
 def interrupt_and_rerun(corpus, tmp_path, values: dict, lost: str, node: str) -> None:
-    import time
-
     job = submit(values, tmp_path)
     log = os.path.join(values["logs"], "logs", "task_00001.log")
-    deadline = time.monotonic() + 600  # a hang guard only
-    while not (os.path.exists(log) and "task 1: committed" in open(log, encoding="utf-8").read()):
-        assert time.monotonic() < deadline, "task 1 committed no shard (a hang guard, not a timing check)"
-        time.sleep(0.5)
+    wait_until(
+        lambda: os.path.exists(log) and "task 1: committed" in open(log, encoding="utf-8").read(),
+        "task 1 of the Slurm job, before its first commit",
+    )
     if lost == "task":
         subprocess.run(["scancel", f"{job}_1"], check=True)
         wait_for_job(job)
@@ -403,16 +404,15 @@ def interrupt_and_rerun(corpus, tmp_path, values: dict, lost: str, node: str) ->
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=longppl-test"], check=True)
         # the tasks that ran there are killed; wait until their processes are gone (Slurm requeues them at
         # once, and a requeued task launched while its old copy still exits drains the node)
-        while (
-            "No job steps exist" not in subprocess.run(["scontrol", "listpids"], capture_output=True, text=True).stderr
-        ):
-            assert time.monotonic() < deadline, "the killed tasks did not exit (a hang guard, not a timing check)"
-            time.sleep(0.5)
+        wait_until(
+            lambda: (
+                "No job steps exist" in subprocess.run(["scontrol", "listpids"], capture_output=True, text=True).stderr
+            ),
+            "the tasks of the node set DOWN, exiting",
+        )
         # (refused when the node has come back on its own: ReturnToService=2)
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
-        while not slurm_is_up():
-            assert time.monotonic() < deadline, "the node did not come back (a hang guard, not a timing check)"
-            time.sleep(0.5)
+        wait_until(slurm_is_up, "the Slurm node, coming back")
         # Slurm requeues a lost node's batch jobs (JobRequeue=1, its default) to start a while later: now
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         wait_for_job(job)
