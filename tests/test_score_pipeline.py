@@ -348,6 +348,26 @@ def slurm_is_up() -> bool:
     return found.returncode == 0 and any(s in found.stdout for s in ("idle", "mix", "alloc"))
 
 
+def slurm_settled() -> bool:
+    """Whether the cluster is up, after letting a node finish what the previous test left it doing (it
+    shows ``comp`` while the cancelled jobs complete, ``drng`` while draining): those states pass, a
+    node down or no Slurm at all does not."""
+    import time
+
+    for _ in range(120):  # a node completing jobs settles in seconds; this only bounds the wait
+        if slurm_is_up():
+            return True
+        found = (
+            subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+            if shutil.which("sinfo")
+            else None
+        )
+        if found is None or found.returncode != 0 or not any(s in found.stdout for s in ("comp", "drng")):
+            return False
+        time.sleep(1)
+    return slurm_is_up()
+
+
 def wait_for_job(job: str) -> None:
     """Until the job array ``job`` has no task pending or running (under the hang guard)."""
 
@@ -376,7 +396,7 @@ def test_under_slurm_a_lost_array_task_resumes_when_the_pipeline_runs_again(corp
     again submits task 1 alone; or its node is set DOWN, which kills every task running there as a lost
     node does, and back up: Slurm requeues those tasks itself. Either way task 1 resumes from its shard.
     About 25 s (task) and 40 s (node) on 2 cores."""
-    require("a Slurm cluster", slurm_is_up(), "run scripts/slurm/start_local_slurm.sh as root")
+    require("a Slurm cluster", slurm_settled(), "run scripts/slurm/start_local_slurm.sh as root")
     # a job name of its own: datatrove also submits a job merging the stats, which waits on the array's
     # success (never, for the interrupted run); the test cancels it by that name at the end
     name = f"longppl-test-{os.getpid()}-{tmp_path.name}"
