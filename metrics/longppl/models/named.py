@@ -157,8 +157,10 @@ def _gguf_folder(path: str, argument: str) -> str:
             f"{_named(argument, path)} is not a file here: pass the path of a .gguf file, or a short name "
             f"({', '.join(NAMED_MODELS)})."
         )
-    sha256 = _known_sha256(path) or _file_sha256([path])
-    _remember_sha256(path, sha256)
+    sha256 = _known_sha256(path)
+    if sha256 is None:  # hashed once; later uses find it by the file's size and modification time
+        sha256 = _file_sha256([path])
+        _remember_sha256(path, sha256)
     stem = os.path.basename(path)[: -len(_SUFFIX)] or "model"
     folder = os.path.join(models_cache_dir(), f"{stem}-{sha256[:16]}")
     if _complete(folder):
