@@ -153,13 +153,14 @@ def run_precision(args) -> None:
     base = _load(args, device, torch.float32, torch)
     settings = KeyTokenSettings(trunc_len=args.trunc_len, sliding_window=args.sliding_window)
     rule = KeyTokenRule()
+    chosen = {length: documents(args.texts, tokenizer, length, args.docs) for length in args.lengths}  # once
     for precision in args.precisions:
         model, tf32 = _variant(base, precision, torch)
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
         warmed = False
         for length in args.lengths:
-            for doc, text in documents(args.texts, tokenizer, length, args.docs):
+            for doc, text in chosen[length]:
                 if (length, doc, precision) in done:
                     continue
                 if not warmed:  # first call: kernels, allocator, fp8 compilation

@@ -321,7 +321,8 @@ class _Task:
                     per_document=True,
                     text_names=[f"document {doc.id!r}"],
                 )[0]
-            self.positions = position_limits(self._evaluator())[0]
+            if self.scored == 0:  # the evaluator's trained positions, read once
+                self.positions = position_limits(self._evaluator())[0]
             self.scored += 1
             self.past_positions += self.positions is not None and len(scores.input_ids) > self.positions
             values = _values(curation_columns(scores.lp_long, scores.lp_short, step.settings.trunc_len, step.rule))
