@@ -36,6 +36,7 @@ model as evaluator and evaluated model (the issue's self-evaluation setting), ea
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -129,12 +130,38 @@ def _load(args, device: str, dtype, torch):
     from longppl.models.loading import load_model
     from longppl.models.sources import check_model_source
 
-    if args.attention == "sdpa":
+    if args.attention == "sdpa-masked":
+        # The baseline of the window layers' attention in blocks: every layer under transformers' SDPA
+        # with its (L, L) mask, as the official code runs it.
+        import longppl.core.attention as attention
+
+        attention.use_windowed_attention = lambda model: False
+        args = argparse.Namespace(**{**vars(args), "attention": "sdpa"})
+    rope_factor = getattr(args, "rope_factor", None)
+    if args.attention == "sdpa" and not rope_factor:
         return load_model(args.model, device, dtype)
-    model = AutoModelForCausalLM.from_pretrained(
-        check_model_source(args.model), dtype=dtype, attn_implementation=args.attention
-    )
+    folder = check_model_source(args.model)
+    kwargs = {"attn_implementation": args.attention}
+    if rope_factor:
+        kwargs["config"] = scaled_rope_config(folder, rope_factor)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     return model.to(device).eval()
+
+
+def scaled_rope_config(folder: str, factor: float):
+    """The model's configuration with linear RoPE scaling by ``factor`` on its full-attention layers
+    (Gemma 3's recipe for its longer-context sizes: the window layers keep their positions, as they
+    never see far ones) and ``max_position_embeddings`` multiplied by ``factor``."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "full_attention" in params:
+        params["full_attention"] = {**params["full_attention"], "rope_type": "linear", "factor": float(factor)}
+    else:
+        config.rope_parameters = {**(params or {}), "rope_type": "linear", "factor": float(factor)}
+    config.max_position_embeddings = int(config.max_position_embeddings * factor)
+    return config
 
 
 def run_precision(args) -> None:
@@ -225,17 +252,37 @@ def run_speed(args) -> None:
         for name, compute in implementations.items():
             if all((length, doc, name) in done for doc, _ in docs):
                 continue
-            compute(docs[0][1], model, model, tokenizer, tokenizer, **kwargs)  # untimed first call
+            try:
+                compute(docs[0][1], model, model, tokenizer, tokenizer, **kwargs)  # untimed first call
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()  # the timed calls below record it
             for doc, text in docs:
                 if (length, doc, name) in done:
                     continue
                 times, peaks = [], []
-                for _ in range(args.repeats):
-                    out, seconds, peak = _timed(
-                        lambda: compute(text, model, model, tokenizer, tokenizer, **kwargs), torch
+                try:
+                    for _ in range(args.repeats):
+                        out, seconds, peak = _timed(
+                            lambda: compute(text, model, model, tokenizer, tokenizer, **kwargs), torch
+                        )
+                        times.append(seconds)
+                        peaks.append(peak)
+                except torch.cuda.OutOfMemoryError:
+                    # The official code holds the whole [length, vocabulary] logits: at 128k tokens and a
+                    # 262k-token vocabulary that is more than a GPU has. Recorded as such.
+                    append_record(
+                        args.records,
+                        {
+                            **_record_head("speed", args, device_name, length, doc),
+                            "implementation": name,
+                            "seconds": None,
+                            "error": "out of memory",
+                            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                        },
                     )
-                    times.append(seconds)
-                    peaks.append(peak)
+                    print(f"{name:>8} {length:>6} {doc:>18}: out of memory", flush=True)
+                    torch.cuda.empty_cache()
+                    continue
                 record = {
                     **_record_head("speed", args, device_name, length, doc),
                     "implementation": name,
@@ -327,6 +374,21 @@ def speed_table(records: list[dict]) -> list[dict]:
             continue
         official = [by[(model, length, d, "official")] for d in docs]
         ours = [by[(model, length, d, "ours")] for d in docs]
+        if any(r["seconds"] is None for r in official + ours):
+            # an implementation ran out of memory (recorded with "error"): no ratio to give
+            rows.append(
+                {
+                    "model": model,
+                    "length": length,
+                    "documents": len(docs),
+                    "official_error": sorted({r.get("error", "") for r in official if r["seconds"] is None}),
+                    "ours_error": sorted({r.get("error", "") for r in ours if r["seconds"] is None}),
+                    "official_seconds": _median_or_none([r["seconds"] for r in official]),
+                    "ours_seconds": _median_or_none([r["seconds"] for r in ours]),
+                    "ours_peak_gib": max(r["peak_gib"] for r in ours),
+                }
+            )
+            continue
         rows.append(
             {
                 "model": model,
@@ -344,6 +406,14 @@ def speed_table(records: list[dict]) -> list[dict]:
             }
         )
     return rows
+
+
+def _median_or_none(values):
+    """The median of the values that are not ``None`` (``None`` when all are)."""
+    import numpy as np
+
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
 
 
 def run_report(args) -> None:
@@ -374,6 +444,14 @@ def run_report(args) -> None:
     )
     print("|---|---:|---:|---:|---:|---|---:|---:|---:|")
     for r in result["speed"]:
+        if "time_ratio" not in r:
+            official = ", ".join(r["official_error"]) or f"{r['official_seconds']:.2f}"
+            ours = ", ".join(r["ours_error"]) or f"{r['ours_seconds']:.2f}"
+            print(
+                f"| {r['model']} | {r['length'] // 1024}k | {r['documents']} | {official} | {ours} | | | "
+                f"{r['ours_peak_gib']:.1f} | |"
+            )
+            continue
         ratios = ", ".join(f"{x:.2f}" for x in r["time_ratio"])
         print(
             f"| {r['model']} | {r['length'] // 1024}k | {r['documents']} | {r['official_seconds']:.2f} | {r['ours_seconds']:.2f} | "
@@ -396,12 +474,22 @@ def main(argv=None) -> None:
         p.add_argument("--trunc-len", type=int, default=4096)
         p.add_argument("--sliding-window", type=int, default=1024)
         p.add_argument("--records", required=True, help="JSON-lines file appended to (and read to resume)")
-        p.add_argument("--attention", default="sdpa", help="attn_implementation (default %(default)s)")
+        p.add_argument(
+            "--attention",
+            default="sdpa",
+            help="attn_implementation (default %(default)s: window layers in blocks); sdpa-masked: window layers "
+            "under a full mask, as the official code runs them",
+        )
         if mode == "precision":
             p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
         else:
             p.add_argument("--official", required=True, help="the official longppl.py (PKU-ML/LongPPL)")
             p.add_argument("--repeats", type=int, default=2)
+            p.add_argument(
+                "--rope-factor",
+                type=float,
+                help="linear RoPE scaling of the full-attention layers (past the trained length)",
+            )
     p = sub.add_parser("report")
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out", required=True)

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import windowed_attention
+
 # float32 bytes of one logits chunk; 1 GiB keeps a 128k-vocabulary chunk at ~2k rows, large enough
 # for the LM-head matmul to run at full speed and small next to a model's weights.
 DEFAULT_LOGITS_CHUNK_BYTES = 1 << 30
@@ -308,9 +310,11 @@ def token_log_probs(
             )
 
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    if via_forward:
-        with intercept_head(head, consume):
-            model(**inputs)
-    else:
-        consume(head.backbone(**inputs).last_hidden_state)
+    # Window layers attend in blocks instead of under a (T, T) mask (models.attention): same scores.
+    with windowed_attention(unwrap_model(model)):
+        if via_forward:
+            with intercept_head(head, consume):
+                model(**inputs)
+        else:
+            consume(head.backbone(**inputs).last_hidden_state)
     return out

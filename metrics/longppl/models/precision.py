@@ -12,7 +12,7 @@ log-probs' last projection and the softmax over the vocabulary keep their precis
 then approximate: a token near a threshold (LSD near ``alpha``, LCL near ``beta``) may flip. On the
 14M-parameter models trained here it looked harmless (Jaccard 0.90 with bf16); on real evaluators its
 key tokens agreed with float32's at a Jaccard index of 0.81 (SmolLM2-135M, 8k tokens; bf16 0.96) and
-0.46 (Gemma 3 270M, 32k; bf16 0.86) (``scripts/bench_real_models.py``, docs/benchmarks.md). So fp8 is off by default,
+0.59 (Gemma 3 270M, 32k; bf16 0.87) (``scripts/bench_real_models.py``, docs/benchmarks.md). So fp8 is off by default,
 approximate, and says so with those figures at every use (:data:`FP8_APPROXIMATE`, warned by
 :func:`check_precision`); its rows never mix with bf16 rows in a cache
 (``fingerprints.ModelIdentity.with_precision``).
@@ -72,7 +72,7 @@ FP8_MULTIPLE = 16
 FP8_APPROXIMATE = (
     "evaluator_precision='fp8' is approximate: against float32 on real evaluators (H200, docs/benchmarks.md) its "
     "key tokens agreed at a Jaccard index of 0.81 [0.67, 0.95] on SmolLM2-135M at 8k tokens (bf16: 0.96 "
-    "[0.88, 1.00]) and 0.46 [0.43, 0.48] on Gemma 3 270M at 32k (bf16: 0.86 [0.85, 0.87]); use it where speed "
+    "[0.88, 1.00]) and 0.59 [0.55, 0.63] on Gemma 3 270M at 32k (bf16: 0.87 [0.85, 0.88]); use it where speed "
     "matters more than which tokens are key, and compare only with other fp8 results."
 )
 
