@@ -92,14 +92,18 @@ def _block_mask(blocks: int, window: int, device):
     import torch
 
     key = (blocks, window, str(device))
-    if key not in _BLOCK_MASKS:
+    mask = _BLOCK_MASKS.get(key)
+    if mask is None:
         q = torch.arange(window, device=device)[:, None]
         k = torch.arange(2 * window, device=device)[None, :]
         mask = ((k > q) & (k <= q + window)).expand(blocks, window, 2 * window).clone()
         mask[0, :, :window] = False
-        _BLOCK_MASKS.clear()  # one length at a time is what scoring uses: keep one mask
-        _BLOCK_MASKS[key] = mask.unsqueeze(0)
-    return _BLOCK_MASKS[key]
+        mask = mask.unsqueeze(0)
+        # One length at a time is what scoring uses: keep one mask (a local is returned, so a
+        # thread scoring beside this one may replace it without harm).
+        _BLOCK_MASKS.clear()
+        _BLOCK_MASKS[key] = mask
+    return mask
 
 
 def blockwise_window_attention(query, key, value, window: int, scaling: float | None):
