@@ -17,7 +17,8 @@ from longppl.core.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))
+BENCH = os.path.join(REPO, "scripts", "bench")
+sys.path.insert(0, BENCH)
 
 import bench_fp8  # noqa: E402  (scripts/bench/ is not a package)
 
@@ -141,7 +142,7 @@ def test_fidelity_smoke(tmp_path):
 @pytest.mark.slow
 def test_parallel_smoke(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench", "bench_fp8.py"), "parallel", "--smoke"]
+    command = [sys.executable, os.path.join(BENCH, "bench_fp8.py"), "parallel", "--smoke"]
     command += ["--out-dir", str(tmp_path), "--runs", "8b-one", "8b-tp4", "123b-tp2-fp8", "--repeats", "1"]
     done = run_guarded(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -165,13 +166,7 @@ def test_a_parallel_run_past_its_timeout_is_stopped_whole(tmp_path):
     # and returns (a parent that waited for the run would meet the hang guard), its stdout (a pipe, as
     # under `| tail`) closed by every process; the run's record says where the ranks were
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [
-        sys.executable,
-        os.path.join(REPO, "scripts", "bench", "bench_fp8.py"),
-        "parallel",
-        "--smoke",
-        "--out-dir",
-    ]
+    command = [sys.executable, os.path.join(BENCH, "bench_fp8.py"), "parallel", "--smoke", "--out-dir"]
     command += [str(tmp_path), "--work", str(tmp_path / "work"), "--runs", "8b-tp4", "--repeats", "100000"]
     try:
         done = run_guarded([*command, "--timeout", "40"], env=env, capture_output=True, text=True)

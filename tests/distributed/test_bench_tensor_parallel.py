@@ -15,7 +15,8 @@ import pytest
 from helpers import DATA, run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))
+BENCH = os.path.join(REPO, "scripts", "bench")
+sys.path.insert(0, BENCH)
 
 import bench_tensor_parallel  # noqa: E402  (scripts/bench/ is not a package)
 
@@ -87,13 +88,7 @@ def test_counts_below_their_minimum_are_refused_in_one_line(flags, message, caps
 @pytest.mark.slow
 def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_path):
     result_path = tmp_path / "bench.json"
-    command = [
-        sys.executable,
-        os.path.join(REPO, "scripts", "bench", "bench_tensor_parallel.py"),
-        "--cpu",
-        "--shapes",
-        "tiny",
-    ]
+    command = [sys.executable, os.path.join(BENCH, "bench_tensor_parallel.py"), "--cpu", "--shapes", "tiny"]
     command += [
         "--layouts",
         "one",

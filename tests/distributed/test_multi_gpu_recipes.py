@@ -19,7 +19,8 @@ import yaml
 from helpers import DATA, run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))
+BENCH = os.path.join(REPO, "scripts", "bench")
+sys.path.insert(0, BENCH)
 
 import bench_multi_gpu  # noqa: E402  (scripts/bench/ is not a package)
 
@@ -100,7 +101,7 @@ def test_scoring_check_runs_on_two_cpu_processes(tmp_path):
     result_path = tmp_path / "score.json"
     command = [
         sys.executable,
-        os.path.join(REPO, "scripts", "bench", "bench_multi_gpu.py"),
+        os.path.join(BENCH, "bench_multi_gpu.py"),
         "score",
         "--cpu",
         "--shape",
@@ -135,13 +136,7 @@ def test_training_check_with_cache_weights_scores_the_data_once_and_every_run_re
         for text in bench_multi_gpu.crs_documents(DATA, 3, 1500):
             handle.write(json.dumps({"text": text}) + "\n")
     result_path = tmp_path / "train.json"
-    command = [
-        sys.executable,
-        os.path.join(REPO, "scripts", "bench", "bench_multi_gpu.py"),
-        "train",
-        "--cpu",
-        "--weights",
-    ]
+    command = [sys.executable, os.path.join(BENCH, "bench_multi_gpu.py"), "train", "--cpu", "--weights"]
     command += ["cache", "--config", "configs/tiny_cpu.yaml", "--setups", "ddp", "--data", str(data)]
     command += ["--workdir", str(tmp_path), "--json", str(result_path), "--", "--max_steps", "2"]
     command += ["--logging_steps", "1", "--save_strategy", "no"]
