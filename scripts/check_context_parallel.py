@@ -222,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"largest weight update: {results['largest_weight_update']:.3g}")
     print("PASSED" if results["passed"] else f"FAILED (tolerance {options.tolerance})")
     if options.json:
-        from longppl.tools.benchmarking import write_json
+        from longppl.atomic_files import write_file_atomically
 
-        write_json(options.json, results, indent=2)
+        # whole or not at all: a check cut off while writing leaves its previous results
+        write_file_atomically(options.json, lambda handle: json.dump(results, handle, indent=2))
     return 0 if results["passed"] else 1
 
 

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-from longppl.tools.cli import tool_parser
+from longppl.commandline.running import tool_parser
 
 METRIC_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics", "longppl")
 # owner/name, each starting with a letter or digit, of the characters the Hub allows.

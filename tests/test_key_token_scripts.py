@@ -25,11 +25,11 @@ from helpers import (
 
 import longppl
 from longppl.cache.key_token_cache import KeyTokenCache
+from longppl.commandline.correlation import average_ranks, pearson, spearman
 from longppl.core.scoring import EvaluatorScores
 from longppl.models.fingerprints import ModelIdentity
 from longppl.settings import KeyTokenRule
 from longppl.tools import compute_key_tokens, evaluate_models, visualize_key_tokens
-from longppl.tools.correlation import average_ranks, pearson, spearman
 
 K, D = 47, 13
 ALPHA, BETA = 0.005, -50.0
@@ -212,7 +212,7 @@ def test_bad_jsonl_lines_are_named(tools, files, tmp_path, content, message):
     ],
 )
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path, content, message):
-    from longppl.tools.corpus import read_documents
+    from longppl.commandline.corpus import read_documents
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_bytes(content)
@@ -413,7 +413,7 @@ def test_evaluate_writes_only_into_its_own_folder_and_leaves_no_stale_file(tools
 
 
 def test_a_results_marker_never_leads_a_removal_out_of_its_folder(tmp_path):
-    from longppl.tools.reports import OUTPUTS_FILE, write_outputs
+    from longppl.commandline.reports import OUTPUTS_FILE, write_outputs
 
     out = tmp_path / "out"
     out.mkdir()
@@ -628,9 +628,9 @@ def test_the_small_print_of_reports():
     prints as nan says why; a recorded command names a console script, not the venv's path to it."""
     import sys
 
-    from longppl.tools.cli import command_line
-    from longppl.tools.correlation import undefined_because
-    from longppl.tools.reports import format_table
+    from longppl.commandline.correlation import undefined_because
+    from longppl.commandline.reports import format_table
+    from longppl.commandline.running import command_line
 
     result = dict(longppl=1.5, ppl=9.0, n_key_tokens=[1540.5], n_tokens=[1536])
     assert "key tokens" in format_table([("m", result)]) and "key weight" not in format_table([("m", result)])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from longppl import METRIC_PATH, KeyTokenRule, KeyTokenSettings, score_with_evaluator
-from longppl.tools.synthetic import (
+from longppl.commandline.synthetic import (
     _cache_path,
     cut_context,
     default_cache_dir,

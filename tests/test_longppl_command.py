@@ -17,6 +17,7 @@ from helpers import assert_same_cache, byte_level_bpe, communicate_guarded, govr
 from longppl_reproduce import longce_comparison, population
 
 from longppl.cache.key_token_cache import KeyTokenCache
+from longppl.commandline.running import ToolParser, other_spelling
 from longppl.tools import (
     compute_key_tokens,
     evaluate_models,
@@ -24,7 +25,6 @@ from longppl.tools import (
     visualize_key_tokens,
 )
 from longppl.tools import main as longppl_command
-from longppl.tools.cli import ToolParser, other_spelling
 
 # {subcommand: the old command it stands for}, in the order of `longppl --help`: longppl's own, then the
 # packages registered through the entry-point group in the order of their names (longce, longppl_reproduce)
@@ -438,7 +438,7 @@ def test_a_ctrl_c_raised_inside_a_finalizer_still_ends_the_command(tmp_path):
     script = tmp_path / "finalizer.py"
     script.write_text(
         "import time\n"
-        "from longppl.tools.cli import interruptible\n"
+        "from longppl.commandline.running import interruptible\n"
         "class Finalized:\n"
         "    def __del__(self):\n"
         "        raise KeyboardInterrupt\n"

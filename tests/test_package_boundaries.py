@@ -198,8 +198,49 @@ def upward_imports(floors: dict[str, int], folder: str = LONGPPL) -> list[str]:
 
 def test_rooms_of_longppl_import_only_rooms_on_lower_floors():
     floors, _ = docstring_map()
-    assert {"settings", "rules", "core", "cache", "metric", "space", "tools", "longppl", "app"} <= set(floors)
+    rooms = {"settings", "rules", "core", "cache", "metric", "commandline", "space", "tools", "register", "longppl"}
+    assert rooms | {"app"} <= set(floors)
+    # what the commands share stands below them, and the registration that `import longppl` runs stands above
+    # the Ctrl-C handling it shares with them
+    assert floors["commandline"] < floors["tools"] and floors["commandline"] < floors["register"]
     assert upward_imports(floors) == []
+
+
+def command_modules() -> set[str]:
+    """The modules of ``longppl.tools`` that setup.cfg makes commands: its console scripts' and the
+    ``longppl <command>`` table's targets (``longppl.commands``), and the modules those targets name."""
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(REPO, "setup.cfg"), encoding="utf-8")
+    points = setup["options.entry_points"]
+    targets = [
+        line.split("=", 1)[1].strip()
+        for key in ("console_scripts", "longppl.commands")
+        for line in points[key].splitlines()
+        if "=" in line
+    ]
+    modules = {target.split(":")[0] for target in targets}
+    for target in targets:  # a table of commands ("module:COMMANDS") names its commands' modules in strings
+        module, name = target.split(":")
+        if module.startswith("longppl.tools.") and name == "COMMANDS":
+            path = os.path.join(LONGPPL, *module.split(".")[1:]) + ".py"
+            with open(path, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read(), path)
+            strings = [
+                node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            ]
+            modules |= {value.split(":")[0] for value in strings if re.fullmatch(r"longppl\.tools\.\w+:\w+", value)}
+    return {module.rsplit(".", 1)[1] for module in modules if module.startswith("longppl.tools.")}
+
+
+def test_the_commands_room_holds_only_commands():
+    """``longppl.tools`` is the commands: each of its modules is a console script or a ``longppl <command>``,
+    or ``score_pipeline`` (``longppl score`` as a datatrove step). What they share lives in a room below
+    (``commandline/``), which the harness, the trainer and the reproduction import instead of the commands."""
+    commands = command_modules()
+    assert {"main", "compute_key_tokens", "evaluate_models", "visualize_key_tokens", "cache_tool"} <= commands
+    assert longppl_modules()["tools"] - commands == {"score_pipeline"}
 
 
 def test_the_floor_check_finds_an_upward_import_and_a_room_off_the_map(tmp_path):

@@ -3,7 +3,7 @@
 float8 tensor cores, torchao missing or too old, ...), the compile default, and the cache keys: fp8
 rows are keyed apart from bf16 rows, and a bf16 evaluator keeps the fingerprint it had before
 precisions existed. The float8 conversion itself needs a GPU of compute capability 8.9 or newer
-(``scripts/bench_fp8.py`` runs it); these tests run on the CPU without torchao."""
+(``scripts/bench/bench_fp8.py`` runs it); these tests run on the CPU without torchao."""
 
 import importlib.metadata
 import json

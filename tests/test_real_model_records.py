@@ -1,5 +1,5 @@
 """The committed records of the real-evaluator benchmarks rebuild the committed report exactly
-(``scripts/bench_real_models.py report``), and its statistics are what they say."""
+(``scripts/bench/bench_real_models.py report``), and its statistics are what they say."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_the_report_is_rebuilt_from_the_committed_records(tmp_path):
     records = sorted(glob.glob(os.path.join(RECORDS, "*.jsonl")))
     assert [os.path.basename(path) for path in records] == ["precision.jsonl", "speed.jsonl"]
     done = run_guarded(
-        [sys.executable, os.path.join(REPO, "scripts", "bench_real_models.py"), "report", "--records", *records,
+        [sys.executable, os.path.join(REPO, "scripts", "bench", "bench_real_models.py"), "report", "--records", *records,
          "--out", str(out)],
         capture_output=True, text=True,
     )  # fmt: skip
@@ -36,7 +36,7 @@ def test_jaccard_and_the_bootstrap_interval_against_plain_formulas():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "bench_real_models", os.path.join(REPO, "scripts", "bench_real_models.py")
+        "bench_real_models", os.path.join(REPO, "scripts", "bench", "bench_real_models.py")
     )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

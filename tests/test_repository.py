@@ -5,8 +5,10 @@ door, and nothing names an issue of a tracker."""
 import os
 import re
 import subprocess
+import sys
 
 import pytest
+from helpers import run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,6 +93,46 @@ def test_multi_process_workers_live_in_tests_distributed():
     misplaced = [p for p in workers if os.path.dirname(p) != "tests/distributed"]
     assert not misplaced, f"move these workers into tests/distributed/: {misplaced}"
     assert "tests/distributed/__init__.py" in tests  # `from distributed import <worker>` in the tests
+
+
+def test_the_benchmarks_live_in_scripts_bench_outside_the_installed_packages():
+    """The benchmarks are scripts of scripts/bench/ (``bench_*.py``) with their shared ``common.py``, run as
+    ``python scripts/bench/<name>.py``: none is left in scripts/, and no module of the installed packages
+    (setup.cfg's package folders) imports their shared module, which ships with none of them."""
+    import configparser
+
+    files = tracked_files()
+    assert not [p for p in files if re.fullmatch(r"scripts/bench_\w+\.py", p)], "move the benchmarks to scripts/bench/"
+    bench = sorted(p for p in files if p.startswith("scripts/bench/"))
+    assert "scripts/bench/common.py" in bench and len(bench) > 2
+    assert [p for p in bench if not re.fullmatch(r"scripts/bench/(bench_\w+|common)\.py", p)] == []
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(REPO, "setup.cfg"), encoding="utf-8")
+    folders = [line.split("=")[1].strip() for line in setup["options"]["package_dir"].split("\n") if line]
+    assert "scripts/bench" not in folders
+    packaged = [p for p in files if p.endswith(".py") and any(p.startswith(folder + "/") for folder in folders)]
+    uses_common = re.compile(r"^\s*(from common import|import common\b)", re.M)
+    assert matching_lines(uses_common, packaged) == []
+
+
+BENCH = os.path.join(REPO, "scripts", "bench")
+BENCHMARKS = sorted(name for name in os.listdir(BENCH) if name.startswith("bench_")) if os.path.isdir(BENCH) else []
+
+
+@pytest.mark.slow  # fresh interpreters: seconds each
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_each_benchmark_answers_help_run_from_the_repository_root(script):
+    """``python scripts/bench/<name>.py --help`` from the repository root, as docs/benchmarks.md runs them: the
+    script finds its shared ``common.py`` beside it and the packages as installed."""
+    done = run_guarded(
+        [sys.executable, os.path.join("scripts", "bench", script), "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(f"usage: {script} ")
 
 
 def test_the_design_notes_name_every_console_script_and_package_of_setup_cfg():

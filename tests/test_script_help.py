@@ -36,22 +36,22 @@ with contextlib.redirect_stdout(out):
         code = exit_.code
 print(json.dumps({"code": code, "help": out.getvalue(), "heavy": [m for m in HEAVY if m in sys.modules]}))
 """
-CACHE_CLI = r"""
+CACHE_OPTIONS = r"""
 import argparse, json, sys
-from longppl.tools.cache_cli import add_cache_arguments
+from longppl.commandline.cache_options import add_cache_arguments
 parser = argparse.ArgumentParser(prog="shared")
 add_cache_arguments(parser)
 print(json.dumps({"code": 0, "help": parser.format_help(), "heavy": [m for m in HEAVY if m in sys.modules]}))
 """
-# The tools (modules of longppl.tools, behind the console scripts), and the scripts that stay in scripts/.
+# The tools (modules of longppl.tools, behind the console scripts), and scripts of scripts/ and scripts/bench/.
 TOOLS = ["quickstart", "compute_key_tokens", "evaluate_models", "visualize_key_tokens"]
 SCRIPTS = [
     *((f"longppl.tools.{tool}",) for tool in TOOLS),
-    ("bench_longce.py",),
-    ("bench_longppl.py",),
-    ("bench_multi_gpu.py",),
-    ("bench_multi_gpu.py", "score"),
-    ("bench_multi_gpu.py", "train"),
+    ("bench/bench_longce.py",),
+    ("bench/bench_longppl.py",),
+    ("bench/bench_multi_gpu.py",),
+    ("bench/bench_multi_gpu.py", "score"),
+    ("bench/bench_multi_gpu.py", "train"),
     ("check_context_parallel.py",),
     ("push_metric_to_hub.py",),
 ]
@@ -122,7 +122,7 @@ def test_help_is_light_and_complete(script, modules_cache):
 
 
 def test_shared_cache_options_are_light_and_complete(modules_cache):
-    result = _run(CACHE_CLI, modules_cache=modules_cache)
+    result = _run(CACHE_OPTIONS, modules_cache=modules_cache)
     assert result["heavy"] == []
     helps = option_helps(result["help"])
     assert {
@@ -229,7 +229,7 @@ def test_command_help_is_rendered_for_the_terminal_and_names_no_issue(command, t
 
 
 def test_help_text_renders_restructuredtext_literals_and_roles():
-    from longppl.tools.cli import help_text
+    from longppl.commandline.running import help_text
 
     doc = 'Run ``longppl-score`` (see :func:`run_command`, ``a="x"``).\n\n    python x.py \\\n        --y\n'
     assert help_text(doc) == 'Run `longppl-score` (see `run_command`, `a="x"`).\n\n    python x.py \\\n        --y\n'

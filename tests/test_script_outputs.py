@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from helpers import run_guarded
 
+from longppl.commandline.correlation import least_squares_line, pearson
+from longppl.commandline.figures import correlation_figure, correlation_scatter, lsd_histogram, short_model_names
+from longppl.commandline.reports import explain_missing_key_tokens
 from longppl.core.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
-from longppl.tools.correlation import least_squares_line, pearson
-from longppl.tools.figures import correlation_figure, correlation_scatter, lsd_histogram, short_model_names
-from longppl.tools.reports import explain_missing_key_tokens
 from longppl.views.key_token_html import MAX_OPACITY, key_token_html
 
 NAN = float("nan")
@@ -310,7 +310,7 @@ def test_lsd_cap_must_be_positive(capsys):
 
 
 def test_run_command_turns_a_bad_input_into_one_line_and_status_1(monkeypatch, capsys):
-    from longppl.tools.cli import run_command
+    from longppl.commandline.running import run_command
 
     calls = []
 
@@ -338,7 +338,7 @@ def test_run_command_turns_a_bad_input_into_one_line_and_status_1(monkeypatch, c
 def test_run_command_reports_a_missing_input_file_in_one_line_and_longppl_debug_shows_the_traceback(
     monkeypatch,
 ):
-    from longppl.tools.cli import run_command
+    from longppl.commandline.running import run_command
 
     def missing(argv, prog):
         raise FileNotFoundError("No key-token cache at 'keys' (score a corpus into it first).")

@@ -1,4 +1,4 @@
-"""The scripts' CPU thread policy (longppl.tools.threads): one torch thread for tiny models, unless the user set OMP_NUM_THREADS."""
+"""The scripts' CPU thread policy (longppl.commandline.threads): one torch thread for tiny models, unless the user set OMP_NUM_THREADS."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import run_guarded
 
-from longppl.tools.threads import child_thread_env, choose_torch_threads, requested_threads
+from longppl.commandline.threads import child_thread_env, choose_torch_threads, requested_threads
 
 
 @pytest.fixture(autouse=True)

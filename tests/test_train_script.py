@@ -967,7 +967,7 @@ def test_the_tiny_recipe_trains_on_one_thread_unless_omp_num_threads_says(tmp_pa
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice wins over the recipe's
     torch.set_num_threads(1)
     _, _, args = parse_args(tiny_argv(tmp_path))
-    from longppl.tools.threads import choose_torch_threads
+    from longppl.commandline.threads import choose_torch_threads
 
     assert args.torch_threads == 1 and choose_torch_threads(args.torch_threads) == 2
 

@@ -10,9 +10,7 @@ lower floors (tests/test_package_boundaries.py checks the arrows); this map, doc
 Packages table and the README's Layout name every module (tests/test_repository.py checks them):
 
 - floor 0, modules of the package folder: ``settings`` (every default and the validation of K, d,
-  alpha, beta, ...), ``atomic_files`` (crash-safe writes), ``register`` (``evaluate.load("longppl")``
-  by its bare name: after ``python -m longppl.register``, and by itself at ``import longppl`` when
-  evaluate's module-cache copy is missing or stale; ``LONGPPL_AUTO_REGISTER=0`` turns that off).
+  alpha, beta, ...), ``atomic_files`` (crash-safe writes).
 - floor 1, ``rules/``, the key-token rules: ``key_tokens`` (LSD/LCL), ``alignment`` (key tokens
   across tokenizers by character spans).
 - floor 2, ``core/``, the scoring core: ``logprobs`` (token log-probs without a ``[sequence x
@@ -31,11 +29,19 @@ Packages table and the README's Layout name every module (tests/test_repository.
   ``curation`` (per-document columns to filter or rank a corpus by, from the cached log-probs).
 - floor 5, ``metric/``, the ``evaluate`` metric's logic: ``options`` (its arguments, declared once),
   ``compute`` (what ``compute`` runs), ``official`` (the drop-in for the official package).
+- floor 5, ``commandline/`` (package ``longppl.commandline``), what the commands share: ``running`` (how a
+  tool runs as a command: ``ToolParser``, ``run_command``, one-line errors, YAML configs),
+  ``interrupts`` (Ctrl-C: one line and status 130), ``threads``, ``corpus`` (corpus readers),
+  ``cache_options`` (the cache-selection flags), ``reports``, ``correlation``, ``figures``,
+  ``synthetic`` (the quickstart's toy task).
 - floor 6, ``space/``: ``app`` (the Hub Space's page, with its limits as a public server).
-- floor 6, ``tools/`` (package ``longppl.tools``), the commands and what only they need: ``main``
+- floor 6, ``tools/`` (package ``longppl.tools``), the commands and nothing else: ``main``
   (``longppl``), ``compute_key_tokens``, ``evaluate_models``, ``visualize_key_tokens``,
-  ``quickstart``, ``cache_tool``, ``score_pipeline`` (the datatrove step); ``cli``, ``cache_cli``, ``corpus``, ``reports``, ``correlation``, ``figures``,
-  ``threads``, ``synthetic``, ``benchmarking``.
+  ``quickstart``, ``cache_tool``, ``score_pipeline`` (``longppl score`` as a datatrove step).
+- floor 6, a module of the package folder: ``register`` (``evaluate.load("longppl")`` by its bare name:
+  after ``python -m longppl.register``, and by itself at ``import longppl`` when evaluate's module-cache
+  copy is missing or stale; ``LONGPPL_AUTO_REGISTER=0`` turns that off). A command that this holds up
+  ends on Ctrl-C as the command would (``commandline.interrupts``).
 - floor 7, ``harness/`` (package ``longppl.harness``, the ``harness`` extra; ``import longppl`` never
   imports it): LongPPL in lm-evaluation-harness: ``model`` (the ``longppl`` model type), ``task``
   (``LongPPLTask`` and its aggregation), ``__main__`` (``python -m longppl.harness``), ``_internal``

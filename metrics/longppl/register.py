@@ -37,6 +37,10 @@ import sys
 import tempfile
 import warnings
 
+# The commands' Ctrl-C handling (standard library only): a command that this import holds up with a
+# registration ends on Ctrl-C as the command itself would.
+from .commandline.interrupts import exit_if_command_interrupted, is_project_command, keep_interrupts_from_finalizers
+
 # evaluate (which imports torch) is imported inside the functions that need it: the check that runs
 # at `import longppl` must stay cheap.
 
@@ -248,87 +252,6 @@ def _replace_dir(source: str, destination: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-#: The exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
-INTERRUPTED_STATUS = 130
-
-
-def _is_project_command() -> tuple[bool, str]:
-    """``(whether this process is one of the project's commands, its name)``: a console script of the
-    ``longppl``, ``longce`` or ``longppl_reproduce`` packages, or ``python -m ...`` (whose module is
-    still being found while ``import longppl`` runs)."""
-    from importlib.metadata import entry_points
-
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "longppl"
-    ours = ("longppl.", "longppl_reproduce.", "longce.")
-    scripts = {point.name for point in entry_points(group="console_scripts") if point.value.startswith(ours)}
-    return sys.argv[:1] == ["-m"] or name in scripts, name
-
-
-def _redeliver_interrupt(unraisable, previous=None) -> None:
-    """``sys.unraisablehook`` of a command: a Ctrl-C whose ``KeyboardInterrupt`` was raised inside a
-    finalizer (a ``__del__``, say during garbage collection while a library imports) is only
-    printed by Python ("Exception ignored in ...") and lost, and the command would run on. It is sent
-    again from a short-lived thread, so that it reaches the main thread after the finalizer, as the
-    Ctrl-C the user gave; any other unraisable exception goes to ``previous`` (Python's hook)."""
-    import signal
-    import threading
-
-    if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        main = threading.main_thread().ident
-        # to the main thread itself where the platform can (a blocking call there, a sleep, returns at once)
-        again = (
-            (lambda: signal.pthread_kill(main, signal.SIGINT))
-            if hasattr(signal, "pthread_kill")
-            else (lambda: signal.raise_signal(signal.SIGINT))
-        )
-        # a daemon: a command that ends meanwhile does not wait for it (end_interrupted ignores the signal)
-        timer = threading.Timer(0.01, again)
-        timer.daemon = True
-        timer.start()
-        return
-    (previous or sys.__unraisablehook__)(unraisable)
-
-
-def keep_interrupts_from_finalizers() -> None:
-    """Install :func:`_redeliver_interrupt` as ``sys.unraisablehook`` (once; the hook it replaces
-    handles every other unraisable exception). Run by the commands (``tools.cli.interruptible``, and
-    :func:`ensure_registered` in a command), never by ``import longppl`` in a program."""
-    import functools
-
-    if getattr(sys.unraisablehook, "func", None) is _redeliver_interrupt:
-        return
-    sys.unraisablehook = functools.partial(_redeliver_interrupt, previous=sys.unraisablehook)
-
-
-def exit_if_command_interrupted() -> None:
-    """For a Ctrl-C that arrives while ``import longppl`` registers the metric (:func:`ensure_registered`),
-    which runs before any command's ``longppl.tools.cli.interruptible``: when this process is one of the
-    project's commands (a console script of the ``longppl``, ``longce`` or ``longppl_reproduce``
-    packages, or ``python -m ...``, whose module is still being found), end it with one line and
-    :data:`INTERRUPTED_STATUS`, as ``interruptible`` does; otherwise (``import longppl`` in a program,
-    or ``LONGPPL_DEBUG`` set) return, and the ``KeyboardInterrupt`` goes on. Standard library only: it
-    runs in the bottom floor, below the commands."""
-    command, name = _is_project_command()
-    debugging = os.environ.get("LONGPPL_DEBUG", "").strip().lower() in ("1", "on", "yes", "true")
-    if command and not debugging:
-        end_interrupted(name if name != "-m" else "longppl")
-
-
-def end_interrupted(prog: str) -> None:
-    """End a command that Ctrl-C interrupted: one ``<prog>: interrupted`` line on stderr and
-    :data:`INTERRUPTED_STATUS`. SIGINT is ignored from here on: Python gives SIGINT back its default
-    action (death by the signal, status -2) while it shuts down, and a second Ctrl-C, or one that
-    :func:`_redeliver_interrupt` sends again a moment late, would otherwise replace the status."""
-    import signal
-
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: signal handlers can only be set there
-        pass
-    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-    sys.exit(INTERRUPTED_STATUS)
-
-
 def _auto_register_enabled() -> bool:
     return os.environ.get(AUTO_REGISTER_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -350,14 +273,14 @@ def ensure_registered() -> str | None:
     copy = loaded_copy(modules_cache)
     if is_current(copy):
         return copy
-    if _is_project_command()[0]:  # registering imports evaluate (seconds): Ctrl-C lands there too
+    if is_project_command()[0]:  # registering imports evaluate (seconds): Ctrl-C lands there too
         keep_interrupts_from_finalizers()
     try:
         return register_metric(modules_cache, if_stale=True)
     except KeyboardInterrupt:
         # Registering imports evaluate (seconds), before a command's own Ctrl-C handling runs: a command
-        # started by this import ends with its one line (as tools.cli.interruptible ends one). The copy is
-        # written atomically, so nothing is half-written either way.
+        # started by this import ends with its one line (as commandline.running.interruptible ends one).
+        # The copy is written atomically, so nothing is half-written either way.
         exit_if_command_interrupted()
         raise
     except Exception as err:  # noqa: BLE001 (see the docstring: warn, never fail the import)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from longppl.tools.corpus import read_documents, read_jsonl_texts
+from longppl.commandline.corpus import read_documents, read_jsonl_texts
 
 
 def read_books(source: str, text_column: str = "text") -> list[str]:

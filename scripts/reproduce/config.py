@@ -192,7 +192,7 @@ def _value_at(instance, key: str):
 def read_config(cls, path: str, overrides: dict | None = None):
     """Dataclass ``cls`` from the YAML file at ``path`` (``yaml.safe_load``), with top-level
     ``overrides`` (e.g. the command line's corpus) replacing the file's keys before the checks."""
-    from longppl.tools.cli import read_yaml_file
+    from longppl.commandline.running import read_yaml_file
 
     if not os.path.isfile(path):
         raise ValueError(f"No config file at {path!r}: give the path of a YAML config.")

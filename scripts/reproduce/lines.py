@@ -210,7 +210,7 @@ def read_lines_cases(path: str) -> list[LinesCase]:
         ValueError: naming the file and line of a record that is not a JSON object, lacks a field,
             or holds a bad value there; or an empty file.
     """
-    from longppl.tools.corpus import jsonl_records
+    from longppl.commandline.corpus import jsonl_records
 
     cases = []
     hint = "LongEval lines files need 'prompt' and 'expected_number' on every line."

@@ -75,7 +75,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from longppl.tools.cli import command_line, run_command, tool_parser
+from longppl.commandline.running import command_line, run_command, tool_parser
 
 from . import stages
 from .config import (

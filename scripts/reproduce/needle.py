@@ -244,7 +244,7 @@ def read_needle_cases(path: str) -> list[NeedleCase]:
         ValueError: naming the file and line of a record that is not a JSON object, lacks a field or
             holds a bad value there; or an empty file.
     """
-    from longppl.tools.corpus import jsonl_records
+    from longppl.commandline.corpus import jsonl_records
 
     cases = []
     for where, record in jsonl_records(

@@ -166,7 +166,7 @@ def read_passage_recall_cases(path: str) -> list[RecallCase]:
         ValueError: naming the file and line of a record that is not a JSON object, lacks a field or
             holds a bad value there; or an empty file.
     """
-    from longppl.tools.corpus import jsonl_records
+    from longppl.commandline.corpus import jsonl_records
 
     cases = []
     hint = f"passage-recall files need {', '.join(map(repr, _FIELDS))} on every line."

@@ -61,7 +61,7 @@ import os
 import time
 from fractions import Fraction
 
-from longppl.tools.cli import command_line, run_command, tool_parser
+from longppl.commandline.running import command_line, run_command, tool_parser
 
 from .config import Population, folder_name, read_population
 from .report_text import closing_sections, fmt
@@ -602,7 +602,7 @@ def draw_figure(run: RunFolder, rows: list[dict]) -> list[str]:
         return []
     if len(rows) < 2:
         return []
-    from longppl.tools.figures import correlation_scatter
+    from longppl.commandline.figures import correlation_scatter
 
     path = run.path("figures", "correlation.png")
     names = [r["member"] for r in rows]

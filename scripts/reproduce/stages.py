@@ -78,7 +78,7 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 def read_texts(path: str) -> list[str]:
     """The texts of a JSONL file this run wrote (``write_jsonl``), a bad line named by its file and line."""
-    from longppl.tools.corpus import jsonl_records
+    from longppl.commandline.corpus import jsonl_records
 
     return [record["text"] for _, record in jsonl_records(path, ("text",), f"delete {path} and run again.")]
 

@@ -15,8 +15,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+from longppl.commandline.correlation import pearson, spearman
 from longppl.settings import require_int
-from longppl.tools.correlation import pearson, spearman
 
 __all__ = [
     "bootstrap_correlation",

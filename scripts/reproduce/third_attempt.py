@@ -306,7 +306,7 @@ def draw_figures(run, rows: list[dict]) -> list[str]:
         return []
     import os
 
-    from longppl.tools.figures import correlation_scatter
+    from longppl.commandline.figures import correlation_scatter
 
     paths = []
     for steps in sorted({r["steps"] for r in rows}):

@@ -1,4 +1,4 @@
-"""scripts/bench_fp8.py's own checks: its fidelity statistics against hand counts, and its three parts'
+"""scripts/bench/bench_fp8.py's own checks: its fidelity statistics against hand counts, and its three parts'
 CPU smoke runs end to end (tiny shapes, float32; the fp8 variants are recorded as skipped with the
 library's refusal). The fp8 figures themselves need a GPU of compute capability 8.9 or newer
 (docs/benchmarks.md, "An fp8 evaluator")."""
@@ -17,9 +17,10 @@ from longppl.core.scoring import EvaluatorScores
 from longppl.settings import KeyTokenRule
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+BENCH = os.path.join(REPO, "scripts", "bench")
+sys.path.insert(0, BENCH)
 
-import bench_fp8  # noqa: E402  (scripts/ is not a package)
+import bench_fp8  # noqa: E402  (scripts/bench/ is not a package)
 
 NAN = float("nan")
 CPU_REFUSAL = "evaluator_precision='fp8' runs the evaluator's products on a CUDA GPU"
@@ -59,8 +60,7 @@ def test_the_fidelity_statistics_are_the_hand_counts():
 def test_a_random_parameter_part_is_the_part_of_the_whole():
     # a tensor-parallel rank draws its slice alone: it must equal the slice of the whole one GPU draws
     import torch
-
-    from longppl.tools.benchmarking import random_parameter
+    from common import random_parameter
 
     def draw(index=None):
         return random_parameter("model.layers.0.mlp.up_proj.weight", (300, 64), torch.float32, "cpu", 0.02, 3, index)
@@ -142,7 +142,7 @@ def test_fidelity_smoke(tmp_path):
 @pytest.mark.slow
 def test_parallel_smoke(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_fp8.py"), "parallel", "--smoke"]
+    command = [sys.executable, os.path.join(BENCH, "bench_fp8.py"), "parallel", "--smoke"]
     command += ["--out-dir", str(tmp_path), "--runs", "8b-one", "8b-tp4", "123b-tp2-fp8", "--repeats", "1"]
     done = run_guarded(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -166,7 +166,7 @@ def test_a_parallel_run_past_its_timeout_is_stopped_whole(tmp_path):
     # and returns (a parent that waited for the run would meet the hang guard), its stdout (a pipe, as
     # under `| tail`) closed by every process; the run's record says where the ranks were
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_fp8.py"), "parallel", "--smoke", "--out-dir"]
+    command = [sys.executable, os.path.join(BENCH, "bench_fp8.py"), "parallel", "--smoke", "--out-dir"]
     command += [str(tmp_path), "--work", str(tmp_path / "work"), "--runs", "8b-tp4", "--repeats", "100000"]
     try:
         done = run_guarded([*command, "--timeout", "40"], env=env, capture_output=True, text=True)

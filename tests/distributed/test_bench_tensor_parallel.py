@@ -1,4 +1,4 @@
-"""scripts/bench_tensor_parallel.py's own checks: the row comparison between layouts, the refusal of bad
+"""scripts/bench/bench_tensor_parallel.py's own checks: the row comparison between layouts, the refusal of bad
 counts, and its CPU smoke mode (two gloo processes) end to end with warm-up, repeats, the profile
 summary and the all-reduce probe. The figures themselves need GPUs (docs/benchmarks.md, "Evaluators
 larger than one GPU").
@@ -15,9 +15,10 @@ import pytest
 from helpers import DATA, run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+BENCH = os.path.join(REPO, "scripts", "bench")
+sys.path.insert(0, BENCH)
 
-import bench_tensor_parallel  # noqa: E402  (scripts/ is not a package)
+import bench_tensor_parallel  # noqa: E402  (scripts/bench/ is not a package)
 
 NAN = float("nan")
 
@@ -87,7 +88,7 @@ def test_counts_below_their_minimum_are_refused_in_one_line(flags, message, caps
 @pytest.mark.slow
 def test_cpu_smoke_run_warms_up_repeats_profiles_and_probes_the_all_reduce(tmp_path):
     result_path = tmp_path / "bench.json"
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_tensor_parallel.py"), "--cpu", "--shapes", "tiny"]
+    command = [sys.executable, os.path.join(BENCH, "bench_tensor_parallel.py"), "--cpu", "--shapes", "tiny"]
     command += [
         "--layouts",
         "one",

@@ -1,4 +1,4 @@
-"""The multi-GPU recipe, accelerate configs and README commands, and scripts/bench_multi_gpu.py's own checks.
+"""The multi-GPU recipe, accelerate configs and README commands, and scripts/bench/bench_multi_gpu.py's own checks.
 
 The runs themselves need GPUs (docs/benchmarks.md, "Several GPUs"); here: the recipe holds what the docs say,
 every file the documented commands name exists, the bench's cache comparison catches a difference,
@@ -19,9 +19,10 @@ import yaml
 from helpers import DATA, run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+BENCH = os.path.join(REPO, "scripts", "bench")
+sys.path.insert(0, BENCH)
 
-import bench_multi_gpu  # noqa: E402  (scripts/ is not a package)
+import bench_multi_gpu  # noqa: E402  (scripts/bench/ is not a package)
 
 from longce.arguments import parse_args  # noqa: E402
 from longce.data import build_train_dataset, load_text_dataset, load_tokenizer  # noqa: E402
@@ -56,7 +57,7 @@ def test_every_file_the_documented_launch_commands_name_exists():
         "configs/accelerate/fsdp2.yaml",
         "configs/accelerate/zero3.yaml",
         "configs/llama1b_shape_16k.yaml",
-        "scripts/bench_multi_gpu.py",
+        "scripts/bench/bench_multi_gpu.py",
     } <= set(named)
     for path in named:
         assert os.path.isfile(os.path.join(REPO, path)), path
@@ -100,7 +101,7 @@ def test_scoring_check_runs_on_two_cpu_processes(tmp_path):
     result_path = tmp_path / "score.json"
     command = [
         sys.executable,
-        os.path.join(REPO, "scripts", "bench_multi_gpu.py"),
+        os.path.join(BENCH, "bench_multi_gpu.py"),
         "score",
         "--cpu",
         "--shape",
@@ -135,7 +136,7 @@ def test_training_check_with_cache_weights_scores_the_data_once_and_every_run_re
         for text in bench_multi_gpu.crs_documents(DATA, 3, 1500):
             handle.write(json.dumps({"text": text}) + "\n")
     result_path = tmp_path / "train.json"
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_multi_gpu.py"), "train", "--cpu", "--weights"]
+    command = [sys.executable, os.path.join(BENCH, "bench_multi_gpu.py"), "train", "--cpu", "--weights"]
     command += ["cache", "--config", "configs/tiny_cpu.yaml", "--setups", "ddp", "--data", str(data)]
     command += ["--workdir", str(tmp_path), "--json", str(result_path), "--", "--max_steps", "2"]
     command += ["--logging_steps", "1", "--save_strategy", "no"]

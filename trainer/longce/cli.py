@@ -58,7 +58,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from longppl.tools.cli import run_command
+from longppl.commandline.running import run_command
 
 # Nothing that imports torch at this module's import (transformers' TrainingArguments does): the command
 # checks what it can before (recipes.check_before_loading), and `longce.arguments` loads after that.
@@ -223,7 +223,7 @@ def train(argv: list[str] | None = None, prog: str = PROG) -> LongCETrainer | No
             print(f"{prog}: {finished}", file=sys.stderr)
         return None
     if training_args.torch_threads is not None:
-        from longppl.tools.threads import choose_torch_threads
+        from longppl.commandline.threads import choose_torch_threads
 
         choose_torch_threads(training_args.torch_threads)
     tokenizer = load_tokenizer(model_args)

@@ -26,7 +26,7 @@ import importlib.util
 import os
 from typing import Any
 
-from longppl.tools.cli import long_options, read_yaml_file
+from longppl.commandline.running import long_options, read_yaml_file
 
 #: The command's name in messages when it is called from Python (``longce.cli.train``); a command
 #: started by its name shows that name (``longppl train``, ``longce-train``).
@@ -58,7 +58,7 @@ OWN_OPTIONS = ("-h", "--help", "--config", "--help-all", "--help_all")
 
 def load_recipe(path: str) -> dict[str, Any]:
     """The YAML mapping of a recipe file (``yaml.safe_load``: plain data only), read by
-    ``longppl.tools.cli.read_yaml_file`` (a file that does not parse is a ``ValueError`` naming it)."""
+    ``longppl.commandline.running.read_yaml_file`` (a file that does not parse is a ``ValueError`` naming it)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"Config file {path!r} not found (--config takes a YAML recipe, e.g. configs/tiny_cpu.yaml)."
@@ -91,7 +91,7 @@ def unknown_fields_message(unknown: list[str], path: str, prog: str = PROG) -> s
 
 def unknown_arguments_message(remaining: list[str], options: list[str], prog: str = PROG) -> str:
     """The error for arguments no field takes: each unknown option with the closest of ``options``."""
-    from longppl.tools.cli import with_closest_option
+    from longppl.commandline.running import with_closest_option
 
     named = [arg.split("=", 1)[0] for arg in remaining if arg.startswith("-")]
     if not named:

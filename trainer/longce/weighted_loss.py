@@ -41,7 +41,7 @@ from longppl.core.logprobs import DEFAULT_LOGITS_CHUNK_BYTES, LogitTransform, ro
 from longppl.rules.key_tokens import unscored_weight
 
 # float32 bytes of one logits chunk, the scoring core's (chunks are cut by its ``rows_per_chunk``):
-# 1 GiB is ~2k rows of a 128k vocabulary. Measured on an H200 (scripts/bench_longce.py
+# 1 GiB is ~2k rows of a 128k vocabulary. Measured on an H200 (scripts/bench/bench_longce.py
 # --loss-kernels, 32k tokens, Llama-3.2-1B head): 0.159 s vs 0.222 s with 256 MiB chunks (fewer,
 # larger matmuls), for ~4 GiB more peak memory.
 DEFAULT_LOSS_CHUNK_BYTES = DEFAULT_LOGITS_CHUNK_BYTES

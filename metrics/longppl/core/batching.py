@@ -68,7 +68,7 @@ def segment_log_probs(
     each runs through the same kernels (SDPA's causal path, no mask) with the same positions as
     it would alone. Its scores equal those it gets alone up to float rounding where the matmul
     kernels pick their summation order by the number of rows: float32 on a GPU (up to 7.6e-6 in
-    log-probability measured, ``scripts/bench_document_packing.py``) and multi-threaded CPU. They
+    log-probability measured, ``scripts/bench/bench_document_packing.py``) and multi-threaded CPU. They
     were bit-identical in bfloat16 on an H100 and on one CPU thread. Padded packing (the default)
     also agrees up to float rounding.
     ``progress`` (labelled with what the segments are) reports the decoder layers and LM-head

@@ -3,7 +3,7 @@
 In eager mode a decoder layer runs many small element-wise kernels (float32 RMSNorm, rotary
 embeddings, activations, residual adds); compiling the layer fuses them. All layers of a model share
 one code object, so one compilation serves them all, and ``dynamic=True`` keeps new sequence
-lengths from recompiling. Measured on an H200 with an 8B Llama shape (``scripts/bench_longppl.py``):
+lengths from recompiling. Measured on an H200 with an 8B Llama shape (``scripts/bench/bench_longppl.py``):
 -10% per 32k-token pass, -18% per batch of short windows, after a one-off 10-20 s compilation, so
 it pays off on corpora, not on a single short text. Opt-in (``torch_compile=True``).
 """

@@ -29,7 +29,7 @@ beyond a few thousand tokens on CPU. The evaluator also reads about ``(K + d) / 
 document in short windows (5x at K=4096, d=1024), but in windows of ``K + d`` tokens, so that part
 grows only linearly.
 
-Measured with ``scripts/bench_long_pass.py`` (one long pass over random tokens, float32, one
+Measured with ``scripts/bench/bench_long_pass.py`` (one long pass over random tokens, float32, one
 thread of a shared 2-core CPU, ``OMP_NUM_THREADS=1``; memory = peak RSS growth over the loaded
 model)::
 
@@ -43,7 +43,7 @@ Estimated from these (``t ~ 2.9 ms * T + 0.59 us * T^2`` fits the 135M rows; mem
 LM-head chunk plus a few tens of KB per token): a 135M model needs ~12 min and ~3 GiB for a 32k
 pass and ~3 h for 128k on one CPU thread (a few times less on many cores), and a 2M-character
 text (1.25M tokens) would take days: on CPU keep to small models (<= 0.5B) and documents of up
-to ~8-16k tokens. On a GPU (measured, README, ``scripts/bench_longppl.py`` on one H200: two
+to ~8-16k tokens. On a GPU (measured, README, ``scripts/bench/bench_longppl.py`` on one H200: two
 Llama-3.1-8B-shaped models in bfloat16) a whole LongPPL of a 128k-token document takes 43 s and
 44.5 GiB at peak, 30 GiB of it weights. Extrapolating that (estimated, not run): ~1M tokens
 would need ~100 GiB beside the weights (one layer's activations at a time, which sharding the

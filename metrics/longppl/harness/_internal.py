@@ -6,6 +6,7 @@ numbers equal); these are the few pieces of it that ``import longppl`` does not 
 
 from __future__ import annotations
 
+from longppl.commandline.running import USER_ERRORS, closest, debugging, with_closest
 from longppl.core.scoring import DocumentResult, corpus_values, document_columns, encode_texts
 from longppl.settings import (
     AGGREGATIONS,
@@ -15,7 +16,6 @@ from longppl.settings import (
     require_bool,
     require_int,
 )
-from longppl.tools.cli import USER_ERRORS, closest, debugging, with_closest
 
 __all__ = [
     "AGGREGATIONS",

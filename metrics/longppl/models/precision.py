@@ -12,7 +12,7 @@ log-probs' last projection and the softmax over the vocabulary keep their precis
 then approximate: a token near a threshold (LSD near ``alpha``, LCL near ``beta``) may flip. On the
 14M-parameter models trained here it looked harmless (Jaccard 0.90 with bf16); on real evaluators its
 key tokens agreed with float32's at a Jaccard index of 0.81 (SmolLM2-135M, 8k tokens; bf16 0.96) and
-0.59 (Gemma 3 270M, 32k; bf16 0.87) (``scripts/bench_real_models.py``, docs/benchmarks.md). So fp8 is off by default,
+0.59 (Gemma 3 270M, 32k; bf16 0.87) (``scripts/bench/bench_real_models.py``, docs/benchmarks.md). So fp8 is off by default,
 approximate, and says so with those figures at every use (:data:`FP8_APPROXIMATE`, warned by
 :func:`check_precision`); its rows never mix with bf16 rows in a cache
 (``fingerprints.ModelIdentity.with_precision``).

@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from longppl.commandline.running import run_command, tool_parser
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA
-from longppl.tools.cli import run_command, tool_parser
 
 PROG = "longppl-cache"
 

@@ -42,6 +42,8 @@ import os
 import sys
 import time
 
+from longppl.commandline.running import run_command, tool_parser
+
 # torch, datasets and transformers load after the arguments are parsed (in _run): `--help` is immediate.
 from longppl.settings import (
     DEFAULT_ALPHA,
@@ -52,10 +54,9 @@ from longppl.settings import (
     DEFAULT_TRUNC_LEN,
     EVALUATOR_PRECISIONS,
 )
-from longppl.tools.cli import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
-# were started by (tools/cli.py).
+# were started by (commandline/running.py).
 PROG = "compute_key_tokens.py"
 # A shard of 256 documents (or 10 minutes) at most: a killed run loses that much scoring per process;
 # a commit costs a file rename and a rewrite of state.json (docs/benchmarks.md).
@@ -245,9 +246,9 @@ def main(argv=None, prog: str = PROG) -> dict:
     # bfloat16, without torchao), and where the corpus and the evaluator are (here, or on the Hub: asked
     # once), are settled before torch loads, so that a mistake fails in a second. Whether the process's
     # own device is a GPU with float8 tensor cores only torch can say: ScoringJob checks that.
+    from longppl.commandline.corpus import locate_corpus
     from longppl.models.precision import check_precision_request
     from longppl.models.sources import check_model_source
-    from longppl.tools.corpus import locate_corpus
 
     check_precision_request(args.evaluator_precision, args.device, args.torch_dtype, "--evaluator-precision")
     locate_corpus(args.corpus, "--corpus")
@@ -296,7 +297,7 @@ def check_tensor_parallel(args, torch) -> None:
 
 def _run(args, state, start: float, prog: str = PROG) -> dict:
     from longppl.cache.key_token_cache import KeyTokenCache
-    from longppl.tools.threads import choose_torch_threads
+    from longppl.commandline.threads import choose_torch_threads
 
     if args.device is not None and state.num_processes > 1:
         raise ValueError("--device is for a single process; under accelerate launch each process uses its own device.")
@@ -376,11 +377,11 @@ class ScoringJob:
         import datasets
 
         from longppl.cache.key_token_cache import cache_directory
+        from longppl.commandline.corpus import read_documents
         from longppl.core.scoring import truncate_texts
         from longppl.models.fingerprints import ModelIdentity
         from longppl.models.loading import load_model, load_tokenizer, resolve_dtype
         from longppl.models.precision import check_precision
-        from longppl.tools.corpus import read_documents
 
         self.args, self.device = args, device
         # Before anything is read or loaded: a precision this device cannot run, an output that is not a

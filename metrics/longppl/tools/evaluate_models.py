@@ -31,17 +31,17 @@ import sys
 
 # Only the standard library at import time: ``--help`` must not wait for torch, transformers or
 # matplotlib, which are imported inside the functions that need them.
-from longppl.tools.cli import run_command, tool_parser
+from longppl.commandline.running import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
-# were started by (tools/cli.py).
+# were started by (commandline/running.py).
 PROG = "evaluate_longppl.py"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
+    from longppl.commandline.cache_options import add_cache_arguments
     from longppl.settings import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
-    from longppl.tools.cache_cli import add_cache_arguments
 
     parser = tool_parser(prog, __doc__)
     add_cache_arguments(parser)
@@ -146,7 +146,7 @@ def read_benchmark_scores(path: str, models: list[str]) -> dict[str, float]:
 def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict:
     """Pearson and Spearman of LongPPL and of PPL with the benchmark scores, over the models that
     have a score and a finite LongPPL and PPL."""
-    from longppl.tools.correlation import pearson, spearman
+    from longppl.commandline.correlation import pearson, spearman
 
     used = [(name, r) for name, r in rows if name in scores and math.isfinite(r["longppl"]) and math.isfinite(r["ppl"])]
     x_long = [r["longppl"] for _, r in used]
@@ -161,9 +161,9 @@ def correlations(rows: list[tuple[str, dict]], scores: dict[str, float]) -> dict
 
 def check_output_dir(path: str) -> None:
     """Refuse an ``--output-dir`` the results cannot go to (under a file, through a loop of links, not
-    writable) or must not go to (a folder of the user's own files: :func:`~longppl.tools.reports.check_results_folder`),
+    writable) or must not go to (a folder of the user's own files: :func:`~longppl.commandline.reports.check_results_folder`),
     before the models are scored rather than when the results are written."""
-    from longppl.tools.reports import check_results_folder
+    from longppl.commandline.reports import check_results_folder
 
     check_results_folder(path, "--output-dir")
 
@@ -192,16 +192,16 @@ def main(argv=None, prog: str = PROG) -> dict:
     locate_cache(args.key_tokens, "--key-tokens")
     for name in args.models:
         check_model_source(name, "--models", tokenizer=True)
-    from longppl.core.scoring import document_results, score_with_model, summarize_results, text_key_weights
-    from longppl.models.loading import load_causal_lm
-    from longppl.tools.cache_cli import open_selected
-    from longppl.tools.reports import (
+    from longppl.commandline.cache_options import open_selected
+    from longppl.commandline.reports import (
         explain_missing_key_tokens,
         format_table,
         write_outputs,
         write_results_csv,
         write_results_json,
     )
+    from longppl.core.scoring import document_results, score_with_model, summarize_results, text_key_weights
+    from longppl.models.loading import load_causal_lm
 
     cache, settings, fingerprint, rows = open_selected(args)
     scores = read_benchmark_scores(args.benchmark_scores, args.models) if args.benchmark_scores else None
@@ -262,7 +262,7 @@ def main(argv=None, prog: str = PROG) -> dict:
             for metric in ("longppl", "ppl"):
                 values = found[metric]
                 print(f"  {metric:<8} Pearson {values['pearson']:+.3f}   Spearman {values['spearman']:+.3f}")
-            from longppl.tools.correlation import undefined_because
+            from longppl.commandline.correlation import undefined_because
 
             chosen = dict(results)
             why = undefined_because(
@@ -276,7 +276,7 @@ def main(argv=None, prog: str = PROG) -> dict:
                 print(f"  (nan: {why})")
             if len(found["models"]) < 3:
                 print("  (fewer than 3 models: a correlation is not meaningful)")
-            from longppl.tools.figures import correlation_scatter
+            from longppl.commandline.figures import correlation_scatter
 
             chosen = [(name, r) for name, r in results if name in found["models"]]
             outputs["correlation.png"] = lambda path: correlation_scatter(

@@ -15,7 +15,7 @@ import argparse
 import importlib
 import sys
 
-from longppl.tools.cli import help_text, interruptible
+from longppl.commandline.running import help_text, interruptible
 
 #: ``longppl``'s own commands, ``{command: (the console script's entry point "module:function", one line
 #: for --help)}``: the entry points are setup.cfg's, so a command and its old name run the same function.

@@ -24,6 +24,7 @@ import time
 # Only light modules before the arguments are parsed (`--help` must not wait for torch): the
 # `longppl` package loads its torch-based parts on first use.
 import longppl
+from longppl.commandline.running import run_command, tool_parser
 from longppl.settings import (
     DEFAULT_AGGREGATION,
     DEFAULT_ALPHA,
@@ -31,10 +32,9 @@ from longppl.settings import (
     DEFAULT_SLIDING_WINDOW,
     DEFAULT_TRUNC_LEN,
 )
-from longppl.tools.cli import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
-# were started by (tools/cli.py).
+# were started by (commandline/running.py).
 PROG = "quickstart.py"
 # K and d of the toy demo: its copies lie 64 tokens back (synthetic.DISTANCE), beyond K.
 TOY_TRUNC_LEN, TOY_SLIDING_WINDOW = 32, 16
@@ -42,7 +42,7 @@ TOY_TRUNC_LEN, TOY_SLIDING_WINDOW = 32, 16
 
 def read_texts(path: str, column: str) -> list[str]:
     """Texts from a JSONL file (one object per line, text in ``column``) or a plain text file."""
-    from longppl.tools.corpus import read_jsonl_texts
+    from longppl.commandline.corpus import read_jsonl_texts
 
     if not path.endswith(".jsonl"):
         with open(path, encoding="utf-8") as handle:
@@ -54,7 +54,7 @@ def read_texts(path: str, column: str) -> list[str]:
 
 
 def print_table(rows: list[tuple[str, dict]]) -> None:
-    from longppl.tools.reports import format_table
+    from longppl.commandline.reports import format_table
 
     print("\n" + format_table(rows))
 
@@ -63,7 +63,7 @@ def toy_demo(args) -> None:
     import evaluate
     import torch
 
-    from longppl.tools.synthetic import (
+    from longppl.commandline.synthetic import (
         DISTANCE,
         cut_context,
         default_cache_dir,
@@ -71,10 +71,10 @@ def toy_demo(args) -> None:
         train_copy_model,
         word_tokenizer,
     )
-    from longppl.tools.threads import choose_torch_threads
+    from longppl.commandline.threads import choose_torch_threads
 
     # A tiny model: more threads only wait (unless OMP_NUM_THREADS says). A bad OMP_NUM_THREADS is a
-    # ValueError, which the command reports as `<prog>: error: ...` (tools/cli.py).
+    # ValueError, which the command reports as `<prog>: error: ...` (commandline/running.py).
     threads = choose_torch_threads(1)
     start = time.perf_counter()
     print(

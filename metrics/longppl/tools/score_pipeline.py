@@ -232,9 +232,9 @@ class _Task:
     def __init__(self, step: ScoreKeyTokens, rank: int):
         import torch
 
+        from longppl.commandline.threads import choose_torch_threads
         from longppl.models.fingerprints import ModelIdentity
         from longppl.models.loading import load_tokenizer, resolve_dtype
-        from longppl.tools.threads import choose_torch_threads
 
         self.step, self.rank = step, rank
         device = step.device
@@ -415,7 +415,7 @@ def score_task(args, rank: int, world_size: int) -> dict:
     returns ``{"task", "documents", "scored"}``."""
     import torch
 
-    from longppl.tools.threads import choose_torch_threads
+    from longppl.commandline.threads import choose_torch_threads
 
     device = args.device
     if device is None:

@@ -21,16 +21,16 @@ import argparse
 
 # Only light modules at import time: ``--help`` must not wait for torch or matplotlib, which are
 # imported inside the functions that need them.
-from longppl.tools.cli import run_command, tool_parser
+from longppl.commandline.running import run_command, tool_parser
 
 # The name in usage lines and messages when main() is called from Python; commands show the name they
-# were started by (tools/cli.py).
+# were started by (commandline/running.py).
 PROG = "visualize_key_tokens.py"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (imports no torch, so ``--help`` is quick)."""
-    from longppl.tools.cache_cli import add_cache_arguments
+    from longppl.commandline.cache_options import add_cache_arguments
 
     parser = tool_parser(prog, __doc__)
     add_cache_arguments(parser)
@@ -71,7 +71,7 @@ def check_outputs(args) -> None:
     """Refuse, before the cache is read, an ``--html`` or ``--histogram`` file that cannot be written (under
     a file, through a loop of links, a folder, not writable) or a histogram suffix no format has."""
     from longppl.atomic_files import cannot_create
-    from longppl.tools.figures import figure_format
+    from longppl.commandline.figures import figure_format
 
     for option, path in (("--html", args.html), ("--histogram", args.histogram)):
         if path:
@@ -95,7 +95,7 @@ def main(argv=None, prog: str = PROG) -> None:
     args = parse_args(argv, prog)
     check_outputs(args)
     from longppl.atomic_files import write_file_atomically
-    from longppl.tools.cache_cli import open_selected
+    from longppl.commandline.cache_options import open_selected
     from longppl.views.key_token_html import key_token_html
 
     cache, settings, fingerprint, rows = open_selected(args)
@@ -127,8 +127,8 @@ def main(argv=None, prog: str = PROG) -> None:
     if args.histogram:
         import numpy as np
 
+        from longppl.commandline.figures import lsd_histogram
         from longppl.rules.key_tokens import long_short_difference
-        from longppl.tools.figures import lsd_histogram
 
         lsd = np.concatenate(
             [long_short_difference(s.lp_long, s.lp_short) for s in (cache.scores(row) for row in rows)]

@@ -32,7 +32,7 @@ with random weights, as a control.
 shape (123B, 246 GB in bf16) split TP=4 in bf16, on one 32k document timed once and a corpus of 2
 documents of 32k; and TP=2 in fp8 (a rank holds 61 GB of float8 weights), the document timed once
 (``--repeats``, ``--corpus-docs``). Weights are drawn on each rank's GPU from the parameter's name,
-each rank its own slices only (``benchmarking.random_model``): the 123B model is never whole
+each rank its own slices only (``common.random_model``): the 123B model is never whole
 anywhere, and the fp8 one is converted block by block as it is drawn (a real checkpoint is converted
 after loading, so a rank must hold its bf16 share first: 123 GB at TP=2). A run's untimed first call
 scores a document of the timed length where the run compiles (fp8, the library's default), so that
@@ -48,14 +48,14 @@ first and last lines the run's record keeps. The parent process never touches a 
 record its name). Whether the fp8 blocks compile under tensor parallelism is recorded: a compilation
 error is kept and the run goes on eagerly.
 
-    python scripts/bench_fp8.py speed --out-dir bench_fp8                       # one GPU, ~5 min on an H100
-    python scripts/bench_fp8.py fidelity --out-dir bench_fp8 --models RUN/models/E1 --run-folder RUN \\
+    python scripts/bench/bench_fp8.py speed --out-dir bench_fp8                       # one GPU, ~5 min on an H100
+    python scripts/bench/bench_fp8.py fidelity --out-dir bench_fp8 --models RUN/models/E1 --run-folder RUN \\
         --trunc-len 256 --sliding-window 128                                    # minutes
-    python scripts/bench_fp8.py parallel --out-dir bench_fp8/8b --runs 8b-one 8b-tp4   # 4 GPUs; each of
-    python scripts/bench_fp8.py parallel --out-dir bench_fp8/123b-tp4 --runs 123b-tp4  # these three fits
-    python scripts/bench_fp8.py parallel --out-dir bench_fp8/123b-fp8 --runs 123b-tp2-fp8  # 9 minutes
-    python scripts/bench_fp8.py speed --smoke --out-dir /tmp/fp8                # CPU: tiny shape, float32,
-    python scripts/bench_fp8.py parallel --smoke --out-dir /tmp/fp8             # no fp8 (skipped, with why)
+    python scripts/bench/bench_fp8.py parallel --out-dir bench_fp8/8b --runs 8b-one 8b-tp4   # 4 GPUs; each of
+    python scripts/bench/bench_fp8.py parallel --out-dir bench_fp8/123b-tp4 --runs 123b-tp4  # these three fits
+    python scripts/bench/bench_fp8.py parallel --out-dir bench_fp8/123b-fp8 --runs 123b-tp2-fp8  # 9 minutes
+    python scripts/bench/bench_fp8.py speed --smoke --out-dir /tmp/fp8                # CPU: tiny shape, float32,
+    python scripts/bench/bench_fp8.py parallel --smoke --out-dir /tmp/fp8             # no fp8 (skipped, with why)
 
 On the CPU (``--smoke``) the fp8 variants are recorded as skipped with the library's own refusal,
 "compiled" uses ``torch.compile``'s eager backend (inductor on a CPU takes minutes), and part B
@@ -75,9 +75,8 @@ import sys
 import time
 
 import numpy as np
-
-from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, EVALUATOR_PRECISIONS, require_int
-from longppl.tools.benchmarking import (
+from common import (
+    CRS,
     LLAMA_SHAPES,
     MISTRAL_LARGE_2_SHAPE,
     TINY_LLAMA_SHAPE,
@@ -91,12 +90,12 @@ from longppl.tools.benchmarking import (
     timed_on,
     write_json,
 )
-from longppl.tools.cli import tool_parser
+
+from longppl.commandline.running import tool_parser
+from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, EVALUATOR_PRECISIONS, require_int
 
 # torch, transformers and torchao load inside the functions that use them: `--help` is immediate.
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 SHAPES = {
     "llama-3.1-8b": dict(model_type="llama", **LLAMA_SHAPES["llama-3.1-8b"]),
     "mistral-large-2": dict(model_type="mistral", **MISTRAL_LARGE_2_SHAPE),
@@ -326,7 +325,7 @@ def bootstrap(per_document: list[dict], statistics_: dict, samples: int, seed: i
 
 
 def read_texts(args) -> list[str]:
-    from longppl.tools.corpus import read_documents
+    from longppl.commandline.corpus import read_documents
 
     if (args.texts is None) == (args.run_folder is None):
         raise ValueError(

@@ -25,12 +25,12 @@ with a random ``--evaluator-shape`` evaluator (byte-level tokenizer, one process
 the CPU with ``--cpu``) at the recipe's K and d, then gives every run, the baseline included,
 ``--longce_weights cache --key_tokens <cache>``: the same checks with weights read from the data.
 
-    python scripts/bench_multi_gpu.py score --gpus 2 --documents 8 --tokens 32768
-    python scripts/bench_multi_gpu.py train --gpus 2 --setups ga ddp fsdp2 zero3
-    python scripts/bench_multi_gpu.py train --gpus 2 --weights cache --setups ddp fsdp2 zero3 -- --max_steps 10
-    python scripts/bench_multi_gpu.py train --cpu --config configs/tiny_cpu.yaml --setups ddp --weights cache \\
+    python scripts/bench/bench_multi_gpu.py score --gpus 2 --documents 8 --tokens 32768
+    python scripts/bench/bench_multi_gpu.py train --gpus 2 --setups ga ddp fsdp2 zero3
+    python scripts/bench/bench_multi_gpu.py train --gpus 2 --weights cache --setups ddp fsdp2 zero3 -- --max_steps 10
+    python scripts/bench/bench_multi_gpu.py train --cpu --config configs/tiny_cpu.yaml --setups ddp --weights cache \\
         -- --max_steps 3 --logging_steps 1 --save_strategy no   # smoke run, gloo (scores all of --data: ~80 s)
-    python scripts/bench_multi_gpu.py score --cpu --shape tiny --documents 4 --tokens 600   # smoke run, gloo
+    python scripts/bench/bench_multi_gpu.py score --cpu --shape tiny --documents 4 --tokens 600   # smoke run, gloo
 
 Everything after ``--`` goes to every ``train_longce.py`` run (e.g. ``-- --max_steps 5``).
 ``--json PATH`` also writes the results as JSON.
@@ -47,14 +47,12 @@ import tempfile
 import time
 
 import numpy as np
+from common import CRS, LLAMA_SHAPES, ROOT, TINY_LLAMA_SHAPE, write_json
 
-from longppl.tools.benchmarking import LLAMA_SHAPES, TINY_LLAMA_SHAPE, write_json
-from longppl.tools.cli import tool_parser
+from longppl.commandline.running import tool_parser
 
 # datasets, torch and transformers load inside the functions that use them: `--help` is immediate.
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 SHAPES = {  # LlamaConfig fields; the byte-level tokenizer uses 259 rows of the vocabulary
     **LLAMA_SHAPES,
     "tiny": TINY_LLAMA_SHAPE,
@@ -69,7 +67,7 @@ def crs_documents(path: str, documents: int, tokens: int) -> list[str]:
     tokens; ``--max-length`` then cuts them to exactly that. Raises ``ValueError`` when the reports
     hold fewer than ``documents * tokens`` bytes.
     """
-    from longppl.tools.corpus import read_jsonl_texts
+    from longppl.commandline.corpus import read_jsonl_texts
 
     corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
     if len(corpus) < documents * tokens:
@@ -147,7 +145,7 @@ def launcher(num_processes: int, config_file: str | None = None) -> list[str]:
 
 
 def child_env(cpu: bool, visible: int | None = None) -> dict[str, str]:
-    from longppl.tools.threads import child_thread_env
+    from longppl.commandline.threads import child_thread_env
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cpu:  # tiny smoke-run models: one thread per process (as many processes as cores), unless the user chose

@@ -8,8 +8,8 @@ long pass, the evaluated model's pass), with progress reported per decoder layer
 own footprint (MiB), and layer steps reported.
 
     # the figures of longppl/progress.py's docstring (2-core CPU, OMP_NUM_THREADS=1):
-    OMP_NUM_THREADS=1 python scripts/bench_long_pass.py --shape tiny --lengths 32768 131072
-    OMP_NUM_THREADS=1 python scripts/bench_long_pass.py --shape smollm2-135m --lengths 2048 8192
+    OMP_NUM_THREADS=1 python scripts/bench/bench_long_pass.py --shape tiny --lengths 32768 131072
+    OMP_NUM_THREADS=1 python scripts/bench/bench_long_pass.py --shape smollm2-135m --lengths 2048 8192
 """
 
 from __future__ import annotations

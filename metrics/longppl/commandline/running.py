@@ -21,14 +21,9 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 
-# The exit status of a command ended by Ctrl-C (130), and the Ctrl-C handling of `import longppl` itself,
-# live in the bottom floor (register), which runs before any command code.
-from longppl.register import (  # noqa: F401
-    INTERRUPTED_STATUS,
-    end_interrupted,
-    exit_if_command_interrupted,
-    keep_interrupts_from_finalizers,
-)
+# The exit status of a command ended by Ctrl-C (130) and the rest of the Ctrl-C handling, which
+# `import longppl` runs too (longppl.register), before any command code.
+from .interrupts import end_interrupted, keep_interrupts_from_finalizers
 
 #: Set to 1 (or true/yes/on) to see the traceback of a bad input instead of the one-line error. An
 #: environment variable rather than a ``--debug`` flag: ``longce-train`` takes every ``TrainingArguments``
@@ -246,7 +241,7 @@ def interruptible(prog: str) -> Iterator[None]:
     The ``longppl`` dispatcher wraps the import of a command's module in it too: a command spends its
     first seconds importing torch and transformers, where a Ctrl-C is as likely as during the work.
     A Ctrl-C that lands in a finalizer, where Python would drop it, is given again
-    (``longppl.register.keep_interrupts_from_finalizers``).
+    (``longppl.commandline.interrupts.keep_interrupts_from_finalizers``).
     """
     keep_interrupts_from_finalizers()
     try:

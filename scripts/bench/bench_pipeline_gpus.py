@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The datatrove pipeline on N GPUs, one task per GPU, killed at random moments and run again.
 
-    python scripts/bench_pipeline_gpus.py --gpus 2 --json pipeline_gpus.json
-    python scripts/bench_pipeline_gpus.py --cpu --gpus 2 --shape tiny --documents 8 --tokens 300 \
+    python scripts/bench/bench_pipeline_gpus.py --gpus 2 --json pipeline_gpus.json
+    python scripts/bench/bench_pipeline_gpus.py --cpu --gpus 2 --shape tiny --documents 8 --tokens 300 \
         --trunc-len 64 --sliding-window 32 --kills 2   # a smoke run on CPU processes (about a minute)
 
 On a machine with N GPUs it runs ``[JsonlReader, ScoreKeyTokens, JsonlWriter]`` under datatrove's
@@ -39,15 +39,15 @@ import subprocess
 import sys
 import time
 
+from common import CRS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 
 
 def write_corpus(folder: str, documents: int, tokens: int, files: int) -> None:
     """``documents`` texts of ``tokens`` bytes (byte-level tokenizer: about one token each), cut from the
     reports joined by blank lines, each starting elsewhere (so all differ), spread over ``files`` files."""
-    from longppl.tools.corpus import read_jsonl_texts
+    from longppl.commandline.corpus import read_jsonl_texts
 
     corpus = "\n\n".join(read_jsonl_texts(CRS)).encode("utf-8")
     corpus = corpus * (1 + tokens // len(corpus) + 1)

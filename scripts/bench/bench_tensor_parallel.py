@@ -38,14 +38,14 @@ Where the time goes, in the same run:
   would take X s of the Y s" of each part (the plan's row-wise layers per forward pass, times the
   part's forward tokens).
 
-    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b qwen2-72b --too-big qwen2-72b \\
+    python scripts/bench/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b qwen2-72b --too-big qwen2-72b \\
         --json bench_tp.json
-    python scripts/bench_tensor_parallel.py --cpu --shapes tiny --doc-tokens 600 --corpus-tokens 300  # smoke, gloo
+    python scripts/bench/bench_tensor_parallel.py --cpu --shapes tiny --doc-tokens 600 --corpus-tokens 300  # smoke, gloo
 
 Where the time of TP=2 goes at the 8B shape, with and without sequence parallelism, against one GPU,
 in one short run on 2 GPUs:
 
-    python scripts/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp tp_plain --warmup 1 \\
+    python scripts/bench/bench_tensor_parallel.py --gpus 2 --shapes llama-3.1-8b --layouts one tp tp_plain --warmup 1 \\
         --repeats 3 --profile --probe-allreduce --corpus-docs 2 --corpus-tokens 8192 --doc-tokens 32768 \\
         --json bench_tp_profile.json
 
@@ -62,8 +62,8 @@ import subprocess
 import sys
 import time
 
-from longppl.settings import KeyTokenSettings, require_int
-from longppl.tools.benchmarking import (
+from common import (
+    CRS,
     LLAMA_SHAPES,
     MISTRAL_LARGE_2_SHAPE,
     TINY_LLAMA_SHAPE,
@@ -76,12 +76,12 @@ from longppl.tools.benchmarking import (
     timed_on,
     write_json,
 )
-from longppl.tools.cli import tool_parser
+
+from longppl.commandline.running import tool_parser
+from longppl.settings import KeyTokenSettings, require_int
 
 # torch, transformers and accelerate load inside the functions that use them: `--help` is immediate.
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 K, D = 4096, 1024
 SHAPES = {  # config fields (model_type included); the byte-level tokenizer uses 259 rows of the vocabulary
     "llama-3.1-8b": dict(model_type="llama", **LLAMA_SHAPES["llama-3.1-8b"]),
@@ -131,7 +131,7 @@ LAYOUTS = ("one", *SPLIT_LAYOUTS, "device_map")
 
 def texts(doc_tokens: int, corpus_docs: int, corpus_tokens: int, path: str = CRS) -> tuple[str, list[str]]:
     """One document of ``doc_tokens`` tokens and ``corpus_docs`` of ``corpus_tokens`` (``<s>`` counted),
-    cut in order from the CRS reports (``benchmarking.byte_documents``)."""
+    cut in order from the CRS reports (``common.byte_documents``)."""
     cuts = byte_documents(path, [doc_tokens] + [corpus_tokens] * corpus_docs)
     return cuts[0], cuts[1:]
 

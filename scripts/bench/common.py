@@ -1,9 +1,10 @@
-"""What the benchmarks in scripts/ share (``bench_longppl.py``, ``bench_longce.py``, ``bench_multi_gpu.py``,
-``bench_tensor_parallel.py``, ``bench_fp8.py``): the model shapes they build, random-weight models
+"""What the benchmarks of scripts/bench/ share (``bench_longppl.py``, ``bench_longce.py``, ``bench_multi_gpu.py``,
+``bench_tensor_parallel.py``, ``bench_fp8.py``, ...): the model shapes they build, random-weight models
 built in place on the GPUs (whole or split by tensor parallelism: a 123B model is never whole
 anywhere) and their configs, documents cut from a JSONL of texts, timing one call with its peak GPU
 memory, comparing the rows of two runs, and writing their JSON results. The scripts do not import each other; they
-import this.
+import this (``from common import ...``: a script run as ``python scripts/bench/<name>.py`` has its own
+folder first on ``sys.path``). It is not part of the installed package.
 
 Light at import (no torch): the benchmarks answer ``--help`` before loading torch.
 """
@@ -12,11 +13,17 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+#: The repository's root (this folder is scripts/bench/): the benchmarks run from a checkout.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: The CRS reports of the tests' data: the benchmarks' default texts.
+CRS = os.path.join(ROOT, "tests", "data", "govreport_crs.jsonl")
 
 
 #: ``LlamaConfig`` fields of the model shapes the benchmarks build with random weights (architecture
@@ -119,7 +126,7 @@ def byte_documents(path: str, sizes: list[int]) -> list[str]:
     Raises:
         ValueError: the file holds fewer bytes than the sizes ask for.
     """
-    from longppl.tools.corpus import read_jsonl_texts
+    from longppl.commandline.corpus import read_jsonl_texts
 
     corpus = "\n\n".join(read_jsonl_texts(path)).encode("utf-8")
     cuts, start = [], 0

@@ -27,11 +27,11 @@ PKU-ML/LongPPL) against this library's drop-in ``longppl.compute_longppl``, same
 model as evaluator and evaluated model (the issue's self-evaluation setting), each document timed
 ``--repeats`` times after an untimed first call: seconds, peak GiB, LongPPL of both.
 
-    python scripts/bench_real_models.py precision --model gemma-3-270m --texts docs.jsonl \\
+    python scripts/bench/bench_real_models.py precision --model gemma-3-270m --texts docs.jsonl \\
         --lengths 8192 32768 --records precision.jsonl
-    python scripts/bench_real_models.py speed --model gemma-3-270m --official official/longppl.py \\
+    python scripts/bench/bench_real_models.py speed --model gemma-3-270m --official official/longppl.py \\
         --texts docs.jsonl --lengths 8192 32768 --records speed.jsonl
-    python scripts/bench_real_models.py report --records precision.jsonl speed.jsonl --out results.json
+    python scripts/bench/bench_real_models.py report --records precision.jsonl speed.jsonl --out results.json
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ whether each document's scores are bit-for-bit the same both ways.
 Random-weight Llama evaluators of two shapes (13.8M: the reproduction's models; ~200M), float32 and
 bfloat16, K = 256, d = 64, on documents of about ``--tokens`` tokens cut from a JSONL corpus.
 
-    python scripts/bench_document_packing.py --tokenizer tok.json --corpus books.jsonl.gz --docs 512
+    python scripts/bench/bench_document_packing.py --tokenizer tok.json --corpus books.jsonl.gz --docs 512
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from longppl.commandline.corpus import read_jsonl_texts
+from longppl.commandline.running import help_text
 from longppl.core.scoring import score_with_evaluator
 from longppl.settings import DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenSettings
-from longppl.tools.cli import help_text
-from longppl.tools.corpus import read_jsonl_texts
 
 #: K = 256, d = 64 (see above), and the default token budget of a forward pass.
 SETTINGS, BUDGET = KeyTokenSettings(256, 64), DEFAULT_MAX_TOKENS_PER_BATCH

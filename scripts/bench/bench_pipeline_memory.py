@@ -1,12 +1,12 @@
 """The memory of one task of the datatrove step, against the corpus's size.
 
-    python scripts/bench_pipeline_memory.py --documents 10000 100000 1000000 --tasks 100 \\
+    python scripts/bench/bench_pipeline_memory.py --documents 10000 100000 1000000 --tasks 100 \\
         --json pipeline_memory.json
 
 For each corpus size it writes that many tiny documents (a few dozen words each) as ``--files``
 JSONL files, and runs task 0 of ``--tasks`` of ``[JsonlReader, ScoreKeyTokens, JsonlWriter]`` in a
 fresh process (datatrove's ``_run_for_rank``, as every executor calls it) with a tiny random
-evaluator built in code (``longppl.tools.synthetic``: two layers, a word tokenizer), committing to a
+evaluator built in code (``longppl.commandline.synthetic``: two layers, a word tokenizer), committing to a
 fresh cache, then runs the same task again (everything cached: the resume path). It reports the
 process's peak resident memory (``ru_maxrss``) and its RSS at the end, with the documents the task
 read (``--former``: also the same task of the former ``ScoreKeyTokens(options)`` form, which read
@@ -58,9 +58,9 @@ def one_task(args) -> dict:
     from datatrove.pipeline.writers import JsonlWriter
     from transformers import MistralForCausalLM
 
+    from longppl.commandline.synthetic import copy_model_config, word_tokenizer
     from longppl.settings import KeyTokenSettings
     from longppl.tools.score_pipeline import ScoreKeyTokens
-    from longppl.tools.synthetic import copy_model_config, word_tokenizer
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

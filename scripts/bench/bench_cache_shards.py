@@ -1,9 +1,9 @@
 """Benchmark: ``longppl score`` committing shards as it goes, over a large corpus.
 
     # CPU, a tiny evaluator built here (no download): 100k documents of 64 tokens
-    python scripts/bench_cache_shards.py --documents 100000 --output-dir bench/shards
+    python scripts/bench/bench_cache_shards.py --documents 100000 --output-dir bench/shards
     # GPU, a real evaluator: the share of scoring time spent committing shards
-    python scripts/bench_cache_shards.py --evaluator meta-llama/Llama-3.1-8B --corpus docs.jsonl \\
+    python scripts/bench/bench_cache_shards.py --evaluator meta-llama/Llama-3.1-8B --corpus docs.jsonl \\
         --device cuda --trunc-len 4096 --sliding-window 1024 --output-dir bench/shards-gpu
 
 Runs ``compute_key_tokens.main`` in this process with ``append_rows`` timed: per committed shard,
@@ -31,12 +31,12 @@ def rss_mib() -> float:
 
 
 def tiny_setup(folder: str, documents: int, length: int) -> tuple[str, str]:
-    """A random two-layer evaluator with a word tokenizer (``longppl.tools.synthetic``) and a JSONL
+    """A random two-layer evaluator with a word tokenizer (``longppl.commandline.synthetic``) and a JSONL
     corpus of ``documents`` documents of ``length`` uniformly random words; returns their paths."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from longppl.tools.synthetic import VOCAB_SIZE, copy_model_config, word_tokenizer
+    from longppl.commandline.synthetic import VOCAB_SIZE, copy_model_config, word_tokenizer
 
     evaluator, corpus = os.path.join(folder, "evaluator"), os.path.join(folder, "corpus.jsonl")
     if not os.path.isdir(evaluator):

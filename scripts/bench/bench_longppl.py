@@ -16,10 +16,10 @@ included) with ratios. Tokens are random ids shared by both models, so no tokeni
 (character-span mapping is CPU work of a few milliseconds either way).
 
     # the README's figures (one H200):
-    python scripts/bench_longppl.py --lengths 32768 --repeat 3 --vectorized-reference --compile
-    python scripts/bench_longppl.py --lengths 65536 131072 --compile
-    python scripts/bench_longppl.py --tiny --lengths 600 1000       # CPU smoke run
-    python scripts/bench_longppl.py --agreement                     # key tokens: ours vs reference
+    python scripts/bench/bench_longppl.py --lengths 32768 --repeat 3 --vectorized-reference --compile
+    python scripts/bench/bench_longppl.py --lengths 65536 131072 --compile
+    python scripts/bench/bench_longppl.py --tiny --lengths 600 1000       # CPU smoke run
+    python scripts/bench/bench_longppl.py --agreement                     # key tokens: ours vs reference
 
 ``--cache``: evaluating a second model against a warm key-token cache vs plain PPL on the same
 documents. The evaluator scores each document into a cache on disk (``cache-build``) and is freed;
@@ -30,8 +30,8 @@ document up, tokenize and score it with the evaluated model, map key tokens acro
 Documents are random words of a word-level tokenizer shared by both models; a low ``--alpha`` makes
 about half the tokens key, so that the character-span mapping has real work to do.
 
-    python scripts/bench_longppl.py --cache --lengths 32768 131072 --repeat 3 --alpha 0 --beta -100
-    python scripts/bench_longppl.py --cache --tiny --lengths 600 1000 --trunc-len 64 --sliding-window 32 --alpha 0 --beta -100
+    python scripts/bench/bench_longppl.py --cache --lengths 32768 131072 --repeat 3 --alpha 0 --beta -100
+    python scripts/bench/bench_longppl.py --cache --tiny --lengths 600 1000 --trunc-len 64 --sliding-window 32 --alpha 0 --beta -100
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ import math
 import shutil
 import time
 
+from common import LLAMA_SHAPES, measure, write_json
+
+from longppl.commandline.running import tool_parser
 from longppl.settings import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_MAX_TOKENS_PER_BATCH, KeyTokenRule, WindowSettings
-from longppl.tools.benchmarking import LLAMA_SHAPES, measure, write_json
-from longppl.tools.cli import tool_parser
 
 
 def load_dependencies() -> None:
@@ -165,7 +166,7 @@ def key_token_agreement(device: str) -> None:
     Random-weight models have no key tokens, so this trains the synthetic copy model (a few seconds
     to a minute on CPU) and compares the two key-token sets on 16 of its documents (K=32, d=16).
     """
-    from longppl.tools.synthetic import sample_documents, train_copy_model
+    from longppl.commandline.synthetic import sample_documents, train_copy_model
 
     trained = train_copy_model(steps=600, seed=0)
     docs = sample_documents(16, num_segments=3, generator=torch.Generator().manual_seed(7))
@@ -204,9 +205,9 @@ def cache_benchmark(args, device):
         text_key_weights,
     )
     from longppl.cache.key_token_cache import cached_evaluator_scores, key_token_rows
+    from longppl.commandline.synthetic import word_tokenizer
     from longppl.core.scoring import document_result
     from longppl.models.fingerprints import ModelIdentity
-    from longppl.tools.synthetic import word_tokenizer
 
     K, d, budget = args.trunc_len, args.sliding_window, args.budgets[0]
     settings = KeyTokenSettings(K, d, add_special_tokens=False)
@@ -385,7 +386,7 @@ def main(argv=None):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and (args.tiny or args.agreement):
-        from longppl.tools.threads import choose_torch_threads
+        from longppl.commandline.threads import choose_torch_threads
 
         choose_torch_threads(1)  # tiny models: extra intra-op threads only wait
     if args.agreement:

@@ -21,9 +21,9 @@ our chunked-checkpoint function and, when installed, Liger-Kernel's fused linear
 ``reduction="none"`` (its gradients are checked against ours).
 
     # the figures of docs/benchmarks.md (one GPU):
-    python scripts/bench_longce.py --lengths 32768 65536 --loss-kernels
-    python scripts/bench_longce.py --model smollm2-135m --lengths 8192 32768 --windows 1024   # a real model
-    python scripts/bench_longce.py --tiny --lengths 300 500     # CPU smoke run
+    python scripts/bench/bench_longce.py --lengths 32768 65536 --loss-kernels
+    python scripts/bench/bench_longce.py --model smollm2-135m --lengths 8192 32768 --windows 1024   # a real model
+    python scripts/bench/bench_longce.py --tiny --lengths 300 500     # CPU smoke run
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ import math
 import sys
 import tempfile
 
+from common import LLAMA_SHAPES, measure
+
+from longppl.commandline.running import tool_parser
 from longppl.settings import DEFAULT_GAMMA, DEFAULT_MAX_TOKENS_PER_BATCH
-from longppl.tools.benchmarking import LLAMA_SHAPES, measure
-from longppl.tools.cli import tool_parser
 
 
 def load_dependencies() -> None:
@@ -291,7 +292,7 @@ def main(argv=None):
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     if device == "cpu" and args.tiny:
-        from longppl.tools.threads import choose_torch_threads
+        from longppl.commandline.threads import choose_torch_threads
 
         choose_torch_threads(1)  # a tiny model: extra intra-op threads only wait
     K = 64 if args.tiny else args.trunc_len
