@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -146,6 +147,33 @@ class KeyTokenRule:
         object.__setattr__(self, "use_lcl", require_bool("use_lcl", self.use_lcl))
         object.__setattr__(self, "soft", require_bool("soft", self.soft))
         object.__setattr__(self, "gamma", require_gamma("gamma", self.gamma))
+
+    @classmethod
+    def of(cls, values) -> "KeyTokenRule":
+        """The rule whose fields ``values`` holds by name: a mapping (a harness task's metadata, the
+        metric's ``settings`` output) or an object with attributes (the metric's options, a command's
+        parsed arguments). A field it lacks, or holds as ``None``, takes its default; other names are
+        ignored. Every field of the class is read, so a field added to the rule reaches each surface
+        that builds its rule here, not only ``alpha`` and ``beta``.
+
+        Raises:
+            ValueError: a value the field refuses (as when the rule is built directly).
+        """
+        get = values.get if isinstance(values, Mapping) else lambda name: getattr(values, name, None)
+        return cls(**{f.name: get(f.name) for f in fields(cls) if get(f.name) is not None})
+
+    def key_condition(self, greater: str = ">") -> str:
+        """The hard rule in people's words: ``LSD > 2 and LCL > -2`` (``LSD > 2`` without the LCL
+        condition). ``greater`` is how the comparison is written (``&gt;`` in HTML). With
+        :meth:`describe`, the one wording of the rule for reports, warnings and pages."""
+        return f"LSD {greater} {self.alpha:g}" + (f" and LCL {greater} {self.beta:g}" if self.use_lcl else "")
+
+    def describe(self) -> str:
+        """The whole rule in people's words: its :meth:`key_condition`, or, for the soft variant,
+        ``weights min(exp(LSD), 5)``."""
+        if self.soft:
+            return f"weights min(exp(LSD), {self.gamma:g})"
+        return self.key_condition()
 
 
 def settings_object(cls, given, **values):

@@ -335,7 +335,7 @@ class _Request:
             add_special_tokens=o.evaluator_add_special_tokens,
             window_bos=o.window_bos,
         )
-        rule = KeyTokenRule(o.alpha, o.beta, o.use_lcl, o.soft, o.gamma)
+        rule = KeyTokenRule.of(o)  # every field of the rule, by name
         max_tokens_per_batch, add_special_tokens, start_token = _resolve_perplexity_names(
             o.max_tokens_per_batch, o.batch_size, evaluator_settings, o.add_special_tokens, o.add_start_token
         )

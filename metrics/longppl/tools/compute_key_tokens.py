@@ -220,7 +220,7 @@ def parse_args(argv=None, prog: str = PROG):
             for k in dict.fromkeys(ladder)
         ]
         args.settings = args.ladder[0]
-        args.rule = KeyTokenRule(args.alpha, args.beta)
+        args.rule = KeyTokenRule.of(args)
         require_int("max_tokens_per_batch", args.max_tokens_per_batch)
         require_int("--tensor-parallel", args.tensor_parallel)
         require_int("--shard-documents", args.shard_documents)
@@ -568,7 +568,7 @@ def summarize(cache, texts, settings, identity, scored, args, seconds, prog: str
     )
     print(
         f"{summary['documents']} documents ({scored} scored now, {len(set(texts)) - scored} already cached), "
-        f"{n_tokens:,} evaluator tokens, key tokens (alpha={args.alpha:g}, beta={args.beta:g}): "
+        f"{n_tokens:,} evaluator tokens, key tokens ({args.rule.key_condition()}): "
         f"{summary['key_share']:.2%}, {seconds:.1f} s -> {summary['output']}",
         flush=True,
     )

@@ -95,6 +95,7 @@ def main(argv=None, prog: str = PROG) -> None:
     args = parse_args(argv, prog)
     check_outputs(args)
     from longppl.atomic_files import write_file_atomically
+    from longppl.settings import KeyTokenRule
     from longppl.tools.cache_cli import open_selected
     from longppl.views.key_token_html import key_token_html
 
@@ -114,13 +115,11 @@ def main(argv=None, prog: str = PROG) -> None:
         page = key_token_html(
             row["text"],
             cache.scores(chosen),
-            args.alpha,
-            args.beta,
-            not args.no_lcl,
-            settings.trunc_len,
-            f"Key tokens of text {args.document}",
-            details,
-            args.lsd_cap,
+            trunc_len=settings.trunc_len,
+            title=f"Key tokens of text {args.document}",
+            details=details,
+            lsd_cap=args.lsd_cap,
+            rule=KeyTokenRule.of(args),
         )
         write_file_atomically(args.html, lambda handle: handle.write(page))
         print(f"wrote {args.html}")
