@@ -320,13 +320,14 @@ def test_fingerprints_follow_weights_dtype_and_files(setup, tmp_path):
 
 def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(built, monkeypatch):
     import longppl.cache.key_token_cache as module
+    import longppl.cache.schema as schema
 
     cache = KeyTokenCache.load(built["path"])
     texts = cache.texts(range(3))
     scores = [cache.scores(row) for row in range(3)]
     identity = ModelIdentity("ev", "", "float32", cache.row(0)["evaluator_fingerprint"])
     whole = module.key_token_rows(texts, scores, _settings(), identity)
-    monkeypatch.setattr(module, "_MAX_CHUNK_ITEMS", max(len(s.input_ids) for s in scores))  # one row per chunk
+    monkeypatch.setattr(schema, "_MAX_CHUNK_ITEMS", max(len(s.input_ids) for s in scores))  # one row per chunk
     rows = module.key_token_rows(texts, scores, _settings(), identity)
     assert whole.data.column("lp_long").num_chunks == 1 and rows.data.column("lp_long").num_chunks == 3
     assert rows.to_dict()["offsets"] == whole.to_dict()["offsets"] and rows["text"] == whole["text"]
