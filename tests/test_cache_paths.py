@@ -21,7 +21,7 @@ import longppl
 import longppl.core.scoring
 import longppl.metric.compute  # noqa: F401 (the metric's module binds scoring's functions when first imported: before a test patches them)
 from longppl.atomic_files import _lock_path
-from longppl.cache import key_token_cache
+from longppl.cache import key_token_cache, storage
 from longppl.cache.key_token_cache import CHECKSUM_FILE, KeyTokenCache, cache_directory, open_cache
 
 K, D = 47, 13
@@ -258,7 +258,7 @@ def test_an_unwritable_folder_is_refused_before_scoring(tmp_path, monkeypatch):
     def refused(*args, **kwargs):  # as root, permissions cannot be taken away: the probe is made to fail
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr(key_token_cache.tempfile, "mkdtemp", refused)
+    monkeypatch.setattr(storage.tempfile, "mkdtemp", refused)
     with pytest.raises(
         ValueError, match=r"key_tokens='.*new' cannot be written: creating a folder in .* failed \(Permission denied\)"
     ):

@@ -28,7 +28,7 @@ from helpers import (
     wait_guarded,
 )
 
-from longppl.cache import key_token_cache
+from longppl.cache import storage
 from longppl.cache.key_token_cache import CacheDamagedError, KeyTokenCache, append_rows
 from longppl.cache.shards import RECORD_KEY, SHARD_FOLDER, STATE_FILE
 from longppl.settings import KeyTokenSettings
@@ -149,7 +149,7 @@ def test_compaction_while_runs_commit_counts_the_rows_it_read(tmp_path, monkeypa
     path = str(tmp_path / "cache")
     append_rows(path, synthetic_rows(texts("a", 2), seed=1))
     append_rows(path, synthetic_rows(texts("a", 2), seed=1))  # two rows repeated
-    lock, arrivals, busy = key_token_cache.directory_lock, [], []
+    lock, arrivals, busy = storage.directory_lock, [], []
 
     @contextlib.contextmanager
     def lock_then_a_commit(*args, **kwargs):
@@ -161,7 +161,7 @@ def test_compaction_while_runs_commit_counts_the_rows_it_read(tmp_path, monkeypa
             append_rows(path, synthetic_rows(arrivals[-1], seed=len(arrivals)))
             busy.pop()
 
-    monkeypatch.setattr(key_token_cache, "directory_lock", lock_then_a_commit)
+    monkeypatch.setattr(storage, "directory_lock", lock_then_a_commit)
     summary = cache_tool.main(["compact", path])
     monkeypatch.undo()
     assert "(2 repeated rows dropped)" in capsys.readouterr().out
@@ -341,12 +341,12 @@ def test_a_full_disk_mid_shard_keeps_every_committed_row_and_leaves_nothing(tmp_
     append_rows(path, synthetic_rows(texts("a", 2), seed=1))
     before = files_state(path)
 
-    class FullDisk(key_token_cache.ArrowWriter):
+    class FullDisk(storage.ArrowWriter):
         def write_table(self, *args, **kwargs):
             super().write_table(*args, **kwargs)
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(key_token_cache, "ArrowWriter", FullDisk)
+    monkeypatch.setattr(storage, "ArrowWriter", FullDisk)
     with pytest.raises(
         ValueError, match=r"No space left on device \(errno 28\); it needs about .* while the new shard"
     ):

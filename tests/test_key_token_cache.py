@@ -320,13 +320,14 @@ def test_fingerprints_follow_weights_dtype_and_files(setup, tmp_path):
 
 def test_rows_are_chunked_below_arrow_offset_limits_and_re_added_rows_replace(built, monkeypatch):
     import longppl.cache.key_token_cache as module
+    import longppl.cache.schema as schema
 
     cache = KeyTokenCache.load(built["path"])
     texts = cache.texts(range(3))
     scores = [cache.scores(row) for row in range(3)]
     identity = ModelIdentity("ev", "", "float32", cache.row(0)["evaluator_fingerprint"])
     whole = module.key_token_rows(texts, scores, _settings(), identity)
-    monkeypatch.setattr(module, "_MAX_CHUNK_ITEMS", max(len(s.input_ids) for s in scores))  # one row per chunk
+    monkeypatch.setattr(schema, "_MAX_CHUNK_ITEMS", max(len(s.input_ids) for s in scores))  # one row per chunk
     rows = module.key_token_rows(texts, scores, _settings(), identity)
     assert whole.data.column("lp_long").num_chunks == 1 and rows.data.column("lp_long").num_chunks == 3
     assert rows.to_dict()["offsets"] == whole.to_dict()["offsets"] and rows["text"] == whole["text"]
@@ -431,3 +432,51 @@ def test_an_evaluator_is_chosen_by_each_form_the_messages_and_docs_show():
         cache.select("nobody")
     with pytest.raises(ValueError, match="2 evaluator/settings combinations .*candidates"):
         cache.select("checkpoint:")
+
+
+#: The names ``key_token_cache`` offered when it was one file; they stay importable from it.
+CACHE_NAMES = (
+    "CACHE_FEATURES",
+    "CHECKSUM_FILE",
+    "FORMAT_VERSION",
+    "CacheDamagedError",
+    "KeyTokenCache",
+    "KeyTokenSettings",
+    "append_rows",
+    "cache_directory",
+    "cached_evaluator_scores",
+    "check_cache_dataset",
+    "compact_cache",
+    "key_token_rows",
+    "open_cache",
+    "repair_cache",
+    "verify_checksums",
+    "write_failed",
+)
+
+
+def test_the_cache_room_is_split_by_concern():
+    """Storage and integrity apart from lookup and use: the modules on disk never import the cache
+    object, what a row is (``schema``) touches no file, no module is over 500 lines, and every name
+    of the one-file ``key_token_cache`` is still importable from it."""
+    import ast
+
+    import longppl.cache.key_token_cache as module
+
+    room = os.path.dirname(module.__file__)
+
+    def imported(name: str) -> set[str]:
+        with open(os.path.join(room, name), encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        return found | {(node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+
+    for name in sorted(os.listdir(room)):
+        if name.endswith(".py"):
+            with open(os.path.join(room, name), encoding="utf-8") as handle:
+                assert len(handle.read().splitlines()) <= 500, f"cache/{name} is over 500 lines"
+    for name in ("storage.py", "integrity.py", "schema.py", "shards.py"):
+        assert "key_token_cache" not in imported(name), f"cache/{name} imports the cache object"
+    assert not {"os", "shutil", "tempfile", "atomic_files", "storage", "integrity"} & imported("schema.py")
+    assert [name for name in CACHE_NAMES if not hasattr(module, name)] == []
+    assert set(CACHE_NAMES) <= set(module.__all__)

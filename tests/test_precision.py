@@ -332,3 +332,36 @@ def test_longppl_score_in_fp8_finds_none_of_the_bf16_rows(folders, tmp_path, mon
     assert bf16_job.missing(folders["texts"]) == []
     assert fp8_job.identity == bf16_job.identity.with_precision("fp8") and fp8_job.identity.dtype == "float32+fp8"
     assert fp8_job.missing(folders["texts"]) == folders["texts"]
+
+
+# ---- checked once, at the surface, into a typed value ----
+
+
+def test_a_precision_is_checked_once_into_a_member_that_travels_inward(folders, monkeypatch):
+    """The metric turns the string it is given into an ``EvaluatorPrecision`` once; everything inward
+    (the compile default, the conversion, the fingerprint) takes that member and checks no string
+    again. Strings stay accepted at the public functions, with the same message for a wrong one."""
+    from longppl.settings import EvaluatorPrecision
+
+    assert EvaluatorPrecision.of("fp8") is EvaluatorPrecision.FP8 and EvaluatorPrecision.FP8 == "fp8"
+    assert f"{EvaluatorPrecision.FP8}" == "fp8" and json.dumps(EvaluatorPrecision.BF16) == '"bf16"'
+    for public in (
+        lambda value: precision.check_precision(value, "cpu", torch.bfloat16),
+        lambda value: precision.check_precision_request(value, None, None),
+        lambda value: ModelIdentity("m", None, "bfloat16", "weights:0").with_precision(value),
+    ):
+        with pytest.raises(ValueError, match=r"^evaluator_precision must be 'bf16' or 'fp8' \(bf16: the exact "):
+            public("fp16")
+    assert precision.check_precision("bf16", "cpu", torch.float32) is EvaluatorPrecision.BF16
+
+    checked = []
+    real = EvaluatorPrecision.of.__func__
+
+    def counting(cls, value, name="evaluator_precision"):
+        if not isinstance(value, EvaluatorPrecision):
+            checked.append(value)  # a string checked: only the surface should
+        return real(cls, value, name)
+
+    monkeypatch.setattr(EvaluatorPrecision, "of", classmethod(counting))
+    assert np.isfinite(compute(folders, alpha=0.005, beta=-50.0, evaluator_precision="bf16")["ppl"])
+    assert checked == ["bf16"]

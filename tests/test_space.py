@@ -23,6 +23,7 @@ from helpers import byte_level_bpe, govreport_texts, metaspace_bpe, tiny_model
 
 import longppl
 from longppl import register
+from longppl.settings import KeyTokenRule
 
 gradio = pytest.importorskip("gradio", reason="the Space's tests need gradio: pip install -e '.[space]'")
 gr = gradio
@@ -331,7 +332,7 @@ def _scores(lsd, lcl):
 )
 def test_the_key_token_counts_agree_with_their_nouns(app, lsd, counted):
     text, scores = _scores(lsd, [-1.0] * len(lsd))
-    view = app.key_token_view([text], [scores], 2.0, -2.0, 1)
+    view = app.key_token_view([text], [scores], KeyTokenRule(2.0, -2.0), 1)
     meta = re.sub(r"<[^>]*>", "", re.search(r'<p class="meta">(.*?)</p>', view).group(1))
     assert meta.startswith(counted), meta
 
@@ -386,7 +387,9 @@ def test_lsd_and_lcl_reach_touch_and_keyboard_without_repeating_them(app):
     focused = rules[".longppl-keys .t:focus::after"]
     assert "content: attr(title)" in focused and "position: absolute" in focused
     assert all(document.count(title) == 1 for _, title, _, _ in pieces)
-    assert "click or tap it; Tab steps through the key tokens" in app.key_token_view([text], [scores], 2.0, -2.0, 2)
+    assert "click or tap it; Tab steps through the key tokens" in app.key_token_view(
+        [text], [scores], KeyTokenRule(2.0, -2.0), 2
+    )
 
 
 def test_no_piece_of_a_word_gets_a_box_of_its_own():

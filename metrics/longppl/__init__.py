@@ -24,8 +24,9 @@ Packages table and the README's Layout name every module (tests/test_repository.
   text a cache row belongs to), ``precision`` (an evaluator in bf16 or, through torchao, fp8).
 - floor 3, ``views/``: ``key_token_html`` (the key-token page of ``longppl-visualize`` and the Space).
 - floor 4, ``cache/``: ``key_token_cache`` (an evaluator's scores of a corpus as a
-  ``datasets.Dataset``, to evaluate many models at the cost of one perplexity pass each),
-  ``shards`` (its immutable shards and their manifest: rows committed as they are scored),
+  ``datasets.Dataset``, to evaluate many models at the cost of one perplexity pass each: the rows
+  looked up and used), ``schema`` (what a row is), ``storage`` (the directory on disk: read, written,
+  swapped, appended to, under its lock), ``integrity`` (checksums, a damaged cache named), ``shards`` (its immutable shards and their manifest: rows committed as they are scored),
   ``curation`` (per-document columns to filter or rank a corpus by, from the cached log-probs).
 - floor 5, ``metric/``, the ``evaluate`` metric's logic: ``options`` (its arguments, declared once),
   ``compute`` (what ``compute`` runs), ``official`` (the drop-in for the official package).

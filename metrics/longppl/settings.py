@@ -24,9 +24,11 @@ This module imports nothing else from the package, so every other module may imp
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -147,6 +149,33 @@ class KeyTokenRule:
         object.__setattr__(self, "soft", require_bool("soft", self.soft))
         object.__setattr__(self, "gamma", require_gamma("gamma", self.gamma))
 
+    @classmethod
+    def of(cls, values) -> "KeyTokenRule":
+        """The rule whose fields ``values`` holds by name: a mapping (a harness task's metadata, the
+        metric's ``settings`` output) or an object with attributes (the metric's options, a command's
+        parsed arguments). A field it lacks, or holds as ``None``, takes its default; other names are
+        ignored. Every field of the class is read, so a field added to the rule reaches each surface
+        that builds its rule here, not only ``alpha`` and ``beta``.
+
+        Raises:
+            ValueError: a value the field refuses (as when the rule is built directly).
+        """
+        get = values.get if isinstance(values, Mapping) else lambda name: getattr(values, name, None)
+        return cls(**{f.name: get(f.name) for f in fields(cls) if get(f.name) is not None})
+
+    def key_condition(self, greater: str = ">") -> str:
+        """The hard rule in people's words: ``LSD > 2 and LCL > -2`` (``LSD > 2`` without the LCL
+        condition). ``greater`` is how the comparison is written (``&gt;`` in HTML). With
+        :meth:`describe`, the one wording of the rule for reports, warnings and pages."""
+        return f"LSD {greater} {self.alpha:g}" + (f" and LCL {greater} {self.beta:g}" if self.use_lcl else "")
+
+    def describe(self) -> str:
+        """The whole rule in people's words: its :meth:`key_condition`, or, for the soft variant,
+        ``weights min(exp(LSD), 5)``."""
+        if self.soft:
+            return f"weights min(exp(LSD), {self.gamma:g})"
+        return self.key_condition()
+
 
 def settings_object(cls, given, **values):
     """The ``cls`` settings object (``WindowSettings``, ``KeyTokenSettings``, ``KeyTokenRule``) of a
@@ -200,28 +229,53 @@ def require_aggregation(name: str, value) -> str:
     raise ValueError(f"{name} must be one of {choices} (default {DEFAULT_AGGREGATION!r}), got {value!r}.")
 
 
-#: What the evaluator's Linear layers compute in (``evaluator_precision``, ``longppl score
-#: --evaluator-precision``; ``models.precision``): ``"bf16"``, the evaluator as loaded in its dtype
-#: (bfloat16 on a GPU), the exact reference; ``"fp8"``, the transformer blocks' Linear layers in float8
-#: through torchao (approximate: other key tokens near the thresholds).
-EVALUATOR_PRECISIONS = ("bf16", "fp8")
-DEFAULT_EVALUATOR_PRECISION = EVALUATOR_PRECISIONS[0]
+class EvaluatorPrecision(str, enum.Enum):
+    """What the evaluator's Linear layers compute in (``evaluator_precision``, ``longppl score
+    --evaluator-precision``; ``models.precision``): ``BF16`` (``"bf16"``), the evaluator as loaded in
+    its dtype (bfloat16 on a GPU), the exact reference; ``FP8`` (``"fp8"``), the transformer blocks'
+    Linear layers in float8 through torchao (approximate: other key tokens near the thresholds).
+
+    The checked value: a surface (the metric, a command) turns the string it was given into one with
+    :meth:`of`, once, and passes it inward; the functions below take it as it is (``of`` returns a
+    member unchanged). A member is a ``str`` equal to its name (``EvaluatorPrecision.FP8 == "fp8"``)
+    and prints as it (``f"{precision}"`` is ``fp8``), so messages and records keep their words.
+    """
+
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, value, name: str = "evaluator_precision") -> "EvaluatorPrecision":
+        """``value`` (a member, or its string ``"bf16"`` / ``"fp8"``) as a member, else ``ValueError``
+        naming the choices; ``name`` is what the message calls the setting."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value in EVALUATOR_PRECISIONS:
+            return cls(value)
+        choices = " or ".join(repr(p) for p in EVALUATOR_PRECISIONS)
+        raise ValueError(f"{name} must be {choices} (bf16: the exact reference), got {value!r}.")
 
 
-def require_precision(name: str, value) -> str:
-    """``value`` if it is one of :data:`EVALUATOR_PRECISIONS`, else ``ValueError`` naming them."""
-    if isinstance(value, str) and value in EVALUATOR_PRECISIONS:
-        return value
-    choices = " or ".join(repr(p) for p in EVALUATOR_PRECISIONS)
-    raise ValueError(f"{name} must be {choices} (bf16: the exact reference), got {value!r}.")
+#: The precisions' names, as commands offer them (``choices``) and messages list them.
+EVALUATOR_PRECISIONS = tuple(member.value for member in EvaluatorPrecision)
+DEFAULT_EVALUATOR_PRECISION = EvaluatorPrecision.BF16.value
 
 
-def evaluator_compiles(torch_compile, precision: str) -> bool:
+def require_precision(name: str, value) -> EvaluatorPrecision:
+    """``value`` checked into an :class:`EvaluatorPrecision` (:meth:`EvaluatorPrecision.of`): a
+    member, or one of :data:`EVALUATOR_PRECISIONS`, else ``ValueError`` naming them."""
+    return EvaluatorPrecision.of(value, name)
+
+
+def evaluator_compiles(torch_compile, precision: EvaluatorPrecision | str) -> bool:
     """Whether the evaluator's transformer blocks run compiled: ``torch_compile`` when given
     (``True``/``False``), else (``None``) only for an fp8 evaluator, whose dynamic float8 casts
     compiled into the blocks make it faster than bf16, and slower than bf16 when eager."""
     if torch_compile is None:
-        return precision == "fp8"
+        return precision == EvaluatorPrecision.FP8  # a member, or its string
     return require_bool("torch_compile", torch_compile)
 
 

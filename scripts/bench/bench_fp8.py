@@ -349,7 +349,7 @@ def fidelity(args) -> dict:
     dtype = torch.float32 if args.smoke else torch.bfloat16
     against = "bf16" if args.smoke else args.against
     texts = read_texts(args)
-    settings, rule = KeyTokenSettings(args.trunc_len, args.sliding_window), KeyTokenRule(args.alpha, args.beta)
+    settings, rule = KeyTokenSettings(args.trunc_len, args.sliding_window), KeyTokenRule.of(args)
     compiled = evaluator_compiles(args.torch_compile, against)
     out = dict(part="fidelity", against=against, compiled=compiled, documents=len(texts), trunc_len=args.trunc_len,
                sliding_window=args.sliding_window, alpha=args.alpha, beta=args.beta, bootstrap=args.bootstrap,

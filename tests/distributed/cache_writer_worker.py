@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     path, writer, rows, rounds, barrier, writers = argv[:6]
     writer, rows, rounds, writers = int(writer), int(rows), int(rounds), int(writers)
     if "--die-in-save" in argv:
-        import longppl.cache.key_token_cache as module
+        import longppl.cache.storage as module
 
         def die(folder):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -23,6 +23,7 @@ import sys
 
 import longppl.cache.key_token_cache as cache_module
 import longppl.cache.shards as shards_module
+import longppl.cache.storage as storage_module
 from longppl.tools import compute_key_tokens
 
 
@@ -34,7 +35,7 @@ def die_at(point: str, n: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     commit_shard, append_rows, write_manifest = (
-        cache_module.commit_shard,
+        storage_module.commit_shard,
         cache_module.append_rows,
         shards_module.write_file_atomically,
     )
@@ -56,7 +57,7 @@ def die_at(point: str, n: int) -> None:
             kill()
         return result
 
-    cache_module.commit_shard = counting_commit
+    storage_module.commit_shard = counting_commit
     shards_module.write_file_atomically = manifest
     cache_module.append_rows = counting_append
 

@@ -35,8 +35,9 @@ place. So a kill at any point loses at most the rows of the shard being written.
 (``longppl cache compact``, or any :meth:`KeyTokenCache.save` to the cache's own directory) writes
 base and shards as one new base and swaps it in (the shards go with the old copy).
 
-This module only reads and writes files; the checks that name a damaged cache, and the cache
-object, are in ``key_token_cache``.
+This module only reads and writes files; the checks that name a damaged cache are in
+``integrity``, the directory's reads and writes in ``storage``, the cache object in
+``key_token_cache``.
 """
 
 from __future__ import annotations

@@ -38,8 +38,11 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="key iff LSD > alpha (default %(default)s)")
     parser.add_argument("--beta", type=float, default=DEFAULT_BETA, help="and LCL > beta (default %(default)s)")
-    parser.add_argument(
-        "--no-lcl", action="store_true", help="drop the LCL condition (paper ablation; default: keep it)"
+    parser.add_argument(  # as use_lcl, the rule's field: KeyTokenRule.of(args) reads it by name
+        "--no-lcl",
+        dest="use_lcl",
+        action="store_false",
+        help="drop the LCL condition (paper ablation; default: keep it)",
     )
 
 

@@ -103,7 +103,7 @@ def explain_missing_key_tokens(
 
     from ..rules.key_tokens import key_token_mask, long_short_difference
 
-    alpha, beta, use_lcl = rule.alpha, rule.beta, rule.use_lcl
+    alpha, use_lcl = rule.alpha, rule.use_lcl
     k = f"K={trunc_len}" if trunc_len is not None else "K"
     lsd = [long_short_difference(s.lp_long, s.lp_short) for s in evaluator_scores]
     scored = sum(int((~np.isnan(x)).sum()) for x in lsd)
@@ -117,10 +117,9 @@ def explain_missing_key_tokens(
     if keys == 0:
         largest = max(float(np.nanmax(x)) for x in lsd if not np.isnan(x).all())
         above = sum(int((x > alpha).sum()) for x in lsd)
-        stated = f"LSD > {alpha:g}" + (f" and LCL > {beta:g}" if use_lcl else "")
         return (
             f"none of the {scored} evaluator tokens with a short-context score meets the key-token rule "
-            f"{stated} (largest LSD {largest:.2f}; {above} tokens have LSD > {alpha:g}): alpha/beta are too "
+            f"{rule.key_condition()} (largest LSD {largest:.2f}; {above} tokens have LSD > {alpha:g}): alpha/beta are too "
             f"strict for this corpus and evaluator. Try a lower --alpha"
             + (" or --beta, or --no-lcl" if use_lcl else "")
             + "; longppl-visualize --histogram shows the LSD distribution."

@@ -61,11 +61,7 @@ SETTINGS = (
     "evaluator",
     "trunc_len",
     "sliding_window",
-    "alpha",
-    "beta",
-    "use_lcl",
-    "soft",
-    "gamma",
+    *(rule_field.name for rule_field in dataclasses.fields(longppl.KeyTokenRule)),  # alpha ... gamma
     "aggregation",
 )
 #: Keys lm_eval itself writes into a task's metadata: the task's version, the YAML it was read from, a
@@ -217,9 +213,7 @@ class LongPPLTask(ConfigurableTask):
         # how messages name the cache: the task YAML's line, or the --metadata key
         self.cache_argument = "dataset_path" if config.get("dataset_path") else "key_tokens"
         self.cache_source = str(source)
-        self.rule = longppl.KeyTokenRule(
-            **{key: settings[key] for key in ("alpha", "beta", "use_lcl", "soft", "gamma") if key in settings}
-        )
+        self.rule = longppl.KeyTokenRule.of(settings)
         self.cache_selection = {
             "evaluator": settings.get("evaluator"),
             **{

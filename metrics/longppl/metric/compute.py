@@ -47,6 +47,7 @@ from ..models.sources import check_model_source
 from ..rules.key_tokens import key_char_spans
 from ..settings import (
     DEFAULT_MAX_TOKENS_PER_BATCH,
+    EvaluatorPrecision,
     KeyTokenRule,
     WindowSettings,
     evaluator_compiles,
@@ -259,11 +260,13 @@ def _model_sources(o: LongPPLOptions) -> tuple[_ModelSource, _ModelSource]:
     return model, evaluator
 
 
-def _checked_precision(o: LongPPLOptions, evaluator: _ModelSource, device, torch_dtype) -> str:
-    """``evaluator_precision``, checked before anything is loaded: fp8 converts an evaluator this
-    metric loads itself (given by id), on a GPU that has float8 tensor cores (``precision.check_precision``)."""
-    precision = o.evaluator_precision
-    if precision == "bf16":
+def _checked_precision(
+    precision: EvaluatorPrecision, o: LongPPLOptions, evaluator: _ModelSource, device, torch_dtype
+) -> EvaluatorPrecision:
+    """``precision`` (``evaluator_precision``, already a member), checked before anything is loaded:
+    fp8 converts an evaluator this metric loads itself (given by id), on a GPU that has float8 tensor
+    cores (``precision.check_precision``)."""
+    if precision is EvaluatorPrecision.BF16:
         return precision
     if o.self_evaluation or evaluator.model is not None or evaluator.model_id is None:
         given = (
@@ -303,7 +306,7 @@ class _Request:
     start_token: bool  # add_start_token=True: the evaluated model's BOS id before each text
     device: str | None
     torch_dtype: object  # a str, a torch.dtype or None (merged from torch_dtype and dtype)
-    evaluator_precision: str  # "bf16" or "fp8" (checked against the device, dtype and torchao)
+    evaluator_precision: EvaluatorPrecision  # checked once, here, against the device, dtype and torchao
     aggregation: str
     return_key_spans: bool
     return_evaluator_scores: bool
@@ -335,13 +338,13 @@ class _Request:
             add_special_tokens=o.evaluator_add_special_tokens,
             window_bos=o.window_bos,
         )
-        rule = KeyTokenRule(o.alpha, o.beta, o.use_lcl, o.soft, o.gamma)
+        rule = KeyTokenRule.of(o)  # every field of the rule, by name
         max_tokens_per_batch, add_special_tokens, start_token = _resolve_perplexity_names(
             o.max_tokens_per_batch, o.batch_size, evaluator_settings, o.add_special_tokens, o.add_start_token
         )
         torch_dtype = merge_dtype_arguments(o.torch_dtype, o.dtype)
         device = check_device(o.device)
-        require_precision("evaluator_precision", o.evaluator_precision)
+        precision = require_precision("evaluator_precision", o.evaluator_precision)  # the typed value from here on
         if o.torch_compile is not None:
             require_bool("torch_compile", o.torch_compile)
         max_length = None if o.max_length is None else require_int("max_length", o.max_length, minimum=2)
@@ -368,7 +371,7 @@ class _Request:
                 "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
                 "cut the texts yourself and leave max_length unset."
             )
-        precision = _checked_precision(o, evaluator, device, torch_dtype)
+        precision = _checked_precision(precision, o, evaluator, device, torch_dtype)
         if isinstance(o.key_tokens, (str, os.PathLike)):  # before any model is loaded or text scored
             cache_directory(o.key_tokens, "key_tokens", create=evaluator.given)
         return cls(

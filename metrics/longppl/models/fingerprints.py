@@ -181,8 +181,9 @@ class ModelIdentity:
             digest.update(f"{name_or_path}@{revision}".encode())
         return cls(str(name_or_path), revision, dtype_name(dtype), "checkpoint:" + digest.hexdigest())
 
-    def with_precision(self, precision: str) -> "ModelIdentity":
-        """This identity for the evaluator computing in ``precision`` (``settings.EVALUATOR_PRECISIONS``).
+    def with_precision(self, precision) -> "ModelIdentity":
+        """This identity for the evaluator computing in ``precision`` (a ``settings.EvaluatorPrecision``,
+        or its string).
 
         ``"bf16"`` (the evaluator as loaded): this identity itself, unchanged, so rows scored before
         precisions existed keep their key. Any other: the fingerprint of the same kind (``checkpoint:``
@@ -190,9 +191,10 @@ class ModelIdentity:
         (``bfloat16+fp8``, shown by ``longppl cache info``), so such rows are never taken for the
         bf16 rows of the same weights, nor those for them.
         """
-        from ..settings import require_precision
+        from ..settings import EvaluatorPrecision
 
-        if require_precision("evaluator_precision", precision) == "bf16":
+        precision = EvaluatorPrecision.of(precision).value  # a member passes unchecked
+        if precision == EvaluatorPrecision.BF16:
             return self
         kind, _, digest = self.fingerprint.partition(":")
         tagged = hashlib.sha256(f"longppl-precision-v1\0{precision}\0{digest}".encode()).hexdigest()

@@ -57,7 +57,7 @@ import warnings
 from collections.abc import Sequence
 from importlib import metadata
 
-from ..settings import require_precision
+from ..settings import EvaluatorPrecision
 
 #: The oldest torchao taken: 0.17.0 is the first release built against torch 2.11 (0.18.0, the newest
 #: when this was written, too); the recipe's API is the same in both.
@@ -136,7 +136,7 @@ def _refuse_dtype(name: str, argument: str) -> None:
 
 def check_precision_request(
     precision, device: str | None, torch_dtype: str | None, argument: str = "evaluator_precision"
-) -> str:
+) -> EvaluatorPrecision:
     """The checks of :func:`check_precision` that need no torch, for a command to run before it imports
     torch: a ``device`` named that is not a CUDA GPU (``cpu``, ``mps``, ``auto``), a ``torch_dtype``
     named other than bfloat16, and, on a CUDA device named, torchao missing or too old. ``None`` (and
@@ -145,12 +145,13 @@ def check_precision_request(
     loaded, before torchao (on a machine without a GPU, installing torchao would not help).
 
     Returns:
-        ``precision``, checked (``settings.EVALUATOR_PRECISIONS``).
+        ``precision`` (a member of ``EvaluatorPrecision`` or its string), checked, as a member: what
+        the command passes on.
     Raises:
         ValueError: in :func:`check_precision`'s words.
     """
-    precision = require_precision(argument, precision)
-    if precision == "bf16":
+    precision = EvaluatorPrecision.of(precision, argument)
+    if precision is EvaluatorPrecision.BF16:
         return precision
     if device is not None:
         _refuse_device(device, device.split(":", 1)[0], argument)
@@ -161,9 +162,9 @@ def check_precision_request(
     return precision
 
 
-def check_precision(precision, device: str, dtype, argument: str = "evaluator_precision") -> str:
-    """``precision`` (``settings.EVALUATOR_PRECISIONS``), checked against where and how the evaluator
-    will run, before it is loaded.
+def check_precision(precision, device: str, dtype, argument: str = "evaluator_precision") -> EvaluatorPrecision:
+    """``precision`` (an ``EvaluatorPrecision``, or its string ``"bf16"`` / ``"fp8"``), checked against
+    where and how the evaluator will run, before it is loaded; returned as a member.
 
     Args:
         device: the evaluator's device as the caller resolved it: ``"cuda"`` (every visible GPU is
@@ -173,8 +174,8 @@ def check_precision(precision, device: str, dtype, argument: str = "evaluator_pr
     Raises:
         ValueError: one line saying what is wrong and what to pass (see the module docstring).
     """
-    precision = require_precision(argument, precision)
-    if precision == "bf16":
+    precision = EvaluatorPrecision.of(precision, argument)
+    if precision is EvaluatorPrecision.BF16:
         return precision
     import torch
 
@@ -250,7 +251,7 @@ def convert_blocks_to_fp8(blocks: Sequence, where: str = "the evaluator") -> int
     return len(linears)
 
 
-def to_precision(model, precision: str):
+def to_precision(model, precision: EvaluatorPrecision | str):
     """``model`` with its evaluator ``precision`` applied, in place: as it is for ``"bf16"``; for
     ``"fp8"``, the Linear layers of its transformer blocks converted (:func:`convert_blocks_to_fp8`),
     embedding, norms and LM head untouched. Call it after the tensor-parallel split, and after taking
@@ -261,7 +262,7 @@ def to_precision(model, precision: str):
         ValueError: the model lists no transformer blocks (``_no_split_modules``), or a layer cannot be
             converted (:func:`convert_blocks_to_fp8`).
     """
-    if require_precision("evaluator_precision", precision) == "bf16":
+    if EvaluatorPrecision.of(precision) is EvaluatorPrecision.BF16:  # a member passes unchecked
         return model
     from ..core.compilation import repeated_blocks
     from ..core.logprobs import unwrap_model

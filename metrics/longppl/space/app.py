@@ -356,15 +356,16 @@ def split_texts(raw: str | None) -> list[str]:
     return [doc.strip("\n") for doc in documents if doc.strip()]
 
 
-def key_token_view(texts: list[str], scores, alpha: float, beta: float, trunc_len: int) -> str:
+def key_token_view(texts: list[str], scores, rule: _settings.KeyTokenRule, trunc_len: int) -> str:
     """The key-token view: the legend, then each text (numbered from 1, as ``longppl visualize
     --document`` numbers them) with its evaluator tokens shaded by LSD, key tokens marked and LSD / LCL
     on hover, click, tap or focus, as ``longppl-visualize``'s HTML shows them (``key_token_html``), and
-    the evaluator's counts (``TokenCounts``). ``scores``: the metric's ``evaluator_scores``, one per text."""
-    lsd_cap = _views.check_lsd_cap(None, alpha)
-    parts = [_views.key_token_legend(alpha, beta, True, trunc_len, lsd_cap)]
+    the evaluator's counts (``TokenCounts``). ``scores``: the metric's ``evaluator_scores``, one per
+    text; ``rule``: the key-token rule the metric applied (its ``settings`` output)."""
+    lsd_cap = _views.check_lsd_cap(None, rule.alpha)
+    parts = [_views.key_token_legend(trunc_len=trunc_len, lsd_cap=lsd_cap, rule=rule)]
     for index, (text, text_scores) in enumerate(zip(texts, scores), 1):
-        counts, document = _views.key_token_document(text, text_scores, alpha, beta, True, trunc_len, lsd_cap)
+        counts, document = _views.key_token_document(text, text_scores, trunc_len=trunc_len, lsd_cap=lsd_cap, rule=rule)
         parts.append(f"<h3>Text {index}</h3>{counts}{document}")
     return f'<div class="longppl-keys">{"".join(parts)}</div>'
 
@@ -606,11 +607,11 @@ def _score(raw_texts, model_id, evaluator_model_id, trunc_len, sliding_window, a
     for warning in caught:
         if issubclass(warning.category, UserWarning):
             gr.Warning(html.escape(in_ui_terms(str(warning.message)), quote=False))
-    rule = _settings.KeyTokenRule(alpha, beta)
+    rule = _settings.KeyTokenRule.of(result["settings"])  # the rule the metric applied, whole
     return (
         _shown(result["longppl"], 4),
         _shown(result["ppl"], 4),
-        key_token_view(texts, result["evaluator_scores"], alpha, beta, trunc_len),
+        key_token_view(texts, result["evaluator_scores"], rule, trunc_len),
         summary(result, [_views.TokenCounts.of(scores, rule) for scores in result["evaluator_scores"]]),
     )
 

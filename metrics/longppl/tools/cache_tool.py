@@ -128,7 +128,7 @@ def curate(cache, args) -> dict:
     from longppl.settings import KeyTokenRule
 
     settings, _, rows = cache.select(args.evaluator, trunc_len=args.trunc_len, sliding_window=args.sliding_window)
-    table = curation_table(cache, rows, settings.trunc_len, KeyTokenRule(args.alpha, args.beta))
+    table = curation_table(cache, rows, settings.trunc_len, KeyTokenRule.of(args))
     write_file_atomically(args.output, lambda handle: table.to_parquet(handle), binary=True)
     print(f"{len(table)} documents ({settings.describe()}) -> {args.output}", flush=True)
     return dict(path=cache.path, rows=len(table), output=args.output)

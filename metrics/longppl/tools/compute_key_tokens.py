@@ -221,7 +221,7 @@ def parse_args(argv=None, prog: str = PROG):
             for k in dict.fromkeys(ladder)
         ]
         args.settings = args.ladder[0]
-        args.rule = KeyTokenRule(args.alpha, args.beta)
+        args.rule = KeyTokenRule.of(args)
         require_int("max_tokens_per_batch", args.max_tokens_per_batch)
         require_int("--tensor-parallel", args.tensor_parallel)
         require_int("--shard-documents", args.shard_documents)
@@ -250,7 +250,10 @@ def main(argv=None, prog: str = PROG) -> dict:
     from longppl.models.precision import check_precision_request
     from longppl.models.sources import check_model_source
 
-    check_precision_request(args.evaluator_precision, args.device, args.torch_dtype, "--evaluator-precision")
+    # checked once into the typed value that travels on (ScoringJob, the fingerprint, the conversion)
+    args.evaluator_precision = check_precision_request(
+        args.evaluator_precision, args.device, args.torch_dtype, "--evaluator-precision"
+    )
     locate_corpus(args.corpus, "--corpus")
     check_model_source(args.evaluator, "--evaluator", tokenizer=True)
     import torch
@@ -387,7 +390,7 @@ class ScoringJob:
         # Before anything is read or loaded: a precision this device cannot run, an output that is not a
         # cache's folder or cannot be written.
         dtype = resolve_dtype(args.torch_dtype, device)
-        check_precision(args.evaluator_precision, device, dtype, "--evaluator-precision")
+        self.precision = check_precision(args.evaluator_precision, device, dtype, "--evaluator-precision")
         cache_directory(args.output, argument="--output", create=True)
         texts = read_documents(args.corpus, args.text_column, args.split, "--corpus")
         if not texts:
@@ -407,7 +410,7 @@ class ScoringJob:
             self.evaluator = load_model(args.evaluator, device, args.torch_dtype)  # its tokenizer is loaded above
             self.identity = ModelIdentity.of_model(self.evaluator, self.tokenizer)  # bf16 weights, as loaded
         # fp8 rows are keyed apart from bf16 rows of the same weights; bf16 keeps its identity
-        self.identity = self.identity.with_precision(args.evaluator_precision)
+        self.identity = self.identity.with_precision(self.precision)
         self.cached: set[tuple] = set()  # (text, settings) with a row in the cache (missing)
         # what `score` found: documents longer than the evaluator's trained positions (max_position_embeddings)
         self.past_positions, self.positions = 0, None
@@ -459,7 +462,7 @@ class ScoringJob:
             self.evaluator = load_model(args.evaluator, self.device, args.torch_dtype, args.tensor_parallel)
         # After the tensor-parallel split (each rank converts its shards) and the fingerprint. Each later
         # block finds its layers converted already: to_precision skips them.
-        self.evaluator = to_precision(self.evaluator, args.evaluator_precision)
+        self.evaluator = to_precision(self.evaluator, self.precision)
         self.positions = position_limits(self.evaluator)[0]
 
         # the rungs some of these documents lack (a ladder extended: only the new K); a rung's rows do
@@ -474,7 +477,7 @@ class ScoringJob:
                 ladder,
                 max_tokens_per_batch=args.max_tokens_per_batch,
                 progress=False,
-                torch_compile=evaluator_compiles(args.torch_compile, args.evaluator_precision),
+                torch_compile=evaluator_compiles(args.torch_compile, self.precision),
                 per_document=True,
                 pack_documents=args.pack_documents,
                 text_names=[f"document {self.first[text]} of --corpus (counted from 0)" for text in block],
@@ -569,7 +572,7 @@ def summarize(cache, texts, settings, identity, scored, args, seconds, prog: str
     )
     print(
         f"{summary['documents']} documents ({scored} scored now, {len(set(texts)) - scored} already cached), "
-        f"{n_tokens:,} evaluator tokens, key tokens (alpha={args.alpha:g}, beta={args.beta:g}): "
+        f"{n_tokens:,} evaluator tokens, key tokens ({args.rule.key_condition()}): "
         f"{summary['key_share']:.2%}, {seconds:.1f} s -> {summary['output']}",
         flush=True,
     )

@@ -183,7 +183,7 @@ def main(argv=None, prog: str = PROG) -> dict:
     args = parse_args(argv, prog)
     from longppl.settings import KeyTokenRule
 
-    rule = KeyTokenRule(args.alpha, args.beta, not args.no_lcl, args.soft, args.gamma)  # checked before any loading
+    rule = KeyTokenRule.of(args)  # checked before any loading
     check_output_dir(args.output_dir)
     # Where the cache and the models are (here, or on the Hub: asked once) is settled before torch
     # loads or any model is scored, so that a wrong name fails in a second (longppl.models.sources).
@@ -230,7 +230,7 @@ def main(argv=None, prog: str = PROG) -> dict:
         weights = text_key_weights(texts, evaluator_scores, model_scores, rule=rule)
         per_text = document_results(model_scores, weights)
         results.append((name, summarize_results(per_text, args.aggregation, rule.soft)))
-    print("\n" + format_table(results, soft=args.soft))
+    print("\n" + format_table(results, soft=rule.soft))
     keyless = [name for name, r in results if not math.isfinite(r["longppl"])]
     if keyless:
         reason = explain_missing_key_tokens(evaluator_scores, rule, settings.trunc_len)

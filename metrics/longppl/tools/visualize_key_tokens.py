@@ -96,6 +96,7 @@ def main(argv=None, prog: str = PROG) -> None:
     check_outputs(args)
     from longppl.atomic_files import write_file_atomically
     from longppl.commandline.cache_options import open_selected
+    from longppl.settings import KeyTokenRule
     from longppl.views.key_token_html import key_token_html
 
     cache, settings, fingerprint, rows = open_selected(args)
@@ -114,13 +115,11 @@ def main(argv=None, prog: str = PROG) -> None:
         page = key_token_html(
             row["text"],
             cache.scores(chosen),
-            args.alpha,
-            args.beta,
-            not args.no_lcl,
-            settings.trunc_len,
-            f"Key tokens of text {args.document}",
-            details,
-            args.lsd_cap,
+            trunc_len=settings.trunc_len,
+            title=f"Key tokens of text {args.document}",
+            details=details,
+            lsd_cap=args.lsd_cap,
+            rule=KeyTokenRule.of(args),
         )
         write_file_atomically(args.html, lambda handle: handle.write(page))
         print(f"wrote {args.html}")

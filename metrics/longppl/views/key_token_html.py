@@ -34,7 +34,7 @@ import numpy as np
 
 from ..rules.alignment import tokens_within_spans
 from ..rules.key_tokens import key_char_spans, key_token_mask, long_short_difference
-from ..settings import KeyTokenRule
+from ..settings import KeyTokenRule, settings_object
 
 if TYPE_CHECKING:  # only for the annotations: scoring imports torch
     from ..core.scoring import EvaluatorScores
@@ -114,11 +114,27 @@ def key_shades(alpha: float, lsd_cap: float) -> tuple[float, ...]:
     return (low, (low + lsd_cap) / 2, lsd_cap)
 
 
-def key_token_legend(alpha: float, beta: float, use_lcl: bool, trunc_len: int, lsd_cap: float) -> str:
+def _rule_of(alpha, beta, use_lcl, rule: KeyTokenRule | None) -> KeyTokenRule:
+    """The rule a view function was given: ``rule`` whole, or (as the functions always took it) its
+    ``alpha``, ``beta`` and ``use_lcl``; both at once is a ``ValueError`` (``settings_object``)."""
+    return settings_object(KeyTokenRule, rule, alpha=alpha, beta=beta, use_lcl=use_lcl)
+
+
+def key_token_legend(
+    alpha: float | None = None,
+    beta: float | None = None,
+    use_lcl: bool | None = None,
+    trunc_len: int = 0,
+    lsd_cap: float | None = None,
+    *,
+    rule: KeyTokenRule | None = None,
+) -> str:
     """The legend of the colours and marks, as a ``<div class="legend">`` (style: ``STYLE``, inside an
     element of class ``longppl-keys``). Key tokens are shown at every shade they can have
-    (``key_shades``), since a key token of LSD near ``alpha`` is drawn nearly unshaded."""
-    rule = f"LSD &gt; {alpha:g}" + (f" and LCL &gt; {beta:g}" if use_lcl else "")
+    (``key_shades``), since a key token of LSD near ``alpha`` is drawn nearly unshaded. The rule:
+    ``rule``, or its ``alpha``, ``beta``, ``use_lcl``; ``lsd_cap`` as :func:`check_lsd_cap`."""
+    key_rule = _rule_of(alpha, beta, use_lcl, rule)
+    alpha, lsd_cap = key_rule.alpha, check_lsd_cap(lsd_cap, key_rule.alpha)
 
     def swatches(values, css):
         return "".join(
@@ -131,7 +147,7 @@ def key_token_legend(alpha: float, beta: float, use_lcl: bool, trunc_len: int, l
         '<div class="legend"><p><strong>Legend.</strong> Background: LSD = log P(token | long context) &minus; '
         f"log P(token | last {k} tokens), shaded in proportion to LSD clipped to [0, {lsd_cap:g}]: {steps} "
         f"(no shade: LSD &le; 0).</p>"
-        f"<p>Key tokens ({rule}) are underlined and bold, on the shade of their LSD like every token: "
+        f"<p>Key tokens ({key_rule.key_condition('&gt;')}) are underlined and bold, on the shade of their LSD like every token: "
         f"{swatches(key_shades(alpha, lsd_cap), 'swatch key')}. "
         f'<span class="swatch noscore">grey</span>: the first {k} evaluator tokens, which have no '
         'short-context score; <span class="k-end" data-label="K"></span> marks where they end.</p></div>\n'
@@ -201,21 +217,24 @@ def _tokens(value: int) -> str:
 def key_token_document(
     text: str,
     scores: EvaluatorScores,
-    alpha: float,
-    beta: float,
-    use_lcl: bool = True,
+    alpha: float | None = None,
+    beta: float | None = None,
+    use_lcl: bool | None = None,
     trunc_len: int = 0,
     lsd_cap: float | None = None,
+    *,
+    rule: KeyTokenRule | None = None,
 ) -> tuple[str, str]:
     """``(summary, document)``: a ``<p class="meta">`` counting the evaluator's key tokens of ``text``
     as the metric counts them (``TokenCounts``: each count in a ``<span data-count="key|tokens|scored">``), and the text as a
     ``<div class="doc">`` with its tokens shaded and marked (see the module docstring; style:
     ``STYLE``, inside an element of class ``longppl-keys``). Arguments as ``key_token_html``.
     """
-    lsd_cap = check_lsd_cap(lsd_cap, alpha)
+    rule = _rule_of(alpha, beta, use_lcl, rule)
+    lsd_cap = check_lsd_cap(lsd_cap, rule.alpha)
     offsets = np.asarray(scores.offsets, dtype=np.int64).reshape(-1, 2)
     lsd = long_short_difference(scores.lp_long, scores.lp_short)
-    key = key_token_mask(scores.lp_long, scores.lp_short, KeyTokenRule(alpha, beta, use_lcl))
+    key = key_token_mask(scores.lp_long, scores.lp_short, rule)
     counts = TokenCounts.of_marks(offsets, lsd, key)
     # Pieces: [start, end, key, tooltip lines, largest LSD of its tokens (NaN: none has one)].
     pieces: list[list] = []
@@ -258,8 +277,7 @@ def key_token_document(
         f"{_count('key', counts.key)} key {_tokens(counts.key)} of the evaluator's {_count('tokens', counts.tokens)} "
         f"{_tokens(counts.tokens)} of this text ({counts.key / max(counts.scored, 1):.1%} of the "
         f"{_count('scored', counts.scored)} with a "
-        f"short-context score); key iff LSD &gt; {alpha:g}"
-        + (f" and LCL &gt; {beta:g}" if use_lcl else "")
+        f"short-context score); key iff {rule.key_condition('&gt;')}"
         + ", and a token within the characters of key tokens counts as one, as the metric counts them"
         + ". Hover a token for its LSD and LCL, or click or tap it; Tab steps through the key tokens."
         + (
@@ -274,17 +292,21 @@ def key_token_document(
 def key_token_html(
     text: str,
     scores: EvaluatorScores,
-    alpha: float,
-    beta: float,
-    use_lcl: bool = True,
+    alpha: float | None = None,
+    beta: float | None = None,
+    use_lcl: bool | None = None,
     trunc_len: int = 0,
     title: str = "Key tokens",
     details: str = "",
     lsd_cap: float | None = None,
+    *,
+    rule: KeyTokenRule | None = None,
 ) -> str:
     """A standalone HTML page of ``text`` with key tokens highlighted.
 
     Args:
+        alpha, beta, use_lcl: the hard rule's values (``None``: its default), or pass ``rule``, a
+            ``KeyTokenRule``, whole instead (both at once is a ``ValueError``).
         scores: the evaluator's scores of ``text`` (``offsets`` ``[n, 2]``, ``lp_long`` and
             ``lp_short`` ``[n]``), e.g. ``KeyTokenCache.scores(row)``.
         trunc_len: K, to explain in tooltips and the legend why early tokens have no LSD (the
@@ -296,14 +318,15 @@ def key_token_html(
     Raises:
         ValueError: ``lsd_cap`` is not positive.
     """
-    lsd_cap = check_lsd_cap(lsd_cap, alpha)
-    summary, document = key_token_document(text, scores, alpha, beta, use_lcl, trunc_len, lsd_cap)
+    rule = _rule_of(alpha, beta, use_lcl, rule)
+    lsd_cap = check_lsd_cap(lsd_cap, rule.alpha)
+    summary, document = key_token_document(text, scores, trunc_len=trunc_len, lsd_cap=lsd_cap, rule=rule)
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_PAGE_STYLE}</style></head>"
         f'<body class="longppl-keys">\n<h1>{html.escape(title)}</h1>\n'
         + (f'<p class="meta">{html.escape(details)}</p>\n' if details else "")
         + f"{summary}\n"
-        + key_token_legend(alpha, beta, use_lcl, trunc_len, lsd_cap)
+        + key_token_legend(trunc_len=trunc_len, lsd_cap=lsd_cap, rule=rule)
         + f"{document}\n</body></html>\n"
     )
