@@ -23,7 +23,7 @@ from typing import Any, get_type_hints
 
 from transformers import HfArgumentParser
 
-from .config import LongCEConfig, LongCESettings
+from .config import LongCEConfig
 from .context_extension import METHODS
 
 # The reading of a recipe and the messages for names no field has need no torch: they live in
@@ -403,7 +403,7 @@ class RecipeConfig(LongCEConfig):
 def check_weight_source(data_args: DataArguments, training_args: LongCEConfig) -> None:
     """``key_tokens`` is given exactly when the weight source reads the ``longce_weights`` column that the
     recipe builds from it (``longce_weights: cache``); a ``ValueError`` says what to set."""
-    source = weight_source_for(LongCESettings.from_args(training_args))
+    source = weight_source_for(training_args)
     reads_cache = WEIGHTS_COLUMN in source.batch_columns
     if reads_cache and data_args.key_tokens is None:
         raise ValueError(

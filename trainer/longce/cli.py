@@ -205,7 +205,6 @@ def train(argv: list[str] | None = None, prog: str = PROG) -> LongCETrainer | No
     # After parsing: `--help` and argument errors come without datasets and the trainer.
     from transformers import DataCollatorWithFlattening, default_data_collator
 
-    from .config import LongCESettings
     from .data import load_datasets, load_tokenizer
     from .trainer import LongCETrainer
 
@@ -230,7 +229,7 @@ def train(argv: list[str] | None = None, prog: str = PROG) -> LongCETrainer | No
     # Rank 0 tokenizes first and fills the datasets cache; the other ranks then read it.
     with training_args.main_process_first(desc="dataset preparation"):
         train_dataset, eval_dataset = load_datasets(
-            data_args, tokenizer, model_args.cache_dir, LongCESettings.from_args(training_args)
+            data_args, tokenizer, model_args.cache_dir, training_args.longce_rule
         )
     model = load_model(model_args, training_args, tokenizer)
     collator = DataCollatorWithFlattening() if data_args.packing else default_data_collator
@@ -403,7 +402,6 @@ def write_model_card(trainer: LongCETrainer, model_args: ModelArguments, data_ar
             f"K = {args.longce_trunc_len} (longce_trunc_len), d = {args.longce_sliding_window} "
             f"(longce_sliding_window), gamma = {args.longce_gamma:g} (longce_gamma), weights from "
             f"{args.longce_weights!r} (longce_weights)"
-            + (", plain CE (longce_plain_ce)" if args.longce_plain_ce else "")
         )
     # transformers' first sentence knows neither a model built from model_config nor local data files
     # ("a fine-tuned version of [](https://huggingface.co/) on an unknown dataset"): ours names both.
