@@ -24,10 +24,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from longppl.models.named import resolve
 from longppl.settings import KeyTokenRule
 
-from .arguments import BYTE_LEVEL, DataArguments, ModelArguments
-
 # the checks of a data file and of a key-token folder are the ones the command runs before torch loads
 from .recipes import DATA_FILE_BUILDERS, check_data_file, check_key_tokens_folder  # noqa: F401
+from .script_arguments import BYTE_LEVEL, DataArguments, ModelArguments
 
 if TYPE_CHECKING:
     from longppl.cache.key_token_cache import KeyTokenCache

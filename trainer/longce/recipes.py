@@ -45,9 +45,9 @@ DATA_FILE_BUILDERS = {
 #: The argument dataclasses of the command, ``(module, class)``: ``module`` is a file of this package
 #: or a module of transformers, read as source text.
 ARGUMENT_CLASSES = (
-    ("arguments", "ModelArguments"),
-    ("arguments", "DataArguments"),
-    ("arguments", "RecipeConfig"),
+    ("script_arguments", "ModelArguments"),
+    ("script_arguments", "DataArguments"),
+    ("script_arguments", "RecipeConfig"),
     ("config", "LongCEConfig"),
     ("transformers.training_args", "TrainingArguments"),
 )
@@ -200,8 +200,8 @@ def _recipe_value(recipe: dict[str, Any], names: tuple[str, ...]):
     return next((recipe[name] for name in names if recipe.get(name) is not None), None)
 
 
-class _Paths(argparse.ArgumentParser):
-    """The options naming local paths, read from the command line before the full parse."""
+class _FirstPass(argparse.ArgumentParser):
+    """The command's own options and those naming local paths, read before the full parse."""
 
     def error(self, message: str):  # the full parse reports a malformed option
         raise _Unreadable
@@ -209,6 +209,28 @@ class _Paths(argparse.ArgumentParser):
 
 class _Unreadable(Exception):
     pass
+
+
+def first_pass(argv: list[str]) -> argparse.Namespace | None:
+    """What the command reads from ``argv`` before its full parse, with torch or without: ``config``,
+    ``help``, ``help_all``, and the options naming local paths (``data_files``, ``eval_data_files`` and
+    their other names, ``key_tokens``) or deciding whether they are read (``longce_weights``,
+    ``dataset_name``); ``None`` where ``argv`` is malformed (e.g. ``--config`` without its value), which
+    the full parse then reports."""
+    pre = _FirstPass(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("--help-all", "--help_all", action="store_true")
+    for names in (("data_files", "train_file"), ("eval_data_files", "validation_file")):
+        spellings = [f"--{spelling}" for name in names for spelling in dict.fromkeys((name, name.replace("_", "-")))]
+        pre.add_argument(*spellings, dest=names[0], nargs="+")
+    pre.add_argument("--key_tokens", "--key-tokens")
+    pre.add_argument("--longce_weights", "--longce-weights")
+    pre.add_argument("--dataset_name", "--dataset-name")
+    try:
+        return pre.parse_known_args(argv)[0]
+    except _Unreadable:
+        return None
 
 
 def check_before_loading(argv: list[str], prog: str = PROG) -> None:
@@ -222,22 +244,9 @@ def check_before_loading(argv: list[str], prog: str = PROG) -> None:
     as the command line or else the recipe gives it (a recipe's paths relative to its folder).
     ``--help`` is left alone.
     """
-    pre = _Paths(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config")
-    pre.add_argument("-h", "--help", action="store_true")
-    pre.add_argument("--help-all", "--help_all", action="store_true")
-    for names in (("data_files", "train_file"), ("eval_data_files", "validation_file")):
-        spellings = [f"--{spelling}" for name in names for spelling in dict.fromkeys((name, name.replace("_", "-")))]
-        pre.add_argument(*spellings, dest=names[0], nargs="+")
-    pre.add_argument("--key_tokens", "--key-tokens")
-    pre.add_argument("--longce_weights", "--longce-weights")
-    pre.add_argument("--dataset_name", "--dataset-name")
-    try:
-        known, _ = pre.parse_known_args(argv)
-    except _Unreadable:
-        return  # e.g. `--config` without its value: the full parse says so
-    if known.help or known.help_all:
-        return
+    known = first_pass(argv)
+    if known is None or known.help or known.help_all:
+        return  # malformed (e.g. `--config` without its value): the full parse says so
     recipe = load_recipe(known.config) if known.config is not None else {}
     fields = source_fields()
     if fields is not None:
