@@ -524,6 +524,15 @@ def test_longce_settings_is_deprecated_and_still_reads_a_longce_config():
         LongCESettings(gama=2.0)
 
 
+def test_the_trainers_longce_attribute_is_deprecated_and_reads_its_config():
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_gamma=2.5))
+    with pytest.warns(FutureWarning, match=r"LongCETrainer.longce .* is deprecated.*trainer.args") as caught:
+        settings = trainer.longce
+    assert len(caught) == 1 and (settings.gamma, settings.trunc_len, settings.window.sliding_window) == (2.5, K, D)
+    with pytest.raises(AttributeError, match="can no longer be set.*longce_\\* fields of trainer.args"):
+        trainer.longce = settings
+
+
 def test_longce_plain_ce_is_deprecated_and_sets_longce_weights_none():
     with pytest.warns(FutureWarning, match=r"longce_plain_ce is deprecated.*use longce_weights='none'"):
         args = make_args(longce_plain_ce=True)

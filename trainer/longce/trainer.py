@@ -36,6 +36,7 @@ import contextlib
 import functools
 import logging
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -47,12 +48,18 @@ from transformers import Trainer
 from longppl.core.compilation import compiled_blocks
 from longppl.core.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
-from .config import LongCEConfig, as_longce_config
+from .config import LongCEConfig, _LongCESettings, as_longce_config
 from .documents import batch_documents, batch_short_log_probs, count_window_passes
 from .lm_head_loss import select_lm_head_loss
 from .weight_sources import WEIGHTS_COLUMN, WeightSource, aligned_weights, weight_source_for
 
 logger = logging.getLogger(__name__)
+
+#: What replaces the deprecated ``LongCETrainer.longce`` (one release more, then removed).
+TRAINER_SETTINGS_DEPRECATION = (
+    "LongCETrainer.longce (a LongCESettings) is deprecated and will be removed in the next release: read and set "
+    "the longce_* fields of trainer.args, its LongCEConfig (e.g. trainer.args.longce_gamma)."
+)
 
 # Logged besides the loss, per mode; evaluation prefixes its metric_key_prefix ("eval_", "test_").
 _STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
@@ -181,6 +188,19 @@ class LongCETrainer(Trainer):
         self._longce_stats: dict[str, torch.Tensor] = {}
         self._longce_want_logits = False  # set by prediction_step while predictions are gathered
         self._longce_warned_no_windows = False
+
+    @property
+    def longce(self) -> Any:
+        """Deprecated (removed in the next release): read the ``longce_*`` fields of ``self.args`` (its
+        ``LongCEConfig``) instead. Returns them as the deprecated ``LongCESettings``, with a ``FutureWarning``."""
+        warnings.warn(TRAINER_SETTINGS_DEPRECATION, FutureWarning, stacklevel=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # one warning, this one
+            return _LongCESettings.from_args(self.args)
+
+    @longce.setter
+    def longce(self, value: Any) -> None:
+        raise AttributeError(f"LongCETrainer.longce can no longer be set. {TRAINER_SETTINGS_DEPRECATION}")
 
     @property
     def weight_source(self) -> WeightSource:
