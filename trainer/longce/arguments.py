@@ -33,9 +33,9 @@ from .recipes import (  # noqa: F401  (load_recipe, resolve_recipe_paths: import
     first_pass,
     load_recipe,
     options_of_fields,
+    read_recipe_file,
     resolve_recipe_paths,
     unknown_arguments_message,
-    unknown_fields_message,
 )
 from .script_arguments import (  # noqa: F401  (the fields, importable from here as before)
     BYTE_LEVEL,
@@ -260,24 +260,12 @@ def _help_fields(cls: type, keep, title: str, recipe: dict[str, Any]) -> type:
 
 
 def read_recipe(path: str, argv: list[str], prog: str = PROG) -> dict[str, Any]:
-    """The recipe at ``path``, checked and ready to be the parser's defaults.
-
-    Unknown keys are a ``ValueError`` (``prog``: the command's name in it); ``data_files`` / ``eval_data_files`` / ``key_tokens`` become
-    paths relative to the recipe's folder; each ``ALIASES`` group is merged (``merge_aliases``).
+    """The recipe at ``path``, checked and ready to be the parser's defaults: read as before torch
+    (``recipes.read_recipe_file``: unknown keys are a ``ValueError``, ``prog`` the command's name in it;
+    local paths relative to the recipe's folder), then each ``ALIASES`` group merged (``merge_aliases``).
     """
-    recipe = load_recipe(path)
     valid = {f.name for cls in (ModelArguments, DataArguments, RecipeConfig) for f in fields(cls) if f.init}
-    unknown = sorted(set(recipe) - valid)
-    if unknown:
-        raise ValueError(unknown_fields_message(unknown, path, prog))
-    # A recipe's data files are relative to the recipe, so it runs from any directory; paths given on the
-    # command line stay relative to the current directory, as usual.
-    for key in ("data_files", "eval_data_files", "train_file", "validation_file"):
-        if recipe.get(key):
-            recipe[key] = resolve_recipe_paths(recipe[key], path)
-    if isinstance(recipe.get("key_tokens"), str):
-        recipe["key_tokens"] = resolve_recipe_paths(recipe["key_tokens"], path)[0]
-    return merge_aliases(recipe, argv, path)
+    return merge_aliases(read_recipe_file(path, valid, prog), argv, path)
 
 
 def parse_args(argv: list[str] | None = None, prog: str = PROG) -> tuple[ModelArguments, DataArguments, RecipeConfig]:

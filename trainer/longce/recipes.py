@@ -81,6 +81,31 @@ def resolve_recipe_paths(paths: str | list[str], recipe_path: str) -> list[str]:
     return [p if os.path.isabs(p) or "://" in p else os.path.normpath(os.path.join(folder, p)) for p in paths]
 
 
+#: The recipe fields naming local files, relative to the recipe's folder (``key_tokens`` too, one folder).
+RECIPE_PATHS = ("data_files", "eval_data_files", "train_file", "validation_file")
+
+
+def read_recipe_file(path: str, valid: set[str] | None, prog: str = PROG) -> dict[str, Any]:
+    """The recipe at ``path`` (:func:`load_recipe`), its keys checked and its paths resolved: the one
+    reading of a recipe, before torch (``check_before_loading``) and in the full parse.
+
+    Keys not in ``valid`` (the fields; ``None``: not checked) are a ``ValueError`` naming them
+    (``prog``: the command's name in it). A recipe's ``RECIPE_PATHS`` and ``key_tokens`` are made
+    relative to its folder, so it runs from any directory; paths given on the command line stay
+    relative to the current directory, as usual.
+    """
+    recipe = load_recipe(path)
+    unknown = sorted(set(recipe) - valid) if valid is not None else []
+    if unknown:
+        raise ValueError(unknown_fields_message(unknown, path, prog))
+    for key in RECIPE_PATHS:
+        if recipe.get(key):
+            recipe[key] = resolve_recipe_paths(recipe[key], path)
+    if isinstance(recipe.get("key_tokens"), str):
+        recipe["key_tokens"] = resolve_recipe_paths(recipe["key_tokens"], path)[0]
+    return recipe
+
+
 def unknown_fields_message(unknown: list[str], path: str, prog: str = PROG) -> str:
     """The error for recipe keys that are no field."""
     return (
@@ -196,8 +221,9 @@ def _dataclass_fields(path: str | None, name: str) -> dict[str, bool] | None:
     return fields
 
 
-def _recipe_value(recipe: dict[str, Any], names: tuple[str, ...]):
-    return next((recipe[name] for name in names if recipe.get(name) is not None), None)
+def _recipe_paths(recipe: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    value = next((recipe[name] for name in names if recipe.get(name) is not None), None)
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
 class _FirstPass(argparse.ArgumentParser):
@@ -247,12 +273,9 @@ def check_before_loading(argv: list[str], prog: str = PROG) -> None:
     known = first_pass(argv)
     if known is None or known.help or known.help_all:
         return  # malformed (e.g. `--config` without its value): the full parse says so
-    recipe = load_recipe(known.config) if known.config is not None else {}
     fields = source_fields()
+    recipe = read_recipe_file(known.config, fields and set(fields), prog) if known.config is not None else {}
     if fields is not None:
-        unknown = set(recipe) - set(fields)
-        if unknown:
-            raise ValueError(unknown_fields_message(list(unknown), known.config, prog))
         options = options_of_fields(fields)
         valid = set(options) | set(OWN_OPTIONS)
         # a prefix of a valid option is argparse's abbreviation (or ambiguity): the full parse decides
@@ -260,25 +283,19 @@ def check_before_loading(argv: list[str], prog: str = PROG) -> None:
         if strays:
             raise ValueError(unknown_arguments_message(strays, options, prog))
 
-    def from_recipe(*names: str) -> list[str]:
-        value = _recipe_value(recipe, names)
-        return [] if value is None else resolve_recipe_paths(value, known.config)
-
     training = known.data_files
     if training is None and known.dataset_name is None:
-        training = from_recipe("data_files", "train_file")
-    evaluation = (
-        known.eval_data_files
-        if known.eval_data_files is not None
-        else from_recipe("eval_data_files", "validation_file")
-    )
+        training = _recipe_paths(recipe, ("data_files", "train_file"))
+    evaluation = known.eval_data_files
+    if evaluation is None:
+        evaluation = _recipe_paths(recipe, ("eval_data_files", "validation_file"))
     for files_field, paths in (("data_files", training or []), ("eval_data_files", evaluation)):
         for path in paths:
             if "://" not in path:
                 check_data_file(path, files_field)
     key_tokens = known.key_tokens
     if key_tokens is None and isinstance(recipe.get("key_tokens"), str):
-        key_tokens = resolve_recipe_paths(recipe["key_tokens"], known.config)[0]
+        key_tokens = recipe["key_tokens"]
     weights = known.longce_weights if known.longce_weights is not None else recipe.get("longce_weights")
     if key_tokens is not None and weights == "cache":  # without cached weights, key_tokens is the error
         check_key_tokens_folder(key_tokens)
