@@ -7,8 +7,8 @@
         --config configs/setting_a_pg19_eabf.yaml                               # the paper's setting A
 
 Same flags, recipes and output as ``longce-train`` (``longce.cli``); ``--help`` lists the recipe fields,
-``--help-all`` every ``TrainingArguments`` field. The arguments live in ``longce.arguments``, the data
-pipeline in ``longce.data``.
+``--help-all`` every ``TrainingArguments`` field. The parser lives in ``longce.arguments``, the fields in
+``longce.script_arguments``, the data pipeline in ``longce.data``.
 """
 
 import sys

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -18,7 +19,6 @@ from helpers import one_step_args, run_guarded, tiny_model
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments, default_data_collator
 
 from longce import LongCEConfig, LongCETrainer, batch_documents, lm_head_loss
-from longce.config import LongCESettings
 from longce.lm_head_loss import (
     ChunkedLMHeadLoss,
     FirstApplicable,
@@ -203,7 +203,7 @@ def test_plain_ce_switch_equals_stock_trainer_with_accumulation(side):
     rows = documents([40, 12, 33, 25, 19, 38, 7, 30])
     common = dict(gradient_accumulation_steps=2, per_device_train_batch_size=2, max_steps=2)
     stock_log, stock = _train(Trainer, make_args(TrainingArguments, **common), rows, side, copy.deepcopy(base))
-    ours_log, ours = _train(LongCETrainer, make_args(longce_plain_ce=True, **common), rows, side, copy.deepcopy(base))
+    ours_log, ours = _train(LongCETrainer, make_args(longce_weights="none", **common), rows, side, copy.deepcopy(base))
     assert math.isclose(ours_log["loss"], stock_log["loss"], rel_tol=1e-5)
     for (name, p), q in zip(stock.named_parameters(), ours.parameters()):
         torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
@@ -454,7 +454,9 @@ def _train_with_unlabelled_micro_batch(trainer_cls, args, model):
     return trainer.state.log_history[0], model
 
 
-@pytest.mark.parametrize("overrides", [dict(longce_plain_ce=True), dict(longce_trunc_len=64)], ids=["plain-ce", "self"])
+@pytest.mark.parametrize(
+    "overrides", [dict(longce_weights="none"), dict(longce_trunc_len=64)], ids=["plain-ce", "self"]
+)
 def test_an_unlabelled_micro_batch_of_an_accumulated_step_trains_like_stock_trainer(overrides):
     """Its tokens count 0 in num_items_in_batch and it adds 0 to the loss and the gradients: the update and
     the logged loss are stock Trainer's (self-scored LongCE with K beyond the sequences weighs every token 1)."""
@@ -495,9 +497,53 @@ def test_an_unlabelled_micro_batch_of_an_accumulated_step_trains_like_stock_trai
 def test_bad_settings(setting, value, message):
     with pytest.raises(ValueError, match=message):
         make_args(**{setting: value})
-    # The same check where the settings come from another object (LongCETrainer with other arguments).
-    with pytest.raises(ValueError, match=message):
-        LongCESettings.from_args(SimpleNamespace(**{setting: value}))
+
+
+def test_longce_settings_is_deprecated_and_still_reads_a_longce_config():
+    """One release more: importing or building LongCESettings warns, naming LongCEConfig, and works."""
+    import longce
+
+    with pytest.warns(FutureWarning, match=r"LongCESettings is deprecated.*use LongCEConfig"):
+        from longce.config import LongCESettings
+    with pytest.warns(FutureWarning, match=r"LongCESettings is deprecated.*use LongCEConfig"):
+        assert longce.LongCESettings is LongCESettings
+    assert "LongCESettings" not in dir(longce)
+    with pytest.warns(FutureWarning, match=r"LongCESettings is deprecated.*use LongCEConfig"):
+        settings = LongCESettings(gamma=2.5, trunc_len=16)
+    assert isinstance(settings.config, LongCEConfig) and settings.config.longce_gamma == 2.5
+    assert (settings.gamma, settings.trunc_len, settings.sliding_window, settings.plain_ce) == (2.5, 16, 1024, False)
+    assert (settings.window.trunc_len, settings.longce_rule.gamma) == (16, 2.5)
+    with pytest.warns(FutureWarning, match="LongCESettings is deprecated"):
+        assert (
+            LongCESettings.from_args(make_args(longce_gamma=2.5, longce_trunc_len=16, longce_sliding_window=1024))
+            == settings
+        )
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="longce_gamma must be > 0"):
+        LongCESettings(gamma=0.0)  # checked by LongCEConfig, under its field's name
+    with pytest.warns(FutureWarning), pytest.raises(TypeError, match=r"no setting\(s\) \['gama'\].*use LongCEConfig"):
+        LongCESettings(gama=2.0)
+
+
+def test_the_trainers_longce_attribute_is_deprecated_and_reads_its_config():
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_gamma=2.5))
+    with pytest.warns(FutureWarning, match=r"LongCETrainer.longce .* is deprecated.*trainer.args") as caught:
+        settings = trainer.longce
+    assert len(caught) == 1 and (settings.gamma, settings.trunc_len, settings.window.sliding_window) == (2.5, K, D)
+    with pytest.raises(AttributeError, match="can no longer be set.*longce_\\* fields of trainer.args"):
+        trainer.longce = settings
+
+
+def test_longce_plain_ce_is_deprecated_and_sets_longce_weights_none():
+    with pytest.warns(FutureWarning, match=r"longce_plain_ce is deprecated.*use longce_weights='none'"):
+        args = make_args(longce_plain_ce=True)
+    assert args.longce_weights == "none"
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=args)
+    assert type(trainer.weight_source).__name__ == "NoWeights"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default (False) and its replacement do not warn
+        assert make_args(longce_weights="none").longce_weights == "none" and make_args().longce_weights == "self"
+    with pytest.raises(ValueError, match="set only one of them"):
+        make_args(longce_plain_ce=True, longce_weights="cache")
 
 
 def test_infinite_gamma_is_refused_by_the_trainer_and_the_metric_alike():
@@ -512,9 +558,8 @@ def test_infinite_gamma_is_refused_by_the_trainer_and_the_metric_alike():
             r"would leave them unbounded: use a large finite cap instead\), got inf\.$"
         )
 
-    for build in (lambda: make_args(longce_gamma=math.inf), lambda: LongCESettings(gamma=math.inf)):
-        with pytest.raises(ValueError, match=message("longce_gamma")):
-            build()
+    with pytest.raises(ValueError, match=message("longce_gamma")):
+        make_args(longce_gamma=math.inf)
     for build in (
         lambda: KeyTokenRule(soft=True, gamma=math.inf),
         lambda: add_key_token_weights(Dataset.from_dict({"text": ["a"]}), None, None, gamma=math.inf),
@@ -550,10 +595,25 @@ def test_data_parallel_is_refused():
 
 
 def test_plain_training_arguments_get_longce_defaults():
-    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(TrainingArguments))
-    assert (trainer.longce.trunc_len, trainer.longce.sliding_window, trainer.longce.gamma) == (4096, 1024, 5.0)
-    assert trainer.longce == LongCESettings()
-    assert LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_gamma=2.5)).longce.gamma == 2.5
+    given = make_args(TrainingArguments, learning_rate=3e-3, save_strategy="steps", save_steps=7, hub_token="secret")
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=given)
+    # Converted into a LongCEConfig once (TRL's pattern): every TrainingArguments field kept, LongCE's defaults.
+    assert type(trainer.args) is LongCEConfig
+    for spec in dataclasses.fields(TrainingArguments):
+        if spec.init:
+            assert getattr(trainer.args, spec.name) == getattr(given, spec.name), spec.name
+    defaults = {spec.name: spec.default for spec in dataclasses.fields(LongCEConfig) if spec.name.startswith("longce_")}
+    assert {name: getattr(trainer.args, name) for name in defaults} == defaults
+    assert (trainer.args.longce_trunc_len, trainer.args.longce_sliding_window, trainer.args.longce_gamma) == (
+        4096,
+        1024,
+        5.0,
+    )
+    assert type(trainer.weight_source).__name__ == "SelfScoredWeights"
+    # Given positionally too (Trainer's order: model, args); a LongCEConfig is used as it is.
+    assert type(LongCETrainer(tiny_model("llama", VOCAB), given).args) is LongCEConfig
+    config = make_args(longce_gamma=2.5)
+    assert LongCETrainer(model=tiny_model("llama", VOCAB), args=config).args is config
 
 
 def test_evaluation_logs_eval_statistics():
@@ -751,11 +811,11 @@ def test_sequences_no_longer_than_k_plus_d_warn_once(caplog):
     assert len(messages) == 1, messages
     assert "K + d = 13 tokens (longest: 13; longce_trunc_len K=8, longce_sliding_window d=5)" in messages[0]
     assert "plain cross-entropy" in messages[0] and "smaller longce_trunc_len" in messages[0]
-    # Per trainer: a new trainer warns again; long enough sequences and longce_plain_ce do not warn.
+    # Per trainer: a new trainer warns again; long enough sequences and plain CE (longce_weights 'none') do not warn.
     caplog.clear()
     with caplog.at_level("WARNING", logger="longce.trainer"):
         LongCETrainer(model=model, args=make_args()).compute_loss(model, padded_batch(documents([K + D + 1])))
-        LongCETrainer(model=model, args=make_args(longce_plain_ce=True)).compute_loss(model, short)
+        LongCETrainer(model=model, args=make_args(longce_weights="none")).compute_loss(model, short)
         assert not caplog.records
         LongCETrainer(model=model, args=make_args()).compute_loss(model, short)
     assert len(caplog.records) == 1

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,12 +29,11 @@ from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlatte
 
 from longce import LongCEConfig, LongCETrainer
 from longce.cached_weights import LongCEWeightsCollator, add_key_token_weights, place_weights
-from longce.config import LongCESettings
 from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, key_token_rows
 from longppl.core.scoring import EvaluatorScores, score_with_evaluator
 from longppl.models.fingerprints import ModelIdentity
 from longppl.rules.alignment import encode_with_offsets
-from longppl.settings import DEFAULT_GAMMA
+from longppl.settings import DEFAULT_GAMMA, KeyTokenRule
 
 GAMMA = 3.0
 K, D = 40, 16  # the synthetic evaluator's window settings: tokens i < K have no short score
@@ -707,10 +705,6 @@ def test_cache_of_another_tokenizer():
 def test_bad_settings(overrides, message):
     with pytest.raises(ValueError, match=message):
         make_args(**overrides)
-    # The same check where the settings come from another object (LongCETrainer with other arguments).
-    given = {"longce_weights": "cache", **overrides}
-    with pytest.raises(ValueError, match=message):
-        LongCESettings.from_args(SimpleNamespace(**given))
 
 
 def test_bad_arguments_of_the_dataset_step():
@@ -723,6 +717,25 @@ def test_bad_arguments_of_the_dataset_step():
         add_key_token_weights(dataset, cache, tokenizer, max_length=1)
     with pytest.raises(ValueError, match="no text column 'body'"):
         add_key_token_weights(dataset, cache, tokenizer, text_column="body")
+
+
+def test_the_dataset_step_takes_the_soft_rule_whole():
+    """``rule=`` (e.g. ``LongCEConfig.longce_rule``) gives the weights ``gamma=`` gives; a hard rule, or a rule
+    beside ``gamma``, is refused."""
+    tokenizer = byte_level_bpe()
+    texts = excerpts(2)
+    cache, _ = make_cache(tokenizer, texts)
+    dataset = Dataset.from_dict({"text": texts})
+    by_gamma = add_key_token_weights(dataset, cache, tokenizer, gamma=1.5, append_eos=True)["longce_weights"]
+    rule = make_args(longce_gamma=1.5).longce_rule
+    assert rule == KeyTokenRule(soft=True, gamma=1.5)
+    by_rule = add_key_token_weights(dataset, cache, tokenizer, rule=rule, append_eos=True)["longce_weights"]
+    assert by_rule == by_gamma and max(max(row) for row in by_rule) <= 1.5
+    assert by_rule != add_key_token_weights(dataset, cache, tokenizer, append_eos=True)["longce_weights"]  # gamma 5
+    with pytest.raises(ValueError, match="is the hard rule; LongCE weights are the soft rule's"):
+        add_key_token_weights(dataset, cache, tokenizer, rule=KeyTokenRule())
+    with pytest.raises(ValueError, match="Got both a KeyTokenRule and gamma"):
+        add_key_token_weights(dataset, cache, tokenizer, gamma=1.5, rule=rule)
 
 
 if __name__ == "__main__":  # the DDP test's worker, under accelerate launch: DATA OUTPUT_DIR PER_DEVICE_BATCH

@@ -15,7 +15,7 @@ import yaml
 from datasets import Dataset
 from helpers import byte_level_bpe, govreport_texts, one_torch_thread
 
-from longce import LongCESettings, LongCETrainer, cli
+from longce import LongCETrainer, cli
 from longce.arguments import parse_args
 from longce.cached_weights import add_key_token_weights
 from longce.data import byte_level_tokenizer, load_datasets
@@ -23,6 +23,7 @@ from longppl.cache.key_token_cache import KeyTokenCache, KeyTokenSettings, key_t
 from longppl.core.scoring import EvaluatorScores
 from longppl.models.fingerprints import ModelIdentity
 from longppl.rules.alignment import encode_with_offsets
+from longppl.settings import KeyTokenRule
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "configs", "tiny_cpu.yaml")
@@ -167,7 +168,7 @@ def test_grouped_blocks_carry_each_tokens_weight(tmp_path, batch_size):
     data = write_jsonl(tmp_path / "docs.jsonl", texts)
     extra = ("--preprocessing_batch_size", str(batch_size))
     _, data_args, training_args = parse_args(argv(tmp_path, data, tmp_path / "keys", *extra))
-    train, _ = load_datasets(data_args, tokenizer, str(tmp_path / "hf"), LongCESettings.from_args(training_args))
+    train, _ = load_datasets(data_args, tokenizer, str(tmp_path / "hf"), training_args.longce_rule)
     expected = reference_blocks(reference_documents(scores, tokenizer.eos_token_id), batch_size)
     assert train.column_names == ["input_ids", "longce_weights", "labels"]
     assert train["input_ids"] == [ids for ids, _ in expected] == train["labels"]
@@ -240,9 +241,9 @@ def test_key_tokens_evaluator_chooses_among_several(tmp_path):
     data = write_jsonl(tmp_path / "docs.jsonl", texts)
     _, data_args, _ = parse_args(argv(tmp_path, data, tmp_path / "keys"))
     with pytest.raises(ValueError, match="2 evaluator/settings combinations.*key_tokens_evaluator"):
-        load_datasets(data_args, tokenizer, str(tmp_path / "hf"), LongCESettings(gamma=GAMMA))
+        load_datasets(data_args, tokenizer, str(tmp_path / "hf"), KeyTokenRule(soft=True, gamma=GAMMA))
     _, data_args, _ = parse_args(argv(tmp_path, data, tmp_path / "keys", "--key_tokens_evaluator", "evaluator-b"))
-    train, _ = load_datasets(data_args, tokenizer, str(tmp_path / "hf"), LongCESettings(gamma=GAMMA))
+    train, _ = load_datasets(data_args, tokenizer, str(tmp_path / "hf"), KeyTokenRule(soft=True, gamma=GAMMA))
     expected = reference_blocks(reference_documents(scores["evaluator-b"], tokenizer.eos_token_id))
     np.testing.assert_allclose(np.array(train["longce_weights"]), np.array([w for _, w in expected]), rtol=1e-5)
 

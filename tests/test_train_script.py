@@ -658,6 +658,14 @@ def test_dtype_and_torch_dtype_are_one_field(tmp_path):
     assert model_args.dtype == model_args.torch_dtype == "bfloat16"
 
 
+def test_the_deprecated_plain_ce_flag_still_trains_plain_ce_and_names_its_replacement(tmp_path):
+    with pytest.warns(FutureWarning, match=r"longce_plain_ce is deprecated.*--longce_weights none"):
+        _, _, args = parse_args(tiny_argv(tmp_path, "--longce_plain_ce", "true"))
+    assert args.longce_weights == "none"
+    _, _, replacement = parse_args(tiny_argv(tmp_path, "--longce_weights", "none"))
+    assert replacement.longce_weights == "none" and not replacement.longce_plain_ce
+
+
 def test_either_checkpointing_name_in_recipe_or_command_line(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -11,7 +11,6 @@ from helpers import one_step_args, tiny_model
 from transformers import DataCollatorWithFlattening
 
 from longce import LongCEConfig, LongCETrainer
-from longce.config import LongCESettings
 from longce.weight_sources import CachedWeights, NoWeights, SelfScoredWeights, WeightSource, weight_source_for
 
 VOCAB = 97
@@ -101,32 +100,35 @@ def test_a_source_that_allows_context_parallelism_gets_it():
 
 
 def test_the_settings_choose_one_source():
-    assert type(weight_source_for(LongCESettings())) is SelfScoredWeights
-    assert type(weight_source_for(LongCESettings(weights="cache"))) is CachedWeights
-    assert type(weight_source_for(LongCESettings(plain_ce=True))) is NoWeights
-    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_plain_ce=True))
+    assert type(weight_source_for(make_args())) is SelfScoredWeights
+    assert type(weight_source_for(make_args(longce_weights="cache"))) is CachedWeights
+    assert type(weight_source_for(make_args(longce_weights="none"))) is NoWeights
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_weights="none"))
     assert type(trainer.weight_source) is NoWeights
 
 
-def test_the_weight_mode_is_one_field_and_plain_ce_is_its_alias():
+def test_the_weight_mode_is_one_field():
     from longce.config import WEIGHT_SOURCES
     from longce.weight_sources import SOURCE_OF_SETTING
 
     assert WEIGHT_SOURCES == tuple(SOURCE_OF_SETTING) == ("self", "cache", "none")
-    none = LongCESettings(weights="none")
-    assert type(weight_source_for(none)) is NoWeights and none.plain_ce is True
-    alias = LongCESettings(plain_ce=True)
-    assert alias.weights == "none" and alias == none
-    assert LongCESettings().plain_ce is False and LongCESettings(weights="cache").plain_ce is False
-    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args(longce_weights="none"))
-    assert type(trainer.weight_source) is NoWeights
+    with pytest.warns(FutureWarning, match="longce_plain_ce is deprecated"):
+        alias = make_args(longce_plain_ce=True)  # the deprecated name sets the one field
+    assert alias.longce_weights == "none" and type(weight_source_for(alias)) is NoWeights
     with pytest.raises(ValueError, match=r"longce_weights must be one of \('self', 'cache', 'none'\)"):
-        LongCESettings(weights="plain")
+        make_args(longce_weights="plain")
+
+
+def test_setting_the_weights_field_anew_changes_the_source():
+    trainer = LongCETrainer(model=tiny_model("llama", VOCAB), args=make_args())
+    assert type(trainer.weight_source) is SelfScoredWeights
+    trainer.args.longce_weights = "none"
+    assert type(trainer.weight_source) is NoWeights
 
 
 @pytest.mark.parametrize(
     "overrides, setting",
-    [(dict(longce_weights="cache"), "longce_weights='cache'"), (dict(longce_plain_ce=True), "longce_plain_ce=True")],
+    [(dict(longce_weights="cache"), "longce_weights='cache'"), (dict(longce_weights="none"), "longce_weights='none'")],
 )
 def test_a_given_source_and_a_chosen_one_are_refused(overrides, setting):
     with pytest.raises(ValueError, match=rf"weight_source=UniformWeights\(\) and {setting}.* give only one of them"):
@@ -141,6 +143,6 @@ def test_a_weight_source_that_is_not_one_is_refused():
 def test_plain_ce_refuses_a_weights_column_and_names_itself():
     model = tiny_model("llama", VOCAB).train()
     docs = documents([20, 15])
-    trainer = LongCETrainer(model=model, args=make_args(longce_plain_ce=True))
-    with pytest.raises(ValueError, match=r"holds 'longce_weights', but longce_plain_ce=True \(every weight 1\)"):
+    trainer = LongCETrainer(model=model, args=make_args(longce_weights="none"))
+    with pytest.raises(ValueError, match=r"holds 'longce_weights', but longce_weights='none' \(every weight 1\)"):
         trainer.compute_loss(model, packed(docs, longce_weights=torch.ones(1, 35)))

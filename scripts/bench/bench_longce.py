@@ -28,7 +28,6 @@ our chunked-checkpoint function and, when installed, Liger-Kernel's fused linear
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 import tempfile
@@ -358,7 +357,7 @@ def main(argv=None):
                     )
                 )
             plain = make_trainer(model, K, windows[0], args.gamma, args.max_tokens_per_batch, output_dir)
-            plain.longce = dataclasses.replace(plain.longce, plain_ce=True)
+            plain.args.longce_weights = "none"  # every weight 1: no short-context pass
             rows.append(("  phase: gradient pass", *timed(lambda: our_step(plain, model, ids))))
         if args.profile:
             profile_step(lambda: our_step(trainers[windows[0]], model, ids), device)

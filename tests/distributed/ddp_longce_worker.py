@@ -28,8 +28,8 @@ def run(report: str, argv: list[str]) -> LongCETrainer:
         counts["own_window_passes"] += count_window_passes(
             inputs["input_ids"].cpu(),
             documents,
-            self.longce.window,
-            self.longce.max_tokens_per_batch,
+            self.args.longce_window,
+            self.args.longce_max_tokens_per_batch,
         )
         counts["steps"] += 1
         return short_pass(self, model, head, inputs)

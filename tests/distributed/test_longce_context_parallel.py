@@ -15,7 +15,6 @@ cross-entropy of the whole batch, written here.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -215,7 +214,7 @@ def test_evaluation_under_cp_equals_the_whole_batch(cp_trainer):
 def test_cache_mode_accepts_cp_and_self_mode_refuses_it(cp_trainer):
     trainer = cp_trainer(0)
     trainer._refuse_context_parallelism()  # cache weights: no error
-    trainer.longce = dataclasses.replace(trainer.longce, weights="self")
+    trainer.args.longce_weights = "self"
     with pytest.raises(ValueError, match="only with longce_weights='cache'"):
         trainer._refuse_context_parallelism()
 

@@ -6,7 +6,7 @@ Replace ``transformers.Trainer`` with ``LongCETrainer`` and ``TrainingArguments`
 short-context windows of the ``longppl`` scoring core. ``context_extension`` holds the RoPE
 recipes of the paper's settings (PI, ABF, YaRN, EABF).
 
-Modules: ``config`` (``LongCEConfig``, ``LongCESettings``), ``trainer`` (``LongCETrainer``),
+Modules: ``config`` (``LongCEConfig``), ``trainer`` (``LongCETrainer``),
 ``documents`` (documents of a batch and their short-context scores), ``lm_head_loss`` (the LM-head
 loss: one interface, its implementations and the rule choosing one), ``weighted_loss`` (the loss
 functions themselves), ``weight_sources`` (where the token weights come from: one interface, the
@@ -21,7 +21,7 @@ import importlib
 # does not import `datasets` / `pyarrow` (transformers' Trainer does: only `LongCETrainer` needs it).
 _EXPORTS = {
     "cached_weights": ("LongCEWeightsCollator", "add_key_token_weights"),
-    "config": ("LongCEConfig", "LongCESettings"),
+    "config": ("LongCEConfig",),
     "context_extension": ("apply_context_extension", "register_eabf_attention"),
     "documents": ("DocumentSpan", "batch_documents", "batch_short_log_probs"),
     "lm_head_loss": (
@@ -49,11 +49,15 @@ _EXPORTS = {
     ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+# Deprecated names, importable one release more (their module warns, naming the replacement); not in dir().
+_DEPRECATED = {"LongCESettings": "config"}
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:  # a submodule: `longce.trainer` without an import of its own
         return importlib.import_module(f".{name}", __name__)
+    if name in _DEPRECATED:
+        return getattr(importlib.import_module(f".{_DEPRECATED[name]}", __name__), name)  # warns at each use
     if name not in _MODULE_OF:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)

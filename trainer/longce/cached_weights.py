@@ -36,7 +36,7 @@ from longppl.core.scoring import model_key_weights, score_with_evaluator
 from longppl.models.fingerprints import ModelIdentity, tokenizer_fingerprint
 from longppl.rules.alignment import encode_many_with_offsets, encode_with_offsets
 from longppl.rules.key_tokens import unscored_weight
-from longppl.settings import DEFAULT_GAMMA, KeyTokenRule, KeyTokenSettings, require_int, settings_object
+from longppl.settings import KeyTokenRule, KeyTokenSettings, require_int, settings_object
 
 # The dataset column (and batch key) holding the per-token weights, defined in config beside the
 # weights setting (``weight_sources.CachedWeights`` reads it; this module imports nothing of weight_sources).
@@ -113,7 +113,7 @@ def add_key_token_weights(
     dataset,
     key_tokens,
     tokenizer,
-    gamma: float = DEFAULT_GAMMA,
+    gamma: float | None = None,
     text_column: str = "text",
     max_length: int | None = None,
     *,
@@ -125,6 +125,7 @@ def add_key_token_weights(
     trunc_len: int | None = None,
     sliding_window: int | None = None,
     batch_size: int = 1000,
+    rule: KeyTokenRule | None = None,
 ):
     """``dataset`` with ``input_ids`` (the trained model's tokens of each text) and ``longce_weights``.
 
@@ -140,7 +141,7 @@ def add_key_token_weights(
             (an existing ``input_ids`` is replaced).
         key_tokens: the key-token cache: a directory, a ``datasets.Dataset`` or a ``KeyTokenCache``.
         tokenizer: the trained model's tokenizer.
-        gamma: cap of the weights, > 0 (the paper's 5).
+        gamma: cap of the weights, > 0 (default: the paper's 5); or give ``rule`` instead.
         max_length: keep each row's first ``max_length`` tokens (and their weights).
         add_special_tokens: tokenize with the tokenizer's special tokens (a BOS), as training does.
         append_eos: append the EOS token (weight ``min(1, gamma)``: no evaluator scored it) to every row, as
@@ -152,12 +153,22 @@ def add_key_token_weights(
             ``trunc_len`` and ``sliding_window`` (default K=4096, d=1024), added and saved, as the
             metric does (each of ``trunc_len`` and ``sliding_window`` left out takes its own default).
             ``evaluator_tokenizer`` alone checks that the cached rows are its tokens.
+        rule: the soft ``KeyTokenRule`` whose ``min(exp(LSD), gamma)`` the weights are, whole (e.g.
+            ``LongCEConfig.longce_rule``), instead of ``gamma``; a hard rule is refused.
     Raises:
         ValueError: texts missing from the cache (named, without an evaluator model), an evaluator
-            tokenizer that did not produce the cache's rows, a bad ``gamma`` or ``max_length``, a
+            tokenizer that did not produce the cache's rows, a bad ``gamma`` or ``max_length``, both
+            ``gamma`` and ``rule`` or a rule that is not soft, a
             missing or non-string text column.
     """
-    rule = KeyTokenRule(soft=True, gamma=gamma)  # the shared check of gamma, once: the rows take the rule
+    # the rule whole, or built from gamma (the shared check of gamma, once): the rows take the rule
+    rule = settings_object(KeyTokenRule, rule, gamma=gamma, soft=True if rule is None else None)
+    if not rule.soft:
+        raise ValueError(
+            f"rule={rule!r} is the hard rule; LongCE weights are the soft rule's min(exp(LSD), gamma): pass "
+            "KeyTokenRule(soft=True, gamma=...) (LongCEConfig.longce_rule)."
+        )
+    gamma = rule.gamma
     if max_length is not None:
         require_int("max_length", max_length, minimum=2)  # one token predicts nothing
     if text_column not in dataset.column_names:

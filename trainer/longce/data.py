@@ -22,12 +22,11 @@ import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from longppl.models.named import resolve
-
-from .arguments import BYTE_LEVEL, DataArguments, ModelArguments
-from .config import LongCESettings
+from longppl.settings import KeyTokenRule
 
 # the checks of a data file and of a key-token folder are the ones the command runs before torch loads
 from .recipes import DATA_FILE_BUILDERS, check_data_file, check_key_tokens_folder  # noqa: F401
+from .script_arguments import BYTE_LEVEL, DataArguments, ModelArguments
 
 if TYPE_CHECKING:
     from longppl.cache.key_token_cache import KeyTokenCache
@@ -164,11 +163,12 @@ def weigh_documents(
     tokenizer,
     data_args: DataArguments,
     key_tokens: KeyTokenCache,
-    settings: LongCESettings,
+    rule: KeyTokenRule,
     what: str,
 ) -> datasets.Dataset:
-    """``input_ids`` and ``longce_weights`` of every document (``add_key_token_weights``, capped at
-    ``settings.gamma``), EOS appended (weight ``min(1, gamma)``), as ``tokenize_documents`` tokenizes them."""
+    """``input_ids`` and ``longce_weights`` of every document (``add_key_token_weights``: the soft ``rule``'s
+    weights, ``LongCEConfig.longce_rule``), EOS appended (weight ``min(1, gamma)``), as
+    ``tokenize_documents`` tokenizes them."""
     from .cached_weights import add_key_token_weights
     from .weight_sources import WEIGHTS_COLUMN
 
@@ -177,7 +177,7 @@ def weigh_documents(
             raw,
             key_tokens=key_tokens,
             tokenizer=tokenizer,
-            gamma=settings.gamma,
+            rule=rule,
             text_column=data_args.text_column,
             append_eos=True,
             evaluator=data_args.key_tokens_evaluator,
@@ -202,19 +202,19 @@ def build_sequences(
     max_samples: int | None = None,
     what: str = "training",
     key_tokens: KeyTokenCache | None = None,
-    settings: LongCESettings | None = None,
+    rule: KeyTokenRule | None = None,
 ) -> datasets.Dataset:
     """Sequences of ``raw``: run_clm-style blocks with ``labels``, or per-document pieces (``packing``).
 
     ``max_samples`` keeps the first N sequences; ``what`` ("training", "evaluation") names them in errors.
     With ``key_tokens`` (the cache of ``data_args.key_tokens``, ``load_key_token_cache``) the sequences
-    also hold ``longce_weights``, cut like ``input_ids`` (weights capped at ``settings.gamma``: the
-    settings are needed then, and only then).
+    also hold ``longce_weights``, cut like ``input_ids`` (the soft ``rule``'s weights; ``None``: the
+    paper's, gamma 5).
     """
     if key_tokens is None:
         documents = tokenize_documents(raw, tokenizer, data_args)
     else:
-        documents = weigh_documents(raw, tokenizer, data_args, key_tokens, settings, what)
+        documents = weigh_documents(raw, tokenizer, data_args, key_tokens, rule or KeyTokenRule(soft=True), what)
     length = data_args.max_seq_length
     columns = documents.column_names  # input_ids, and longce_weights: token columns, cut alike
 
@@ -254,22 +254,22 @@ def build_train_dataset(
     tokenizer,
     data_args: DataArguments,
     key_tokens: KeyTokenCache | None = None,
-    settings: LongCESettings | None = None,
+    rule: KeyTokenRule | None = None,
 ) -> datasets.Dataset:
     """Training sequences of ``raw`` (``build_sequences`` with ``max_train_samples``)."""
-    return build_sequences(raw, tokenizer, data_args, data_args.max_train_samples, "training", key_tokens, settings)
+    return build_sequences(raw, tokenizer, data_args, data_args.max_train_samples, "training", key_tokens, rule)
 
 
 def load_datasets(
-    data_args: DataArguments, tokenizer, cache_dir: str | None = None, settings: LongCESettings = LongCESettings()
+    data_args: DataArguments, tokenizer, cache_dir: str | None = None, rule: KeyTokenRule | None = None
 ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """Training and evaluation sequences (``None`` without evaluation data), built the same way.
 
     Evaluation text comes from ``eval_data_files`` (split ``eval_split``, default all of them), from
     split ``eval_split`` of the training source, or from the first ``validation_split_percentage``
     percent of the training split's documents, which training then leaves out (as run_clm does).
-    With ``key_tokens`` both get ``longce_weights`` from that cache, capped at ``settings.gamma`` (the
-    config's ``longce_gamma``: ``LongCESettings.from_args(training_args)``).
+    With ``key_tokens`` both get ``longce_weights`` from that cache, the soft ``rule``'s weights (the
+    config's: ``training_args.longce_rule``; ``None``: the paper's, gamma 5).
     """
     key_tokens = load_key_token_cache(data_args)  # first: a missing cache fails before any tokenization
     raw = load_text_dataset(data_args, cache_dir)
@@ -289,10 +289,10 @@ def load_datasets(
         eval_raw = load_text_dataset(
             source, cache_dir, "eval_data_files" if data_args.eval_data_files else "data_files"
         )
-    train = build_train_dataset(raw, tokenizer, data_args, key_tokens, settings)
+    train = build_train_dataset(raw, tokenizer, data_args, key_tokens, rule)
     if eval_raw is None:
         return train, None
     source = data_args.eval_source() if data_args.validation_split_percentage is None else data_args
     return train, build_sequences(
-        eval_raw, tokenizer, source, data_args.max_eval_samples, "evaluation", key_tokens, settings
+        eval_raw, tokenizer, source, data_args.max_eval_samples, "evaluation", key_tokens, rule
     )

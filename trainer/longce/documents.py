@@ -78,7 +78,7 @@ def batch_short_log_probs(
     max_tokens_per_batch: int,
 ) -> torch.Tensor:
     """Short-context log-probs of every token of a batch, each document scored on its own, with the
-    windows of ``window`` (K, d: ``LongCESettings.window``).
+    windows of ``window`` (K, d: ``LongCEConfig.longce_window``).
 
     Windows of all documents share forward passes (``max_tokens_per_batch``); ``model`` is called
     through its own forward (FSDP / DeepSpeed safe). The first window of a document (``s = 0``)

@@ -45,9 +45,9 @@ DATA_FILE_BUILDERS = {
 #: The argument dataclasses of the command, ``(module, class)``: ``module`` is a file of this package
 #: or a module of transformers, read as source text.
 ARGUMENT_CLASSES = (
-    ("arguments", "ModelArguments"),
-    ("arguments", "DataArguments"),
-    ("arguments", "RecipeConfig"),
+    ("script_arguments", "ModelArguments"),
+    ("script_arguments", "DataArguments"),
+    ("script_arguments", "RecipeConfig"),
     ("config", "LongCEConfig"),
     ("transformers.training_args", "TrainingArguments"),
 )
@@ -79,6 +79,31 @@ def resolve_recipe_paths(paths: str | list[str], recipe_path: str) -> list[str]:
     folder = os.path.dirname(os.path.abspath(recipe_path))
     paths = [paths] if isinstance(paths, str) else list(paths)
     return [p if os.path.isabs(p) or "://" in p else os.path.normpath(os.path.join(folder, p)) for p in paths]
+
+
+#: The recipe fields naming local files, relative to the recipe's folder (``key_tokens`` too, one folder).
+RECIPE_PATHS = ("data_files", "eval_data_files", "train_file", "validation_file")
+
+
+def read_recipe_file(path: str, valid: set[str] | None, prog: str = PROG) -> dict[str, Any]:
+    """The recipe at ``path`` (:func:`load_recipe`), its keys checked and its paths resolved: the one
+    reading of a recipe, before torch (``check_before_loading``) and in the full parse.
+
+    Keys not in ``valid`` (the fields; ``None``: not checked) are a ``ValueError`` naming them
+    (``prog``: the command's name in it). A recipe's ``RECIPE_PATHS`` and ``key_tokens`` are made
+    relative to its folder, so it runs from any directory; paths given on the command line stay
+    relative to the current directory, as usual.
+    """
+    recipe = load_recipe(path)
+    unknown = sorted(set(recipe) - valid) if valid is not None else []
+    if unknown:
+        raise ValueError(unknown_fields_message(unknown, path, prog))
+    for key in RECIPE_PATHS:
+        if recipe.get(key):
+            recipe[key] = resolve_recipe_paths(recipe[key], path)
+    if isinstance(recipe.get("key_tokens"), str):
+        recipe["key_tokens"] = resolve_recipe_paths(recipe["key_tokens"], path)[0]
+    return recipe
 
 
 def unknown_fields_message(unknown: list[str], path: str, prog: str = PROG) -> str:
@@ -196,12 +221,13 @@ def _dataclass_fields(path: str | None, name: str) -> dict[str, bool] | None:
     return fields
 
 
-def _recipe_value(recipe: dict[str, Any], names: tuple[str, ...]):
-    return next((recipe[name] for name in names if recipe.get(name) is not None), None)
+def _recipe_paths(recipe: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    value = next((recipe[name] for name in names if recipe.get(name) is not None), None)
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
-class _Paths(argparse.ArgumentParser):
-    """The options naming local paths, read from the command line before the full parse."""
+class _FirstPass(argparse.ArgumentParser):
+    """The command's own options and those naming local paths, read before the full parse."""
 
     def error(self, message: str):  # the full parse reports a malformed option
         raise _Unreadable
@@ -209,6 +235,28 @@ class _Paths(argparse.ArgumentParser):
 
 class _Unreadable(Exception):
     pass
+
+
+def first_pass(argv: list[str]) -> argparse.Namespace | None:
+    """What the command reads from ``argv`` before its full parse, with torch or without: ``config``,
+    ``help``, ``help_all``, and the options naming local paths (``data_files``, ``eval_data_files`` and
+    their other names, ``key_tokens``) or deciding whether they are read (``longce_weights``,
+    ``dataset_name``); ``None`` where ``argv`` is malformed (e.g. ``--config`` without its value), which
+    the full parse then reports."""
+    pre = _FirstPass(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("--help-all", "--help_all", action="store_true")
+    for names in (("data_files", "train_file"), ("eval_data_files", "validation_file")):
+        spellings = [f"--{spelling}" for name in names for spelling in dict.fromkeys((name, name.replace("_", "-")))]
+        pre.add_argument(*spellings, dest=names[0], nargs="+")
+    pre.add_argument("--key_tokens", "--key-tokens")
+    pre.add_argument("--longce_weights", "--longce-weights")
+    pre.add_argument("--dataset_name", "--dataset-name")
+    try:
+        return pre.parse_known_args(argv)[0]
+    except _Unreadable:
+        return None
 
 
 def check_before_loading(argv: list[str], prog: str = PROG) -> None:
@@ -222,28 +270,12 @@ def check_before_loading(argv: list[str], prog: str = PROG) -> None:
     as the command line or else the recipe gives it (a recipe's paths relative to its folder).
     ``--help`` is left alone.
     """
-    pre = _Paths(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config")
-    pre.add_argument("-h", "--help", action="store_true")
-    pre.add_argument("--help-all", "--help_all", action="store_true")
-    for names in (("data_files", "train_file"), ("eval_data_files", "validation_file")):
-        spellings = [f"--{spelling}" for name in names for spelling in dict.fromkeys((name, name.replace("_", "-")))]
-        pre.add_argument(*spellings, dest=names[0], nargs="+")
-    pre.add_argument("--key_tokens", "--key-tokens")
-    pre.add_argument("--longce_weights", "--longce-weights")
-    pre.add_argument("--dataset_name", "--dataset-name")
-    try:
-        known, _ = pre.parse_known_args(argv)
-    except _Unreadable:
-        return  # e.g. `--config` without its value: the full parse says so
-    if known.help or known.help_all:
-        return
-    recipe = load_recipe(known.config) if known.config is not None else {}
+    known = first_pass(argv)
+    if known is None or known.help or known.help_all:
+        return  # malformed (e.g. `--config` without its value): the full parse says so
     fields = source_fields()
+    recipe = read_recipe_file(known.config, fields and set(fields), prog) if known.config is not None else {}
     if fields is not None:
-        unknown = set(recipe) - set(fields)
-        if unknown:
-            raise ValueError(unknown_fields_message(list(unknown), known.config, prog))
         options = options_of_fields(fields)
         valid = set(options) | set(OWN_OPTIONS)
         # a prefix of a valid option is argparse's abbreviation (or ambiguity): the full parse decides
@@ -251,25 +283,19 @@ def check_before_loading(argv: list[str], prog: str = PROG) -> None:
         if strays:
             raise ValueError(unknown_arguments_message(strays, options, prog))
 
-    def from_recipe(*names: str) -> list[str]:
-        value = _recipe_value(recipe, names)
-        return [] if value is None else resolve_recipe_paths(value, known.config)
-
     training = known.data_files
     if training is None and known.dataset_name is None:
-        training = from_recipe("data_files", "train_file")
-    evaluation = (
-        known.eval_data_files
-        if known.eval_data_files is not None
-        else from_recipe("eval_data_files", "validation_file")
-    )
+        training = _recipe_paths(recipe, ("data_files", "train_file"))
+    evaluation = known.eval_data_files
+    if evaluation is None:
+        evaluation = _recipe_paths(recipe, ("eval_data_files", "validation_file"))
     for files_field, paths in (("data_files", training or []), ("eval_data_files", evaluation)):
         for path in paths:
             if "://" not in path:
                 check_data_file(path, files_field)
     key_tokens = known.key_tokens
     if key_tokens is None and isinstance(recipe.get("key_tokens"), str):
-        key_tokens = resolve_recipe_paths(recipe["key_tokens"], known.config)[0]
+        key_tokens = recipe["key_tokens"]
     weights = known.longce_weights if known.longce_weights is not None else recipe.get("longce_weights")
     if key_tokens is not None and weights == "cache":  # without cached weights, key_tokens is the error
         check_key_tokens_folder(key_tokens)

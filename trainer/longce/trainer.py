@@ -26,7 +26,7 @@ settings: with ``LongCEConfig(longce_weights="cache")`` step 1 is skipped and ``
 batch's ``longce_weights`` column (an evaluator's weights from a key-token cache, ``cached_weights``),
 so a step costs what a plain cross-entropy step costs, and context parallelism is allowed
 (``cp_size > 1``, torch's ring attention under FSDP2): the weights are sharded along the sequence
-with the tokens they weigh (``_prepare_context_parallel_inputs``). ``longce_plain_ce=True`` skips
+with the tokens they weigh (``_prepare_context_parallel_inputs``). ``longce_weights="none"`` skips
 step 1 too, with every weight 1.
 """
 
@@ -36,6 +36,7 @@ import contextlib
 import functools
 import logging
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -47,12 +48,18 @@ from transformers import Trainer
 from longppl.core.compilation import compiled_blocks
 from longppl.core.logprobs import CausalLMHead, intercept_head, resolve_lm_head
 
-from .config import LongCESettings
+from .config import LongCEConfig, _LongCESettings, as_longce_config
 from .documents import batch_documents, batch_short_log_probs, count_window_passes
 from .lm_head_loss import select_lm_head_loss
 from .weight_sources import WEIGHTS_COLUMN, WeightSource, aligned_weights, weight_source_for
 
 logger = logging.getLogger(__name__)
+
+#: What replaces the deprecated ``LongCETrainer.longce`` (one release more, then removed).
+TRAINER_SETTINGS_DEPRECATION = (
+    "LongCETrainer.longce (a LongCESettings) is deprecated and will be removed in the next release: read and set "
+    "the longce_* fields of trainer.args, its LongCEConfig (e.g. trainer.args.longce_gamma)."
+)
 
 # Logged besides the loss, per mode; evaluation prefixes its metric_key_prefix ("eval_", "test_").
 _STAT_KEYS = ("ce_loss", "longce_mean_weight", "longce_weight_gt1_share", "longce_max_weight")
@@ -101,7 +108,8 @@ def _refuse_bad_weights(mode: str, nan: float, infinite: float, negative: float)
 
 
 class LongCETrainer(Trainer):
-    """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` get the defaults).
+    """``Trainer`` with the LongCE loss; use it with ``LongCEConfig`` (plain ``TrainingArguments`` are converted
+    into one, with the defaults).
 
     Everything else is stock ``Trainer``: data collators (padding or ``DataCollatorWithFlattening``),
     PEFT, gradient accumulation, bf16, activation (gradient) checkpointing, DDP / FSDP / DeepSpeed through
@@ -110,7 +118,7 @@ class LongCETrainer(Trainer):
     ``evaluate()`` and ``predict()`` return them with their prefix (``eval_ce_loss``, ``test_ce_loss``, ...).
     Predictions (``compute_metrics``, ``predict()``) get the model's real ``[B, T, V]`` logits.
 
-    ``eval_loss`` is the loss being trained, the LongCE-weighted one (with ``longce_plain_ce=True``,
+    ``eval_loss`` is the loss being trained, the LongCE-weighted one (with ``longce_weights="none"``,
     plain CE), so ``exp(eval_loss)`` (run_clm's "perplexity") is not a perplexity. ``eval_ce_loss`` is
     the plain cross-entropy averaged over every label token of the evaluation set, and
     ``eval_perplexity = exp(eval_ce_loss)``: what a stock ``Trainer`` + run_clm reports as
@@ -136,21 +144,32 @@ class LongCETrainer(Trainer):
 
     Args:
         weight_source: a ``WeightSource`` of one's own (a subclass, e.g. weights from another scorer);
-            ``None`` (default): the one the ``longce_weights`` / ``longce_plain_ce`` settings choose,
-            which must then be left at their defaults. Every other argument is ``Trainer``'s.
+            ``None`` (default): the one the ``longce_weights`` setting chooses, which must then be left
+            at its default. ``args``: a ``LongCEConfig``; plain ``TrainingArguments`` are converted into
+            one once, here (``config.as_longce_config``: their fields kept, the ``longce_*`` ones at their
+            defaults), as TRL's trainers convert theirs. Every other argument is ``Trainer``'s.
 
     Attributes:
-        longce: the ``LongCESettings`` of ``args``, read once here (the defaults for plain
-            ``TrainingArguments``).
+        args: the ``LongCEConfig``; the trainer reads its ``longce_*`` fields.
         lm_head_loss: the ``LMHeadLoss`` that computes the weighted loss from the final hidden states,
             chosen by ``longce_loss_kernel`` (``lm_head_loss.select_lm_head_loss``).
         weight_source: the ``WeightSource`` of the token weights (``weight_sources.weight_source_for``).
     """
 
-    def __init__(self, *args: Any, weight_source: WeightSource | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.longce = LongCESettings.from_args(self.args)
-        self.lm_head_loss = select_lm_head_loss(self.longce.loss_kernel, self.args.device, self.longce.loss_chunk_bytes)
+    args: LongCEConfig
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: Any = None,
+        *rest: Any,
+        weight_source: WeightSource | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, as_longce_config(args), *rest, **kwargs)
+        self.lm_head_loss = select_lm_head_loss(
+            self.args.longce_loss_kernel, self.args.device, self.args.longce_loss_chunk_bytes
+        )
         self._given_weight_source = weight_source
         self.weight_source.prepare(self)  # also refuses a weight_source beside settings that choose one
         resolve_lm_head(self.model)  # raises a clear ValueError for models without a causal LM head
@@ -171,16 +190,29 @@ class LongCETrainer(Trainer):
         self._longce_warned_no_windows = False
 
     @property
+    def longce(self) -> Any:
+        """Deprecated (removed in the next release): read the ``longce_*`` fields of ``self.args`` (its
+        ``LongCEConfig``) instead. Returns them as the deprecated ``LongCESettings``, with a ``FutureWarning``."""
+        warnings.warn(TRAINER_SETTINGS_DEPRECATION, FutureWarning, stacklevel=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # one warning, this one
+            return _LongCESettings.from_args(self.args)
+
+    @longce.setter
+    def longce(self, value: Any) -> None:
+        raise AttributeError(f"LongCETrainer.longce can no longer be set. {TRAINER_SETTINGS_DEPRECATION}")
+
+    @property
     def weight_source(self) -> WeightSource:
         """The ``WeightSource`` of the token weights: the one given to ``__init__``, else the one that
-        ``self.longce`` chooses (``weight_source_for``, the one place they become a source).
+        ``args.longce_weights`` chooses (``weight_source_for``, the one place it becomes a source).
 
-        Built once per (settings, given source), not on each of the several questions a training
-        step asks it; code that swaps ``self.longce`` (frozen settings) gets the new source."""
-        key = (self.longce, self._given_weight_source)
+        Built once per (setting, given source), not on each of the several questions a training
+        step asks it; code that sets ``args.longce_weights`` anew gets the new source."""
+        key = (self.args.longce_weights, self._given_weight_source)
         built = getattr(self, "_weight_source_of", None)
-        if built is None or built[0][0] is not key[0] or built[0][1] is not key[1]:
-            built = (key, weight_source_for(*key))
+        if built is None or built[0][0] != key[0] or built[0][1] is not key[1]:
+            built = (key, weight_source_for(self.args, key[1]))
             self._weight_source_of = built
         return built[1]
 
@@ -303,7 +335,7 @@ class LongCETrainer(Trainer):
                 result["loss"], result["nll"], result["weight"] = project(trained).float().sum(), empty, empty
             else:
                 result["loss"], result["nll"], result["weight"] = self.lm_head_loss(
-                    head, trained, project, targets.reshape(-1)[flat], lp_short, self.longce.gamma, weights
+                    head, trained, project, targets.reshape(-1)[flat], lp_short, self.args.longce_gamma, weights
                 )
             if real_logits:
                 return project(hidden)  # the model post-processes it (soft-capping, scaling) as usual
@@ -385,7 +417,7 @@ class LongCETrainer(Trainer):
         input_ids = inputs["input_ids"]
         ids = input_ids.cpu()  # windows are cut on the host: one copy, shared by counting and scoring
         documents = batch_documents(ids, inputs.get("attention_mask"), inputs.get("position_ids"))
-        window, budget = self.longce.window, self.longce.max_tokens_per_batch
+        window, budget = self.args.longce_window, self.args.longce_max_tokens_per_batch
         passes = count_window_passes(ids, documents, window, budget)
         if passes == 0:
             self._warn_no_windows(documents)
@@ -400,7 +432,7 @@ class LongCETrainer(Trainer):
         was_training = scorer.training
         scorer.eval()  # no dropout in the scores; gradient checkpointing off for no_grad passes
         try:
-            with torch.no_grad(), compiled_blocks(scorer, enabled=self.longce.compile_windows and passes > 0):
+            with torch.no_grad(), compiled_blocks(scorer, enabled=self.args.longce_compile_windows and passes > 0):
                 lp_short = batch_short_log_probs(scorer, ids, documents, window, budget).to(input_ids.device)
                 for _ in range(most - passes):  # idle passes keep the ranks' collectives in step
                     with intercept_head(head, lambda hidden, project: None):
@@ -414,7 +446,7 @@ class LongCETrainer(Trainer):
         if self._longce_warned_no_windows:
             return
         self._longce_warned_no_windows = True
-        K, d = self.longce.trunc_len, self.longce.sliding_window
+        K, d = self.args.longce_trunc_len, self.args.longce_sliding_window
         longest = max((doc.end - doc.start for doc in documents), default=0)
         logger.warning(
             "LongCE: no document of this batch is longer than K + d = %d tokens (longest: %d; longce_trunc_len "

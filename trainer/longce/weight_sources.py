@@ -10,9 +10,9 @@ what that asks of the trainer:
 - ``CachedWeights`` (``longce_weights="cache"``): an evaluator's weights, read from the batch's
   ``longce_weights`` column (``cached_weights.add_key_token_weights``); no short-context pass, and
   context parallelism is allowed (the weights are sharded with their tokens).
-- ``NoWeights`` (``longce_plain_ce=True``): every weight 1, plain cross-entropy through the same loss.
+- ``NoWeights`` (``longce_weights="none"``): every weight 1, plain cross-entropy through the same loss.
 
-``weight_source_for(settings, given)`` turns the ``LongCESettings`` (or a source of one's own) into one source; ``LongCETrainer``
+``weight_source_for(config, given)`` turns the ``LongCEConfig`` (or a source of one's own) into one source; ``LongCETrainer``
 asks it whether a short-context pass runs, whether context parallelism is allowed, which columns
 the batches must keep, and for each batch's weights. A new source is one subclass, given to the
 trainer as ``LongCETrainer(..., weight_source=...)``.
@@ -128,9 +128,9 @@ class SelfScoredWeights(_ReadsNoColumn):
 
 
 class NoWeights(_ReadsNoColumn):
-    """``longce_plain_ce=True``: every weight 1, no short-context pass (the plain cross-entropy baseline)."""
+    """``longce_weights="none"``: every weight 1, no short-context pass (the plain cross-entropy baseline)."""
 
-    setting = "longce_plain_ce=True (every weight 1)"
+    setting = "longce_weights='none' (every weight 1)"
 
 
 class CachedWeights(WeightSource):
@@ -173,12 +173,12 @@ SOURCE_OF_SETTING: dict[str, type[WeightSource]] = {
 }
 
 
-def weight_source_for(settings: Any, given: WeightSource | None = None) -> WeightSource:
+def weight_source_for(config: Any, given: WeightSource | None = None) -> WeightSource:
     """The ``WeightSource`` of a trainer: ``given`` (a source of one's own), else the one that the
-    ``LongCESettings`` ``settings`` choose: the source of ``settings.weights`` (``SOURCE_OF_SETTING``;
-    ``longce_plain_ce=True`` is ``weights="none"``). ``settings`` are checked already; a ``given`` that is no
-    ``WeightSource``, or beside settings that choose a source other than the default, is a ``ValueError``."""
-    chosen = SOURCE_OF_SETTING[settings.weights]()
+    ``LongCEConfig`` ``config`` chooses: the source of ``config.longce_weights`` (``SOURCE_OF_SETTING``).
+    ``config`` is checked already; a ``given`` that is no ``WeightSource``, or beside a config that
+    chooses a source other than the default, is a ``ValueError``."""
+    chosen = SOURCE_OF_SETTING[config.longce_weights]()
     if given is None:
         return chosen
     if not isinstance(given, WeightSource):
@@ -189,6 +189,6 @@ def weight_source_for(settings: Any, given: WeightSource | None = None) -> Weigh
     if type(chosen) is not SelfScoredWeights:  # the settings' default source: left to the given one
         raise ValueError(
             f"weight_source={given!r} and {chosen.setting} both say where the weights come from; "
-            "give only one of them (leave longce_weights and longce_plain_ce at their defaults)."
+            "give only one of them (leave longce_weights at its default)."
         )
     return given
