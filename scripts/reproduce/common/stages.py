@@ -14,7 +14,7 @@ import os
 
 from .books import read_books
 from .config import Population, Pretrained, Window
-from .run_folder import RunFolder, read_record
+from .run_folder import RunFolder, read_record, write_jsonl
 
 # ------------------------------------------------------------------ shared helpers
 
@@ -68,19 +68,6 @@ def book_ids(tokenizer, texts: list[str]) -> list:
 
     dtype = token_dtype(len(tokenizer))
     return [np.asarray(ids, dtype=dtype) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-
-def write_jsonl(path: str, records: list[dict]) -> None:
-    from longppl.atomic_files import write_file_atomically
-
-    write_file_atomically(path, lambda handle: handle.writelines(json.dumps(r) + "\n" for r in records))
-
-
-def read_texts(path: str) -> list[str]:
-    """The texts of a JSONL file this run wrote (``write_jsonl``), a bad line named by its file and line."""
-    from longppl.tools.corpus import jsonl_records
-
-    return [record["text"] for _, record in jsonl_records(path, ("text",), f"delete {path} and run again.")]
 
 
 def pool_name(kind: str, seq_len: int, within: int | None) -> str:

@@ -498,7 +498,7 @@ class Analysis:
 
     @property
     def bootstrap(self) -> dict:
-        """The keyword arguments of every bootstrap in ``longppl_reproduce.statistics``."""
+        """The keyword arguments of every bootstrap in ``longppl_reproduce.common.statistics``."""
         return {"resamples": self.resamples, "seed": self.seed, "level": self.level}
 
 
