@@ -392,7 +392,10 @@ def test_extensions_set_the_rope_each_method_names(tmp_path):
         found[extension.name] = (dict(extended.rope_parameters), attention)
     assert found["pi4"][0] == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
     assert found["yarn2"][0]["rope_type"] == "yarn" and found["yarn2"][0]["original_max_position_embeddings"] == 512
-    assert found["ntk4"][0]["rope_theta"] == pytest.approx(1e4 * 4 ** (64 / 62))
+    # NTK through the library's recipe: the base raised by the factor, B's positions widened to L only
+    assert found["ntk4"] == ({"rope_type": "default", "rope_theta": pytest.approx(1e4 * 4 ** (64 / 62))}, "sdpa")
+    ntk4 = next(e for e in config.extensions if e.name == "ntk4")
+    assert stages.extended_config(config, str(tmp_path), ntk4)[0].max_position_embeddings == 1024
     assert found["abf1e6"] == ({"rope_type": "default", "rope_theta": 1e6}, "sdpa")
     assert found["eabf1e5"][0]["rope_theta"] == 1e5 and found["eabf1e5"][1] != "sdpa"
 

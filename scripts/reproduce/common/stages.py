@@ -593,18 +593,15 @@ def extended_config(config: Population, base_folder: str, extension, length: int
     from longce.context_extension import apply_context_extension
 
     model_config = AutoConfig.from_pretrained(base_folder)
-    if extension.method == "ntk":  # NTK-aware scaling is an ABF with a base set by the factor
-        theta = extension.ntk_theta(config.base.shape.rope_theta, config.base.shape.head_dim)
-        attention = apply_context_extension(model_config, "abf", rope_theta=theta)
-    else:
-        attention = apply_context_extension(
-            model_config,
-            extension.method,
-            factor=extension.factor,
-            rope_theta=extension.rope_theta,
-            eabf_base_length=extension.eabf_base_length or 4096,
-        )
-    # ABF changes only the base: the positions the model may read become L.
+    # NTK-aware scaling's base comes from the model's own base and head dimension
+    attention = apply_context_extension(
+        model_config,
+        extension.method,
+        factor=extension.factor,
+        rope_theta=extension.rope_theta,
+        eabf_base_length=extension.eabf_base_length or 4096,
+    )
+    # ABF and NTK change only the base: the positions the model may read become L.
     model_config.max_position_embeddings = max(model_config.max_position_embeddings, length or config.data.length)
     return model_config, attention or "sdpa"
 
