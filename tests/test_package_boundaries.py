@@ -155,20 +155,27 @@ def docstring_map() -> tuple[dict[str, int], dict[str, set[str]]]:
     return floors, named
 
 
-def imports_of(path: str, package: list[str]) -> set[str]:
-    """The absolute names of what the module at ``path``, of the package ``package`` (its parts),
-    imports anywhere in it: ``from .x import y`` gives ``<package>.x`` and ``<package>.x.y``."""
+def import_statements(path: str, package: list[str]) -> list[tuple[str, set[str]]]:
+    """Each import anywhere in the module at ``path``, of the package ``package`` (its parts), as ``(the
+    module it enters, the absolute names it imports)``: ``from .x import y`` gives ``(<package>.x,
+    {<package>.x.y})``, ``import a.b`` gives ``("", {"a.b"})``."""
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read(), path)
-    targets = set()
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            targets |= {alias.name for alias in node.names}
+            found.append(("", {alias.name for alias in node.names}))
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
             imported = ".".join(part for part in (base, node.module or "") if part)
-            targets |= {imported} | {f"{imported}.{alias.name}" for alias in node.names}
-    return targets
+            found.append((imported, {f"{imported}.{alias.name}" for alias in node.names}))
+    return found
+
+
+def imports_of(path: str, package: list[str]) -> set[str]:
+    """The absolute names of what the module at ``path``, of the package ``package`` (its parts),
+    imports anywhere in it: ``from .x import y`` gives ``<package>.x`` and ``<package>.x.y``."""
+    return {name for entered, names in import_statements(path, package) for name in ({entered} | names) if name}
 
 
 def imported_rooms(path: str, folder: str = LONGPPL) -> set[str]:
@@ -232,19 +239,11 @@ def import_graph(folder: str, package: str) -> dict[str, set[str]]:
     for module, path in paths.items():
         own = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
         ancestors = {".".join(own[:i]) for i in range(1, len(own) + 1)}
-        with open(path, encoding="utf-8") as handle:
-            tree = ast.parse(handle.read(), path)
         targets = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = ".".join(own[: len(own) - node.level + 1]) if node.level else ""
-                imported = ".".join(part for part in (base, node.module or "") if part)
-                names = {f"{imported}.{alias.name}" for alias in node.names}
-                targets |= names
-                if not (imported in ancestors and names <= set(paths)):
-                    targets.add(imported)
+        for entered, names in import_statements(path, own):
+            targets |= names
+            if not (entered in ancestors and names <= set(paths)):
+                targets.add(entered)
         graph[module] = {t for t in targets if t in paths and t not in (module, package)}
     return graph
 

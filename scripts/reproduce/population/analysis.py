@@ -13,12 +13,6 @@ from longppl.tools.cli import command_line
 
 from ..common.config import Population
 from ..common.run_folder import finite
-from ..common.stages import (  # stage_tokenizer, stage_data, stage_base, stage_calibrate: main runs stages by name
-    stage_base,  # noqa: F401
-    stage_calibrate,  # noqa: F401
-    stage_data,  # noqa: F401
-    stage_tokenizer,  # noqa: F401
-)
 
 # a number of the answer's shape: five digits (NUMBER_RANGE of ``lines``), not part of a longer run
 _ANSWER_SHAPE = re.compile(r"(?<!\d)\d{5}(?!\d)")

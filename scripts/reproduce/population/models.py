@@ -12,7 +12,7 @@ import time
 
 from ..common.config import Population
 from ..common.run_folder import RunFolder
-from ..common.stages import (  # stage_tokenizer, stage_data, stage_base, stage_calibrate: main runs stages by name
+from ..common.stages import (
     batches,
     benchmark_results,
     cache_scores,
@@ -30,10 +30,6 @@ from ..common.stages import (  # stage_tokenizer, stage_data, stage_base, stage_
     read_benchmark_cases,
     read_cases,
     selected_evaluators,
-    stage_base,  # noqa: F401
-    stage_calibrate,  # noqa: F401
-    stage_data,  # noqa: F401
-    stage_tokenizer,  # noqa: F401
 )
 
 # ------------------------------------------------------------------ training

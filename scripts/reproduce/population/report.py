@@ -9,12 +9,8 @@ import os
 from ..common.config import Population
 from ..common.report_text import closing_sections, fmt
 from ..common.run_folder import RunFolder, finite
-from ..common.stages import (  # stage_tokenizer, stage_data, stage_base, stage_calibrate: main runs stages by name
+from ..common.stages import (
     gate_specs,
-    stage_base,  # noqa: F401
-    stage_calibrate,  # noqa: F401
-    stage_data,  # noqa: F401
-    stage_tokenizer,  # noqa: F401
 )
 from . import third_attempt
 from .analysis import (
