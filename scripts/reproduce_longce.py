@@ -9,7 +9,7 @@ write results.json and a report with the paired differences against CE.
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro2-longce/ \\
         --base-model repro2/models/B --evaluator repro2/models/E1
 
-The pipeline lives in ``longppl_reproduce.longce_comparison`` (its docstring describes the stages
+The pipeline lives in ``longppl_reproduce.longce_comparison`` (``pipeline``'s docstring describes the stages
 and files); ``--help`` lists the flags.
 """
 

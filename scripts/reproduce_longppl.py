@@ -5,7 +5,7 @@ base model: lines / needle accuracy, PPL and LongPPL, the planned statistics, re
     python scripts/reproduce_longppl.py --config configs/reproduce/population_h200.yaml \\
         --corpus books/train.jsonl.gz --validation-corpus books/validation.jsonl.gz --output-dir repro2/
 
-The pipeline lives in ``longppl_reproduce.population`` (its docstring describes the stages and files);
+The pipeline lives in ``longppl_reproduce.population`` (``pipeline``'s docstring describes the stages and files);
 ``--help`` lists the flags.
 """
 

@@ -1,4 +1,5 @@
-"""Context-extension recipes: PI / ABF / YaRN change the rotary frequencies as documented; EABF scales queries."""
+"""Context-extension recipes: PI / NTK / ABF / YaRN change the rotary frequencies as documented; EABF scales
+queries; the library's list of methods is the one the training command and the reproduction take."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from longce import apply_context_extension, register_eabf_attention
-from longce.context_extension import eabf_query_scale
+from longce.context_extension import METHODS, PARAMETERS, eabf_query_scale
 
 HEAD_DIM = 16
 
@@ -45,6 +46,32 @@ def test_pi_divides_every_frequency_by_the_factor():
     assert cfg.rope_parameters == {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}
     _, rope = rotary(cfg)
     torch.testing.assert_close(rope.inv_freq, default_inv_freq(10000.0) / 8.0)
+
+
+@pytest.mark.parametrize("factor, head_dim", [(4, None), (2.5, 8)])
+def test_ntk_raises_the_base_so_the_lowest_frequency_is_divided_by_the_factor(factor, head_dim):
+    cfg = config(**({"head_dim": head_dim} if head_dim else {}))
+    d = head_dim or HEAD_DIM  # hidden 64 over 4 heads unless the config names its head dimension
+    assert apply_context_extension(cfg, "ntk", factor=factor) is None
+    base = 10000.0 * factor ** (d / (d - 2))  # NTK-aware scaling's base, written out here
+    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": pytest.approx(base)}
+    assert cfg.max_position_embeddings == 4096  # only the base changes, as in ABF
+    _, rope = rotary(cfg)
+    plain = [1.0 / base ** (2 * i / d) for i in range(d // 2)]
+    torch.testing.assert_close(rope.inv_freq, torch.tensor(plain, dtype=torch.float32))
+    old_lowest = 1.0 / 10000.0 ** ((d - 2) / d)
+    assert rope.inv_freq[0].item() == 1.0 and rope.inv_freq[-1].item() == pytest.approx(old_lowest / factor, rel=1e-5)
+
+
+def test_one_list_of_methods_for_the_training_command_and_the_reproduction():
+    from longppl_reproduce.common.config import EXTENSION_METHODS
+
+    from longce.arguments import ModelArguments
+
+    assert METHODS == tuple(PARAMETERS) and "ntk" in METHODS
+    assert set(EXTENSION_METHODS) == set(METHODS) - {"none"}  # every method a population may name
+    for method in METHODS:  # longce-train takes each of them
+        assert ModelArguments(model_name_or_path="m", context_extension=method).context_extension == method
 
 
 def test_abf_raises_the_base_to_500k():
@@ -113,7 +140,9 @@ def test_eabf_model_equals_abf_within_base_length_and_differs_beyond():
 @pytest.mark.parametrize(
     "method, kwargs, message",
     [
-        ("ntk", {}, "Unknown context-extension method"),
+        ("rope", {}, "Unknown context-extension method"),
+        ("ntk", {}, "NTK-aware scaling needs a scaling factor"),
+        ("ntk", {"factor": 0.5}, "factor must be >= 1"),
         ("yarn", {}, "YaRN needs a scaling factor"),
         ("pi", {"factor": 0.5}, "factor must be >= 1"),
         ("eabf", {"eabf_base_length": 1}, "base_length must be >= 2"),

@@ -1,5 +1,5 @@
-"""The LongEval lines benchmark (longppl_reproduce.lines) and the answer-token analysis
-(longppl_reproduce.answer_tokens), against plain references written here."""
+"""The LongEval lines benchmark (longppl_reproduce.common.lines) and the answer-token analysis
+(longppl_reproduce.common.answer_tokens), against plain references written here."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import ScriptedStub, byte_level_bpe, tiny_model
-from longppl_reproduce.answer_tokens import answer_token_scores, classify_answer_tokens
-from longppl_reproduce.lines import (
+from longppl_reproduce.common.answer_tokens import answer_token_scores, classify_answer_tokens
+from longppl_reproduce.common.lines import (
     LinesCase,
     case_text,
     generate_lines_cases,

@@ -14,7 +14,8 @@ import time
 import pytest
 from conftest import REPO
 from helpers import assert_same_cache, byte_level_bpe, communicate_guarded, govreport_texts, run_guarded, tiny_model
-from longppl_reproduce import longce_comparison, population
+from longppl_reproduce.longce_comparison import pipeline as longce_comparison
+from longppl_reproduce.population import pipeline as population
 
 from longppl.cache.key_token_cache import KeyTokenCache
 from longppl.commandline.running import ToolParser, other_spelling
@@ -217,7 +218,9 @@ def declared_options(parser):
     )
 
 
-@pytest.mark.parametrize("tool", list(SPELLINGS), ids=lambda tool: tool.__name__.rsplit(".", 1)[1])
+@pytest.mark.parametrize(
+    "tool", list(SPELLINGS), ids=lambda tool: tool.__name__.removesuffix(".pipeline").rsplit(".", 1)[1]
+)
 def test_both_spellings_parse_to_the_same_namespace(tool):
     required, pairs = SPELLINGS[tool]
     parser = tool.build_parser("tool")
@@ -234,7 +237,9 @@ def test_both_spellings_parse_to_the_same_namespace(tool):
     assert parser.parse_args(joined) == parser.parse_args(declared)
 
 
-@pytest.mark.parametrize("tool", list(SPELLINGS), ids=lambda tool: tool.__name__.rsplit(".", 1)[1])
+@pytest.mark.parametrize(
+    "tool", list(SPELLINGS), ids=lambda tool: tool.__name__.removesuffix(".pipeline").rsplit(".", 1)[1]
+)
 def test_help_shows_each_option_once_in_its_declared_spelling(tool):
     text = tool.build_parser("tool").format_help()
     for option in declared_options(tool.build_parser("tool")):

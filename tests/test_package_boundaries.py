@@ -2,7 +2,8 @@
 ``longce`` nor the reproduction; ``longce`` imports ``longppl`` but not the reproduction; the
 reproduction (``longppl_reproduce``) may import both. Checked twice: in the source (import statements,
 and "module:function" strings that importlib would load) and at run time (what importing every module
-of a package pulls into ``sys.modules``)."""
+of a package pulls into ``sys.modules``). Inside each package no modules import each other around a
+circle (imports inside functions counted), and the reproduction's experiments never import each other."""
 
 import ast
 import importlib.util
@@ -18,6 +19,7 @@ from helpers import run_guarded
 PACKAGES = {
     "longppl": ("metrics/longppl", ("longce", "longppl_reproduce")),
     "longce": ("trainer/longce", ("longppl_reproduce",)),
+    "longppl_reproduce": ("scripts/reproduce", ()),
 }
 
 
@@ -42,6 +44,8 @@ def module_names(folder: str, package: str) -> list[str]:
 def forbidden_references(path: str, forbidden: tuple[str, ...]) -> list[str]:
     """``line: what`` for each import of a forbidden package in ``path``, and each string constant that
     names one as a module (``"longce.cli:main"``, ``"longce"``): what importlib would load."""
+    if not forbidden:
+        return []
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read(), path)
     pattern = re.compile(rf"^({'|'.join(map(re.escape, forbidden))})([.:]\w|$)")
@@ -151,20 +155,27 @@ def docstring_map() -> tuple[dict[str, int], dict[str, set[str]]]:
     return floors, named
 
 
-def imports_of(path: str, package: list[str]) -> set[str]:
-    """The absolute names of what the module at ``path``, of the package ``package`` (its parts),
-    imports anywhere in it: ``from .x import y`` gives ``<package>.x`` and ``<package>.x.y``."""
+def import_statements(path: str, package: list[str]) -> list[tuple[str, set[str]]]:
+    """Each import anywhere in the module at ``path``, of the package ``package`` (its parts), as ``(the
+    module it enters, the absolute names it imports)``: ``from .x import y`` gives ``(<package>.x,
+    {<package>.x.y})``, ``import a.b`` gives ``("", {"a.b"})``."""
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read(), path)
-    targets = set()
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            targets |= {alias.name for alias in node.names}
+            found.append(("", {alias.name for alias in node.names}))
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
             imported = ".".join(part for part in (base, node.module or "") if part)
-            targets |= {imported} | {f"{imported}.{alias.name}" for alias in node.names}
-    return targets
+            found.append((imported, {f"{imported}.{alias.name}" for alias in node.names}))
+    return found
+
+
+def imports_of(path: str, package: list[str]) -> set[str]:
+    """The absolute names of what the module at ``path``, of the package ``package`` (its parts),
+    imports anywhere in it: ``from .x import y`` gives ``<package>.x`` and ``<package>.x.y``."""
+    return {name for entered, names in import_statements(path, package) for name in ({entered} | names) if name}
 
 
 def imported_rooms(path: str, folder: str = LONGPPL) -> set[str]:
@@ -256,12 +267,24 @@ def test_the_floor_check_finds_an_upward_import_and_a_room_off_the_map(tmp_path)
 
 
 def import_graph(folder: str, package: str) -> dict[str, set[str]]:
-    """``{module: the modules of the same package it imports}``, counting imports inside functions too."""
+    """``{module: the modules of the same package it imports}``, counting imports inside functions too.
+
+    ``from . import sibling`` enters the package ``.`` only to reach its module ``sibling``: when that
+    package is one the importing module lies in, it was initialised before the module anyway, so the
+    import is an arrow to ``sibling`` alone (a package ``__init__`` that imports its pipeline, as the
+    reproduction's experiments do, would otherwise close a circle with every module that reaches a
+    sibling so). An import of a name the package itself defines (``from . import NAME``) stays an
+    arrow to the package."""
     paths = dict(zip(module_names(folder, package), python_files(folder)))
     graph = {}
     for module, path in paths.items():
         own = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
-        targets = imports_of(path, own)
+        ancestors = {".".join(own[:i]) for i in range(1, len(own) + 1)}
+        targets = set()
+        for entered, names in import_statements(path, own):
+            targets |= names
+            if not (entered in ancestors and names <= set(paths)):
+                targets.add(entered)
         graph[module] = {t for t in targets if t in paths and t not in (module, package)}
     return graph
 
@@ -305,3 +328,66 @@ def test_the_circle_check_finds_a_circle_through_a_lazy_import(tmp_path):
     (tmp_path / "d.py").write_text("from . import a\n")
     graph = import_graph(str(tmp_path), "pkg")
     assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_reaching_a_sibling_through_its_own_package_closes_no_circle_but_a_name_of_the_package_does(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "__init__.py").write_text("from .pipeline import cli\n")
+    (tmp_path / "sub" / "pipeline.py").write_text("from .report import report\n\ncli = report\n")
+    (tmp_path / "sub" / "report.py").write_text("def report():\n    from . import helper\n")
+    (tmp_path / "sub" / "helper.py").write_text("")
+    assert import_cycles(import_graph(str(tmp_path), "pkg")) == []
+    (tmp_path / "sub" / "helper.py").write_text("from . import cli\n")  # a name __init__ defines
+    assert import_cycles(import_graph(str(tmp_path), "pkg")) == [
+        ["pkg.sub", "pkg.sub.helper", "pkg.sub.pipeline", "pkg.sub.report"]
+    ]
+
+
+# The reproduction is laid out by experiment: `common/` below (tasks, models, stages, statistics, run
+# folders), one sub-package per experiment above it. An experiment imports `common` (and the libraries),
+# never another experiment; `common` imports no experiment.
+REPRODUCE, SHARED = "scripts/reproduce", "common"
+
+
+def experiment_crossings(folder: str, package: str, shared: str = SHARED) -> list[str]:
+    """``module -> module`` for each import (inside functions too) from one experiment's sub-package into
+    another's, or from the shared sub-package or the package's own modules into an experiment."""
+
+    def experiment(module: str) -> str | None:
+        parts = module.split(".")
+        is_package = os.path.isdir(os.path.join(REPO, folder, *parts[1:2]))
+        return parts[1] if len(parts) > 1 and is_package and parts[1] != shared else None
+
+    found = []
+    for module, targets in sorted(import_graph(folder, package).items()):
+        for target in sorted(targets):
+            if experiment(target) is not None and experiment(target) != experiment(module):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_experiments_of_the_reproduction_never_import_each_other():
+    experiments = sorted(
+        name
+        for name in os.listdir(os.path.join(REPO, REPRODUCE))
+        if os.path.isfile(os.path.join(REPO, REPRODUCE, name, "__init__.py")) and name != SHARED
+    )
+    assert {"population", "longce_comparison"} <= set(experiments)
+    assert experiment_crossings(REPRODUCE, "longppl_reproduce") == []
+
+
+def test_the_experiment_check_finds_one_experiment_reaching_another_and_common_reaching_one(tmp_path):
+    for folder in ("common", "alpha", "beta"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "common" / "tasks.py").write_text("def f():\n    from ..beta import run\n")
+    (tmp_path / "alpha" / "run.py").write_text(
+        "from ..common import tasks\n\n\ndef g():\n    from ..beta.run import x\n"
+    )
+    (tmp_path / "beta" / "run.py").write_text("from ..common.tasks import f\nfrom . import helper\n")
+    (tmp_path / "beta" / "helper.py").write_text("")
+    assert experiment_crossings(str(tmp_path), "pkg") == [
+        "pkg.alpha.run -> pkg.beta.run",
+        "pkg.common.tasks -> pkg.beta",  # its __init__, entered to reach run
+        "pkg.common.tasks -> pkg.beta.run",
+    ]

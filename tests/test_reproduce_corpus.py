@@ -1,4 +1,4 @@
-"""The reproduction's corpus: longppl_reproduce.books (reading the books), corpus_chunks and calibration
+"""The reproduction's corpus: longppl_reproduce.common.books (reading the books), corpus_chunks and calibration
 on toy arrays, against plain loops written here."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 from helpers import DATA, govreport_texts
-from longppl_reproduce.books import read_books
-from longppl_reproduce.calibration import calibrate_alpha, key_token_count
-from longppl_reproduce.corpus_chunks import body_chunks, null_documents
+from longppl_reproduce.common.books import read_books
+from longppl_reproduce.common.calibration import calibrate_alpha, key_token_count
+from longppl_reproduce.common.corpus_chunks import body_chunks, null_documents
 
 
 def toy_books(sizes):

@@ -1,5 +1,5 @@
 """LongEval lines: documents that keep their answers, cases asked beyond a distance, and the answer's
-log-likelihood (longppl_reproduce.lines), measured here in tokens with plain references."""
+log-likelihood (longppl_reproduce.common.lines), measured here in tokens with plain references."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import byte_level_bpe, tiny_model
-from longppl_reproduce.lines import (
+from longppl_reproduce.common.lines import (
     answer_log_likelihood,
     case_text,
     fitted_lines_document,

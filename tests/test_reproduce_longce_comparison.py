@@ -4,6 +4,7 @@ folders, the void rule and ce-wallclock's steps on constructed numbers, and the 
 configs."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -12,7 +13,12 @@ import shutil
 import pytest
 from conftest import REPO
 from helpers import DATA, edited_config
-from longppl_reproduce import longce_comparison as comparison
+from longppl_reproduce.longce_comparison import config as comparison
+from longppl_reproduce.longce_comparison import evaluation as comparison_evaluation
+from longppl_reproduce.longce_comparison import pipeline as comparison_pipeline
+from longppl_reproduce.longce_comparison import report as comparison_report
+from longppl_reproduce.longce_comparison import start as comparison_start
+from longppl_reproduce.longce_comparison import training as comparison_training
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "longce_comparison_smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "longce_comparison_h200.yaml")
@@ -31,10 +37,10 @@ def smoke(tmp_path_factory):
     argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(out)]
     printed = [io.StringIO(), io.StringIO()]  # the progress lines of each call
     with contextlib.redirect_stdout(printed[0]):
-        first = comparison.main(argv)
+        first = comparison_pipeline.main(argv)
     stamps = {p: os.path.getmtime(p) for p in _model_records(out)}
     with contextlib.redirect_stdout(printed[1]):
-        second = comparison.main(argv)
+        second = comparison_pipeline.main(argv)
     first_log, logged = (p.getvalue().splitlines() for p in printed)
     return {"out": out, "first": first, "second": second, "stamps": stamps, "first_log": first_log, "logged": logged}
 
@@ -156,7 +162,7 @@ def test_base_and_evaluator_are_taken_from_another_run_s_folders(smoke, tmp_path
     models = smoke["out"] / "models"
     out = tmp_path / "given"
     argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(out), "--stages", "start"]
-    comparison.main([*argv, "--base-model", str(models / "B"), "--evaluator", str(models / "E1")])
+    comparison_pipeline.main([*argv, "--base-model", str(models / "B"), "--evaluator", str(models / "E1")])
     for name in ("B", "E1"):
         record = json.loads((out / "models" / name / "training.json").read_text())
         assert record["imported_from"] == str(models / name)
@@ -166,30 +172,30 @@ def test_base_and_evaluator_are_taken_from_another_run_s_folders(smoke, tmp_path
     assert (out / "eval" / "gates" / "B.json").is_file()
     # the models of the output folder itself are taken where they are
     here = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(smoke["out"]), "--stages", "start"]
-    comparison.main([*here, "--base-model", str(models / "B"), "--evaluator", str(models / "E1")])
+    comparison_pipeline.main([*here, "--base-model", str(models / "B"), "--evaluator", str(models / "E1")])
     assert "imported_from" not in json.loads((models / "B" / "training.json").read_text())
     # this folder's B came from there: another B is refused, not mixed in
     with pytest.raises(ValueError, match=r"holds B from .*models/B, not .*models/E1: .*another --output-dir"):
-        comparison.main([*argv, "--base-model", str(models / "E1"), "--evaluator", str(models / "E1")])
+        comparison_pipeline.main([*argv, "--base-model", str(models / "E1"), "--evaluator", str(models / "E1")])
 
 
 def test_void_rule_on_constructed_numbers():
     # CE keeps 0.25 on average at 512, the extended base 0.6: below half of it -> void
-    assert comparison.void_rule([0.2, 0.3], 0.6, 0.5) == {
+    assert comparison_training.void_rule([0.2, 0.3], 0.6, 0.5) == {
         "ce_acc512": 0.25,
         "extended_acc512": 0.6,
         "threshold": 0.3,
         "void": True,
     }
-    assert comparison.void_rule([0.4, 0.3], 0.6, 0.5)["void"] is False
-    assert comparison.void_rule([0.3, 0.3], 0.6, 0.5)["void"] is False  # at half exactly: kept
-    assert comparison.void_rule([0.0], 0.0, 0.5)["void"] is False  # a base without the task: nothing to lose
+    assert comparison_training.void_rule([0.4, 0.3], 0.6, 0.5)["void"] is False
+    assert comparison_training.void_rule([0.3, 0.3], 0.6, 0.5)["void"] is False  # at half exactly: kept
+    assert comparison_training.void_rule([0.0], 0.0, 0.5)["void"] is False  # a base without the task: nothing to lose
     with pytest.raises(ValueError, match="at least one seed"):
-        comparison.void_rule([], 0.6, 0.5)
+        comparison_training.void_rule([], 0.6, 0.5)
 
 
 def test_a_given_model_whose_training_record_is_cut_off_is_named_and_nothing_is_copied(tmp_path):
-    from longppl_reproduce.run_folder import RunFolder
+    from longppl_reproduce.common.run_folder import RunFolder
 
     source = tmp_path / "B"
     source.mkdir()
@@ -197,7 +203,7 @@ def test_a_given_model_whose_training_record_is_cut_off_is_named_and_nothing_is_
     (source / "training.json").write_text('{"name": "B", "mod')
     run = RunFolder(str(tmp_path / "run"), log=lambda *_: None)
     with pytest.raises(ValueError) as error:
-        comparison.import_model(run, str(source), "B")
+        comparison_start.import_model(run, str(source), "B")
     assert str(error.value) == (
         f"{source / 'training.json'} is not JSON (Unterminated string starting at: line 1, column 15): give another "
         "model folder (a population run's models/<name> or its export)."
@@ -222,7 +228,7 @@ def test_a_void_comparison_is_reported_with_its_rerun_due_then_done(smoke, tmp_p
         record["curve_point"]["acc512"] = 0.8
         extended.write_text(json.dumps(record))
         argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(out), "--stages", "report"]
-        found = comparison.main(argv)["extensions"]["yarn2"]
+        found = comparison_pipeline.main(argv)["extensions"]["yarn2"]
         assert found["void"]["void"] is True and found["void"]["threshold"] == pytest.approx(0.4)
         report = (out / "report.md").read_text()
         if kept:
@@ -243,8 +249,8 @@ def test_a_report_over_the_seeds_that_finished_says_which(smoke, tmp_path):
     config = _config(tmp_path, **{"finetune.seeds": [0, 1, 2]})
     argv = ["--config", config, "--corpus", DATA, "--output-dir", str(out), "--stages", "report"]
     with pytest.raises(SystemExit, match=r"Seeds \[2\] have runs not evaluated .* with --seeds 0,1\."):
-        comparison.cli(argv)
-    found = comparison.main([*argv, "--seeds", "0,1"])
+        comparison_pipeline.cli(argv)
+    found = comparison_pipeline.main([*argv, "--seeds", "0,1"])
     assert found["seeds"]["finetune"] == [0, 1] and found["seeds"]["configured"] == [0, 1, 2]
     rows = found["extensions"]["yarn2"]["runs"]
     assert sorted({row["seed"] for row in rows}) == [0, 1] and len(rows) == 8
@@ -252,28 +258,28 @@ def test_a_report_over_the_seeds_that_finished_says_which(smoke, tmp_path):
     assert "Seeds reported: 2 of the 3 configured (0, 1; not reported: 2)." in (out / "report.md").read_text()
     assert "Seeds reported" not in (smoke["out"] / "report.md").read_text()  # every seed: no such line
     with pytest.raises(SystemExit, match=r"--seeds names \[1\]; name at least 2"):
-        comparison.cli([*argv, "--seeds", "1"])
+        comparison_pipeline.cli([*argv, "--seeds", "1"])
 
 
 def test_verdict_on_constructed_differences():
     not_void = {"void": False}
     above = {"self - ce": {"primary_accuracy": {"value": 0.08, "low": 0.02, "high": 0.14}}}
     across = {"self - ce": {"primary_accuracy": {"value": 0.08, "low": -0.01, "high": 0.17}}}
-    assert comparison.verdict(not_void, above) == "reproduced"
-    assert comparison.verdict(not_void, across) == "not reproduced"
-    assert comparison.verdict({"void": True}, above) == "void"
-    assert comparison.verdict(not_void, {"self - ce": {"primary_accuracy": {"skipped": "1 seed"}}}).startswith(
+    assert comparison_report.verdict(not_void, above) == "reproduced"
+    assert comparison_report.verdict(not_void, across) == "not reproduced"
+    assert comparison_report.verdict({"void": True}, above) == "void"
+    assert comparison_report.verdict(not_void, {"self - ce": {"primary_accuracy": {"skipped": "1 seed"}}}).startswith(
         "undecided"
     )
 
 
 def test_rerun_follows_the_void_rule_unless_forced(tmp_path):
     config, _ = comparison.read_comparison(_config(tmp_path, **{"rerun.when": "void"}), corpus=DATA)
-    assert comparison.rerun_extensions(config, {"yarn2": True}) == list(config.extensions)
-    assert comparison.rerun_extensions(config, {"yarn2": False}) == []
+    assert comparison_evaluation.rerun_extensions(config, {"yarn2": True}) == list(config.extensions)
+    assert comparison_evaluation.rerun_extensions(config, {"yarn2": False}) == []
     for when, expected in (("always", list(config.extensions)), ("never", [])):
-        forced = comparison.dataclasses.replace(config, rerun=comparison.Rerun(when=when))
-        assert comparison.rerun_extensions(forced, {"yarn2": False}) == expected
+        forced = dataclasses.replace(config, rerun=comparison.Rerun(when=when))
+        assert comparison_evaluation.rerun_extensions(forced, {"yarn2": False}) == expected
     reruns = comparison.arms(config, rerun=True)
     assert [a.name for a in reruns] == [
         "yarn2-ce-rerun-s0",
@@ -284,11 +290,11 @@ def test_rerun_follows_the_void_rule_unless_forced(tmp_path):
 
 
 def test_ce_wallclock_steps_from_a_measured_ratio():
-    assert comparison.wallclock_steps(1000, 0.15, 0.1) == 1500
-    assert comparison.wallclock_steps(1000, 0.1234, 0.1) == 1234
-    assert comparison.wallclock_steps(1000, 0.05, 0.1) == 500  # a faster self gets fewer CE steps
+    assert comparison_training.wallclock_steps(1000, 0.15, 0.1) == 1500
+    assert comparison_training.wallclock_steps(1000, 0.1234, 0.1) == 1234
+    assert comparison_training.wallclock_steps(1000, 0.05, 0.1) == 500  # a faster self gets fewer CE steps
     with pytest.raises(ValueError, match=r"self 0.0 s and ce 0.1 s must be > 0"):
-        comparison.wallclock_steps(1000, 0.0, 0.1)
+        comparison_training.wallclock_steps(1000, 0.0, 0.1)
 
 
 def test_runs_are_ordered_so_that_a_seed_s_ce_and_self_come_before_its_ce_wallclock(tmp_path):
@@ -352,7 +358,7 @@ def test_bad_configs_are_refused_naming_the_key_and_value(tmp_path, changes, mes
 def test_the_command_reports_a_bad_config_in_one_line(tmp_path, capsys):
     path = _config(tmp_path, **{"finetune.seeds": [3, 3]})
     with pytest.raises(SystemExit) as exit_:
-        comparison.cli(["--config", path, "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
+        comparison_pipeline.cli(["--config", path, "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
     message = str(exit_.value.code)
     assert (
         message.count("\n") == 0
@@ -361,7 +367,7 @@ def test_the_command_reports_a_bad_config_in_one_line(tmp_path, capsys):
     )
     assert not (tmp_path / "out").exists()  # refused before anything is written
     with pytest.raises(SystemExit) as exit_:
-        comparison.cli(
+        comparison_pipeline.cli(
             ["--config", _config(tmp_path), "--corpus", DATA, "--output-dir", str(tmp_path / "o"), "--seeds", "0,7"]
         )
     assert "--seeds names [7], which are not in the config's finetune.seeds [0, 1]" in str(exit_.value.code)
@@ -374,7 +380,7 @@ def test_a_config_that_does_not_parse_or_an_unusable_output_dir_is_one_error_lin
     names_bad = _config(tmp_path, population=str(bad))  # the population config it names does not parse
     for config in (str(bad), names_bad):
         with pytest.raises(SystemExit) as exit_:
-            comparison.cli(["--config", config, "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
+            comparison_pipeline.cli(["--config", config, "--corpus", DATA, "--output-dir", str(tmp_path / "out")])
         assert str(exit_.value.code).endswith(
             f"error: {bad} is not valid YAML: expected ',' or ']', but got '<stream end>' at line 2, column 1 "
             "(while parsing a flow sequence at line 1, column 20); fix the file there and run again."
@@ -385,7 +391,7 @@ def test_a_config_that_does_not_parse_or_an_unusable_output_dir_is_one_error_lin
         ("", "--output-dir='' is empty: pass the run's folder, e.g. repro2/."),
     ):
         with pytest.raises(SystemExit) as exit_:
-            comparison.cli(
+            comparison_pipeline.cli(
                 ["--config", _config(tmp_path), "--corpus", DATA, "--output-dir", output, "--stages", "report"]
             )
         assert "error: " + message in str(exit_.value.code)
@@ -393,10 +399,10 @@ def test_a_config_that_does_not_parse_or_an_unusable_output_dir_is_one_error_lin
 
 
 def test_stages_run_in_pipeline_order_and_unknown_ones_are_named(capsys):
-    parser = comparison.build_parser("longppl-reproduce-longce")
+    parser = comparison_pipeline.build_parser("longppl-reproduce-longce")
     common = ["--config", SMOKE, "--output-dir", "out"]
     assert parser.parse_args([*common, "--stages", "report,start"]).stages == ["start", "report"]
-    assert parser.parse_args([*common, "--stages", "all"]).stages == list(comparison.STAGES)
+    assert parser.parse_args([*common, "--stages", "all"]).stages == list(comparison_pipeline.STAGES)
     with pytest.raises(SystemExit):
         parser.parse_args([*common, "--stages", "start,train"])
     assert "unknown stages ['train']; choose from start, extend, cache, finetune, evaluate, rerun, report" in (

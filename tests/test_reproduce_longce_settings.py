@@ -3,6 +3,7 @@ selection path on the smoke config (every setting, every method, the start model
 cache against the trainer's own self weights, ce-fresh's rows, the selection flags and resuming."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -14,9 +15,13 @@ import torch
 from conftest import REPO
 from datasets import Dataset
 from helpers import DATA
-from longppl_reproduce import longce_comparison as comparison
-from longppl_reproduce import stages
-from longppl_reproduce.run_folder import RunFolder
+from longppl_reproduce.common import stages
+from longppl_reproduce.common.config import read_population
+from longppl_reproduce.common.run_folder import RunFolder, read_texts
+from longppl_reproduce.longce_comparison import config as comparison
+from longppl_reproduce.longce_comparison import pipeline as comparison_pipeline
+from longppl_reproduce.longce_comparison import start as comparison_start
+from longppl_reproduce.longce_comparison import training as comparison_training
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "longce_settings_smoke_cpu.yaml")
 H100X4 = os.path.join(REPO, "configs", "reproduce", "longce_settings_h100x4.yaml")
@@ -26,7 +31,7 @@ METHODS = ("ce", "self", "cache", "frozen", "ce-fresh")
 def _main(argv) -> list[str]:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        comparison.main(argv)
+        comparison_pipeline.main(argv)
     return printed.getvalue().splitlines()
 
 
@@ -74,7 +79,7 @@ def test_every_setting_and_method_is_trained_and_evaluated_with_the_plans_outcom
                 assert found["longppl"] > 1 and found["longppl_evaluator"] == setting.evaluator
         assert start["method"] == "start" and start["longppl_evaluator"] == setting.evaluator
     # the PPL at L: c's documents are 2048 tokens long
-    texts = stages.read_texts(str(out / "data" / "validation-2048.jsonl"))
+    texts = read_texts(str(out / "data" / "validation-2048.jsonl"))
     tokenizer = stages.load_tokenizer(RunFolder(str(out), log=lambda *_: None))
     assert {len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]} == {2048}
     results = _record(out, "results.json")
@@ -96,7 +101,7 @@ def test_the_frozen_weights_are_the_start_models_own_self_weights(smoke):
     run = RunFolder(str(out), log=lambda *_: None)
     setting = config.settings[0]
     model, tokenizer = stages.load_member(comparison.extended_folder(run, setting.name), "cpu")
-    frozen = comparison.setting_dataset(config, pop, run, setting, "frozen", tokenizer)
+    frozen = comparison_training.setting_dataset(config, pop, run, setting, "frozen", tokenizer)
     args = LongCEConfig(
         output_dir=str(out / ".self-weights"),
         use_cpu=True,
@@ -134,21 +139,24 @@ def test_ce_fresh_reads_ce_s_rows_in_order_then_fresh_ones_never_twice(smoke):
         ce = comparison.Arm(setting.extension, "ce", 0, False, setting)
         fresh = comparison.Arm(setting.extension, "ce-fresh", 0, False, setting)
         other_seed = comparison.Arm(setting.extension, "ce", 1, False, setting)
-        ce_rows, ce_steps, _ = comparison.ordered_rows(config, pop, run, ce, tokenizer)
-        fresh_rows, steps, record = comparison.ordered_rows(config, pop, run, fresh, tokenizer)
-        other_rows = comparison.ordered_rows(config, pop, run, other_seed, tokenizer)[0]
+        ce_rows, ce_steps, _ = comparison_training.ordered_rows(config, pop, run, ce, tokenizer)
+        fresh_rows, steps, record = comparison_training.ordered_rows(config, pop, run, fresh, tokenizer)
+        other_rows = comparison_training.ordered_rows(config, pop, run, other_seed, tokenizer)[0]
         per = config.finetune.training.batch_tokens // setting.seq_len
         first = [tuple(r) for r in fresh_rows["input_ids"]]
         assert first[: ce_steps * per] == [tuple(r) for r in ce_rows["input_ids"]]
         assert len(first) == steps * per and len(set(first)) == len(first)  # no sequence seen twice
         assert record == {"planned_steps": 4, "steps": 4, "fresh_rows": 4 // 2 * per, "stopped_early": False}
         # the rest is in no other arm's rows: the pool every method reads holds none of them
-        pool = {tuple(r) for r in comparison.setting_dataset(config, pop, run, setting, "ce", tokenizer)["input_ids"]}
+        pool = {
+            tuple(r)
+            for r in comparison_training.setting_dataset(config, pop, run, setting, "ce", tokenizer)["input_ids"]
+        }
         assert not set(first[ce_steps * per :]) & pool
         # another seed reads the same rows in another order
         assert sorted(map(tuple, other_rows["input_ids"])) == sorted(map(tuple, ce_rows["input_ids"]))
     # the trainer reads them in that order: its data loader's first batch is the first rows
-    trainer_type = comparison.in_order_trainer()
+    trainer_type = comparison_training.in_order_trainer()
     sampler = trainer_type._get_train_sampler(type("T", (), {"train_dataset": fresh_rows})())
     assert list(sampler) == list(range(len(fresh_rows)))
 
@@ -159,12 +167,10 @@ def test_ce_fresh_stops_at_the_last_fresh_step_when_the_books_run_short(monkeypa
     per = config.finetune.training.batch_tokens // setting.seq_len  # 2 sequences a step
     pool = Dataset.from_dict({"input_ids": [[i, i] for i in range(2 * per)]})
     short = Dataset.from_dict({"input_ids": [[100 + i, 0] for i in range(per + 1)]})  # one whole step, and a row
-    monkeypatch.setattr(comparison, "setting_dataset", lambda *args: (pool, short))
-    config = comparison.dataclasses.replace(
-        config, finetune=comparison.dataclasses.replace(config.finetune, fresh_factor=3.0)
-    )
+    monkeypatch.setattr(comparison_training, "setting_dataset", lambda *args: (pool, short))
+    config = dataclasses.replace(config, finetune=dataclasses.replace(config.finetune, fresh_factor=3.0))
     arm = comparison.Arm(setting.extension, "ce-fresh", 0, False, setting)
-    rows, steps, record = comparison.ordered_rows(config, pop, RunFolder(str(tmp_path)), arm, None)
+    rows, steps, record = comparison_training.ordered_rows(config, pop, RunFolder(str(tmp_path)), arm, None)
     assert steps == 3 and len(rows) == 3 * per
     assert record == {"planned_steps": 6, "steps": 3, "fresh_rows": per + 1, "stopped_early": True}
     assert len({tuple(r) for r in rows["input_ids"]}) == len(rows)
@@ -173,10 +179,10 @@ def test_ce_fresh_stops_at_the_last_fresh_step_when_the_books_run_short(monkeypa
 def test_the_pool_s_windows_and_documents_are_each_used_once():
     stream = np.arange(1000, dtype=np.int64)
     documents = [np.array([-1 - d, -1 - d]) for d in range(5)]
-    rows, used = comparison.distinct_pool(stream, documents, 10, 0.0, 500, seed=0)
+    rows, used = comparison_start.distinct_pool(stream, documents, 10, 0.0, 500, seed=0)
     assert rows.shape == (100, 10)  # the stream holds 100 windows of 10: no more rows than that
     assert sorted(rows[:, 0].tolist()) == list(range(0, 1000, 10)) and (used == -1).all()
-    rows, used = comparison.distinct_pool(stream, documents, 10, 1.0, 50, seed=0)
+    rows, used = comparison_start.distinct_pool(stream, documents, 10, 1.0, 50, seed=0)
     # every row takes a document: the pool stops when the 5 documents are used, each once
     assert rows.shape == (5, 10) and sorted(used.tolist()) == [0, 1, 2, 3, 4]
     assert sorted(rows[:, -1].tolist()) == [-5, -4, -3, -2, -1]
@@ -203,7 +209,7 @@ def test_selection_picks_settings_seeds_and_methods():
 def test_a_bad_selection_is_one_error_line(flags, message, tmp_path):
     argv = ["--config", SMOKE, "--corpus", DATA, "--output-dir", str(tmp_path / "run"), "--stages", "report", *flags]
     with pytest.raises(SystemExit) as exit_:
-        comparison.cli(argv)
+        comparison_pipeline.cli(argv)
     text = str(exit_.value.code)
     assert message in text and ": error: " in text and "\n" not in text
     assert not (tmp_path / "run").exists()  # refused before anything is written
@@ -252,16 +258,16 @@ def test_the_h100x4_config_is_the_plan():
     assert [training.batch_tokens // s.seq_len for s in config.settings] == [12, 12, 6]
     specs = comparison.model_specs(config, pop)
     b256, e2048 = specs["B256"], specs["E2048"]
-    assert b256.shape == comparison.dataclasses.replace(pop.base.shape, max_position_embeddings=256)
+    assert b256.shape == dataclasses.replace(pop.base.shape, max_position_embeddings=256)
     # B's and E1's recipes at their lengths, pretrained 15,000 steps instead of 5,000 (the plan's
     # deviation: both failed their gates at 5,000)
     assert pop.base.training.steps == pop.evaluators[0].training.steps == 5000
-    assert b256.training == comparison.dataclasses.replace(pop.base.training, seq_len=256, steps=15000)
+    assert b256.training == dataclasses.replace(pop.base.training, seq_len=256, steps=15000)
     assert (b256.gate.length, b256.gate.min_accuracy, b256.gate.lines) == (256, 0.7, 2) and b256.mix == pop.base.mix
     assert (b256.seed, e2048.seed) == (pop.base.seed, pop.evaluators[0].seed)
     e1 = pop.evaluators[0]
-    assert e2048.shape == comparison.dataclasses.replace(e1.shape, max_position_embeddings=2048)
-    assert e2048.training == comparison.dataclasses.replace(e1.training, seq_len=2048, steps=15000)
+    assert e2048.shape == dataclasses.replace(e1.shape, max_position_embeddings=2048)
+    assert e2048.training == dataclasses.replace(e1.training, seq_len=2048, steps=15000)
     assert (e2048.gate.length, e2048.gate.min_accuracy, e2048.training.batch_tokens) == (2048, 0.7, 32768)
 
 
@@ -319,10 +325,10 @@ def test_bad_settings_are_refused_naming_the_key_and_value(tmp_path, changes, me
 def _gate_cases(tmp_path, **gate):
     """The gate cases ``write_gate_cases`` writes for the smoke base with its gate changed by ``gate``."""
     from helpers import byte_level_bpe
-    from longppl_reproduce import lines
+    from longppl_reproduce.common import lines
 
-    pop = comparison.read_population(os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml"), corpus=DATA)
-    spec = comparison.dataclasses.replace(pop.base, gate=comparison.dataclasses.replace(pop.base.gate, **gate))
+    pop = read_population(os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml"), corpus=DATA)
+    spec = dataclasses.replace(pop.base, gate=dataclasses.replace(pop.base.gate, **gate))
     run = RunFolder(str(tmp_path), log=lambda *_: None)
     tokenizer = byte_level_bpe()
     logged = stages.write_gate_cases(pop, run, tokenizer, spec)
@@ -359,17 +365,15 @@ def test_a_population_whose_gates_of_one_length_disagree_on_lines_is_refused(tmp
         },
     )
     with pytest.raises(ValueError, match=r"evaluators\[0\]\.gate\.lines.*B's gate of the same length 1024 asks 2"):
-        comparison.read_population(path, corpus=DATA)
+        read_population(path, corpus=DATA)
 
 
 def test_a_failed_gate_stops_the_run_and_says_how_to_train_the_model_again(tmp_path):
     """A gate recorded as failed stops the run every time (the record is kept, not redone), and the
     message names the model folder and the record to move aside to train the model again."""
-    pop = comparison.read_population(os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml"), corpus=DATA)
+    pop = read_population(os.path.join(os.path.dirname(SMOKE), "population_smoke_cpu.yaml"), corpus=DATA)
     run = RunFolder(str(tmp_path), log=lambda *_: None)
-    spec = comparison.dataclasses.replace(
-        pop.base, gate=comparison.dataclasses.replace(pop.base.gate, min_accuracy=0.8)
-    )
+    spec = dataclasses.replace(pop.base, gate=dataclasses.replace(pop.base.gate, min_accuracy=0.8))
     failed = {"accuracy": 0.12, "correct": 3, "total": 25, "passed": False}
     run.write_json(failed, "eval", "gates", f"{spec.name}.json")
     for _ in range(2):  # the second call reads the same record: a failed gate is not measured again

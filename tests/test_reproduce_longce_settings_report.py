@@ -13,8 +13,8 @@ import os
 import numpy as np
 import pytest
 from conftest import REPO
-from longppl_reproduce import longce_comparison as comparison
-from longppl_reproduce import longce_settings_report as analysis
+from longppl_reproduce.longce_comparison import pipeline as comparison_pipeline
+from longppl_reproduce.longce_comparison import settings_report as analysis
 from scipy import stats
 
 H100X4 = os.path.join(REPO, "configs", "reproduce", "longce_settings_h100x4.yaml")
@@ -133,7 +133,7 @@ def _write_records(root, crafted: dict, void=(), skip=()) -> None:
 
 def _report(root) -> dict:
     with contextlib.redirect_stdout(io.StringIO()):
-        comparison.main([*REPORT, "--output-dir", str(root)])
+        comparison_pipeline.main([*REPORT, "--output-dir", str(root)])
     with open(os.path.join(root, "results.json"), encoding="utf-8") as handle:
         return json.load(handle)
 
@@ -330,7 +330,7 @@ def test_a_missing_setting_pools_the_others_with_one_degree_of_freedom_and_says_
 
 def test_a_report_without_any_record_is_one_error_line(tmp_path):
     with pytest.raises(SystemExit) as stopped:
-        comparison.cli([*REPORT, "--output-dir", str(tmp_path / "empty")])
+        comparison_pipeline.cli([*REPORT, "--output-dir", str(tmp_path / "empty")])
     lines = str(stopped.value.code).splitlines()
     assert len(lines) == 1 and ": error: " in lines[0]
     assert "No evaluation records of settings a, b, c" in lines[0] and "untar" in lines[0]

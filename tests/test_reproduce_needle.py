@@ -1,4 +1,4 @@
-"""longppl_reproduce.needle: multi-key needle-in-a-haystack cases, measured here in tokens."""
+"""longppl_reproduce.common.needle: multi-key needle-in-a-haystack cases, measured here in tokens."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 from helpers import ScriptedStub, byte_level_bpe, govreport_texts
-from longppl_reproduce.lines import last_number
-from longppl_reproduce.needle import (
+from longppl_reproduce.common.lines import last_number
+from longppl_reproduce.common.needle import (
     NeedleCase,
     make_needle_cases,
     needle_accuracy,

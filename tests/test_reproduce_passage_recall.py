@@ -1,4 +1,4 @@
-"""longppl_reproduce.passage_recall: the cases' geometry on plain integer books, the ambiguity guard,
+"""longppl_reproduce.common.passage_recall: the cases' geometry on plain integer books, the ambiguity guard,
 the JSONL round trip, and the teacher-forced top-1 score against plain references (a model whose
 top-1 token is a known function of the current token, and a per-case loop over full logits)."""
 
@@ -12,16 +12,16 @@ import pytest
 import torch
 from conftest import REPO
 from helpers import DATA, byte_level_bpe, tiny_model
-from longppl_reproduce import lines, needle, stages
-from longppl_reproduce.config import read_population
-from longppl_reproduce.passage_recall import (
+from longppl_reproduce.common import lines, needle, stages
+from longppl_reproduce.common.config import read_population
+from longppl_reproduce.common.passage_recall import (
     RecallCase,
     passage_recall_accuracy,
     passage_recall_cases,
     read_passage_recall_cases,
     write_passage_recall_cases,
 )
-from longppl_reproduce.run_folder import RunFolder
+from longppl_reproduce.common.run_folder import RunFolder
 from transformers import LlamaConfig, LlamaForCausalLM
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "population_smoke_cpu.yaml")

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 from conftest import REPO
 from helpers import DATA, edited_config
-from longppl_reproduce import population, stages
-from longppl_reproduce.config import Analysis, Population, read_population
-from longppl_reproduce.family import TrainingBatches
-from longppl_reproduce.report_text import closing_sections, fmt
-from longppl_reproduce.run_folder import RunFolder, finite
+from longppl_reproduce import population
+from longppl_reproduce.common import stages
+from longppl_reproduce.common.config import Analysis, Population, read_population
+from longppl_reproduce.common.family import TrainingBatches
+from longppl_reproduce.common.report_text import closing_sections, fmt
+from longppl_reproduce.common.run_folder import RunFolder, finite
+from longppl_reproduce.population import analysis as population_analysis
+from longppl_reproduce.population import models as population_models
 
 SMOKE = os.path.join(REPO, "configs", "reproduce", "population_smoke_cpu.yaml")
 H200 = os.path.join(REPO, "configs", "reproduce", "population_h200.yaml")
@@ -157,10 +160,10 @@ def _row(name, method, acc512, accuracy, longppl, ppl, no_number=0.0):
 
 def test_exclusion_rules_name_their_reason():
     rules = Analysis()
-    assert population.exclusion(_row("a", "pi", 0.5, 0.2, 2, 3), 0.8, rules) is None
-    reason = population.exclusion(_row("b", "pi", 0.3, 0.2, 2, 3), 0.8, rules)
+    assert population_analysis.exclusion(_row("a", "pi", 0.5, 0.2, 2, 3), 0.8, rules) is None
+    reason = population_analysis.exclusion(_row("b", "pi", 0.3, 0.2, 2, 3), 0.8, rules)
     assert reason == "accuracy at 512 tokens 0.300 is below 0.5 of the base's 0.800"
-    reason = population.exclusion(_row("c", "pi", 0.9, 0.2, 2, 3, no_number=0.75), 0.8, rules)
+    reason = population_analysis.exclusion(_row("c", "pi", 0.9, 0.2, 2, 3, no_number=0.75), 0.8, rules)
     assert reason == "75% of its lines outputs hold no number"
 
 
@@ -171,9 +174,9 @@ def test_statistics_match_plain_references():
     longppl = 5 - 3 * accuracy + rng.normal(0, 0.1, 8)
     ppl = 20 + rng.normal(0, 1, 8)
     rows = [_row(f"m{i}", methods[i], 0.9, accuracy[i], longppl[i], ppl[i]) for i in range(8)]
-    found = population.statistics_of(rows, Analysis(resamples=200, min_members=8))
+    found = population_analysis.statistics_of(rows, Analysis(resamples=200, min_members=8))
     assert found["n"] == 8 and found["inconclusive"] is False
-    assert population.statistics_of(rows, Analysis(resamples=20, min_members=9))["inconclusive"] is True
+    assert population_analysis.statistics_of(rows, Analysis(resamples=20, min_members=9))["inconclusive"] is True
     assert found["pearson"]["longppl"]["value"] == pytest.approx(np.corrcoef(longppl, accuracy)[0, 1])
     assert found["pearson"]["ppl"]["value"] == pytest.approx(np.corrcoef(ppl, accuracy)[0, 1])
     difference = np.corrcoef(longppl, accuracy)[0, 1] - np.corrcoef(ppl, accuracy)[0, 1]
@@ -184,9 +187,9 @@ def test_statistics_match_plain_references():
     assert low <= found["pearson"]["longppl"]["value"] <= high
     assert found["williams_t"]["t"] is not None
     floor = [_row(f"m{i}", "pi", 0.9, 0.0 if i < 6 else 0.5, 2 + i, 3 + i) for i in range(8)]
-    at_floor = population.statistics_of(floor, Analysis(resamples=50, min_members=3))
+    at_floor = population_analysis.statistics_of(floor, Analysis(resamples=50, min_members=3))
     assert at_floor["inconclusive"] is True and at_floor["williams_t"]["skipped"] == "|r(LongPPL, PPL)| = 1"
-    assert "3 are needed" in population.statistics_of(rows[:2], Analysis())["skipped"]
+    assert "3 are needed" in population_analysis.statistics_of(rows[:2], Analysis())["skipped"]
 
 
 def _member_record(lines: dict) -> dict:
@@ -216,7 +219,8 @@ def test_members_with_equal_counts_get_exactly_equal_accuracies():
         {"640": 200, "768": 129, "896": 144, "992": 71},
     ]
     values = [
-        population.member_row(member, _member_record(o), Analysis(resamples=20))["primary_accuracy"] for o in orders
+        population_analysis.member_row(member, _member_record(o), Analysis(resamples=20))["primary_accuracy"]
+        for o in orders
     ]
     assert values[0] == values[1] == values[2] == 544 / 1200
 
@@ -225,7 +229,7 @@ def test_inconclusive_rules_name_their_reasons_and_skip_the_floor_for_a_log_like
     rng = np.random.default_rng(1)
     accuracy = np.r_[np.zeros(7), rng.uniform(0.2, 0.8, 3)]  # 7 of 10 at the floor: more than 2/3
     rows = [_row(f"m{i}", "pi", 0.9, accuracy[i], 5 - accuracy[i] + i / 100, 20 + i % 3) for i in range(10)]
-    found = population.statistics_of(rows, Analysis(resamples=20, min_members=12))
+    found = population_analysis.statistics_of(rows, Analysis(resamples=20, min_members=12))
     assert found["inconclusive"] is True and found["at_floor_or_ceiling"] == 7
     assert found["inconclusive_reasons"] == [
         "10 members analysed, fewer than the 12 the plan needs",
@@ -233,9 +237,9 @@ def test_inconclusive_rules_name_their_reasons_and_skip_the_floor_for_a_log_like
     ]
     # a log-likelihood (negative, unbounded) is no share: only the member count can make it inconclusive
     likelihood = [{**r, "primary_accuracy": -3.0 - i} for i, r in enumerate(rows)]
-    found = population.statistics_of(likelihood, Analysis(resamples=20, min_members=10), share=False)
+    found = population_analysis.statistics_of(likelihood, Analysis(resamples=20, min_members=10), share=False)
     assert found["inconclusive"] is False and found["at_floor_or_ceiling"] is None
-    assert population.statistics_of(likelihood, Analysis(resamples=20, min_members=10))["inconclusive"] is True
+    assert population_analysis.statistics_of(likelihood, Analysis(resamples=20, min_members=10))["inconclusive"] is True
 
 
 def test_sensitivity_correlates_every_grid_point_and_window_with_the_accuracy():
@@ -246,7 +250,7 @@ def test_sensitivity_correlates_every_grid_point_and_window_with_the_accuracy():
         row = _row(f"m{i}", "pi", 0.9, accuracy[i], 4 - accuracy[i], 30 + rng.normal())
         grid = {"alpha=1,beta=-2": 5 - 2 * accuracy[i] + rng.normal(0, 0.3), "alpha=2,beta=-2": rng.normal()}
         rows.append({**row, "sensitivity": grid, "longppl_secondary": 3 + accuracy[i] ** 2, "soft_longppl": 8.0 + i})
-    found = population.sensitivity_statistics(rows, Analysis(resamples=50))
+    found = population_analysis.sensitivity_statistics(rows, Analysis(resamples=50))
     assert list(found) == [
         "LongPPL alpha=1,beta=-2",
         "LongPPL alpha=2,beta=-2",
@@ -263,7 +267,7 @@ def test_sensitivity_correlates_every_grid_point_and_window_with_the_accuracy():
         assert found[name]["pearson"]["value"] == pytest.approx(np.corrcoef(values, accuracy)[0, 1])
         assert found[name]["pearson"]["low"] <= found[name]["pearson"]["value"] <= found[name]["pearson"]["high"]
     rows[0]["soft_longppl"] = float("nan")  # a measure with a missing value is left out
-    assert "soft LongPPL" not in population.sensitivity_statistics(rows, Analysis(resamples=50))
+    assert "soft LongPPL" not in population_analysis.sensitivity_statistics(rows, Analysis(resamples=50))
 
 
 def _primary(r: float, high: float, difference_high: float, reasons=()) -> dict:
@@ -285,11 +289,11 @@ def _primary(r: float, high: float, difference_high: float, reasons=()) -> dict:
     ],
 )
 def test_verdict_applies_the_plans_success_conditions(r, high, difference_high, reasons, outcome, held):
-    decided = population.verdict(_primary(r, high, difference_high, reasons), Analysis())
+    decided = population_analysis.verdict(_primary(r, high, difference_high, reasons), Analysis())
     assert decided["outcome"] == outcome
     assert [c["holds"] for c in decided["conditions"]] == held
     assert decided["reasons"] == list(reasons)
-    assert population.verdict({"skipped": "2 members"}, Analysis())["outcome"] == "inconclusive"
+    assert population_analysis.verdict({"skipped": "2 members"}, Analysis())["outcome"] == "inconclusive"
 
 
 # ------------------------------------------------------------------ the smoke run
@@ -355,7 +359,7 @@ def test_a_member_whose_weights_were_deleted_is_trained_again_not_trusted_by_its
     (folder / "model.safetensors").unlink()  # deleted after training: its training.json stays
 
     logged = []
-    population.stage_members(
+    population_models.stage_members(
         read_population(SMOKE, corpus=DATA), RunFolder(str(tmp_path), log=logged.append), ["pi2-s2"]
     )
     assert not any("pi2-s2 trained, kept" in line for line in logged)
@@ -367,16 +371,16 @@ def test_a_member_whose_weights_were_deleted_is_trained_again_not_trusted_by_its
 
 def test_document_interval_resamples_the_pooled_perplexity():
     nll, counts = [10.0, 30.0, 5.0], [5, 10, 5]
-    found = population.document_interval(nll, counts, Analysis(resamples=500))
+    found = population_analysis.document_interval(nll, counts, Analysis(resamples=500))
     assert found["value"] == pytest.approx(math.exp(45 / 20))
     per_document = [math.exp(n / c) for n, c in zip(nll, counts)]
     assert min(per_document) <= found["low"] <= found["value"] <= found["high"] <= max(per_document)
-    none = population.document_interval([0.0, 0.0], [0, 0], Analysis(resamples=10))
+    none = population_analysis.document_interval([0.0, 0.0], [0, 0], Analysis(resamples=10))
     assert math.isnan(none["value"]) and math.isnan(none["low"])
 
 
 def test_extensions_set_the_rope_each_method_names(tmp_path):
-    from longppl_reproduce.family import Variant, model_config
+    from longppl_reproduce.common.family import Variant, model_config
 
     config = read_population(H200, corpus="x")
     base = Variant("B", config.base.shape.model_fields(), {})
@@ -388,7 +392,10 @@ def test_extensions_set_the_rope_each_method_names(tmp_path):
         found[extension.name] = (dict(extended.rope_parameters), attention)
     assert found["pi4"][0] == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
     assert found["yarn2"][0]["rope_type"] == "yarn" and found["yarn2"][0]["original_max_position_embeddings"] == 512
-    assert found["ntk4"][0]["rope_theta"] == pytest.approx(1e4 * 4 ** (64 / 62))
+    # NTK through the library's recipe: the base raised by the factor, B's positions widened to L only
+    assert found["ntk4"] == ({"rope_type": "default", "rope_theta": pytest.approx(1e4 * 4 ** (64 / 62))}, "sdpa")
+    ntk4 = next(e for e in config.extensions if e.name == "ntk4")
+    assert stages.extended_config(config, str(tmp_path), ntk4)[0].max_position_embeddings == 1024
     assert found["abf1e6"] == ({"rope_type": "default", "rope_theta": 1e6}, "sdpa")
     assert found["eabf1e5"][0]["rope_theta"] == 1e5 and found["eabf1e5"][1] != "sdpa"
 

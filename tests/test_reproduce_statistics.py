@@ -1,4 +1,4 @@
-"""longppl_reproduce.statistics against plain references written here (explicit sums, formulas typed
+"""longppl_reproduce.common.statistics against plain references written here (explicit sums, formulas typed
 out from the textbooks, numerical integration)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from longppl_reproduce import statistics
-from longppl_reproduce.statistics import (
+from longppl_reproduce.common import statistics
+from longppl_reproduce.common.statistics import (
     bootstrap_correlation,
     bootstrap_mean,
     bootstrap_partial_correlation,

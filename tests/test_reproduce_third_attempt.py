@@ -1,4 +1,4 @@
-"""The third LongPPL attempt (longppl_reproduce.two_hop, .third_attempt and the population
+"""The third LongPPL attempt (longppl_reproduce.common.two_hop, .third_attempt and the population
 pipeline's extensions): the two-hop task's cases and documents against answers read back from the
 text, the format-only exclusion, the cluster bootstrap over configurations, the within-level
 statistics, the random-intercept model against an explicit-matrix fit, the decision rule on one
@@ -16,9 +16,13 @@ import numpy as np
 import pytest
 from conftest import REPO
 from helpers import DATA, byte_level_bpe
-from longppl_reproduce import lines, population, statistics, third_attempt, two_hop
-from longppl_reproduce.config import read_population
-from longppl_reproduce.run_folder import RunFolder
+from longppl_reproduce import population
+from longppl_reproduce.common import lines, statistics, two_hop
+from longppl_reproduce.common.config import read_population
+from longppl_reproduce.common.run_folder import RunFolder
+from longppl_reproduce.population import analysis as population_analysis
+from longppl_reproduce.population import models as population_models
+from longppl_reproduce.population import third_attempt
 
 SMOKE3 = os.path.join(REPO, "configs", "reproduce", "population3_smoke_cpu.yaml")
 PLAN3 = os.path.join(REPO, "configs", "reproduce", "population3_h100x4.yaml")
@@ -114,7 +118,7 @@ def _record(outputs: list[str]) -> dict:
 
 def test_only_the_answer_format_excludes_and_a_control_is_reported_not_analysed():
     config = read_population(PLAN3, corpus="x")
-    share = third_attempt.no_answer_shape_share(_record(["<12345>.", "line 1234", "123456", "no number"]))
+    share = population_analysis.no_answer_shape_share(_record(["<12345>.", "line 1234", "123456", "no number"]))
     assert share == 0.75  # 1234 and 123456 are not of the answer's shape
     kept = {"member": "a", "acc512": 0.0, "no_answer_shape_share": 0.5, "control": False}
     assert third_attempt.exclusion(kept, config.analysis) is None  # accuracy at 512 is no rule now
@@ -295,15 +299,15 @@ def test_the_plans_config_holds_16_configurations_of_five_members_and_a_control(
 def test_shards_interleave_and_a_claim_goes_to_one_process(tmp_path):
     config = read_population(PLAN3, corpus="x")
     names = [m.name for m in config.members()]
-    shards = [[m.name for m in population.selected_members(config, None, (i, 4))] for i in range(4)]
+    shards = [[m.name for m in population_models.selected_members(config, None, (i, 4))] for i in range(4)]
     assert sorted(sum(shards, [])) == sorted(names) and shards[1] == names[1::4]
-    assert population.selected_members(config, [], None) == []
+    assert population_models.selected_members(config, [], None) == []
     run = RunFolder(str(tmp_path), log=lambda *_: None)
-    assert not population.claimed(run, "call-1", "members", "yarn2-s0")  # taken now
-    assert population.claimed(run, "call-1", "members", "yarn2-s0")  # by another process of the call
-    assert not population.claimed(run, "call-2", "members", "yarn2-s0")  # a later call takes it again
-    assert not population.claimed(run, None, "members", "yarn2-s0")
-    ordered = population.claim_order(config.members())
+    assert not population_models.claimed(run, "call-1", "members", "yarn2-s0")  # taken now
+    assert population_models.claimed(run, "call-1", "members", "yarn2-s0")  # by another process of the call
+    assert not population_models.claimed(run, "call-2", "members", "yarn2-s0")  # a later call takes it again
+    assert not population_models.claimed(run, None, "members", "yarn2-s0")
+    ordered = population_models.claim_order(config.members())
     assert [m.replicate for m in ordered] == sorted(m.replicate for m in ordered)
 
 

@@ -1,4 +1,4 @@
-"""The reproduction's model family (longppl_reproduce.family): torch.compile gives the eager losses, a
+"""The reproduction's model family (longppl_reproduce.common.family): torch.compile gives the eager losses, a
 training cut off mid-model resumes from its checkpoint to the weights of an uninterrupted run, and its
 helpers (the learning-rate schedule, the packed batches)."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import byte_level_bpe
-from longppl_reproduce.family import (
+from longppl_reproduce.common.family import (
     CHECKPOINT,
     TRAINING_RECORD,
     TrainingBatches,

@@ -1,4 +1,4 @@
-"""The reproduction's run folder (longppl_reproduce.run_folder): stage timings that several processes
+"""The reproduction's run folder (longppl_reproduce.common.run_folder): stage timings that several processes
 working on one folder (one per GPU, each on its own seeds) add to without losing an entry, and the
 records it reads back checked as they are read: a file cut off, not JSON or of the wrong shape is one
 error naming it and what to do, never a traceback of the code that used it."""
@@ -10,8 +10,8 @@ import os
 
 import pytest
 from helpers import join_guarded
-from longppl_reproduce import stages
-from longppl_reproduce.run_folder import RunFolder
+from longppl_reproduce.common import stages
+from longppl_reproduce.common.run_folder import RunFolder, read_texts
 
 ADDS = 150
 
@@ -94,4 +94,4 @@ def test_the_texts_a_run_wrote_are_read_naming_a_bad_line(tmp_path):
     path = tmp_path / "finetune.jsonl"
     path.write_text('{"text": "a"}\n{"text": "b\n')
     with pytest.raises(ValueError, match=rf"^{path}, line 2 is not valid JSON"):
-        stages.read_texts(str(path))
+        read_texts(str(path))

@@ -5,6 +5,7 @@ answers `--help`; each wrapper in scripts/ runs the same tool as its command."""
 
 import configparser
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -193,7 +194,9 @@ def test_wrapper_in_scripts_runs_its_tool(wrapper, tool, modules_cache):
     # the same parser: the usage line names the program it was started by, and what follows it (the
     # description and every option) is the same text
     assert from_wrapper["help"].startswith(f"usage: {wrapper} ")
-    assert from_module["help"].startswith(f"usage: {tool.rsplit('.', 1)[1]}.py ")
+    # `python -m` runs a module by its file, a package (an experiment of the reproduction) by its __main__.py
+    is_package = importlib.util.find_spec(tool).submodule_search_locations is not None
+    assert from_module["help"].startswith(f"usage: {'__main__' if is_package else tool.rsplit('.', 1)[1]}.py ")
     description_and_options = [run["help"].split("\n\n", 1)[1] for run in (from_wrapper, from_module)]
     assert description_and_options[0] == description_and_options[1]
     assert len(option_helps(description_and_options[0])) > 2

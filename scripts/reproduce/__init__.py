@@ -3,15 +3,27 @@
 It imports ``longppl`` (scoring, caches, command helpers) and ``longce`` (the trainer); neither of them
 imports it, as torchtune keeps its ``recipes/`` apart from the ``torchtune`` package.
 
-Modules: ``population`` (LongPPL against long-context ability over a population of context
-extensions of one base model, ``longppl-reproduce``; its config in ``config``, its output folder in
-``run_folder``), ``longce_comparison`` (LongCE against CE from the population's base,
-``longppl-reproduce-longce``), ``books`` (reading the corpus), ``family`` (tokenizer, models,
-training), ``lines`` (LongEval's "lines" task), ``needle`` (multi-key needle-in-a-haystack),
-``two_hop`` (a two-hop lines task), ``third_attempt`` (the third attempt's analysis and report),
-``answer_tokens`` (the paper's Figure 5(b): are the answer's tokens key tokens), ``corpus_chunks``
-(book chunks and null documents), ``calibration`` (alpha against the null), ``statistics``
-(bootstrap intervals, Williams' t, partial correlation, a random-intercept model), ``commands`` (their ``longppl``
-subcommands). The first attempt's pipelines (a family of small models trained from scratch) were
-removed; docs/reproduction.md says where to read them.
+Laid out by experiment, the arrows running down (tests/test_package_boundaries.py keeps them so):
+
+- ``common/``: what every experiment shares. The tasks (``lines``, LongEval's "lines" task;
+  ``needle``, multi-key needle-in-a-haystack; ``two_hop``; ``passage_recall``; ``answer_tokens``,
+  the paper's Figure 5(b): are the answer's tokens key tokens), the model family (``family``:
+  tokenizer, models, training), the stages both experiments run (``stages``: data, pretraining
+  through a gate, context extension, key-token caches, calibration), ``statistics`` (bootstrap
+  intervals, Williams' t, partial correlation, a random-intercept model), the run folder
+  (``run_folder``), ``books`` (reading the corpus), ``corpus_chunks`` (book chunks and null
+  documents), ``calibration`` (alpha against the null), the config pieces (``config``) and
+  ``report_text``. It imports no experiment.
+- ``population/``: LongPPL against long-context ability over a population of context extensions of
+  one base model (``longppl-reproduce``): ``pipeline`` (its stage table and command line),
+  ``models`` (members trained, evaluated, exported), ``analysis`` and ``report`` (the second plan),
+  ``third_attempt`` (the third plan's analysis and report).
+- ``longce_comparison/``: LongCE against CE from the population's base (``longppl-reproduce-longce``):
+  ``pipeline`` (its stage table and command line), ``config``, ``start``, ``training`` (extend,
+  cache, finetune), ``evaluation`` (evaluate, rerun), ``report`` and ``settings_report`` (the
+  "LongCE beyond one setting" plan).
+
+Experiments never import each other; a new one is a folder of its own over ``common/``. ``commands``
+lists their ``longppl`` subcommands. The first attempt's pipelines (a family of small models trained
+from scratch) were removed; docs/reproduction.md says where to read them.
 """

@@ -4,7 +4,7 @@ Replace ``transformers.Trainer`` with ``LongCETrainer`` and ``TrainingArguments`
 ``LongCEConfig``; nothing else in a training script changes. Each token's loss is weighted by
 ``min(exp(lp_long - lp_short), gamma)``, scored by the model being trained (detached), with the
 short-context windows of the ``longppl`` scoring core. ``context_extension`` holds the RoPE
-recipes of the paper's settings (PI, ABF, YaRN, EABF).
+recipes of the paper's settings (PI, ABF, YaRN, EABF) and NTK-aware scaling.
 
 Modules: ``config`` (``LongCEConfig``), ``trainer`` (``LongCETrainer``),
 ``documents`` (documents of a batch and their short-context scores), ``lm_head_loss`` (the LM-head

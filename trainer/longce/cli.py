@@ -13,7 +13,7 @@ the sequences, ``longce.models`` the model, ``longce.run_folder`` decides what t
 rules: checkpoints in ``output_dir`` are resumed from, nothing in it is deleted, a finished run is left
 as it is) and ``longce.results`` writes ``all_results.json``, the model card and the summary.
 
-A bad input ends the command with one ``<prog>: error: ...`` line (``longppl.tools.cli.run_command``;
+A bad input ends the command with one ``<prog>: error: ...`` line (``longppl.commandline.running.run_command``;
 ``LONGPPL_DEBUG=1`` shows the traceback), ``<prog>`` being the name it was started by. What needs no
 torch is checked before torch is imported (``longce.recipes.check_before_loading``).
 """

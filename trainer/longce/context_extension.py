@@ -2,6 +2,9 @@
 
 - ``pi``: Position Interpolation (Chen et al., 2023), ``rope_type="linear"``, positions divided by
   ``factor`` (8 for 4k -> 32k, paper App. A.2).
+- ``ntk``: NTK-aware scaling (bloc97, 2023), an ABF whose base is set by ``factor``:
+  ``rope_theta * factor ** (d / (d - 2))``, ``d`` the head dimension, so that the lowest frequency is
+  divided by ``factor`` and the highest kept.
 - ``abf``: Adjusted Base Frequency, ``rope_theta = 500000``.
 - ``yarn``: YaRN (Peng et al., 2024), ``rope_type="yarn"`` with ``factor`` and
   ``original_max_position_embeddings``.
@@ -11,30 +14,56 @@
   function.
 
 The recipes only edit ``config.rope_parameters`` (transformers v5) and name the attention
-implementation to load the model with; the rotary code itself is transformers'.
+implementation to load the model with; the rotary code itself is transformers'. This module is the one
+list of the methods (:data:`PARAMETERS`): the ``longce-train`` command and the reproduction
+(``longppl_reproduce``) both read it. Importing it loads neither torch nor transformers (a command's
+``--help`` stays quick); applying a recipe does.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from transformers import AttentionInterface, PretrainedConfig
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
 
-METHODS = ("none", "pi", "abf", "yarn", "eabf")
+#: ``{method: the arguments of apply_context_extension it reads}``, every context-extension method.
+PARAMETERS = {
+    "none": (),
+    "pi": ("factor",),
+    "ntk": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "abf": ("rope_theta",),
+    "eabf": ("rope_theta", "eabf_base_length"),
+}
+METHODS = tuple(PARAMETERS)
 ABF_ROPE_THETA = 500000.0
 EABF_ATTENTION = "longce_eabf"
 
 
+def ntk_rope_theta(rope_theta: float, factor: float, head_dim: int) -> float:
+    """NTK-aware scaling's RoPE base: ``rope_theta * factor ** (head_dim / (head_dim - 2))``.
+
+    Frequency ``i`` of ``head_dim / 2`` is ``base ** (-2i / head_dim)``: with this base the last
+    (lowest, ``i = head_dim / 2 - 1``) is the old one divided by ``factor``, the first (``i = 0``) is 1."""
+    if head_dim <= 2:
+        raise ValueError(f"NTK-aware scaling needs a head dimension above 2, got {head_dim}.")
+    return float(rope_theta) * float(factor) ** (head_dim / (head_dim - 2))
+
+
 def eabf_query_scale(positions: torch.Tensor, base_length: int = 4096) -> torch.Tensor:
     """``max(1, log(p + 1) / log(base_length))`` for each position ``p`` (any shape, float32)."""
+    import torch
+
     return torch.clamp(torch.log(positions.float() + 1.0) / math.log(base_length), min=1.0)
 
 
 def _eabf_attention(base_length: int):
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     def eabf_attention(
         module: torch.nn.Module,
         query: torch.Tensor,
@@ -62,6 +91,9 @@ def register_eabf_attention(base_length: int = 4096, name: str = EABF_ATTENTION)
     """
     if base_length < 2:
         raise ValueError(f"EABF base_length must be >= 2 (log(base_length) divides), got {base_length}.")
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     AttentionInterface.register(name, _eabf_attention(base_length))
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
@@ -79,7 +111,7 @@ def apply_context_extension(
 
     Args:
         method: one of ``METHODS``.
-        factor: PI / YaRN scaling factor (PI default 8).
+        factor: PI / NTK / YaRN scaling factor (PI default 8), new context length / old.
         rope_theta: ABF / EABF base (default 500000).
         original_max_position_embeddings: YaRN's pre-training context (default: the config's
             ``max_position_embeddings`` before the change, which becomes ``original * factor``).
@@ -96,6 +128,14 @@ def apply_context_extension(
         _check_factor(factor)
         rope = {"rope_type": "linear", "factor": factor, "rope_theta": theta}
         text_config.max_position_embeddings = int(text_config.max_position_embeddings * factor)
+    elif method == "ntk":  # only the base changes, as in ABF: max_position_embeddings is left as it is
+        if factor is None:
+            raise ValueError("NTK-aware scaling needs a scaling factor (e.g. factor=4 to go from 4k to 16k tokens).")
+        _check_factor(float(factor))
+        head_dim = getattr(text_config, "head_dim", None) or (
+            text_config.hidden_size // text_config.num_attention_heads
+        )
+        rope = {"rope_type": "default", "rope_theta": ntk_rope_theta(theta, factor, head_dim)}
     elif method in ("abf", "eabf"):
         rope = {"rope_type": "default", "rope_theta": float(rope_theta or ABF_ROPE_THETA)}
     elif method == "yarn":

@@ -78,7 +78,8 @@ class ModelArguments:
         default="none",
         metadata={
             "help": "RoPE context extension applied to the config before the model is built: none, pi "
-            "(positions divided by rope_factor), abf (rope_theta), yarn (rope_factor, "
+            "(positions divided by rope_factor), ntk (NTK-aware: the RoPE base raised by rope_factor), abf "
+            "(rope_theta), yarn (rope_factor, "
             "original_max_position_embeddings) or eabf (rope_theta plus attention scaling with "
             "eabf_base_length).",
             "choices": list(METHODS),
@@ -86,7 +87,7 @@ class ModelArguments:
     )
     rope_factor: float | None = field(
         default=None,
-        metadata={"help": "PI / YaRN scaling factor: new context length / pre-training context length."},
+        metadata={"help": "PI / NTK / YaRN scaling factor: new context length / pre-training context length."},
     )
     rope_theta: float | None = field(
         default=None,

@@ -17,9 +17,9 @@ Everything here is pure: numbers in, numbers out, so the tests can craft them.
 
 from __future__ import annotations
 
-from .report_text import closing_sections, fmt, spread
-from .run_folder import finite
-from .statistics import fixed_effects_mean, paired_t_interval, random_intercept_mean
+from ..common.report_text import closing_sections, fmt, spread
+from ..common.run_folder import finite
+from ..common.statistics import fixed_effects_mean, paired_t_interval, random_intercept_mean
 
 #: The outcomes per run (the first is the primary one), with their report labels and decimals.
 OUTCOMES = {

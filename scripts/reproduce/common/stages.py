@@ -14,7 +14,7 @@ import os
 
 from .books import read_books
 from .config import Population, Pretrained, Window
-from .run_folder import RunFolder, read_record
+from .run_folder import RunFolder, read_record, write_jsonl
 
 # ------------------------------------------------------------------ shared helpers
 
@@ -68,19 +68,6 @@ def book_ids(tokenizer, texts: list[str]) -> list:
 
     dtype = token_dtype(len(tokenizer))
     return [np.asarray(ids, dtype=dtype) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-
-def write_jsonl(path: str, records: list[dict]) -> None:
-    from longppl.atomic_files import write_file_atomically
-
-    write_file_atomically(path, lambda handle: handle.writelines(json.dumps(r) + "\n" for r in records))
-
-
-def read_texts(path: str) -> list[str]:
-    """The texts of a JSONL file this run wrote (``write_jsonl``), a bad line named by its file and line."""
-    from longppl.commandline.corpus import jsonl_records
-
-    return [record["text"] for _, record in jsonl_records(path, ("text",), f"delete {path} and run again.")]
 
 
 def pool_name(kind: str, seq_len: int, within: int | None) -> str:
@@ -606,18 +593,15 @@ def extended_config(config: Population, base_folder: str, extension, length: int
     from longce.context_extension import apply_context_extension
 
     model_config = AutoConfig.from_pretrained(base_folder)
-    if extension.method == "ntk":  # NTK-aware scaling is an ABF with a base set by the factor
-        theta = extension.ntk_theta(config.base.shape.rope_theta, config.base.shape.head_dim)
-        attention = apply_context_extension(model_config, "abf", rope_theta=theta)
-    else:
-        attention = apply_context_extension(
-            model_config,
-            extension.method,
-            factor=extension.factor,
-            rope_theta=extension.rope_theta,
-            eabf_base_length=extension.eabf_base_length or 4096,
-        )
-    # ABF changes only the base: the positions the model may read become L.
+    # NTK-aware scaling's base comes from the model's own base and head dimension
+    attention = apply_context_extension(
+        model_config,
+        extension.method,
+        factor=extension.factor,
+        rope_theta=extension.rope_theta,
+        eabf_base_length=extension.eabf_base_length or 4096,
+    )
+    # ABF and NTK change only the base: the positions the model may read become L.
     model_config.max_position_embeddings = max(model_config.max_position_embeddings, length or config.data.length)
     return model_config, attention or "sdpa"
 

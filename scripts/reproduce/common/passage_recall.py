@@ -34,7 +34,7 @@ import numpy as np
 
 from longppl.settings import require_int
 
-from .stages import write_jsonl
+from .run_folder import write_jsonl
 
 # How many times a case is drawn again when its cue occurs elsewhere in it, before giving up.
 _ATTEMPTS = 64

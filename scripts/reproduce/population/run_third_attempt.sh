@@ -2,7 +2,7 @@
 # One device call of the third LongPPL attempt (docs/reproduction.md, "Third attempt ... — how it
 # runs"), on a machine of 4 GPUs. Run it again in the next call: every step resumes from RUN_DIR.
 #
-#   scripts/reproduce/run_third_attempt.sh RUN_DIR BOOKS_DIR OUT_DIR [SECONDS] [CONFIG]
+#   scripts/reproduce/population/run_third_attempt.sh RUN_DIR BOOKS_DIR OUT_DIR [SECONDS] [CONFIG]
 #
 # RUN_DIR: the run folder (kept between back-to-back calls: put it in an ignored folder such as
 # outputs/); BOOKS_DIR: holds train.jsonl.gz and validation.jsonl.gz (read only by the data stage,
@@ -35,7 +35,7 @@ COMMON=(scripts/reproduce_longppl.py --config "$CONFIG" --corpus "$BOOKS/train.j
         --validation-corpus "$BOOKS/validation.jsonl.gz" --output-dir "$RUN")
 MEMBERS=$("$PYTHON" - "$CONFIG" <<'EOF'
 import sys
-from longppl_reproduce.config import read_population
+from longppl_reproduce.common.config import read_population
 print(len(read_population(sys.argv[1], corpus="x").members()))
 EOF
 )

@@ -1,7 +1,7 @@
 """The reproduction's corpus: books read as a list of texts.
 
 Both pipelines (``population``, and ``longce_comparison`` through it) train and evaluate on books
-given as a ``.jsonl`` / ``.jsonl.gz`` file or anything ``longppl.tools.corpus.read_documents`` reads.
+given as a ``.jsonl`` / ``.jsonl.gz`` file or anything ``longppl.commandline.corpus.read_documents`` reads.
 Gzipped JSONL, the form the GPU runs' books travel in, is read by ``read_jsonl_texts`` (with its
 checks of every line); ``read_documents`` takes the forms a ``longppl-score --corpus`` names.
 """
@@ -15,7 +15,7 @@ from longppl.commandline.corpus import read_documents, read_jsonl_texts
 
 def read_books(source: str, text_column: str = "text") -> list[str]:
     """The texts of a corpus, in file order: a ``.jsonl.gz`` file (one JSON object per line, blank
-    lines skipped), or what ``longppl.tools.corpus.read_documents`` reads (a ``.jsonl`` file, a
+    lines skipped), or what ``longppl.commandline.corpus.read_documents`` reads (a ``.jsonl`` file, a
     datasets directory, a Hub dataset id).
 
     Args:

@@ -18,19 +18,15 @@ analysis plan"): what its report computes from the members' evaluation records.
 from __future__ import annotations
 
 import math
-import re
 
-from .run_folder import finite
-
-# a number of the answer's shape: five digits (NUMBER_RANGE of ``lines``), not part of a longer run
-_ANSWER_SHAPE = re.compile(r"(?<!\d)\d{5}(?!\d)")
-
-
-def no_answer_shape_share(record: dict) -> float:
-    """The share of a member's lines outputs (every length of ``record["lines"]``) that hold no
-    number of the answer's shape."""
-    outputs = [o for found in record["lines"].values() for o in found["outputs"]]
-    return sum(not _ANSWER_SHAPE.search(o) for o in outputs) / len(outputs)
+from ..common.run_folder import finite
+from .analysis import (
+    member_row,
+    results_header,
+    sensitivity_statistics,
+    with_wilson_intervals,
+    without_outputs,
+)
 
 
 def exclusion(row: dict, analysis) -> str | None:
@@ -79,7 +75,7 @@ def correlations(rows: list[dict], measure: str, outcome: str, analysis) -> dict
     """Spearman (primary) and Pearson of ``measure`` and of PPL with ``outcome`` over ``rows``, with
     cluster-bootstrap intervals (clusters: ``row["cluster"]``), the paired cluster-bootstrap
     difference, and Williams' t on the ranks (Spearman's coefficients in Williams' formula)."""
-    from . import statistics
+    from ..common import statistics
 
     usable = [r for r in rows if finite(r.get(measure)) and finite(r["ppl"]) and finite(r.get(outcome))]
     clusters = [r["cluster"] for r in usable]
@@ -110,7 +106,7 @@ def mixed_models(rows: list[dict], measure: str, outcome: str, analysis) -> dict
     cluster-bootstrap intervals."""
     import numpy as np
 
-    from . import statistics
+    from ..common import statistics
 
     usable = [r for r in rows if finite(r.get(measure)) and finite(r["ppl"]) and finite(r.get(outcome))]
     if len(usable) < 6 or len({r["cluster"] for r in usable}) < 3:
@@ -221,7 +217,7 @@ def decide(by_evaluator: dict, primary: str, analysis, min_members: int | None =
 
 
 def analyse(config, rows: list[dict]) -> dict:
-    """Everything the third attempt's report states, from the member rows (``population.member_row``
+    """Everything the third attempt's report states, from the member rows (``member_row``
     with ``configuration``, ``control``, ``no_answer_shape_share`` and ``two_hop``): exclusions,
     the composite, the statistics under every evaluator, the decision overall and within each
     step level."""
@@ -255,21 +251,21 @@ def report(config, run) -> dict:
     """The ``report`` stage under the third plan: ``results.json``, ``report.md`` and a scatter per
     step level, from the evaluation records in ``run`` (members without a record are listed as not
     evaluated, so a report can be made from what a cut-short run left)."""
-    from . import population, stages
+    from ..common import stages
 
     rows, missing = [], []
     for member in config.members():
         if run.has("eval", "members", f"{member.name}.json"):
             record = run.read_json("eval", "members", f"{member.name}.json")
-            rows.append(population.member_row(member, record, config.analysis))
+            rows.append(member_row(member, record, config.analysis))
         else:
             missing.append(member.name)
     found = analyse(config, rows)
     enabled = [e for e in config.evaluators if e.enabled]
     results = {
-        **population.results_header(config),
+        **results_header(config),
         "gates": {
-            spec.name: population._without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
+            spec.name: without_outputs(run.read_json("eval", "gates", f"{spec.name}.json"))
             for spec in stages.gate_specs(config)
             if run.has("eval", "gates", f"{spec.name}.json")
         },
@@ -282,7 +278,7 @@ def report(config, run) -> dict:
         "not_evaluated": missing,
         "analysis": found,
         "answer_tokens": (
-            population.with_wilson_intervals(run.read_json("eval", "answer_tokens.json"), config.analysis.level)
+            with_wilson_intervals(run.read_json("eval", "answer_tokens.json"), config.analysis.level)
             if run.has("eval", "answer_tokens.json")
             else None
         ),
@@ -291,7 +287,7 @@ def report(config, run) -> dict:
     # E1's sensitivity grid, secondary window and soft weights against the composite (members
     # bootstrap, as in the second attempt; secondary)
     analysed = [r for r in rows if not r["excluded"]]
-    results["sensitivity"] = population.sensitivity_statistics(analysed, config.analysis, benchmark="composite")
+    results["sensitivity"] = sensitivity_statistics(analysed, config.analysis, benchmark="composite")
     results["figures"] = draw_figures(run, rows)
     return run.write_report(results, format_report(results))
 
@@ -326,7 +322,7 @@ def draw_figures(run, rows: list[dict]) -> list[str]:
 
 
 def _interval(found: dict | None) -> str:
-    from .report_text import fmt
+    from ..common.report_text import fmt
 
     if not found or "value" not in found:
         return "n/a"
@@ -334,7 +330,7 @@ def _interval(found: dict | None) -> str:
 
 
 def _correlation_lines(label: str, found: dict) -> list[str]:
-    from .report_text import fmt
+    from ..common.report_text import fmt
 
     if "skipped" in found:
         return [f"| {label} | {found['n']} | skipped: {found['skipped']} | | | | |"]
@@ -349,7 +345,7 @@ def _correlation_lines(label: str, found: dict) -> list[str]:
 def format_report(results: dict) -> str:
     """``report.md`` of the third attempt: members, gates and alphas, the statistics under every
     evaluator (overall, per step level, parts, mixed model), the decision."""
-    from .report_text import closing_sections, fmt
+    from ..common.report_text import closing_sections, fmt
 
     found = results["analysis"]
     evaluators = list(found["statistics"])

@@ -24,6 +24,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from longce import context_extension
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -326,7 +328,16 @@ class Pretrained:
             yield "gate", f"length must not pass shape.max_position_embeddings {self.shape.max_position_embeddings}"
 
 
-EXTENSION_METHODS = ("pi", "ntk", "yarn", "abf", "eabf")
+#: The context-extension methods of a population: the library's (``longce.context_extension``, the one
+#: list of them), each but ``none``, in its order.
+EXTENSION_METHODS = tuple(m for m in context_extension.METHODS if m != "none")
+#: What a config must give for each argument a method reads (the library's defaults are not taken: a
+#: member's recipe is written out in full); YaRN's ``original_max_position_embeddings`` is the base's.
+_EXTENSION_NEEDS = {
+    "factor": "a factor >= 1 (new context / old)",
+    "rope_theta": "rope_theta (the new RoPE base)",
+    "eabf_base_length": "eabf_base_length (the context the base was trained at)",
+}
 
 
 @dataclass(frozen=True)
@@ -339,7 +350,7 @@ class Extension:
     """
 
     name: str = checked(folder_name)
-    method: Literal["pi", "ntk", "yarn", "abf", "eabf"]
+    method: Literal[EXTENSION_METHODS]
     factor: float | None = checked(positive, default=None)
     rope_theta: float | None = checked(positive, default=None)
     eabf_base_length: int | None = checked(positive, default=None)
@@ -347,16 +358,16 @@ class Extension:
     control: bool = False
 
     def problems(self):
-        if self.method in ("pi", "ntk", "yarn") and (self.factor is None or self.factor < 1):
-            yield "factor", f"{self.method} needs a factor >= 1 (new context / old)"
-        if self.method in ("abf", "eabf") and self.rope_theta is None:
-            yield "rope_theta", f"{self.method} needs rope_theta (the new RoPE base)"
-        if self.method == "eabf" and self.eabf_base_length is None:
-            yield "eabf_base_length", "eabf needs eabf_base_length (the context the base was trained at)"
+        for parameter in context_extension.PARAMETERS[self.method]:
+            if parameter not in _EXTENSION_NEEDS:
+                continue
+            value = getattr(self, parameter)
+            if value is None or (parameter == "factor" and value < 1):
+                yield parameter, f"{self.method} needs {_EXTENSION_NEEDS[parameter]}"
 
     def ntk_theta(self, theta: float, head_dim: int) -> float:
-        """NTK-aware base: ``theta * factor ** (d / (d - 2))``."""
-        return theta * self.factor ** (head_dim / (head_dim - 2))
+        """NTK-aware base: ``theta * factor ** (d / (d - 2))`` (``longce.context_extension.ntk_rope_theta``)."""
+        return context_extension.ntk_rope_theta(theta, self.factor, head_dim)
 
 
 @dataclass(frozen=True)
@@ -498,7 +509,7 @@ class Analysis:
 
     @property
     def bootstrap(self) -> dict:
-        """The keyword arguments of every bootstrap in ``longppl_reproduce.statistics``."""
+        """The keyword arguments of every bootstrap in ``longppl_reproduce.common.statistics``."""
         return {"resamples": self.resamples, "seed": self.seed, "level": self.level}
 
 

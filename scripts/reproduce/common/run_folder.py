@@ -199,3 +199,15 @@ class RunFolder:
         if not self.has(TIMINGS):
             return {}
         return self.read_json(TIMINGS, check=_timings_problem, remedy=TIMINGS_REMEDY)
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    """``records`` as a JSONL file at ``path``, one object a line, written atomically."""
+    write_file_atomically(path, lambda handle: handle.writelines(json.dumps(r) + "\n" for r in records))
+
+
+def read_texts(path: str) -> list[str]:
+    """The texts of a JSONL file this run wrote (``write_jsonl``), a bad line named by its file and line."""
+    from longppl.commandline.corpus import jsonl_records
+
+    return [record["text"] for _, record in jsonl_records(path, ("text",), f"delete {path} and run again.")]

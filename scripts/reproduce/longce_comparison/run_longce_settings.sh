@@ -3,7 +3,7 @@
 # 4 GPUs. Each phase is one device call that ends well under 9 minutes; every step resumes from
 # RUN_DIR, so a phase cut short is run again as it was.
 #
-#   scripts/reproduce/run_longce_settings.sh PHASE RUN_DIR BOOKS_DIR OUT_DIR [CONFIG]
+#   scripts/reproduce/longce_comparison/run_longce_settings.sh PHASE RUN_DIR BOOKS_DIR OUT_DIR [CONFIG]
 #
 # PHASE, in order (session 1: settings a and b; session 2, on a fresh machine: setting c):
 #   prep      tokenizer, the population's data, a's and b's cases and fine-tuning pools (CPU)  ~4-5 min

@@ -4,7 +4,7 @@ extended from B and fine-tuned) and ``longce_comparison`` (B extended).
 
 Every model is a small Llama-style causal LM from ``transformers`` (``LlamaConfig``, or
 ``MistralConfig`` for sliding-window attention), trained on a stream of book tokens mixed with
-synthetic task documents (:class:`TrainingBatches`: LongEval "lines", ``longppl_reproduce.lines``,
+synthetic task documents (:class:`TrainingBatches`: LongEval "lines", ``longppl_reproduce.common.lines``,
 and the other task pools), from scratch or from a given model (``start_from``).
 
 Why a plain loop rather than ``transformers.Trainer``: the models are small enough that the

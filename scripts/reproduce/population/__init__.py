@@ -1,0 +1,6 @@
+"""The LongPPL population experiment (``longppl-reproduce``; :mod:`.pipeline` describes its stages and
+files). ``cli`` and ``main`` are its command's."""
+
+from .pipeline import cli, main
+
+__all__ = ["cli", "main"]
