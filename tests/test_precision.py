@@ -146,7 +146,7 @@ def test_an_accepted_fp8_evaluator_is_said_to_be_approximate_with_the_measured_a
         (dict(torch_dtype="float32"), "converts a bfloat16 evaluator"),
         (dict(device="auto"), "with device 'auto'"),
         (dict(self_evaluation=True, evaluator_model_id=None), "but it got self_evaluation=True"),
-        (dict(evaluator_precision="int8"), "evaluator_precision must be 'bf16' or 'fp8'"),
+        (dict(evaluator_precision="int8"), "evaluator_precision must be 'bf16', 'tf32' or 'fp8'"),
         (dict(torch_compile="yes"), "torch_compile must be True or False"),
     ],
 )
@@ -350,7 +350,9 @@ def test_a_precision_is_checked_once_into_a_member_that_travels_inward(folders, 
         lambda value: precision.check_precision_request(value, None, None),
         lambda value: ModelIdentity("m", None, "bfloat16", "weights:0").with_precision(value),
     ):
-        with pytest.raises(ValueError, match=r"^evaluator_precision must be 'bf16' or 'fp8' \(bf16: the exact "):
+        with pytest.raises(
+            ValueError, match=r"^evaluator_precision must be 'bf16', 'tf32' or 'fp8' \(bf16: the exact "
+        ):
             public("fp16")
     assert precision.check_precision("bf16", "cpu", torch.float32) is EvaluatorPrecision.BF16
 
@@ -365,3 +367,76 @@ def test_a_precision_is_checked_once_into_a_member_that_travels_inward(folders, 
     monkeypatch.setattr(EvaluatorPrecision, "of", classmethod(counting))
     assert np.isfinite(compute(folders, alpha=0.005, beta=-50.0, evaluator_precision="bf16")["ppl"])
     assert checked == ["bf16"]
+
+
+# ---- tf32: a float32 evaluator's products on TF32 tensor cores ----
+
+
+def test_tf32_turns_tf32_products_on_for_the_evaluators_passes_only():
+    """``to_precision(model, "tf32")`` marks a float32 model; every scoring pass of a marked model runs
+    with PyTorch's two TF32 switches on, and puts them back after; an unmarked model's passes do not."""
+    from longppl.core.logprobs import token_log_probs
+
+    seen = {}
+
+    def recorder(name):
+        def record(*_):
+            seen.setdefault(name, set()).add((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+
+        return record
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        plain, marked = tiny_model("llama", 300, seed=3), tiny_model("llama", 300, seed=3)
+        assert precision.to_precision(marked, "tf32") is marked
+        ids = torch.randint(0, 300, (1, 40))
+        for name, model in (("plain", plain), ("marked", marked)):
+            model.model.layers[0].register_forward_pre_hook(recorder(name))
+            token_log_probs(model, ids)
+        assert seen == {"plain": {(False, False)}, "marked": {(True, True)}}
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_tf32_runs_a_float32_evaluator_and_refuses_other_weights():
+    model = tiny_model("llama", 300).to(torch.bfloat16)
+    with pytest.raises(
+        ValueError, match=r"^evaluator_precision='tf32' runs a float32 evaluator, but LlamaForCausalLM holds bfloat16"
+    ):
+        precision.to_precision(model, "tf32")
+    assert precision.precision_dtype("tf32", None) == "float32"
+    assert precision.precision_dtype("tf32", "auto") == "float32"
+    assert precision.precision_dtype("tf32", "float32") == "float32"
+    assert precision.precision_dtype("bf16", None) is None
+
+
+def test_what_tf32_cannot_run_on_is_refused_in_one_line(folders, gpu):
+    assert precision.check_precision("tf32", "cuda", torch.float32) == "tf32"
+    assert precision.check_precision_request("tf32", "auto", None) == "tf32"
+    with pytest.raises(ValueError, match=r"^evaluator_precision='tf32' runs the evaluator's products on a CUDA GPU"):
+        precision.check_precision("tf32", "cpu", torch.float32)
+    with pytest.raises(
+        ValueError, match=r"^--evaluator-precision='tf32' runs a float32 evaluator .* loaded in bfloat16"
+    ):
+        precision.check_precision_request("tf32", None, "bfloat16", "--evaluator-precision")
+    # the metric loads its evaluator in float32 for tf32 unless told another dtype, which it refuses
+    assert "loaded in bfloat16: leave the dtype unset or pass float32" in refusal(
+        folders, evaluator_precision="tf32", torch_dtype="bfloat16", device="cuda"
+    )
+
+
+def test_tf32_rows_are_another_evaluator_in_a_cache(tmp_path):
+    identity = ModelIdentity("m", None, "float32", "weights:" + "0" * 64)
+    tf32, fp8 = identity.with_precision("tf32"), identity.with_precision("fp8")
+    assert len({identity.fingerprint, tf32.fingerprint, fp8.fingerprint}) == 3
+    assert tf32.dtype == "float32+tf32"
+
+
+def test_longppl_score_loads_a_tf32_evaluator_in_float32(folders, tmp_path):
+    base = ["--corpus", folders["corpus"], "--evaluator", folders["evaluator"], "--output", str(tmp_path)]
+    args = compute_key_tokens.parse_args([*base, "--evaluator-precision", "tf32"])
+    assert args.evaluator_precision == "tf32"
+    with pytest.raises(ValueError, match=r"^--evaluator-precision='tf32' runs the evaluator's products on a CUDA GPU"):
+        compute_key_tokens.main([*base, "--evaluator-precision", "tf32", "--device", "cpu"])

@@ -232,8 +232,11 @@ def require_aggregation(name: str, value) -> str:
 class EvaluatorPrecision(str, enum.Enum):
     """What the evaluator's Linear layers compute in (``evaluator_precision``, ``longppl score
     --evaluator-precision``; ``models.precision``): ``BF16`` (``"bf16"``), the evaluator as loaded in
-    its dtype (bfloat16 on a GPU), the exact reference; ``FP8`` (``"fp8"``), the transformer blocks'
-    Linear layers in float8 through torchao (approximate: other key tokens near the thresholds).
+    its dtype (bfloat16 on a GPU), the exact reference; ``TF32`` (``"tf32"``), the evaluator in float32
+    with its matrix products on TF32 tensor cores (float32 accumulation) during its passes: the key
+    tokens of a float32 evaluator (Jaccard 0.997 on Gemma 3 at 32k) at under twice bf16's time;
+    ``FP8`` (``"fp8"``), the transformer blocks' Linear layers in float8 through torchao (approximate:
+    other key tokens near the thresholds).
 
     The checked value: a surface (the metric, a command) turns the string it was given into one with
     :meth:`of`, once, and passes it inward; the functions below take it as it is (``of`` returns a
@@ -242,6 +245,7 @@ class EvaluatorPrecision(str, enum.Enum):
     """
 
     BF16 = "bf16"
+    TF32 = "tf32"
     FP8 = "fp8"
 
     def __str__(self) -> str:
@@ -249,13 +253,14 @@ class EvaluatorPrecision(str, enum.Enum):
 
     @classmethod
     def of(cls, value, name: str = "evaluator_precision") -> "EvaluatorPrecision":
-        """``value`` (a member, or its string ``"bf16"`` / ``"fp8"``) as a member, else ``ValueError``
+        """``value`` (a member, or its string ``"bf16"`` / ``"tf32"`` / ``"fp8"``) as a member, else ``ValueError``
         naming the choices; ``name`` is what the message calls the setting."""
         if isinstance(value, cls):
             return value
         if isinstance(value, str) and value in EVALUATOR_PRECISIONS:
             return cls(value)
-        choices = " or ".join(repr(p) for p in EVALUATOR_PRECISIONS)
+        names = [repr(p) for p in EVALUATOR_PRECISIONS]
+        choices = ", ".join(names[:-1]) + " or " + names[-1]
         raise ValueError(f"{name} must be {choices} (bf16: the exact reference), got {value!r}.")
 
 

@@ -251,6 +251,27 @@ def verify_head(head: CausalLMHead, input_ids: torch.Tensor) -> None:
     _VERIFIED[head.model] = True
 
 
+#: The attribute ``models.precision.to_precision`` sets on an evaluator run with
+#: ``evaluator_precision="tf32"``: its forward passes here turn TF32 products on.
+TF32_ATTRIBUTE = "longppl_tf32_matmuls"
+
+
+@contextlib.contextmanager
+def tf32_matmuls(model: nn.Module) -> Iterator[None]:
+    """Run the ``with`` block with TF32 matrix products and convolutions (float32 accumulation) when
+    ``model`` carries :data:`TF32_ATTRIBUTE`, and put PyTorch's two switches back afterwards: the
+    setting is the evaluator's, not the process's."""
+    if not getattr(model, TF32_ATTRIBUTE, False):
+        yield
+        return
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 def token_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -277,6 +298,17 @@ def token_log_probs(
         ``[B, T]`` float32 on the model's input device: ``lp[b, i] = log P(x[b, i] | real x[b, <i])``;
         NaN at position 0, at padding and wherever ``score_mask`` is False.
     """
+    base = unwrap_model(model)
+    # Window layers attend in blocks instead of under a (T, T) mask (core.attention: the same scores),
+    # and a tf32 evaluator's products run on TF32 tensor cores: both for this call's passes only.
+    with windowed_attention(base), tf32_matmuls(base):
+        return _token_log_probs(
+            model, input_ids, attention_mask, score_mask, logits_chunk_bytes, via_forward, on_head_chunk
+        )
+
+
+def _token_log_probs(model, input_ids, attention_mask, score_mask, logits_chunk_bytes, via_forward, on_head_chunk):
+    """:func:`token_log_probs` inside its attention and precision contexts."""
     head = resolve_lm_head(model)
     device = head.input_device
     input_ids = input_ids.to(device)
@@ -311,10 +343,9 @@ def token_log_probs(
 
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     # Window layers attend in blocks instead of under a (T, T) mask (models.attention): same scores.
-    with windowed_attention(unwrap_model(model)):
-        if via_forward:
-            with intercept_head(head, consume):
-                model(**inputs)
-        else:
-            consume(head.backbone(**inputs).last_hidden_state)
+    if via_forward:
+        with intercept_head(head, consume):
+            model(**inputs)
+    else:
+        consume(head.backbone(**inputs).last_hidden_state)
     return out

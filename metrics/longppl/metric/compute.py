@@ -42,7 +42,7 @@ from ..models.loading import (
     merge_dtype_arguments,
     resolve_dtype,
 )
-from ..models.precision import check_precision, to_precision
+from ..models.precision import check_precision, precision_dtype, to_precision
 from ..models.sources import check_model_source
 from ..rules.key_tokens import key_char_spans
 from ..settings import (
@@ -306,6 +306,7 @@ class _Request:
     start_token: bool  # add_start_token=True: the evaluated model's BOS id before each text
     device: str | None
     torch_dtype: object  # a str, a torch.dtype or None (merged from torch_dtype and dtype)
+    evaluator_dtype: object  # torch_dtype, or float32 for a tf32 evaluator
     evaluator_precision: EvaluatorPrecision  # checked once, here, against the device, dtype and torchao
     aggregation: str
     return_key_spans: bool
@@ -371,7 +372,7 @@ class _Request:
                 "evaluator_model_id too (only its tokenizer is loaded when the cache holds every text), or "
                 "cut the texts yourself and leave max_length unset."
             )
-        precision = _checked_precision(precision, o, evaluator, device, torch_dtype)
+        precision = _checked_precision(precision, o, evaluator, device, precision_dtype(precision, torch_dtype))
         if isinstance(o.key_tokens, (str, os.PathLike)):  # before any model is loaded or text scored
             cache_directory(o.key_tokens, "key_tokens", create=evaluator.given)
         return cls(
@@ -389,6 +390,7 @@ class _Request:
             start_token=start_token,
             device=device,
             torch_dtype=torch_dtype,
+            evaluator_dtype=precision_dtype(precision, torch_dtype),
             evaluator_precision=precision,
             aggregation=o.aggregation,
             return_key_spans=bool(o.return_key_spans),
@@ -491,7 +493,7 @@ def _score_live(request: _Request, sources: _Sources) -> list[EvaluatorScores]:
     """The evaluator's scores of the texts, loading it first when given by id (and freeing it after)."""
     evaluator = sources.evaluator
     if evaluator.model is None:
-        model, tokenizer = load_causal_lm(evaluator.model_id, request.device, request.torch_dtype)
+        model, tokenizer = load_causal_lm(evaluator.model_id, request.device, request.evaluator_dtype)
         model = to_precision(model, request.evaluator_precision)  # checked before: bf16, or fp8 by id
         scores = _run_evaluator(model, tokenizer, sources.texts, request)
         del model
@@ -509,7 +511,7 @@ def _score_from_cache(request: _Request, sources: _Sources, cache: KeyTokenCache
         sources.evaluator.tokenizer,
         sources.evaluator.model_id,
     )
-    device, torch_dtype = request.device, request.torch_dtype
+    device, torch_dtype = request.device, request.evaluator_dtype
     identity = None
     if evaluator is None and evaluator_id is not None:
         identity = ModelIdentity.of_checkpoint(evaluator_id, resolve_dtype(torch_dtype, device or default_device()))

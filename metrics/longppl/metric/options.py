@@ -149,7 +149,7 @@ class LongPPLOptions:
     evaluator_precision: object = _option(
         DEFAULT_EVALUATOR_PRECISION,
         "`str`",
-        '"bf16": the evaluator as loaded (`dtype`, bfloat16 on a GPU), the exact reference. "fp8": the Linear layers of its transformer blocks in float8 (torchao\'s dynamic float8 with per-row scales; `pip install "longppl-hf[fp8]"`), compiled unless `torch_compile=False`: faster (0.69–0.75× the time of compiled bf16 on an H100) and approximate: on a trained evaluator about 1 key token in 10 differed from bf16 (tokens near a threshold flip; docs/benchmarks.md). Needs `evaluator_model_id` and a CUDA GPU of compute capability 8.9 or newer (L4, H100...); a key-token cache keeps fp8 rows apart from bf16 rows.',
+        '"bf16": the evaluator as loaded (`dtype`, bfloat16 on a GPU), the exact reference. "tf32": the evaluator loaded in float32 (unless `dtype` says float32 already) with its matrix products on TF32 tensor cores and float32 accumulation during its passes: the key tokens of a float32 evaluator (Jaccard 0.997 with float32 on Gemma 3 270M at 32k tokens; bf16: 0.87) at 1.4–1.8× the time of bf16; needs `evaluator_model_id` and a CUDA GPU. "fp8": the Linear layers of its transformer blocks in float8 (torchao\'s dynamic float8 with per-row scales; `pip install "longppl-hf[fp8]"`), compiled unless `torch_compile=False`: faster (0.69–0.75× the time of compiled bf16 on an H100) and approximate: on a trained evaluator about 1 key token in 10 differed from bf16 (tokens near a threshold flip; docs/benchmarks.md). Needs `evaluator_model_id` and a CUDA GPU of compute capability 8.9 or newer (L4, H100...); a key-token cache keeps fp8 rows apart from bf16 rows.',
     )
     aggregation: object = _option(
         DEFAULT_AGGREGATION,

@@ -134,6 +134,29 @@ def _refuse_dtype(name: str, argument: str) -> None:
         )
 
 
+def _check_tf32(device: str | None, dtype_name: str | None, argument: str) -> None:
+    """TF32's checks: a CUDA device (or ``"auto"``, or none named yet) and a float32 evaluator."""
+    if device is not None and device != "auto" and device.split(":", 1)[0] != "cuda":
+        raise ValueError(
+            f"{argument}='tf32' runs the evaluator's products on a CUDA GPU's TF32 tensor cores, but its device is "
+            f"{device!r}: there, load the evaluator in float32 (torch_dtype='float32') with {argument}='bf16' "
+            "(the evaluator as loaded), which is the float32 reference itself."
+        )
+    if dtype_name not in (None, "auto", "float32"):
+        raise ValueError(
+            f"{argument}='tf32' runs a float32 evaluator (TF32 products, float32 accumulation), but it would be "
+            f"loaded in {dtype_name}: leave the dtype unset or pass float32."
+        )
+
+
+def precision_dtype(precision, torch_dtype):
+    """The dtype to load the evaluator in for ``precision``: ``"float32"`` for TF32 when ``torch_dtype``
+    is unset (``None``/``"auto"``), else ``torch_dtype`` as given (checked by :func:`check_precision`)."""
+    if EvaluatorPrecision.of(precision) is EvaluatorPrecision.TF32 and torch_dtype in (None, "auto"):
+        return "float32"
+    return torch_dtype
+
+
 def check_precision_request(
     precision, device: str | None, torch_dtype: str | None, argument: str = "evaluator_precision"
 ) -> EvaluatorPrecision:
@@ -152,6 +175,9 @@ def check_precision_request(
     """
     precision = EvaluatorPrecision.of(precision, argument)
     if precision is EvaluatorPrecision.BF16:
+        return precision
+    if precision is EvaluatorPrecision.TF32:
+        _check_tf32(device, None if torch_dtype is None else str(torch_dtype).replace("torch.", ""), argument)
         return precision
     if device is not None:
         _refuse_device(device, device.split(":", 1)[0], argument)
@@ -176,6 +202,9 @@ def check_precision(precision, device: str, dtype, argument: str = "evaluator_pr
     """
     precision = EvaluatorPrecision.of(precision, argument)
     if precision is EvaluatorPrecision.BF16:
+        return precision
+    if precision is EvaluatorPrecision.TF32:
+        _check_tf32(device, str(dtype).replace("torch.", ""), argument)
         return precision
     import torch
 
@@ -253,7 +282,8 @@ def convert_blocks_to_fp8(blocks: Sequence, where: str = "the evaluator") -> int
 
 def to_precision(model, precision: EvaluatorPrecision | str):
     """``model`` with its evaluator ``precision`` applied, in place: as it is for ``"bf16"``; for
-    ``"fp8"``, the Linear layers of its transformer blocks converted (:func:`convert_blocks_to_fp8`),
+    ``"tf32"``, marked so that the scoring's forward passes run its products in TF32 (a float32 model;
+    ``core.logprobs.tf32_matmuls``); for ``"fp8"``, the Linear layers of its transformer blocks converted (:func:`convert_blocks_to_fp8`),
     embedding, norms and LM head untouched. Call it after the tensor-parallel split, and after taking
     the model's fingerprint (``ModelIdentity.of_model`` reads the bf16 weights); the caller has run
     :func:`check_precision`.
@@ -262,10 +292,22 @@ def to_precision(model, precision: EvaluatorPrecision | str):
         ValueError: the model lists no transformer blocks (``_no_split_modules``), or a layer cannot be
             converted (:func:`convert_blocks_to_fp8`).
     """
-    if EvaluatorPrecision.of(precision) is EvaluatorPrecision.BF16:  # a member passes unchecked
+    precision = EvaluatorPrecision.of(precision)  # a member passes unchecked
+    if precision is EvaluatorPrecision.BF16:
         return model
     from ..core.compilation import repeated_blocks
-    from ..core.logprobs import unwrap_model
+    from ..core.logprobs import TF32_ATTRIBUTE, unwrap_model
+
+    if precision is EvaluatorPrecision.TF32:
+        base = unwrap_model(model)
+        dtypes = {str(p.dtype).replace("torch.", "") for p in base.parameters() if p.is_floating_point()}
+        if dtypes - {"float32"}:
+            raise ValueError(
+                f"evaluator_precision='tf32' runs a float32 evaluator, but {type(base).__name__} holds "
+                f"{', '.join(sorted(dtypes))} weights: load it in float32."
+            )
+        setattr(base, TF32_ATTRIBUTE, True)  # read by every forward pass of the scoring (core.logprobs)
+        return model
 
     blocks = repeated_blocks(model)
     name = type(unwrap_model(model)).__name__
