@@ -14,7 +14,8 @@ Packages table and the README's Layout name every module (tests/test_repository.
 - floor 1, ``rules/``, the key-token rules: ``key_tokens`` (LSD/LCL), ``alignment`` (key tokens
   across tokenizers by character spans).
 - floor 2, ``core/``, the scoring core: ``logprobs`` (token log-probs without a ``[sequence x
-  vocabulary]`` logits tensor), ``batching`` (forward passes packed to a token budget), ``windows``
+  vocabulary]`` logits tensor), ``attention`` (sliding-window layers in blocks, float32 attention in
+  query blocks), ``batching`` (forward passes packed to a token budget), ``windows``
   (the short-context windows of K tokens, stride d), ``compilation`` (optional ``torch.compile`` of
   the blocks), ``progress`` (progress bars, callbacks, time limits), ``scoring`` (per-document and
   corpus LongPPL / PPL).
