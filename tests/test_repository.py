@@ -195,7 +195,15 @@ def test_one_map_of_longppl_names_every_module():
 
 
 def test_the_map_check_reads_each_map_by_room():
-    assert design_map()["core"] == {"logprobs", "batching", "windows", "compilation", "progress", "scoring"}
+    assert design_map()["core"] == {
+        "logprobs",
+        "attention",
+        "batching",
+        "windows",
+        "compilation",
+        "progress",
+        "scoring",
+    }
     assert "key_tokens" in readme_map()["rules"] and "key_tokens" not in readme_map()["core"]
     assert {"settings", "longppl", "app", "register"} <= readme_map()[""] & design_map()[""]
 
