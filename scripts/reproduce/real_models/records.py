@@ -549,7 +549,7 @@ def fixed_effects_from_intervals(differences: list[dict], name: str, outcome: st
     ``half-width * sqrt(seeds) / t(seeds - 1)``, their pooled variance has ``S * (seeds - 1)``
     degrees of freedom, and the mean's standard error is ``sqrt(s2 * S / seeds) / S``, as
     ``statistics.fixed_effects_mean`` computes it from the pairs. Exact up to the page's rounding."""
-    from longppl_reproduce import statistics
+    from .. import statistics
 
     rows = [r for r in differences if r["difference"] == name and r["outcome"] == outcome]
     t_setting = statistics.student_t_quantile(0.975, seeds - 1)
@@ -570,7 +570,7 @@ def third_statistics(members: list[dict], resamples: int = 10000, seed: int = 0)
     plan's cluster bootstrap over configurations."""
     from types import SimpleNamespace
 
-    from longppl_reproduce import third_attempt
+    from .. import third_attempt
 
     rows = []
     for m in members:
