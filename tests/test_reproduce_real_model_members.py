@@ -195,6 +195,11 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     assert _call(tiny_run, "calibrate") == 0
     assert len(open(run / "calibration.jsonl").readlines()) == 2
 
+    assert _call(tiny_run, "prepare", "--workers", "2") == 0
+    sets = sorted(os.listdir(tiny_run.root / "run" / "tasks" / "gemma"))
+    assert len(sets) == 8 and sets[0] == "lines-beyond-448.jsonl"
+    assert _call(tiny_run, "prepare") == 0
+    assert "every task set kept" in capsys.readouterr().out
     assert _call(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k") == 0
     rows = [json.loads(line) for line in open(run / "members.jsonl")]
     assert [r["member"] for r in rows] == ["gemma-c1k", "gemma-w32k"]  # in the population's order

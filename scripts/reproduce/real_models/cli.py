@@ -3,6 +3,7 @@
 
 - ``transcribe``: the earlier studies' published tables (``--page``) into records (``--records``).
 - ``report-records``: every table and statistic rebuilt from the records alone (``--output``).
+- ``prepare``: the documents and task sets of both tokenizers (CPU, one process per core).
 - ``calibrate`` / ``instrument`` / ``score``: the device phases of the LongPPL study on real models
   (``phases``): each appends one JSON line per finished unit to ``<run>/records/*.jsonl`` and skips
   what is there, and stops starting new units after ``--budget-seconds``.
@@ -34,6 +35,12 @@ def stage_report_records(args) -> None:
     print(args.output)
 
 
+def stage_prepare(args) -> None:
+    from . import phases
+
+    phases.prepare(phases.Run.from_args(args), workers=args.workers)
+
+
 def stage_calibrate(args) -> None:
     from . import phases
 
@@ -55,6 +62,7 @@ def stage_score(args) -> None:
 STAGES = {
     "transcribe": stage_transcribe,
     "report-records": stage_report_records,
+    "prepare": stage_prepare,
     "calibrate": stage_calibrate,
     "instrument": stage_instrument,
     "score": stage_score,
@@ -79,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget-seconds", type=float, default=480.0)
     parser.add_argument("--members", default=None, help="comma-separated member names (default: all)")
     parser.add_argument("--small", action="store_true", help="tiny lengths and counts (a CPU smoke run)")
+    parser.add_argument("--workers", type=int, default=None, help="prepare: processes (default: one per core)")
     return parser
 
 

@@ -306,6 +306,43 @@ def alphas(run: Run) -> dict[str, float]:
     return found
 
 
+# ------------------------------------------------------------------ prepare
+
+
+def _build_set(job: tuple) -> str:
+    """One task set, in a worker process: ``(run fields, tokenizer name, folder, kind, length)``."""
+    fields, tokenizer_name, folder, kind, length = job
+    from transformers import AutoTokenizer
+
+    run = Run(**fields)
+    _cases(run, tokenizer_name, AutoTokenizer.from_pretrained(folder), kind, length)
+    return f"{tokenizer_name}/{kind}-{length}"
+
+
+def prepare(run: Run, workers: int | None = None) -> None:
+    """The documents and every task set of both tokenizers, written once (CPU only; the task sets
+    side by side in ``workers`` processes, default one per CPU core). The later phases read them."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = []
+    for evaluator in evaluators(run):
+        natural_corpora(run, evaluator)
+        for name, kind, length in tasks.task_sets(run.sizes.lengths, run.sizes.cases, 0):
+            if not os.path.isfile(os.path.join(run.root, "tasks", evaluator.name, f"{name}.jsonl")):
+                fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.name != "log_lines"}
+                jobs.append((fields, evaluator.name, evaluator.folder, kind, length))
+    if not jobs:
+        run.log("prepare: every task set kept")
+        return
+    count = min(len(jobs), workers or os.cpu_count() or 1)
+    if count == 1:
+        done = [_build_set(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(count) as pool:
+            done = list(pool.map(_build_set, jobs))
+    run.log(f"prepare: {len(done)} task sets written ({', '.join(done)})")
+
+
 # ------------------------------------------------------------------ calibrate
 
 
