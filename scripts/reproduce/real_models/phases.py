@@ -45,6 +45,7 @@ class Sizes:
     govreport_length: int  # GovReport documents, Gemma tokens
     calibration_documents: int
     lengths: tuple[int, ...]  # task lengths
+    beyond: int  # a task's answer lies more than this many tokens back (the paper's K), whatever the tokenizer
     cases: int  # cases per task set
     max_new_tokens: int
     batch_size: int
@@ -54,22 +55,37 @@ class Sizes:
     max_null_ratio: float = 0.10
 
 
-PLAN = Sizes((4096, 1024), (1024, 256), 24576, 8192, 16, 8192, 16, (4096, 8192, 16384, 32768), 50, 16, 4, 65536)
+PLAN = Sizes(
+    gemma_window=(4096, 1024),
+    smollm2_window=(1024, 256),
+    document_length=24576,  # so that SmolLM2 members' tokens of the same text stay within 32k
+    smollm2_document_length=8192,
+    documents=16,
+    govreport_length=8192,
+    calibration_documents=16,
+    lengths=(8192, 16384, 24576, 32768),
+    beyond=4096,
+    cases=50,
+    max_new_tokens=16,
+    batch_size=4,
+    max_tokens_per_batch=65536,
+)
 # random tiny models have no key tokens by the plan's rule (their LSD is noise on both document
 # kinds, their LCL far below -2): the smoke sizes accept any ratio and any LCL, to exercise the path
 SMALL = Sizes(
-    (128, 64),
-    (128, 64),
-    640,
-    512,
-    3,
-    256,
-    3,
-    (448, 640),
-    2,
-    6,
-    2,
-    4096,
+    gemma_window=(128, 64),
+    smollm2_window=(128, 64),
+    document_length=640,
+    smollm2_document_length=512,
+    documents=3,
+    govreport_length=256,
+    calibration_documents=3,
+    lengths=(448, 640),
+    beyond=128,
+    cases=2,
+    max_new_tokens=6,
+    batch_size=2,
+    max_tokens_per_batch=4096,
     grid=(0.0, 0.5),
     beta=-100.0,
     max_null_ratio=1e9,
@@ -186,6 +202,17 @@ def load_plain(folder: str, device: str):
     _prepare_device(device)
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").to(device).eval()
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+def member_dtype(device: str):
+    """The members' precision: bf16 on a GPU (float32 on a CPU). The evaluators stay in float32
+    with TF32 matmuls, whose key tokens are float32's; a member's own log-probs and answers in bf16
+    move its LongPPL by well under the differences between members (docs/benchmarks.md), and keep
+    its 32k-token passes on the fused attention kernels (float32 falls back to the math kernel:
+    about 4x the time and 43 GiB at 32k)."""
+    import torch
+
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -518,7 +545,7 @@ def instrument(run: Run) -> None:
     texts = natural_corpora(run, gemma)[f"books-{gemma.name}"]
     ordered = ((f"window-order/{m.name}", m) for m in order_members())
     for key, spec in pending(run, "instrument", records, budget, ordered):
-        model = population.load_member(spec, gemma.folder, run.device)
+        model = population.load_member(spec, gemma.folder, run.device, member_dtype(run.device))
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(gemma.folder)
@@ -566,12 +593,10 @@ def window_order(run: Run) -> dict:
 def _cases(run: Run, tokenizer_name: str, tokenizer, kind: str, length: int) -> list:
     name = f"{kind}-{length}"
     folder = os.path.join(run.root, "tasks", tokenizer_name)
-    short = run.sizes.gemma_window[0] if tokenizer_name == "gemma" else run.sizes.smollm2_window[0]
 
     def build():
-        return tasks.build_task_set(
-            kind, tokenizer, length, run.sizes.cases, short, book_ids(run, tokenizer), seed=length
-        )
+        ids = book_ids(run, tokenizer)
+        return tasks.build_task_set(kind, tokenizer, length, run.sizes.cases, run.sizes.beyond, ids, seed=length)
 
     return tasks.task_cases(folder, name, kind, build)
 
@@ -623,7 +648,7 @@ def score(run: Run) -> None:
     for _, spec in pending(run, "score", records, budget, ready):
         started = time.monotonic()
         folder = folders[spec.base]
-        model = population.load_member(spec, folder, run.device)
+        model = population.load_member(spec, folder, run.device, member_dtype(run.device))
         tokenizer = AutoTokenizer.from_pretrained(folder)
         row = {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec), "longppl": {}}
         for evaluator in evaluator_list:
