@@ -207,6 +207,9 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
         f"{kind}-{length}" for kind in ("lines-beyond", "lines-within", "needle", "recall") for length in (448, 640)
     }
     assert set(rows[0]["longppl"]) == {"books-gemma", "govreport-gemma", "books-smollm2"}
+    lines = rows[0]["tasks"]["lines-beyond-448"]
+    assert len(lines["outputs"]) == len(lines["per_case"]) == 2
+    assert lines["accuracy"] == sum(lines["per_case"]) / 2
     assert _call(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k,smollm2-yarn2-s0,smollm2-yarn2-s50") == 0
     rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
     assert rows == ["gemma-c1k", "gemma-w32k", "smollm2-yarn2-s0"]  # s50 waits for the fine-tuning phase

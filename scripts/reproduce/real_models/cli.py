@@ -4,6 +4,7 @@
 - ``transcribe``: the earlier studies' published tables (``--page``) into records (``--records``).
 - ``report-records``: every table and statistic rebuilt from the records alone (``--output``).
 - ``prepare``: the documents and task sets of both tokenizers (CPU, one process per core).
+- ``report-real``: the LongPPL study's analysis by its plan, from its records alone (``analysis``).
 - ``calibrate`` / ``instrument`` / ``score``: the device phases of the LongPPL study on real models
   (``phases``): each appends one JSON line per finished unit to ``<run>/records/*.jsonl`` and skips
   what is there, and stops starting new units after ``--budget-seconds``.
@@ -59,6 +60,26 @@ def stage_score(args) -> None:
     phases.score(phases.Run.from_args(args))
 
 
+def stage_report_real(args) -> None:
+    """The study's analysis from the run's records alone: ``<run>/results.json`` and ``report.md``."""
+    import json
+
+    from . import analysis, phases
+
+    run = phases.Run.from_args(args)
+    found = analysis.analyse(run.records("members").rows(), run.records("instrument").rows())
+    for name, text in (
+        ("results.json", json.dumps(found, indent=1, default=str)),
+        ("report.md", analysis.format_report(found)),
+    ):
+        path = os.path.join(args.run, name)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        print(path)
+
+
 STAGES = {
     "transcribe": stage_transcribe,
     "report-records": stage_report_records,
@@ -66,6 +87,7 @@ STAGES = {
     "calibrate": stage_calibrate,
     "instrument": stage_instrument,
     "score": stage_score,
+    "report-real": stage_report_real,
 }
 
 

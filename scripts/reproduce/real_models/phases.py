@@ -602,8 +602,10 @@ def _cases(run: Run, tokenizer_name: str, tokenizer, kind: str, length: int) -> 
 
 
 def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: int | None = None) -> dict:
-    """Accuracy of ``model`` on every task set of ``tokenizer_name``'s documents; with ``context``,
-    every prompt cut so that no prediction reads more than ``context`` tokens."""
+    """Per task set of ``tokenizer_name``'s documents, ``{"accuracy", "per_case"}`` of ``model``
+    (per case: right or wrong, or the recalled share), and for the generated sets the greedy
+    ``outputs`` (which the plan's format exclusion reads); with ``context``, every prompt cut so
+    that no prediction reads more than ``context`` tokens."""
     from ..lines import lines_accuracy
     from ..needle import needle_accuracy
     from ..passage_recall import passage_recall_accuracy
@@ -617,11 +619,12 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
         elif context is not None:
             cases = [population.truncated_case(c, tokenizer, context - s.max_new_tokens - 2) for c in cases]
         if kind == "recall":
-            found[name] = passage_recall_accuracy(model, cases, s.batch_size)["accuracy"]
+            result = passage_recall_accuracy(model, cases, s.batch_size)
+            found[name] = {"accuracy": result["accuracy"], "per_case": result["per_case"]}
             continue
         score = needle_accuracy if kind == "needle" else lines_accuracy
         result = score(model, tokenizer, cases, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size)
-        found[name] = result["accuracy"]
+        found[name] = {"accuracy": result["accuracy"], "per_case": result["is_correct"], "outputs": result["outputs"]}
     return found
 
 
