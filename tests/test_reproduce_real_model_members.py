@@ -122,6 +122,16 @@ def test_context_limited_log_probs_read_at_most_the_context():
             assert float(found[i]) == pytest.approx(float(lp), abs=1e-4)
 
 
+def test_lines_prompts_end_with_the_answers_opening():
+    from longppl_reproduce.lines import generate_lines_cases
+    from longppl_reproduce.real_models import tasks
+
+    (case,) = generate_lines_cases(3, 1, seed=0)
+    opened = tasks.with_answer_opening(case)
+    assert opened.prompt == case.prompt + " " + f"The <REGISTER_CONTENT> in line {case.target_line} is <"
+    assert opened.expected_number == case.expected_number
+
+
 def test_the_population_has_the_planned_size():
     found = members.population()
     assert len(found) == 54 and len({m.cluster for m in found}) == 12

@@ -604,8 +604,9 @@ def _cases(run: Run, tokenizer_name: str, tokenizer, kind: str, length: int) -> 
 def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: int | None = None) -> dict:
     """Per task set of ``tokenizer_name``'s documents, ``{"accuracy", "per_case"}`` of ``model``
     (per case: right or wrong, or the recalled share), and for the generated sets the greedy
-    ``outputs`` (which the plan's format exclusion reads); with ``context``, every prompt cut so
-    that no prediction reads more than ``context`` tokens."""
+    ``outputs`` (which the plan's format exclusion reads). Lines prompts end with the answer's
+    opening (``tasks.with_answer_opening``). With ``context``, every prompt is cut so that no
+    prediction reads more than ``context`` tokens."""
     from ..lines import lines_accuracy
     from ..needle import needle_accuracy
     from ..passage_recall import passage_recall_accuracy
@@ -614,6 +615,8 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
     found = {}
     for name, kind, length in tasks.task_sets(s.lengths, s.cases, 0):
         cases = _cases(run, tokenizer_name, tokenizer, kind, length)
+        if kind.startswith("lines"):
+            cases = [tasks.with_answer_opening(c) for c in cases]
         if context is not None and kind == "recall":
             cases = [population.truncated_recall_case(c, context) for c in cases]
         elif context is not None:
