@@ -84,11 +84,12 @@ def lines_cases_within(tokenizer, length: int, count: int, within: int, seed: in
 
 
 def with_answer_opening(case):
-    """``case`` (a lines case) whose prompt goes on with the reference answer up to the number
-    (``... I need the number. The <REGISTER_CONTENT> in line swift-harbor is <``), so that a base
-    model's greedy continuation is the number itself. Base Gemma 3 270M and SmolLM2-135M answer
-    LongEval's bare question with more record text ("Now the record is over"), even with the line
-    inside the short context; given the opening, they answer with numbers."""
+    """``case`` (a lines case) whose prompt goes on with the reference answer up to the number (``... I
+    need the number. The <REGISTER_CONTENT> in line swift-harbor is <``), so that a model's
+    greedy continuation is the number itself. Gemma 3 270M and SmolLM2-135M-Instruct, without a
+    chat template, answer LongEval's bare question with more record text ("Now the record is
+    over"), even with the line inside the short context; given the opening, they answer with
+    numbers."""
     import dataclasses
 
     opening = case.answer[: case.answer.rfind(case.expected_number)]
