@@ -117,11 +117,17 @@ class Records:
         return {row["key"] for row in self.rows()}
 
     def append(self, key: str, row: dict) -> None:
-        line = json.dumps({"key": key, **row}, allow_nan=True) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        """Append one row: a single ``write`` to a file opened with ``O_APPEND``, so that processes
+        scoring members side by side (one per GPU) append whole rows to the same file."""
+        data = (json.dumps({"key": key, **row}, allow_nan=True) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(f"wrote {written} of {len(data)} bytes of a row to {self.path}; is the disk full?")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @dataclasses.dataclass
