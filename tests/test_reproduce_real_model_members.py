@@ -168,9 +168,10 @@ def tiny_run(tmp_path_factory):
         tokenizer.save_pretrained(folders[name])
     books = root / "books"
     books.mkdir()
-    with gzip.open(books / "validation.jsonl.gz", "wt", encoding="utf-8") as f:
-        for text in govreport_texts():
-            f.write(json.dumps({"text": text}) + "\n")
+    for name in ("validation", "train"):
+        with gzip.open(books / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for text in govreport_texts():
+                f.write(json.dumps({"text": text}) + "\n")
     return types.SimpleNamespace(root=root, folders=folders, books=str(books))
 
 
@@ -223,7 +224,18 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     assert _call(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k,smollm2-yarn2-s0,smollm2-yarn2-s50") == 0
     rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
     assert rows == ["gemma-c1k", "gemma-w32k", "smollm2-yarn2-s0"]  # s50 waits for the fine-tuning phase
-    assert "needs the fine-tuning phase" in capsys.readouterr().out
+    assert "smollm2-yarn2-s50 is not fine-tuned yet" in capsys.readouterr().out
+    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    trained = tiny_run.root / "run" / "members" / "smollm2-yarn2-s50"
+    record = json.loads((trained / "training.json").read_text())
+    assert (record["steps"], record["length"], len(record["losses"])) == (2, 256, 2)
+    config = json.loads((trained / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn"  # the extension travels with the member
+    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert len(open(run / "finetune.jsonl").readlines()) == 1
+    assert _call(tiny_run, "score", "--members", "smollm2-yarn2-s50") == 0
+    rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
+    assert rows[-1] == "smollm2-yarn2-s50" and len(rows) == 4
     assert _call(tiny_run, "score", "--members", "gemma-w99k") == 2
     assert "Unknown members" in capsys.readouterr().err
 

@@ -5,7 +5,7 @@
 - ``report-records``: every table and statistic rebuilt from the records alone (``--output``).
 - ``prepare``: the documents and task sets of both tokenizers (CPU, one process per core).
 - ``report-real``: the LongPPL study's analysis by its plan, from its records alone (``analysis``).
-- ``calibrate`` / ``instrument`` / ``score``: the device phases of the LongPPL study on real models
+- ``calibrate`` / ``instrument`` / ``finetune`` / ``score``: the device phases of the LongPPL study on real models
   (``phases``): each appends one JSON line per finished unit to ``<run>/records/*.jsonl`` and skips
   what is there, and stops starting new units after ``--budget-seconds``.
 """
@@ -54,6 +54,12 @@ def stage_instrument(args) -> None:
     phases.instrument(phases.Run.from_args(args))
 
 
+def stage_finetune(args) -> None:
+    from . import phases
+
+    phases.finetune(phases.Run.from_args(args))
+
+
 def stage_score(args) -> None:
     from . import phases
 
@@ -86,6 +92,7 @@ STAGES = {
     "prepare": stage_prepare,
     "calibrate": stage_calibrate,
     "instrument": stage_instrument,
+    "finetune": stage_finetune,
     "score": stage_score,
     "report-real": stage_report_real,
 }

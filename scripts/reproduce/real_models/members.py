@@ -44,7 +44,8 @@ class MemberSpec:
     ``context`` (Gemma, every prediction reading at most ``context`` tokens), ``rope`` (Gemma, RoPE
     of the full layers scaled by ``method`` x ``factor``, with ``window`` too) or ``extend``
     (SmolLM2 extended by ``method`` x ``factor``, fine-tuned ``steps`` steps at ``length`` tokens
-    with data order ``seed``). ``cluster``: its configuration cluster.
+    with data order ``seed``; ``trained`` once its fine-tuned folder, whose config holds the
+    extension, is what loads). ``cluster``: its configuration cluster.
     """
 
     name: str

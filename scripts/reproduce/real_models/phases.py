@@ -50,6 +50,8 @@ class Sizes:
     max_new_tokens: int
     batch_size: int
     max_tokens_per_batch: int
+    finetune_length: int | None = None  # None: each member's own extended length
+    finetune_max_steps: int | None = None  # None: each member's own steps
     grid: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
     beta: float = -2.0
     max_null_ratio: float = 0.10
@@ -86,6 +88,8 @@ SMALL = Sizes(
     max_new_tokens=6,
     batch_size=2,
     max_tokens_per_batch=4096,
+    finetune_length=256,
+    finetune_max_steps=2,
     grid=(0.0, 0.5),
     beta=-100.0,
     max_null_ratio=1e9,
@@ -593,6 +597,88 @@ def window_order(run: Run) -> dict:
     return found
 
 
+# ------------------------------------------------------------------ finetune
+
+LEARNING_RATE, WARMUP, FLOOR = 3e-5, 10, 0.1  # the plan's fine-tuning: AdamW, cosine to 10%, no decay
+
+
+def trained_folder(run: Run, spec) -> str:
+    return os.path.join(run.root, "members", spec.name)
+
+
+def training_books(run: Run, tokenizer) -> list[np.ndarray]:
+    from ..books import read_books
+
+    path = os.path.join(run.books, "train.jsonl.gz")
+    if not os.path.isfile(path):
+        raise ValueError(f"No training books at {path}: pass --books, the folder with train.jsonl.gz.")
+    return [np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in read_books(path)]
+
+
+def finetune_one(run: Run, spec, folder: str) -> dict:
+    """Fine-tune ``spec`` (a SmolLM2 member with steps) from the base in ``folder``: CE on distinct
+    book chunks of its length, one a step, in the order of its seed; saved to
+    ``<run>/members/<name>`` (written beside, then renamed). Returns the training record."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..corpus_chunks import body_chunks
+    from ..family import learning_rate
+
+    length = run.sizes.finetune_length or spec.length
+    steps = min(spec.steps, run.sizes.finetune_max_steps or spec.steps)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    chunks = body_chunks(training_books(run, tokenizer), length, steps, per_book_cap=8, seed=spec.seed)
+    config, attention = population.member_config(spec, folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config, attn_implementation=attention).to(run.device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    cuda = run.device.startswith("cuda")
+    losses, started = [], time.monotonic()
+    for step, row in enumerate(chunks):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, steps, LEARNING_RATE, WARMUP, FLOOR)
+        ids = torch.as_tensor(row[None], device=run.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    target = trained_folder(run, spec)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    record = {"member": spec.name, "steps": steps, "length": length, "losses": losses}
+    record["seconds"] = time.monotonic() - started
+    _write_json(os.path.join(tmp, "training.json"), record)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(tmp, target)
+    return record
+
+
+def finetune(run: Run) -> None:
+    """The fine-tuned SmolLM2 members, one unit each (``finetune.jsonl``: steps, length, losses)."""
+    records, budget = run.records("finetune"), Budget(run.budget_seconds)
+    folder = evaluators(run)[1].folder
+    chosen = [m for m in _chosen_members(run) if m.needs_training]
+    for name, spec in pending(run, "finetune", records, budget, ((m.name, m) for m in chosen)):
+        record = finetune_one(run, spec, folder)
+        records.append(name, record)
+        run.log(f"finetune: {name} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+
+
+def _chosen_members(run: Run) -> list:
+    chosen = [m for m in population.population() if run.members is None or m.name in run.members]
+    unknown = set(run.members or ()) - {m.name for m in chosen}
+    if unknown:
+        raise ValueError(
+            f"Unknown members {sorted(unknown)}; the population's names are like gemma-w4k, smollm2-yarn4-s0."
+        )
+    return chosen
+
+
 # ------------------------------------------------------------------ score
 
 
@@ -645,22 +731,21 @@ def score(run: Run) -> None:
     alpha = alphas(run)
     records, budget = run.records("members"), Budget(run.budget_seconds)
     done = records.keys()
-    chosen = [m for m in population.population() if run.members is None or m.name in run.members]
-    unknown = set(run.members or ()) - {m.name for m in chosen}
-    if unknown:
-        raise ValueError(
-            f"Unknown members {sorted(unknown)}; the population's names are like gemma-w4k, smollm2-yarn4-s0."
-        )
+    chosen = _chosen_members(run)
     evaluator_list = evaluators(run)
     folders = {population.GEMMA: evaluator_list[0].folder, population.SMOLLM2: evaluator_list[1].folder}
+    trained = {m.name for m in chosen if m.needs_training and os.path.isdir(trained_folder(run, m))}
     for spec in chosen:
-        if spec.needs_training and spec.name not in done:
-            run.log(f"score: {spec.name} needs the fine-tuning phase (not built yet); skipped")
-    ready = ((m.name, m) for m in chosen if not m.needs_training)
+        if spec.needs_training and spec.name not in done and spec.name not in trained:
+            run.log(f"score: {spec.name} is not fine-tuned yet (the 'finetune' phase); skipped")
+    ready = ((m.name, m) for m in chosen if not m.needs_training or m.name in trained)
     for _, spec in pending(run, "score", records, budget, ready):
         started = time.monotonic()
         folder = folders[spec.base]
-        model = population.load_member(spec, folder, run.device, member_dtype(run.device))
+        loaded = spec
+        if spec.name in trained:  # its folder's config holds the extension already
+            folder, loaded = trained_folder(run, spec), dataclasses.replace(spec, kind="trained")
+        model = population.load_member(loaded, folder, run.device, member_dtype(run.device))
         tokenizer = AutoTokenizer.from_pretrained(folder)
         row = {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec), "longppl": {}}
         for evaluator in evaluator_list:
