@@ -6,6 +6,7 @@ duplicating a row."""
 import gzip
 import json
 import os
+import shutil
 import types
 
 import pytest
@@ -236,6 +237,9 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     assert _call(tiny_run, "score", "--members", "smollm2-yarn2-s50") == 0
     rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
     assert rows[-1] == "smollm2-yarn2-s50" and len(rows) == 4
+    shutil.rmtree(trained)  # a fresh machine: the member's folder is gone, its score row kept
+    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert len(open(run / "finetune.jsonl").readlines()) == 1  # scored: not trained again
     assert _call(tiny_run, "score", "--members", "gemma-w99k") == 2
     assert "Unknown members" in capsys.readouterr().err
 

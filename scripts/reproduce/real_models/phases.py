@@ -659,14 +659,22 @@ def finetune_one(run: Run, spec, folder: str) -> dict:
 
 
 def finetune(run: Run) -> None:
-    """The fine-tuned SmolLM2 members, one unit each (``finetune.jsonl``: steps, length, losses)."""
+    """The fine-tuned SmolLM2 members that are neither scored (``members.jsonl``) nor in this run
+    folder yet, one unit each; every training appends its record (steps, length, losses) to
+    ``finetune.jsonl``. A member's folder (hundreds of MB) stays on the machine that trained it: one
+    trained in an earlier session whose machine is gone, and not scored there, is trained again."""
     records, budget = run.records("finetune"), Budget(run.budget_seconds)
+    scored = run.records("members").keys()
     folder = evaluators(run)[1].folder
-    chosen = [m for m in _chosen_members(run) if m.needs_training]
-    for name, spec in pending(run, "finetune", records, budget, ((m.name, m) for m in chosen)):
+    for spec in _chosen_members(run):
+        if not spec.needs_training or spec.name in scored or os.path.isdir(trained_folder(run, spec)):
+            continue
+        if budget.spent():
+            run.log("finetune: budget spent; call again")
+            return
         record = finetune_one(run, spec, folder)
-        records.append(name, record)
-        run.log(f"finetune: {name} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+        records.append(spec.name, record)
+        run.log(f"finetune: {spec.name} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
 
 
 def _chosen_members(run: Run) -> list:
