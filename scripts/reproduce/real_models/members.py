@@ -216,7 +216,7 @@ def load_member(spec: MemberSpec, folder: str, device: str = "cpu", dtype=None):
 
     config, attention = member_config(spec, folder)
     model = AutoModelForCausalLM.from_pretrained(folder, config=config, attn_implementation=attention, dtype=dtype)
-    if spec.window is not None:
+    if spec.window is not None and spec.window < FULL:  # the released model's 32k needs no limit
         limit_full_attention(model, spec.window)
     return model.to(device).eval()
 
