@@ -12,8 +12,10 @@ Modules:
   extended by PI / NTK / YaRN.
 - ``tasks``: the task documents (lines, needle, passage recall) at 4k-32k tokens with the real
   tokenizers, each case with its answer's distance from the question.
-- ``phases``: the device phases (``calibrate``, ``instrument``, ``score``), each appending one
-  JSON line per finished unit to a records file and skipping the units already there.
+- ``phases``: the phases (``prepare`` on CPUs; ``calibrate``, ``instrument``, ``finetune``,
+  ``score`` on the device), each appending one JSON line per finished unit to a records file and
+  skipping the units already there.
+- ``analysis``: the LongPPL plan's statistics and decision, from those records alone.
 - ``cli``: the command line; its ``STAGES`` table maps each stage's name to its function.
 
 Nothing here imports another experiment's folder; the shared pieces (tasks, calibration,
