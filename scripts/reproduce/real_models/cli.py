@@ -1,0 +1,134 @@
+"""The command line of the real-models experiment: ``python -m longppl_reproduce.real_models.cli
+<stage> [options]``. ``STAGES`` maps each stage's name to its function (``function(args)``).
+
+- ``transcribe``: the earlier studies' published tables (``--page``) into records (``--records``).
+- ``report-records``: every table and statistic rebuilt from the records alone (``--output``).
+- ``prepare``: the documents and task sets of both tokenizers (CPU, one process per core).
+- ``report-real``: the LongPPL study's analysis by its plan, from its records alone (``analysis``).
+- ``calibrate`` / ``instrument`` / ``finetune`` / ``score``: the device phases of the LongPPL study on real models
+  (``phases``): each appends one JSON line per finished unit to ``<run>/records/*.jsonl`` and skips
+  what is there, and stops starting new units after ``--budget-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def stage_transcribe(args) -> None:
+    from . import records
+
+    for path in records.transcribe(args.page, args.records):
+        print(path)
+
+
+def stage_report_records(args) -> None:
+    from . import records
+
+    found = records.report(args.records, resamples=args.resamples)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    tmp = f"{args.output}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(found["markdown"])
+    os.replace(tmp, args.output)
+    print(args.output)
+
+
+def stage_prepare(args) -> None:
+    from . import phases
+
+    phases.prepare(phases.Run.from_args(args), workers=args.workers)
+
+
+def stage_calibrate(args) -> None:
+    from . import phases
+
+    phases.calibrate(phases.Run.from_args(args))
+
+
+def stage_instrument(args) -> None:
+    from . import phases
+
+    phases.instrument(phases.Run.from_args(args))
+
+
+def stage_finetune(args) -> None:
+    from . import phases
+
+    phases.finetune(phases.Run.from_args(args))
+
+
+def stage_score(args) -> None:
+    from . import phases
+
+    phases.score(phases.Run.from_args(args))
+
+
+def stage_report_real(args) -> None:
+    """The study's analysis from the run's records alone: ``<run>/results.json`` and ``report.md``."""
+    import json
+
+    from . import analysis, phases
+
+    run = phases.Run.from_args(args)
+    found = analysis.analyse(run.records("members").rows(), run.records("instrument").rows())
+    for name, text in (
+        ("results.json", json.dumps(found, indent=1, default=str)),
+        ("report.md", analysis.format_report(found)),
+    ):
+        path = os.path.join(args.run, name)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        print(path)
+
+
+STAGES = {
+    "transcribe": stage_transcribe,
+    "report-records": stage_report_records,
+    "prepare": stage_prepare,
+    "calibrate": stage_calibrate,
+    "instrument": stage_instrument,
+    "finetune": stage_finetune,
+    "score": stage_score,
+    "report-real": stage_report_real,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    parser = argparse.ArgumentParser(
+        prog="python -m longppl_reproduce.real_models.cli", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("stage", choices=list(STAGES))
+    parser.add_argument("--page", default=os.path.join(root, "docs", "reproduction.md"))
+    parser.add_argument("--records", default=os.path.join(root, "docs", "records"))
+    parser.add_argument("--output", default="records-report.md")
+    parser.add_argument("--resamples", type=int, default=10000)
+    parser.add_argument("--run", default="outputs/real", help="the run folder of the device phases")
+    parser.add_argument("--books", default="books", help="folder with train.jsonl.gz and validation.jsonl.gz")
+    parser.add_argument("--gemma", default="gemma-3-270m", help="Gemma 3 270M: its short name, a *.gguf or a folder")
+    parser.add_argument("--smollm2", default="smollm2-135m", help="SmolLM2-135M: its short name, a *.gguf or a folder")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--budget-seconds", type=float, default=480.0)
+    parser.add_argument("--members", default=None, help="comma-separated member names (default: all)")
+    parser.add_argument("--small", action="store_true", help="tiny lengths and counts (a CPU smoke run)")
+    parser.add_argument("--workers", type=int, default=None, help="prepare: processes (default: one per core)")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        STAGES[args.stage](args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

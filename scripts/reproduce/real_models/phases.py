@@ -1,0 +1,776 @@
+"""The device phases of the LongPPL study on real models (docs/reproduction.md, "LongPPL on real
+models — analysis plan"). Each phase appends one JSON line per finished unit to a records file
+under ``<run>/records/`` and skips the units already there, so a call cut short, or the next
+session's call, goes on where the last one stopped. A phase starts no new unit once
+``budget_seconds`` have passed since it began (one unit takes well under a minute at the plan's
+sizes), so each call fits one device call of 10 minutes.
+
+- ``calibrate`` (``calibration.jsonl``, one row per evaluator): alpha by the null-document rule
+  (``calibration.calibrate_alpha``): the smallest alpha of the grid whose key tokens on null
+  documents (the long context replaced by another book) are at most 10% of those on the real
+  documents, in the last K positions. It runs before any member is scored: ``instrument`` and
+  ``score`` refuse to start without it.
+- ``instrument`` (``instrument.jsonl``): the key-token share on natural text per evaluator; the
+  key-token share on the answer tokens of lines documents (answers beyond K); LongPPL and PPL of
+  the windowed Gemma members (RoPE as trained), for the order by window.
+- ``score`` (``members.jsonl``, one row per member): LongPPL and PPL under each evaluator, and
+  accuracy on every task set.
+
+Evaluator scores of a corpus are kept in ``<run>/scores/`` (NumPy arrays, no pickle) and read by
+the later phases instead of being computed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+
+from . import members as population
+from . import tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The phases' numbers. ``PLAN``: the analysis plan's; ``SMALL``: a CPU smoke run's."""
+
+    gemma_window: tuple[int, int]  # K, d of the Gemma evaluator (the paper's 4096, 1024)
+    smollm2_window: tuple[int, int]  # K, d of the SmolLM2 evaluator (its 8k context: 1024, 256)
+    document_length: int  # natural documents, Gemma tokens
+    smollm2_document_length: int  # the SmolLM2 evaluator's documents, its tokens
+    documents: int  # natural book documents
+    govreport_length: int  # GovReport documents, Gemma tokens
+    calibration_documents: int
+    lengths: tuple[int, ...]  # task lengths
+    beyond: int  # a task's answer lies more than this many tokens back (the paper's K), whatever the tokenizer
+    cases: int  # cases per task set
+    max_new_tokens: int
+    batch_size: int
+    max_tokens_per_batch: int
+    finetune_length: int | None = None  # None: each member's own extended length
+    finetune_max_steps: int | None = None  # None: each member's own steps
+    grid: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+    beta: float = -2.0
+    max_null_ratio: float = 0.10
+
+
+PLAN = Sizes(
+    gemma_window=(4096, 1024),
+    smollm2_window=(1024, 256),
+    document_length=24576,  # so that SmolLM2 members' tokens of the same text stay within 32k
+    smollm2_document_length=8192,
+    documents=16,
+    govreport_length=8192,
+    calibration_documents=16,
+    lengths=(8192, 16384, 24576, 32768),
+    beyond=4096,
+    cases=50,
+    max_new_tokens=16,
+    batch_size=4,
+    max_tokens_per_batch=65536,
+)
+# random tiny models have no key tokens by the plan's rule (their LSD is noise on both document
+# kinds, their LCL far below -2): the smoke sizes accept any ratio and any LCL, to exercise the path
+SMALL = Sizes(
+    gemma_window=(128, 64),
+    smollm2_window=(128, 64),
+    document_length=640,
+    smollm2_document_length=512,
+    documents=3,
+    govreport_length=256,
+    calibration_documents=3,
+    lengths=(448, 640),
+    beyond=128,
+    cases=2,
+    max_new_tokens=6,
+    batch_size=2,
+    max_tokens_per_batch=4096,
+    finetune_length=256,
+    finetune_max_steps=2,
+    grid=(0.0, 0.5),
+    beta=-100.0,
+    max_null_ratio=1e9,
+)
+
+
+class Records:
+    """A JSONL records file of one phase: rows appended whole (write, flush, fsync), each with a
+    ``key`` that names its unit. A line cut short by a kill is dropped on the next open (its unit
+    is done again), so the file never holds half a row."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                data = f.read()
+            if data and not data.endswith(b"\n"):
+                with open(path, "r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
+
+    def rows(self) -> list[dict]:
+        if not os.path.isfile(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def keys(self) -> set[str]:
+        return {row["key"] for row in self.rows()}
+
+    def append(self, key: str, row: dict) -> None:
+        """Append one row: a single ``write`` to a file opened with ``O_APPEND``, so that processes
+        scoring members side by side (one per GPU) append whole rows to the same file."""
+        data = (json.dumps({"key": key, **row}, allow_nan=True) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(f"wrote {written} of {len(data)} bytes of a row to {self.path}; is the disk full?")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@dataclasses.dataclass
+class Run:
+    """One run folder and what its phases read."""
+
+    root: str
+    books: str
+    gemma: str
+    smollm2: str
+    device: str
+    budget_seconds: float
+    members: tuple[str, ...] | None
+    sizes: Sizes
+    log_lines: list = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_args(cls, args) -> Run:
+        import torch
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        chosen = tuple(m.strip() for m in args.members.split(",")) if args.members else None
+        sizes = SMALL if args.small else PLAN
+        return cls(args.run, args.books, args.gemma, args.smollm2, device, args.budget_seconds, chosen, sizes)
+
+    def records(self, name: str) -> Records:
+        return Records(os.path.join(self.root, "records", f"{name}.jsonl"))
+
+    def log(self, text: str) -> None:
+        print(text, flush=True)
+        self.log_lines.append(text)
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, time.monotonic()
+
+    def spent(self) -> bool:
+        return time.monotonic() - self.start > self.seconds
+
+
+def pending(run: Run, phase: str, records: Records, budget: Budget, units):
+    """Yield the ``(key, unit)`` pairs of ``units`` whose key the records do not hold yet, until the
+    budget is spent (then say so: the next call goes on)."""
+    done = records.keys()
+    for key, unit in units:
+        if key in done:
+            run.log(f"{phase}: {key} kept")
+            continue
+        if budget.spent():
+            run.log(f"{phase}: budget spent; call again")
+            return
+        yield key, unit
+
+
+# ------------------------------------------------------------------ models, texts, evaluator scores
+
+
+def base_folder(name: str, argument: str) -> str:
+    """The model folder of a short name, a ``*.gguf`` path or a folder (``longppl``'s named models)."""
+    from longppl.models.sources import check_model_source
+
+    return check_model_source(name, argument)
+
+
+def _prepare_device(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        # TF32 matmuls: key tokens as float32's (docs/benchmarks.md) at about 0.6x its time
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def load_plain(folder: str, device: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _prepare_device(device)
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").to(device).eval()
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def member_dtype(device: str):
+    """The members' precision: bf16 on a GPU (float32 on a CPU). The evaluators stay in float32
+    with TF32 matmuls, whose key tokens are float32's; a member's own log-probs and answers in bf16
+    move its LongPPL by well under the differences between members (docs/benchmarks.md), and keep
+    its 32k-token passes on the fused attention kernels (float32 falls back to the math kernel:
+    about 4x the time and 43 GiB at 32k)."""
+    import torch
+
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    name: str
+    folder: str
+    window: tuple[int, int]
+    length: int  # its natural documents' tokens
+    context: int  # the positions it was trained on: task lengths beyond it are not scored by it
+
+
+def evaluators(run: Run) -> list[Evaluator]:
+    """Gemma 3 270M at full context (primary) and SmolLM2-135M at its 8k (cross-tokenizer)."""
+    s = run.sizes
+    return [
+        Evaluator("gemma", base_folder(run.gemma, "--gemma"), s.gemma_window, s.document_length, s.lengths[-1]),
+        Evaluator(
+            "smollm2",
+            base_folder(run.smollm2, "--smollm2"),
+            s.smollm2_window,
+            s.smollm2_document_length,
+            s.smollm2_document_length,
+        ),
+    ]
+
+
+def held_out_books(run: Run) -> list[str]:
+    from ..books import read_books
+
+    path = os.path.join(run.books, "validation.jsonl.gz")
+    if not os.path.isfile(path):
+        raise ValueError(f"No held-out books at {path}: pass --books, the folder with validation.jsonl.gz.")
+    return read_books(path)
+
+
+def book_ids(run: Run, tokenizer) -> list[np.ndarray]:
+    return [
+        np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in held_out_books(run)
+    ]
+
+
+def _write_json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: int = 0) -> list[str]:
+    """``count`` natural documents of ``length`` tokens of ``tokenizer`` (``books``: held-out book
+    bodies; ``govreport``: the repository's CRS reports that reach ``length``), as text, written once
+    to ``<run>/documents/<name>.json``."""
+    from ..corpus_chunks import body_chunks
+
+    path = os.path.join(run.root, "documents", f"{name}.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    if name.startswith("books"):
+        chunks = body_chunks(book_ids(run, tokenizer), length, count, per_book_cap=4, seed=seed)
+        texts = tokenizer.batch_decode(chunks.tolist())
+    else:
+        source = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "data", "govreport_crs.jsonl")
+        with open(source, encoding="utf-8") as f:
+            reports = [json.loads(line)["text"] for line in f if line.strip()]
+        texts = []
+        for report in reports:
+            ids = tokenizer(report, add_special_tokens=False)["input_ids"]
+            if len(ids) >= length:
+                texts.append(tokenizer.decode(ids[:length]))
+        texts = texts[:count]
+    _write_json(path, texts)
+    return texts
+
+
+def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[str], model=None, tokenizer=None):
+    """The evaluator's ``EvaluatorScores`` of ``texts``, computed once and kept in
+    ``<run>/scores/<evaluator>-<corpus>.npz`` (flat arrays and per-document lengths)."""
+    from longppl.core.scoring import EvaluatorScores, score_with_evaluator
+    from longppl.settings import KeyTokenSettings
+
+    path = os.path.join(run.root, "scores", f"{evaluator.name}-{corpus}.npz")
+    if os.path.isfile(path):
+        with np.load(path, allow_pickle=False) as data:
+            bounds = np.concatenate([[0], np.cumsum(data["lengths"])])
+            return [
+                EvaluatorScores(
+                    data["input_ids"][a:b], data["offsets"][a:b], data["lp_long"][a:b], data["lp_short"][a:b]
+                )
+                for a, b in zip(bounds[:-1], bounds[1:])
+            ]
+    if model is None:
+        model, tokenizer = load_plain(evaluator.folder, run.device)
+    settings = KeyTokenSettings(*evaluator.window)
+    scores = score_with_evaluator(
+        model, tokenizer, texts, settings, max_tokens_per_batch=run.sizes.max_tokens_per_batch, progress=False
+    )
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npz"
+    np.savez(
+        tmp,
+        lengths=np.array([len(s.input_ids) for s in scores]),
+        input_ids=np.concatenate([s.input_ids for s in scores]),
+        offsets=np.concatenate([s.offsets for s in scores]),
+        lp_long=np.concatenate([s.lp_long for s in scores]),
+        lp_short=np.concatenate([s.lp_short for s in scores]),
+    )
+    os.replace(tmp, path)
+    return scores
+
+
+def alphas(run: Run) -> dict[str, float]:
+    """Each calibrated evaluator's alpha; a ValueError naming the phase when Gemma's is missing."""
+    found = {row["evaluator"]: row["alpha"] for row in run.records("calibration").rows()}
+    if "gemma" not in found:
+        raise ValueError("No calibration of the Gemma evaluator in the run's records: run the 'calibrate' phase first.")
+    return found
+
+
+# ------------------------------------------------------------------ prepare
+
+
+def _build_set(job: tuple) -> str:
+    """One task set, in a worker process: ``(run fields, tokenizer name, folder, kind, length)``."""
+    fields, tokenizer_name, folder, kind, length = job
+    from transformers import AutoTokenizer
+
+    run = Run(**fields)
+    _cases(run, tokenizer_name, AutoTokenizer.from_pretrained(folder), kind, length)
+    return f"{tokenizer_name}/{kind}-{length}"
+
+
+def prepare(run: Run, workers: int | None = None) -> None:
+    """The documents and every task set of both tokenizers, written once (CPU only; the task sets
+    side by side in ``workers`` processes, default one per CPU core). The later phases read them."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = []
+    for evaluator in evaluators(run):
+        natural_corpora(run, evaluator)
+        for name, kind, length in tasks.task_sets(run.sizes.lengths, run.sizes.cases, 0):
+            if not os.path.isfile(os.path.join(run.root, "tasks", evaluator.name, f"{name}.jsonl")):
+                fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.name != "log_lines"}
+                jobs.append((fields, evaluator.name, evaluator.folder, kind, length))
+    if not jobs:
+        run.log("prepare: every task set kept")
+        return
+    count = min(len(jobs), workers or os.cpu_count() or 1)
+    if count == 1:
+        done = [_build_set(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(count) as pool:
+            done = list(pool.map(_build_set, jobs))
+    run.log(f"prepare: {len(done)} task sets written ({', '.join(done)})")
+
+
+# ------------------------------------------------------------------ calibrate
+
+
+def calibrate(run: Run) -> None:
+    """Alpha per evaluator, by the null-document rule, before any member is scored."""
+    from longppl.core.scoring import score_with_evaluator
+    from longppl.settings import KeyTokenSettings
+
+    from ..calibration import calibrate_alpha
+    from ..corpus_chunks import body_chunks, null_documents
+    from ..stages import books_of_rows
+
+    records, budget = run.records("calibration"), Budget(run.budget_seconds)
+    for _, evaluator in pending(run, "calibrate", records, budget, ((e.name, e) for e in evaluators(run))):
+        started = time.monotonic()
+        model, tokenizer = load_plain(evaluator.folder, run.device)
+        trunc_len, stride = evaluator.window
+        ids = book_ids(run, tokenizer)
+        length = 2 * trunc_len  # the compared positions, the last K, have the whole kept tail as short context
+        real = body_chunks(ids, length, run.sizes.calibration_documents, per_book_cap=4, seed=1)
+        null = null_documents(real, ids, trunc_len, 1, books_of_rows(real, ids))
+        settings = KeyTokenSettings(trunc_len, stride)
+        found = {}
+        for name, docs in (("real", real), ("null", null)):
+            texts = tokenizer.batch_decode(docs.tolist())
+            scores = score_with_evaluator(
+                model, tokenizer, texts, settings, max_tokens_per_batch=run.sizes.max_tokens_per_batch, progress=False
+            )
+            lsd = np.concatenate([(s.lp_long - s.lp_short)[len(s.lp_long) - trunc_len :] for s in scores])
+            lcl = np.concatenate([s.lp_long[len(s.lp_long) - trunc_len :] for s in scores])
+            found[name] = (lsd, lcl)
+        result = calibrate_alpha(
+            *found["real"],
+            *found["null"],
+            grid=run.sizes.grid,
+            beta=run.sizes.beta,
+            max_null_ratio=run.sizes.max_null_ratio,
+        )
+        records.append(
+            evaluator.name,
+            {
+                "evaluator": evaluator.name,
+                **result,
+                "window": list(evaluator.window),
+                "documents": len(real),
+                "length": length,
+                "seconds": time.monotonic() - started,
+            },
+        )
+        run.log(f"calibrate: {evaluator.name} alpha {result['alpha']}")
+
+
+# ------------------------------------------------------------------ LongPPL of a model
+
+
+def longppl_under(
+    run: Run, evaluator: Evaluator, alpha: float, corpus: str, texts, model, tokenizer, context: int | None = None
+) -> dict:
+    """LongPPL and PPL (pooled over documents) of ``model`` on ``texts`` under ``evaluator``'s key
+    tokens at ``alpha`` (the calibrated one) and the plan's beta, with per-document sums. With
+    ``context``, every token of the model is predicted from at most that many tokens
+    (``members.context_limited_log_probs``)."""
+    import torch
+
+    from longppl.core.scoring import (
+        ModelScores,
+        document_results,
+        score_with_model,
+        summarize_results,
+        text_key_weights,
+    )
+
+    scores = evaluator_scores(run, evaluator, corpus, texts)
+    model_scores = score_with_model(model, tokenizer, texts, run.sizes.max_tokens_per_batch, progress=False)
+    if context is not None:
+        limited = population.context_limited_log_probs(
+            model, [torch.from_numpy(m.input_ids) for m in model_scores], context, run.sizes.max_tokens_per_batch
+        )
+        model_scores = [ModelScores(m.input_ids, m.offsets, lp.numpy()) for m, lp in zip(model_scores, limited)]
+    weights = text_key_weights(texts, scores, model_scores, alpha, run.sizes.beta)
+    per_document = document_results(model_scores, weights)
+    summary = summarize_results(per_document, "pooled")
+    return {
+        "longppl": summary["longppl"],
+        "ppl": summary["ppl"],
+        "key_tokens": int(sum(r.n_key_tokens for r in per_document)),
+        "tokens": int(sum(r.n_predicted for r in per_document)),
+        "documents": {"key_nll": [r.key_nll for r in per_document], "nll": [r.nll for r in per_document]},
+    }
+
+
+def natural_corpora(run: Run, evaluator: Evaluator) -> dict[str, list[str]]:
+    """The natural documents ``evaluator`` scores: books at its length (and GovReport for Gemma)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(evaluator.folder)
+    found = {
+        f"books-{evaluator.name}": corpus_texts(
+            run, f"books-{evaluator.name}", tokenizer, evaluator.length, run.sizes.documents
+        )
+    }
+    if evaluator.name == "gemma":
+        found["govreport-gemma"] = corpus_texts(run, "govreport-gemma", tokenizer, run.sizes.govreport_length, 8)
+    return found
+
+
+# ------------------------------------------------------------------ instrument
+
+
+def instrument(run: Run) -> None:
+    """The checks of the instrument, before any correlation: key-token shares on natural text and on
+    answer tokens, and the windowed Gemma members' LongPPL for the order by window."""
+    from longppl.rules.key_tokens import key_token_mask
+    from longppl.settings import KeyTokenRule, WindowSettings
+
+    from ..answer_tokens import answer_token_scores
+
+    alpha = alphas(run)
+    records, budget = run.records("instrument"), Budget(run.budget_seconds)
+    done = records.keys()
+    for evaluator in evaluators(run):
+        if evaluator.name not in alpha:
+            run.log(f"instrument: {evaluator.name} not calibrated yet; skipped")
+            continue
+        rule = KeyTokenRule(alpha[evaluator.name], run.sizes.beta)
+        for corpus, texts in natural_corpora(run, evaluator).items():
+            key = f"key-share/{corpus}"
+            if key in done or budget.spent():
+                continue
+            scores = evaluator_scores(run, evaluator, corpus, texts)
+            masks = [key_token_mask(s.lp_long, s.lp_short, rule) for s in scores]
+            scored = [int((~np.isnan(s.lp_short)).sum()) for s in scores]
+            records.append(
+                key,
+                {
+                    "check": "key-share",
+                    "evaluator": evaluator.name,
+                    "corpus": corpus,
+                    "alpha": rule.alpha,
+                    "key_tokens": [int(m.sum()) for m in masks],
+                    "scored_tokens": scored,
+                    "share": sum(int(m.sum()) for m in masks) / max(1, sum(scored)),
+                },
+            )
+            run.log(f"instrument: {key} share {records.rows()[-1]['share']:.5f}")
+        model = tokenizer = None
+        for length in run.sizes.lengths:
+            key = f"answer-share/{evaluator.name}/{length}"
+            if key in done or budget.spent() or length > evaluator.context:
+                continue
+            if model is None:
+                model, tokenizer = load_plain(evaluator.folder, run.device)
+            cases = _cases(run, evaluator.name, tokenizer, "lines-beyond", length)
+            found = answer_token_scores(model, tokenizer, cases, window=WindowSettings(*evaluator.window))
+            key_mask = (found["lsd"] > rule.alpha) & (found["lcl"] > rule.beta)
+            answer = found["is_answer"]
+            records.append(
+                key,
+                {
+                    "check": "answer-share",
+                    "evaluator": evaluator.name,
+                    "length": length,
+                    "alpha": rule.alpha,
+                    "answer_tokens": int(answer.sum()),
+                    "answer_tokens_key": int((answer & key_mask).sum()),
+                    "other_tokens": int((~answer).sum()),
+                    "other_tokens_key": int((~answer & key_mask).sum()),
+                    "share_of_answer_tokens_key": float((answer & key_mask).sum() / max(1, answer.sum())),
+                },
+            )
+            run.log(f"instrument: {key} {records.rows()[-1]['share_of_answer_tokens_key']:.3f} of answer tokens key")
+    gemma = evaluators(run)[0]
+    texts = natural_corpora(run, gemma)[f"books-{gemma.name}"]
+    ordered = ((f"window-order/{m.name}", m) for m in order_members())
+    for key, spec in pending(run, "instrument", records, budget, ordered):
+        model = population.load_member(spec, gemma.folder, run.device, member_dtype(run.device))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gemma.folder)
+        found = longppl_under(
+            run, gemma, alpha["gemma"], f"books-{gemma.name}", texts, model, tokenizer, context=spec.context
+        )
+        limit = spec.window if spec.kind == "window" else spec.context
+        records.append(key, {"check": "window-order", "member": spec.name, "kind": spec.kind, "window": limit, **found})
+        run.log(f"instrument: {key} LongPPL {found['longppl']:.4f} PPL {found['ppl']:.4f}")
+
+
+def order_members() -> list[population.MemberSpec]:
+    """The windowed Gemma members with RoPE as trained, widest window first."""
+    chosen = [m for m in population.population() if m.base == population.GEMMA and m.method is None]
+    return sorted(chosen, key=lambda m: -(m.window or m.context))
+
+
+def window_order(run: Run) -> dict:
+    """Per kind of limit (``window``: attention; ``context``: every prediction), Spearman's rho of
+    the limit and LongPPL (and PPL) over the window-order rows; the released model (the 32k
+    attention member) joins both series. The plan expects it negative: a wider window, a lower
+    LongPPL."""
+    from ..statistics import correlation
+
+    rows = [r for r in run.records("instrument").rows() if r["check"] == "window-order"]
+    found = {}
+    for kind in ("window", "context"):
+        chosen = [r for r in rows if r["kind"] == kind or (r["kind"] == "window" and r["window"] >= population.FULL)]
+        if len(chosen) < 3:
+            found[kind] = {"members": len(chosen), "skipped": "fewer than 3 members scored"}
+            continue
+        windows = [r["window"] for r in chosen]
+        found[kind] = {
+            "members": len(chosen),
+            "spearman_longppl": correlation(windows, [r["longppl"] for r in chosen], "spearman"),
+            "spearman_ppl": correlation(windows, [r["ppl"] for r in chosen], "spearman"),
+            "by_window": sorted(((r["window"], r["longppl"], r["ppl"]) for r in chosen), reverse=True),
+        }
+    return found
+
+
+# ------------------------------------------------------------------ finetune
+
+LEARNING_RATE, WARMUP, FLOOR = 3e-5, 10, 0.1  # the plan's fine-tuning: AdamW, cosine to 10%, no decay
+
+
+def trained_folder(run: Run, spec) -> str:
+    return os.path.join(run.root, "members", spec.name)
+
+
+def training_books(run: Run, tokenizer) -> list[np.ndarray]:
+    from ..books import read_books
+
+    path = os.path.join(run.books, "train.jsonl.gz")
+    if not os.path.isfile(path):
+        raise ValueError(f"No training books at {path}: pass --books, the folder with train.jsonl.gz.")
+    return [np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in read_books(path)]
+
+
+def finetune_one(run: Run, spec, folder: str) -> dict:
+    """Fine-tune ``spec`` (a SmolLM2 member with steps) from the base in ``folder``: CE on distinct
+    book chunks of its length, one a step, in the order of its seed; saved to
+    ``<run>/members/<name>`` (written beside, then renamed). Returns the training record."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..corpus_chunks import body_chunks
+    from ..family import learning_rate
+
+    length = run.sizes.finetune_length or spec.length
+    steps = min(spec.steps, run.sizes.finetune_max_steps or spec.steps)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    chunks = body_chunks(training_books(run, tokenizer), length, steps, per_book_cap=8, seed=spec.seed)
+    config, attention = population.member_config(spec, folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config, attn_implementation=attention).to(run.device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    cuda = run.device.startswith("cuda")
+    losses, started = [], time.monotonic()
+    for step, row in enumerate(chunks):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, steps, LEARNING_RATE, WARMUP, FLOOR)
+        ids = torch.as_tensor(row[None], device=run.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    target = trained_folder(run, spec)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    record = {"member": spec.name, "steps": steps, "length": length, "losses": losses}
+    record["seconds"] = time.monotonic() - started
+    _write_json(os.path.join(tmp, "training.json"), record)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(tmp, target)
+    return record
+
+
+def finetune(run: Run) -> None:
+    """The fine-tuned SmolLM2 members that are neither scored (``members.jsonl``) nor in this run
+    folder yet, one unit each; every training appends its record (steps, length, losses) to
+    ``finetune.jsonl``. A member's folder (hundreds of MB) stays on the machine that trained it: one
+    trained in an earlier session whose machine is gone, and not scored there, is trained again."""
+    records, budget = run.records("finetune"), Budget(run.budget_seconds)
+    scored = run.records("members").keys()
+    folder = evaluators(run)[1].folder
+    for spec in _chosen_members(run):
+        if not spec.needs_training or spec.name in scored or os.path.isdir(trained_folder(run, spec)):
+            continue
+        if budget.spent():
+            run.log("finetune: budget spent; call again")
+            return
+        record = finetune_one(run, spec, folder)
+        records.append(spec.name, record)
+        run.log(f"finetune: {spec.name} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+
+
+def _chosen_members(run: Run) -> list:
+    chosen = [m for m in population.population() if run.members is None or m.name in run.members]
+    unknown = set(run.members or ()) - {m.name for m in chosen}
+    if unknown:
+        raise ValueError(
+            f"Unknown members {sorted(unknown)}; the population's names are like gemma-w4k, smollm2-yarn4-s0."
+        )
+    return chosen
+
+
+# ------------------------------------------------------------------ score
+
+
+def _cases(run: Run, tokenizer_name: str, tokenizer, kind: str, length: int) -> list:
+    name = f"{kind}-{length}"
+    folder = os.path.join(run.root, "tasks", tokenizer_name)
+
+    def build():
+        ids = book_ids(run, tokenizer)
+        return tasks.build_task_set(kind, tokenizer, length, run.sizes.cases, run.sizes.beyond, ids, seed=length)
+
+    return tasks.task_cases(folder, name, kind, build)
+
+
+def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: int | None = None) -> dict:
+    """Per task set of ``tokenizer_name``'s documents, ``{"accuracy", "per_case"}`` of ``model``
+    (per case: right or wrong, or the recalled share), and for the generated sets the greedy
+    ``outputs`` (which the plan's format exclusion reads). Lines prompts end with the answer's
+    opening (``tasks.with_answer_opening``). With ``context``, every prompt is cut so that no
+    prediction reads more than ``context`` tokens."""
+    from ..lines import lines_accuracy
+    from ..needle import needle_accuracy
+    from ..passage_recall import passage_recall_accuracy
+
+    s = run.sizes
+    found = {}
+    for name, kind, length in tasks.task_sets(s.lengths, s.cases, 0):
+        cases = _cases(run, tokenizer_name, tokenizer, kind, length)
+        if kind.startswith("lines"):
+            cases = [tasks.with_answer_opening(c) for c in cases]
+        if context is not None and kind == "recall":
+            cases = [population.truncated_recall_case(c, context) for c in cases]
+        elif context is not None:
+            cases = [population.truncated_case(c, tokenizer, context - s.max_new_tokens - 2) for c in cases]
+        if kind == "recall":
+            result = passage_recall_accuracy(model, cases, s.batch_size)
+            found[name] = {"accuracy": result["accuracy"], "per_case": result["per_case"]}
+            continue
+        score = needle_accuracy if kind == "needle" else lines_accuracy
+        result = score(model, tokenizer, cases, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size)
+        found[name] = {"accuracy": result["accuracy"], "per_case": result["is_correct"], "outputs": result["outputs"]}
+    return found
+
+
+def score(run: Run) -> None:
+    """One row per member: LongPPL and PPL under each calibrated evaluator on its natural documents,
+    and accuracy on every task set (the member's own tokenizer's documents)."""
+    from transformers import AutoTokenizer
+
+    alpha = alphas(run)
+    records, budget = run.records("members"), Budget(run.budget_seconds)
+    done = records.keys()
+    chosen = _chosen_members(run)
+    evaluator_list = evaluators(run)
+    folders = {population.GEMMA: evaluator_list[0].folder, population.SMOLLM2: evaluator_list[1].folder}
+    trained = {m.name for m in chosen if m.needs_training and os.path.isdir(trained_folder(run, m))}
+    for spec in chosen:
+        if spec.needs_training and spec.name not in done and spec.name not in trained:
+            run.log(f"score: {spec.name} is not fine-tuned yet (the 'finetune' phase); skipped")
+    ready = ((m.name, m) for m in chosen if not m.needs_training or m.name in trained)
+    for _, spec in pending(run, "score", records, budget, ready):
+        started = time.monotonic()
+        folder = folders[spec.base]
+        loaded = spec
+        if spec.name in trained:  # its folder's config holds the extension already
+            folder, loaded = trained_folder(run, spec), dataclasses.replace(spec, kind="trained")
+        model = population.load_member(loaded, folder, run.device, member_dtype(run.device))
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        row = {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec), "longppl": {}}
+        for evaluator in evaluator_list:
+            if evaluator.name not in alpha:
+                continue
+            for corpus, texts in natural_corpora(run, evaluator).items():
+                row["longppl"][corpus] = longppl_under(
+                    run, evaluator, alpha[evaluator.name], corpus, texts, model, tokenizer, context=spec.context
+                )
+        tokenizer_name = "gemma" if spec.base == population.GEMMA else "smollm2"
+        row["tasks"] = task_accuracies(run, tokenizer_name, model, tokenizer, context=spec.context)
+        row["seconds"] = time.monotonic() - started
+        records.append(spec.name, row)
+        first = next(iter(row["longppl"].values()))
+        run.log(f"score: {spec.name} LongPPL {first['longppl']:.4f} in {row['seconds']:.0f} s")
+        del model
+        if run.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()

@@ -1,0 +1,258 @@
+"""The real-models study's members and phases, on tiny random models built here: a windowed Gemma
+reads no further than its window (per layer, and through depth), a context-limited member reads at
+most its context, RoPE scaling touches only the full layers, and the phases resume without
+duplicating a row."""
+
+import gzip
+import json
+import os
+import shutil
+import types
+
+import pytest
+import torch
+from helpers import byte_level_bpe, govreport_texts, tiny_model
+from longppl_reproduce.real_models import members, phases
+from longppl_reproduce.real_models.cli import main
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+
+def tiny_gemma(layer_types, sliding_window=4, seed=0, vocab_size=64, max_positions=512):
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=sliding_window,
+        layer_types=list(layer_types),
+        max_position_embeddings=max_positions,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
+    return Gemma3ForCausalLM(config).eval()
+
+
+def twin(model):
+    other = Gemma3ForCausalLM(model.config.__class__.from_dict(model.config.to_dict())).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def test_one_full_layer_limited_to_w_is_the_model_on_the_last_w_tokens():
+    plain = tiny_gemma(["full_attention"])
+    windowed = members.limit_full_attention(twin(plain), 6)
+    ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        limited = windowed(ids).logits[0]
+        full = plain(ids).logits[0]
+        for t in range(24):
+            first = max(0, t - 5)
+            reference = plain(ids[:, first : t + 1], position_ids=torch.arange(first, t + 1)[None]).logits[0, -1]
+            torch.testing.assert_close(limited[t], reference, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(limited[20], full[20], atol=1e-4)  # the plain model reads further
+
+
+def test_a_windowed_stack_reads_no_token_beyond_its_reach():
+    """Four layers (sliding 4, full limited to 5): position t depends on no token before t - 14
+    (the sum of the layers' windows less one each), while the plain model's full layers read them."""
+    plain = tiny_gemma(["sliding_attention", "full_attention"] * 2)
+    windowed = members.limit_full_attention(twin(plain), 5)
+    reach = 2 * (4 - 1) + 2 * (5 - 1)
+    ids = torch.randint(3, 64, (1, 40), generator=torch.Generator().manual_seed(2))
+    changed = ids.clone()
+    changed[0, : 39 - reach] = (changed[0, : 39 - reach] + 7) % 61 + 3
+    with torch.no_grad():
+        torch.testing.assert_close(windowed(ids).logits[0, 39], windowed(changed).logits[0, 39], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(plain(ids).logits[0, 39], plain(changed).logits[0, 39], atol=1e-4)
+        # and the token just within reach does matter to the windowed model
+        near = ids.clone()
+        near[0, 39 - reach] = (near[0, 39 - reach] + 7) % 61 + 3
+        assert not torch.allclose(windowed(ids).logits[0, 39], windowed(near).logits[0, 39], atol=1e-6)
+
+
+def test_a_windowed_member_generates_as_its_full_forward_predicts():
+    """Greedy generation (with its key-value cache) takes the windowed masks too."""
+    windowed = members.limit_full_attention(tiny_gemma(["sliding_attention", "full_attention"]), 5)
+    ids = torch.randint(3, 64, (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        generated = windowed.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, 30:]
+        expected, current = [], ids
+        for _ in range(6):
+            token = windowed(current).logits[0, -1].argmax()
+            expected.append(int(token))
+            current = torch.cat([current, token.view(1, 1)], dim=1)
+    assert generated.tolist() == expected
+
+
+def test_limits_refuse_what_they_cannot_apply():
+    with pytest.raises(ValueError, match="needs a Gemma 3 text model"):
+        members.limit_full_attention(tiny_model("llama", 64), 8)
+    with pytest.raises(ValueError, match="window must be"):
+        members.limit_full_attention(tiny_gemma(["full_attention"]), 0)
+    with pytest.raises(ValueError, match="'linear' or 'yarn'"):
+        members.gemma_rope_scaled(tiny_gemma(["full_attention"]).config, "ntk", 2.0)
+
+
+def test_gemma_rope_scaling_touches_only_the_full_layers():
+    config = tiny_gemma(["sliding_attention", "full_attention"]).config
+    before = Gemma3RotaryEmbedding(config)
+    members.gemma_rope_scaled(config, "linear", 4.0)
+    after = Gemma3RotaryEmbedding(config)
+    torch.testing.assert_close(after.sliding_attention_inv_freq, before.sliding_attention_inv_freq)
+    torch.testing.assert_close(after.full_attention_inv_freq, before.full_attention_inv_freq / 4.0)
+    assert config.max_position_embeddings == 2048
+
+
+def test_context_limited_log_probs_read_at_most_the_context():
+    model = tiny_model("llama", 64, seed=4)
+    ids = torch.randint(3, 64, (50,), generator=torch.Generator().manual_seed(4))
+    context = 12
+    (found,) = members.context_limited_log_probs(model, [ids], context)
+    trunc_len, stride = context - context // 4, context // 4
+    with torch.no_grad():
+        for i in range(1, 50):
+            start = 0 if i < trunc_len else (i - trunc_len) // stride * stride
+            assert i - start <= context
+            lp = torch.log_softmax(model(ids[start : i + 1][None]).logits[0, -2].double(), -1)[ids[i]]
+            assert float(found[i]) == pytest.approx(float(lp), abs=1e-4)
+
+
+def test_lines_prompts_end_with_the_answers_opening():
+    from longppl_reproduce.lines import generate_lines_cases
+    from longppl_reproduce.real_models import tasks
+
+    (case,) = generate_lines_cases(3, 1, seed=0)
+    opened = tasks.with_answer_opening(case)
+    assert opened.prompt == case.prompt + " " + f"The <REGISTER_CONTENT> in line {case.target_line} is <"
+    assert opened.expected_number == case.expected_number
+
+
+def test_the_population_has_the_planned_size():
+    found = members.population()
+    assert len(found) == 54 and len({m.cluster for m in found}) == 12
+    assert len({m.name for m in found}) == 54
+    gemma_windows = {m.window for m in found if m.kind == "window"}
+    assert gemma_windows == set(members.WINDOWS)
+
+
+def test_records_drop_a_line_cut_short_and_keep_whole_rows(tmp_path):
+    path = tmp_path / "records" / "x.jsonl"
+    records = phases.Records(str(path))
+    records.append("a", {"value": 1})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"key": "b", "val')  # a kill in the middle of a row
+    records = phases.Records(str(path))
+    assert [r["key"] for r in records.rows()] == ["a"]
+    records.append("b", {"value": 2})
+    assert records.keys() == {"a", "b"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Two tiny evaluators in model folders (a Gemma 3 and a Llama under a byte-level BPE) and
+    held-out books."""
+    root = tmp_path_factory.mktemp("real")
+    tokenizer = byte_level_bpe()
+    folders = {}
+    for name, model in (
+        ("gemma", tiny_gemma(["sliding_attention", "full_attention"], 16, 5, len(tokenizer), 1024)),
+        ("smollm2", tiny_model("llama", len(tokenizer), seed=6, max_positions=1024)),
+    ):
+        folders[name] = str(root / name)
+        model.save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    books = root / "books"
+    books.mkdir()
+    for name in ("validation", "train"):
+        with gzip.open(books / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for text in govreport_texts():
+                f.write(json.dumps({"text": text}) + "\n")
+    return types.SimpleNamespace(root=root, folders=folders, books=str(books))
+
+
+def _call(tiny_run, stage, *extra):
+    return main(
+        [
+            stage,
+            "--run",
+            str(tiny_run.root / "run"),
+            "--books",
+            tiny_run.books,
+            "--gemma",
+            tiny_run.folders["gemma"],
+            "--smollm2",
+            tiny_run.folders["smollm2"],
+            "--device",
+            "cpu",
+            "--small",
+            *extra,
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
+    run = tiny_run.root / "run" / "records"
+    assert _call(tiny_run, "score") == 2
+    assert "run the 'calibrate' phase first" in capsys.readouterr().err
+    assert _call(tiny_run, "calibrate") == 0
+    calibration = [json.loads(line) for line in open(run / "calibration.jsonl")]
+    assert [r["evaluator"] for r in calibration] == ["gemma", "smollm2"]
+    assert _call(tiny_run, "calibrate") == 0
+    assert len(open(run / "calibration.jsonl").readlines()) == 2
+
+    assert _call(tiny_run, "prepare", "--workers", "2") == 0
+    sets = sorted(os.listdir(tiny_run.root / "run" / "tasks" / "gemma"))
+    assert len(sets) == 8 and sets[0] == "lines-beyond-448.jsonl"
+    assert _call(tiny_run, "prepare") == 0
+    assert "every task set kept" in capsys.readouterr().out
+    assert _call(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k") == 0
+    rows = [json.loads(line) for line in open(run / "members.jsonl")]
+    assert [r["member"] for r in rows] == ["gemma-c1k", "gemma-w32k"]  # in the population's order
+    assert set(rows[0]["tasks"]) == {
+        f"{kind}-{length}" for kind in ("lines-beyond", "lines-within", "needle", "recall") for length in (448, 640)
+    }
+    assert set(rows[0]["longppl"]) == {"books-gemma", "govreport-gemma", "books-smollm2"}
+    lines = rows[0]["tasks"]["lines-beyond-448"]
+    assert len(lines["outputs"]) == len(lines["per_case"]) == 2
+    assert lines["accuracy"] == sum(lines["per_case"]) / 2
+    assert _call(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k,smollm2-yarn2-s0,smollm2-yarn2-s50") == 0
+    rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
+    assert rows == ["gemma-c1k", "gemma-w32k", "smollm2-yarn2-s0"]  # s50 waits for the fine-tuning phase
+    assert "smollm2-yarn2-s50 is not fine-tuned yet" in capsys.readouterr().out
+    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    trained = tiny_run.root / "run" / "members" / "smollm2-yarn2-s50"
+    record = json.loads((trained / "training.json").read_text())
+    assert (record["steps"], record["length"], len(record["losses"])) == (2, 256, 2)
+    config = json.loads((trained / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn"  # the extension travels with the member
+    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert len(open(run / "finetune.jsonl").readlines()) == 1
+    assert _call(tiny_run, "score", "--members", "smollm2-yarn2-s50") == 0
+    rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
+    assert rows[-1] == "smollm2-yarn2-s50" and len(rows) == 4
+    shutil.rmtree(trained)  # a fresh machine: the member's folder is gone, its score row kept
+    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert len(open(run / "finetune.jsonl").readlines()) == 1  # scored: not trained again
+    assert _call(tiny_run, "score", "--members", "gemma-w99k") == 2
+    assert "Unknown members" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_instrument_writes_its_checks_once(tiny_run):
+    run = tiny_run.root / "run" / "records"
+    if not os.path.isfile(run / "calibration.jsonl"):
+        assert _call(tiny_run, "calibrate") == 0
+    assert _call(tiny_run, "instrument") == 0
+    rows = [json.loads(line) for line in open(run / "instrument.jsonl")]
+    checks = {r["check"] for r in rows}
+    assert checks == {"key-share", "answer-share", "window-order"}
+    assert len([r for r in rows if r["check"] == "window-order"]) == 11  # 6 attention limits, 5 context limits
+    assert _call(tiny_run, "instrument") == 0
+    assert len(open(run / "instrument.jsonl").readlines()) == len(rows)
