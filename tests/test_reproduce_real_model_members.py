@@ -124,7 +124,7 @@ def test_context_limited_log_probs_read_at_most_the_context():
 
 
 def test_lines_prompts_end_with_the_answers_opening():
-    from longppl_reproduce.lines import generate_lines_cases
+    from longppl_reproduce.common.lines import generate_lines_cases
     from longppl_reproduce.real_models import tasks
 
     (case,) = generate_lines_cases(3, 1, seed=0)

@@ -13,7 +13,8 @@ Laid out by experiment, the arrows running down (tests/test_package_boundaries.p
   intervals, Williams' t, partial correlation, a random-intercept model), the run folder
   (``run_folder``), ``books`` (reading the corpus), ``corpus_chunks`` (book chunks and null
   documents), ``calibration`` (alpha against the null), the config pieces (``config``) and
-  ``report_text``. It imports no experiment.
+  ``report_text``, and ``claim_statistics`` (the statistics and decision rule of the LongPPL claim,
+  shared by the population and the real models). It imports no experiment.
 - ``population/``: LongPPL against long-context ability over a population of context extensions of
   one base model (``longppl-reproduce``): ``pipeline`` (its stage table and command line),
   ``models`` (members trained, evaluated, exported), ``analysis`` and ``report`` (the second plan),
@@ -22,6 +23,11 @@ Laid out by experiment, the arrows running down (tests/test_package_boundaries.p
   ``pipeline`` (its stage table and command line), ``config``, ``start``, ``training`` (extend,
   cache, finetune), ``evaluation`` (evaluate, rerun), ``report`` and ``settings_report`` (the
   "LongCE beyond one setting" plan).
+- ``real_models/``: the claims on real pretrained models (Gemma 3 270M, SmolLM2-135M):
+  ``cli`` (its stage table), ``members`` (window-limited, context-limited and RoPE-scaled Gemma,
+  PI/NTK/YaRN SmolLM2), ``tasks`` (the task documents with the real tokenizers), ``phases`` (the
+  resumable device phases), ``analysis`` (its plan's analysis); ``records`` (the earlier studies'
+  published tables as records, and their rebuilt report).
 
 Experiments never import each other; a new one is a folder of its own over ``common/``. ``commands``
 lists their ``longppl`` subcommands. The first attempt's pipelines (a family of small models trained

@@ -6,7 +6,7 @@ real models — analysis plan"), from the phases' records alone (``<run>/records
   books and the member's own PPL on the Gemma evaluator's books.
 - Exclusion by format only: more than half of a member's lines outputs (beyond and within K, all
   lengths) hold no five-digit number.
-- Statistics (``third_attempt.correlations``: Spearman and Pearson with cluster bootstraps, the
+- Statistics (``claim_statistics.correlations``: Spearman and Pearson with cluster bootstraps, the
   paired difference, Williams' t), the partial Spearman given the covariate, overall and within
   the levels (families, SmolLM2 step levels).
 - The instrument checks (``instrument.jsonl``) and the decision rule with the plan's extra
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..run_folder import finite
+from ..common.run_folder import finite
 
 _ANSWER_SHAPE = re.compile(r"(?<!\d)\d{5}(?!\d)")
 PARTS = ("lines_beyond", "needle", "recall")
@@ -79,7 +79,7 @@ def _ranks(values) -> np.ndarray:
 def partial_spearman(rows: list[dict], measure: str, rules) -> dict:
     """Spearman's partial correlation of ``measure`` with the composite given the within-K lines
     accuracy (Pearson's partial correlation of the ranks), with the cluster bootstrap."""
-    from .. import statistics
+    from ..common import statistics
 
     usable = [r for r in rows if all(finite(r.get(k)) for k in (measure, "composite", "lines_within"))]
     if len(usable) < 5 or len({r["cluster"] for r in usable}) < 2:
@@ -91,7 +91,7 @@ def partial_spearman(rows: list[dict], measure: str, rules) -> dict:
 def instrument_checks(instrument: list[dict], rules) -> dict:
     """The plan's checks from ``instrument.jsonl``: Gemma's key tokens over its books, and the order
     of the context-limited series by window (``phases.window_order``'s statistic)."""
-    from ..statistics import correlation
+    from ..common.statistics import correlation
 
     shares = {r["corpus"]: r for r in instrument if r["check"] == "key-share"}
     gemma = shares.get("books-gemma")
@@ -124,30 +124,30 @@ def analyse(records: list[dict], instrument: list[dict], rules=PLAN_RULES) -> di
         ``{"rows", "excluded", "composite", "statistics": {level: {measure: correlations}},
         "partial", "instrument", "decision", "decision_by_level"}``.
     """
-    from .. import third_attempt
+    from ..common import claim_statistics
 
     rows = member_rows(records)
     for r in rows:
         share = r["no_answer_shape_share"]
         r["excluded"] = finite(share) and share > rules.max_no_number_share
     analysed = [r for r in rows if not r["excluded"]]
-    composite = third_attempt.add_composite(analysed, PARTS)
+    composite = claim_statistics.add_composite(analysed, PARTS)
     levels = {"all": analysed}
     levels["gemma"] = [r for r in analysed if r["base"] == "gemma-3-270m"]
     levels["smollm2"] = [r for r in analysed if r["base"] != "gemma-3-270m"]
     for steps in sorted({r["steps"] for r in levels["smollm2"]}):
         levels[f"smollm2, {steps} steps"] = [r for r in levels["smollm2"] if r["steps"] == steps]
     statistics = {
-        level: {m: third_attempt.correlations(chosen, m, "composite", rules) for m in MEASURES}
+        level: {m: claim_statistics.correlations(chosen, m, "composite", rules) for m in MEASURES}
         for level, chosen in levels.items()
     }
     checks = instrument_checks(instrument, rules)
     partial = partial_spearman(analysed, "longppl", rules)
     decision = decide(statistics["all"], partial, checks, rules)
     by_level = {
-        level: third_attempt.decide({"gemma": found["longppl"], "smollm2": found["longppl:smollm2"]}, "gemma", rules)[
-            "outcome"
-        ]
+        level: claim_statistics.decide(
+            {"gemma": found["longppl"], "smollm2": found["longppl:smollm2"]}, "gemma", rules
+        )["outcome"]
         for level, found in statistics.items()
         if level != "all"
     }
@@ -164,13 +164,13 @@ def analyse(records: list[dict], instrument: list[dict], rules=PLAN_RULES) -> di
 
 
 def decide(overall: dict, partial: dict, checks: dict, rules) -> dict:
-    """The plan's rule: ``third_attempt.decide`` (Gemma primary, SmolLM2 the second evaluator) with
+    """The plan's rule: ``claim_statistics.decide`` (Gemma primary, SmolLM2 the second evaluator) with
     the plan's additions: positive also needs the partial Spearman's upper bound below 0 and LongPPL
     ordering the context-limited series; inconclusive below 40 members or 10 clusters, or without
     the key tokens the plan asks."""
-    from .. import third_attempt
+    from ..common import claim_statistics
 
-    found = third_attempt.decide(
+    found = claim_statistics.decide(
         {"gemma": overall["longppl"], "smollm2": overall["longppl:smollm2"]}, "gemma", rules, rules.min_members
     )
     conditions, reasons = list(found["conditions"]), list(found["reasons"])
@@ -210,7 +210,7 @@ def decide(overall: dict, partial: dict, checks: dict, rules) -> dict:
 
 
 def _interval(found: dict | None) -> str:
-    from ..report_text import fmt
+    from ..common.report_text import fmt
 
     if not found or "value" not in found:
         return "n/a"
@@ -220,7 +220,7 @@ def _interval(found: dict | None) -> str:
 def format_report(found: dict) -> str:
     """``report.md`` of the study: the instrument checks first, then the decision and the statistics
     per level, then every member."""
-    from ..report_text import fmt
+    from ..common.report_text import fmt
 
     checks = found["instrument"]
     out = ["# LongPPL on real models", "", "## The instrument (before the correlation)", ""]

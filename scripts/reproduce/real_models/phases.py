@@ -250,7 +250,7 @@ def evaluators(run: Run) -> list[Evaluator]:
 
 
 def held_out_books(run: Run) -> list[str]:
-    from ..books import read_books
+    from ..common.books import read_books
 
     path = os.path.join(run.books, "validation.jsonl.gz")
     if not os.path.isfile(path):
@@ -276,7 +276,7 @@ def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: 
     """``count`` natural documents of ``length`` tokens of ``tokenizer`` (``books``: held-out book
     bodies; ``govreport``: the repository's CRS reports that reach ``length``), as text, written once
     to ``<run>/documents/<name>.json``."""
-    from ..corpus_chunks import body_chunks
+    from ..common.corpus_chunks import body_chunks
 
     path = os.path.join(run.root, "documents", f"{name}.json")
     if os.path.isfile(path):
@@ -388,9 +388,9 @@ def calibrate(run: Run) -> None:
     from longppl.core.scoring import score_with_evaluator
     from longppl.settings import KeyTokenSettings
 
-    from ..calibration import calibrate_alpha
-    from ..corpus_chunks import body_chunks, null_documents
-    from ..stages import books_of_rows
+    from ..common.calibration import calibrate_alpha
+    from ..common.corpus_chunks import body_chunks, null_documents
+    from ..common.stages import books_of_rows
 
     records, budget = run.records("calibration"), Budget(run.budget_seconds)
     for _, evaluator in pending(run, "calibrate", records, budget, ((e.name, e) for e in evaluators(run))):
@@ -495,7 +495,7 @@ def instrument(run: Run) -> None:
     from longppl.rules.key_tokens import key_token_mask
     from longppl.settings import KeyTokenRule, WindowSettings
 
-    from ..answer_tokens import answer_token_scores
+    from ..common.answer_tokens import answer_token_scores
 
     alpha = alphas(run)
     records, budget = run.records("instrument"), Budget(run.budget_seconds)
@@ -578,7 +578,7 @@ def window_order(run: Run) -> dict:
     the limit and LongPPL (and PPL) over the window-order rows; the released model (the 32k
     attention member) joins both series. The plan expects it negative: a wider window, a lower
     LongPPL."""
-    from ..statistics import correlation
+    from ..common.statistics import correlation
 
     rows = [r for r in run.records("instrument").rows() if r["check"] == "window-order"]
     found = {}
@@ -607,7 +607,7 @@ def trained_folder(run: Run, spec) -> str:
 
 
 def training_books(run: Run, tokenizer) -> list[np.ndarray]:
-    from ..books import read_books
+    from ..common.books import read_books
 
     path = os.path.join(run.books, "train.jsonl.gz")
     if not os.path.isfile(path):
@@ -622,8 +622,8 @@ def finetune_one(run: Run, spec, folder: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..corpus_chunks import body_chunks
-    from ..family import learning_rate
+    from ..common.corpus_chunks import body_chunks
+    from ..common.family import learning_rate
 
     length = run.sizes.finetune_length or spec.length
     steps = min(spec.steps, run.sizes.finetune_max_steps or spec.steps)
@@ -707,9 +707,9 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
     ``outputs`` (which the plan's format exclusion reads). Lines prompts end with the answer's
     opening (``tasks.with_answer_opening``). With ``context``, every prompt is cut so that no
     prediction reads more than ``context`` tokens."""
-    from ..lines import lines_accuracy
-    from ..needle import needle_accuracy
-    from ..passage_recall import passage_recall_accuracy
+    from ..common.lines import lines_accuracy
+    from ..common.needle import needle_accuracy
+    from ..common.passage_recall import passage_recall_accuracy
 
     s = run.sizes
     found = {}

@@ -549,7 +549,7 @@ def fixed_effects_from_intervals(differences: list[dict], name: str, outcome: st
     ``half-width * sqrt(seeds) / t(seeds - 1)``, their pooled variance has ``S * (seeds - 1)``
     degrees of freedom, and the mean's standard error is ``sqrt(s2 * S / seeds) / S``, as
     ``statistics.fixed_effects_mean`` computes it from the pairs. Exact up to the page's rounding."""
-    from .. import statistics
+    from ..common import statistics
 
     rows = [r for r in differences if r["difference"] == name and r["outcome"] == outcome]
     t_setting = statistics.student_t_quantile(0.975, seeds - 1)
@@ -566,11 +566,11 @@ def fixed_effects_from_intervals(differences: list[dict], name: str, outcome: st
 def third_statistics(members: list[dict], resamples: int = 10000, seed: int = 0) -> dict:
     """The third attempt's correlations rebuilt from the member records: the analysed members (no
     exclusion), the composite recomputed from lines, needle and two-hop (each standardised over them),
-    and ``third_attempt.correlations`` per evaluator, overall and within each step level, with the
+    and ``claim_statistics.correlations`` per evaluator, overall and within each step level, with the
     plan's cluster bootstrap over configurations."""
     from types import SimpleNamespace
 
-    from .. import third_attempt
+    from ..common import claim_statistics
 
     rows = []
     for m in members:
@@ -589,7 +589,7 @@ def third_statistics(members: list[dict], resamples: int = 10000, seed: int = 0)
                 **{f"longppl:{e}": _f(m[f"longppl_{e}"]) for e in ("E1", "E1b", "E2")},
             }
         )
-    composite = third_attempt.add_composite(rows, ("primary_accuracy", "needle", "two_hop"))
+    composite = claim_statistics.add_composite(rows, ("primary_accuracy", "needle", "two_hop"))
     analysis = SimpleNamespace(bootstrap={"resamples": resamples, "seed": seed, "level": 0.95})
     found = {"composite": composite, "rows": rows, "by_evaluator": {}}
     for evaluator in ("E1", "E1b", "E2"):
@@ -597,7 +597,7 @@ def third_statistics(members: list[dict], resamples: int = 10000, seed: int = 0)
         levels = {"all analysed": rows}
         levels.update({f"{s} steps": [r for r in rows if r["steps"] == s] for s in sorted({r["steps"] for r in rows})})
         found["by_evaluator"][evaluator] = {
-            level: third_attempt.correlations(chosen, measure, "composite", analysis)
+            level: claim_statistics.correlations(chosen, measure, "composite", analysis)
             for level, chosen in levels.items()
         }
     return found

@@ -21,9 +21,9 @@ import os
 
 import numpy as np
 
-from .. import lines as lines_task
-from .. import needle as needle_task
-from .. import passage_recall
+from ..common import lines as lines_task
+from ..common import needle as needle_task
+from ..common import passage_recall
 
 
 def lines_cases_within(tokenizer, length: int, count: int, within: int, seed: int) -> list:
@@ -35,7 +35,7 @@ def lines_cases_within(tokenizer, length: int, count: int, within: int, seed: in
     Raises:
         ValueError: ``length`` too short for a one-line prompt.
     """
-    from ..lines import (
+    from ..common.lines import (
         MAX_LINES,
         QUESTION_TEMPLATE,
         _case,
