@@ -197,20 +197,16 @@ def base_folder(name: str, argument: str) -> str:
     return check_model_source(name, argument)
 
 
-def _prepare_device(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        # TF32 matmuls: key tokens as float32's (docs/benchmarks.md) at about 0.6x its time
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-
 def load_plain(folder: str, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _prepare_device(device)
+    from longppl.models.precision import to_precision
+
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").to(device).eval()
+    if device.startswith("cuda"):
+        # evaluator_precision="tf32": float32's key tokens (docs/benchmarks.md) at about 0.55x its time,
+        # for the scoring passes only
+        model = to_precision(model, "tf32")
     return model, AutoTokenizer.from_pretrained(folder)
 
 
