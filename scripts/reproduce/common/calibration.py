@@ -62,6 +62,7 @@ def calibrate_alpha(
     if chosen is None:
         raise ValueError(
             f"No alpha of grid {alphas} keeps null key tokens within max_null_ratio={max_null_ratio} of the real "
-            "ones (with some real key tokens); extend the grid or allow a larger ratio."
+            "ones (with some real key tokens); extend the grid or allow a larger ratio. Null / real key tokens by "
+            "alpha: " + ", ".join(f"{row['alpha']:g}: {row['null']}/{row['real']}" for row in table) + "."
         )
     return {"alpha": chosen, "beta": beta, "max_null_ratio": max_null_ratio, "table": table}
