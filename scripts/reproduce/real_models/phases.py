@@ -52,7 +52,8 @@ class Sizes:
     max_tokens_per_batch: int
     finetune_length: int | None = None  # None: each member's own extended length
     finetune_max_steps: int | None = None  # None: each member's own steps
-    grid: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+    # the plan's grid, extended under its "Deviations" before any member was scored
+    grid: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
     beta: float = -2.0
     max_null_ratio: float = 0.10
 
