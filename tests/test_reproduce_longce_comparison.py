@@ -124,7 +124,7 @@ def test_ce_wallclock_runs_for_self_s_measured_wall_time(smoke):
         ratio = self_["step_seconds"]["median"] / ce["step_seconds"]["median"]
         assert wallclock["self_ce_step_ratio"] == pytest.approx(ratio)
         assert wallclock["steps"] == max(1, round(ce["steps"] * ratio))
-        assert wallclock["settings"]["longce_plain_ce"] is True and self_["settings"]["longce_plain_ce"] is False
+        assert wallclock["settings"]["longce_weights"] == "none" and self_["settings"]["longce_weights"] == "self"
 
 
 @pytest.mark.slow

@@ -501,7 +501,7 @@ def instrument(run: Run) -> None:
         if evaluator.name not in alpha:
             run.log(f"instrument: {evaluator.name} not calibrated yet; skipped")
             continue
-        rule = KeyTokenRule(alpha[evaluator.name], run.sizes.beta)
+        rule = KeyTokenRule.of({"alpha": alpha[evaluator.name], "beta": run.sizes.beta})  # the calibrated alpha
         for corpus, texts in natural_corpora(run, evaluator).items():
             key = f"key-share/{corpus}"
             if key in done or budget.spent():
