@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -592,6 +592,37 @@ def fitted_lines_document(
     return ids
 
 
+def longest_record(tokenizer, length: int, rng) -> tuple[list[str], list[str], int, Callable[[int, int], str]]:
+    """A record drawn with ``rng`` and how much of it a prompt of ``length`` tokens holds:
+    ``(lines, numbers, n, prompt)``, where ``prompt(k, target)`` is the first ``k`` lines with the
+    question about line ``target`` and ``n`` the most lines whose prompt fits (special tokens
+    included; found by bisection).
+
+    Raises:
+        ValueError: ``length`` too short for a one-line prompt (naming both sizes).
+    """
+    lines, numbers = draw_record(rng, MAX_LINES)
+
+    def prompt(n: int, target: int) -> str:
+        return _record(lines[:n], numbers[:n]) + QUESTION_TEMPLATE.format(line=lines[target])
+
+    def fits(n: int) -> bool:
+        return len(_tokens(tokenizer, prompt(n, 0))) <= length
+
+    if not fits(1):
+        raise ValueError(
+            f"length={length} tokens is shorter than a one-line prompt ({len(_tokens(tokenizer, prompt(1, 0)))} "
+            "tokens with this tokenizer); ask for more tokens."
+        )
+    low, high = 1, MAX_LINES
+    if fits(high):
+        low = high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return lines, numbers, low, prompt
+
+
 def lines_cases_beyond(tokenizer, length: int, count: int, beyond: int, seed: int) -> list[LinesCase]:
     """``count`` cases whose prompt (special tokens included) takes at most ``length`` tokens, with
     as many lines as fit, and whose asked line's number lies more than ``beyond`` tokens before the
@@ -609,25 +640,7 @@ def lines_cases_beyond(tokenizer, length: int, count: int, beyond: int, seed: in
     rng = np.random.default_rng(seed)
     cases = []
     for _ in range(count):
-        lines, numbers = draw_record(rng, MAX_LINES)
-
-        def prompt(n: int, target: int) -> str:
-            return _record(lines[:n], numbers[:n]) + QUESTION_TEMPLATE.format(line=lines[target])
-
-        def fits(n: int) -> bool:
-            return len(_tokens(tokenizer, prompt(n, 0))) <= length
-
-        if not fits(1):
-            raise ValueError(
-                f"length={length} tokens is shorter than a one-line prompt ({len(_tokens(tokenizer, prompt(1, 0)))} "
-                "tokens with this tokenizer); ask for more tokens."
-            )
-        low, high = 1, MAX_LINES
-        if fits(high):
-            low = high
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(middle) else (low, middle)
+        lines, numbers, low, prompt = longest_record(tokenizer, length, rng)
         case = None
         for n in range(low, 0, -1):
             ends = _number_end_chars(lines[:n], numbers[:n])

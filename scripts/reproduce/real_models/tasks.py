@@ -35,36 +35,12 @@ def lines_cases_within(tokenizer, length: int, count: int, within: int, seed: in
     Raises:
         ValueError: ``length`` too short for a one-line prompt.
     """
-    from ..common.lines import (
-        MAX_LINES,
-        QUESTION_TEMPLATE,
-        _case,
-        _number_end_chars,
-        _record,
-        _tokens,
-        draw_record,
-        token_holding,
-    )
+    from ..common.lines import _case, _number_end_chars, longest_record, token_holding
 
     rng = np.random.default_rng(seed)
     cases = []
     for _ in range(count):
-        record_lines, numbers = draw_record(rng, MAX_LINES)
-
-        def prompt(n: int, target: int) -> str:
-            return _record(record_lines[:n], numbers[:n]) + QUESTION_TEMPLATE.format(line=record_lines[target])
-
-        def fits(n: int) -> bool:
-            return len(_tokens(tokenizer, prompt(n, 0))) <= length
-
-        if not fits(1):
-            raise ValueError(f"length={length} tokens is shorter than a one-line prompt; ask for more tokens.")
-        low, high = 1, MAX_LINES
-        if fits(high):
-            low = high
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(middle) else (low, middle)
+        record_lines, numbers, low, prompt = longest_record(tokenizer, length, rng)
         ends = _number_end_chars(record_lines[:low], numbers[:low])
         # the last lines are the ones within reach; try them from the end
         for target in range(low - 1, -1, -1):
