@@ -5,6 +5,7 @@ one-off scoring in its compute."""
 
 import gzip
 import json
+import shutil
 import types
 
 import numpy as np
@@ -144,6 +145,14 @@ def test_longce_phases_run_end_to_end_and_resume_without_duplicating_rows(tiny_s
     assert trained["s2/ce-fresh-s0"]["steps"] == max(2, round(start[1]["r"] * 2))
     assert [trained[f"s2/{a}-s0"]["longce_weights"] for a in ("ce", "self", "frozen")] == ["none", "self", "cache"]
 
+    # a fresh machine: the records came back, the models and weights did not
+    shutil.rmtree(tiny_study.root / "run" / "longce_models")
+    (tiny_study.root / "run" / "longce_weights" / "s2.npz").unlink()
+    assert _call(tiny_study, "longce-start") == 0 and _call(tiny_study, "longce-weights") == 0
+    assert _call(tiny_study, "longce-train", "--arms", "ce,frozen") == 0
+    assert "s2/frozen-s0 trained again" in capsys.readouterr().out
+    assert len(_rows(tiny_study, "longce_start")) == 2 and len(_rows(tiny_study, "longce_weights")) == 1
+    assert len(_rows(tiny_study, "longce_train")) == 5
     for _ in range(2):
         assert _call(tiny_study, "longce-evaluate", "--arms", "ce,frozen") == 0
     rows = _rows(tiny_study, "longce_evaluate")
@@ -156,5 +165,7 @@ def test_longce_phases_run_end_to_end_and_resume_without_duplicating_rows(tiny_s
         "lines-within-512",
     }
     assert rows[1]["books"]["ppl"] > 0 and "longppl" in rows[1]["books"]
+    assert _call(tiny_study, "longce-train", "--arms", "ce,frozen") == 0  # evaluated: not trained again
+    assert "trained again" not in capsys.readouterr().out
     assert _call(tiny_study, "longce-train", "--arms", "sideways") == 2
     assert "Unknown arms" in capsys.readouterr().err

@@ -308,13 +308,20 @@ def build_starts(run: Run, choice: Choice) -> None:
 
     sizes, records, budget = choice.sizes, run.records("longce_start"), Budget(run.budget_seconds)
     base = phases.base_folder(run.smollm2, "--smollm2")
+
+    def build(start: Start) -> None:  # deterministic: a fresh machine builds it again, keeping the record
+        if not os.path.isdir(start_folder(run, start)):
+            config, attention = population.member_config(start_spec(start), base)
+            model = AutoModelForCausalLM.from_pretrained(base, config=config, attn_implementation=attention)
+            _save(model, AutoTokenizer.from_pretrained(base), start_folder(run, start))
+
+    for start in choice.starts:
+        if start.name in records.keys():
+            build(start)
     for _, start in pending(run, "longce-start", records, budget, ((s.name, s) for s in choice.starts)):
         started = time.monotonic()
         folder = start_folder(run, start)
-        if not os.path.isdir(folder):
-            config, attention = population.member_config(start_spec(start), base)
-            model = AutoModelForCausalLM.from_pretrained(base, config=config, attn_implementation=attention)
-            _save(model, AutoTokenizer.from_pretrained(base), folder)
+        build(start)
         model, tokenizer = load_model(folder, run.device, phases.member_dtype(run.device))
         gate_set = (f"lines-within-{sizes.trained_length}", "lines-within", sizes.trained_length, sizes.window[0])
         gate = accuracies(run, sizes, model, tokenizer, [gate_set])[gate_set[0]]["accuracy"]
@@ -378,16 +385,30 @@ def frozen_weights(model, rows: np.ndarray, window: tuple[int, int], gamma: floa
     return np.stack(weights).astype(np.float32), np.stack(scored)
 
 
+def _scoring_model(run: Run, start: Start):
+    model, tokenizer = load_model(start_folder(run, start), run.device)
+    if run.device.startswith("cuda"):
+        from longppl.models.precision import to_precision
+
+        model = to_precision(model, "tf32")  # float32's weights at TF32 matmuls, as the evaluators
+    return model, tokenizer
+
+
 def score_weights(run: Run, choice: Choice) -> None:
     """Per start, the start model's weights of its pool's training sequences, once; their seconds recorded."""
     sizes, records, budget = choice.sizes, run.records("longce_weights"), Budget(run.budget_seconds)
+    done = records.keys()
+    for start in choice.starts:
+        if start.name in done and not os.path.isfile(weights_path(run, start)) and not budget.spent():
+            # a fresh machine: the same weights again; the record (and the cost counted) stays the first
+            _start_row(run, start)
+            model, tokenizer = _scoring_model(run, start)
+            main, _ = pool(run, sizes, start, tokenizer)
+            _write_weights(weights_path(run, start), *frozen_weights(model, main, sizes.window, sizes.gamma), main)
+            run.log(f"longce-weights: {start.name} scored again on this machine (its first record kept)")
     for _, start in pending(run, "longce-weights", records, budget, ((s.name, s) for s in choice.starts)):
         _start_row(run, start)
-        model, tokenizer = load_model(start_folder(run, start), run.device)
-        if run.device.startswith("cuda"):
-            from longppl.models.precision import to_precision
-
-            model = to_precision(model, "tf32")  # float32's weights at TF32 matmuls, as the evaluators
+        model, tokenizer = _scoring_model(run, start)
         main, _ = pool(run, sizes, start, tokenizer)
         if run.device.startswith("cuda"):
             import torch
@@ -398,11 +419,7 @@ def score_weights(run: Run, choice: Choice) -> None:
         if run.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.monotonic() - started
-        path = weights_path(run, start)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}.npz"
-        np.savez(tmp, weights=weights, scored=scored, input_ids=main)
-        os.replace(tmp, path)
+        _write_weights(weights_path(run, start), weights, scored, main)
         records.append(
             start.name,
             {
@@ -415,6 +432,13 @@ def score_weights(run: Run, choice: Choice) -> None:
             },
         )
         run.log(f"longce-weights: {start.name} {main.shape[0]} sequences scored in {seconds:.1f} s")
+
+
+def _write_weights(path: str, weights: np.ndarray, scored: np.ndarray, main: np.ndarray) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}.npz"
+    np.savez(tmp, weights=weights, scored=scored, input_ids=main)
+    os.replace(tmp, path)
 
 
 def arm_weights(run: Run, start: Start, arm: str, seed: int, main: np.ndarray) -> np.ndarray:
@@ -583,19 +607,30 @@ def train(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, steps
 
 
 def train_arms(run: Run, choice: Choice) -> None:
-    """One unit per start x arm x seed (seed outermost, so that a call finishes seeds whole)."""
+    """One unit per start x arm x seed (seed outermost, so that a call finishes seeds whole). A unit
+    with a record whose checkpoints are neither on this machine (a fresh one: ``outputs/`` stays on
+    the machine that trained them) nor all evaluated is trained again; its first record is kept."""
     records, budget = run.records("longce_train"), Budget(run.budget_seconds)
-    units = (
-        (f"{start.name}/{arm}-s{seed}", (start, arm, seed))
-        for seed in choice.seeds
-        for start in choice.starts
-        for arm in choice.arms
-    )
-    for key, (start, arm, seed) in pending(run, "longce-train", records, budget, units):
-        _start_row(run, start)
-        record = train(run, choice.sizes, start, arm, seed)
-        records.append(key, record)
-        run.log(f"longce-train: {key} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+    done, evaluated = records.keys(), run.records("longce_evaluate").keys()
+    for seed in choice.seeds:
+        for start in choice.starts:
+            for arm in choice.arms:
+                key = f"{start.name}/{arm}-s{seed}"
+                folder = unit_folder(run, start, arm, seed)
+                points = [c for c in choice.sizes.checkpoints if f"{key}/{c}" not in evaluated]
+                if key in done and all(os.path.isdir(os.path.join(folder, f"point-{c}")) for c in points):
+                    run.log(f"longce-train: {key} kept")
+                    continue
+                if budget.spent():
+                    run.log("longce-train: budget spent; call again")
+                    return
+                _start_row(run, start)
+                record = train(run, choice.sizes, start, arm, seed)
+                if key in done:
+                    run.log(f"longce-train: {key} trained again for its evaluation (its first record kept)")
+                    continue
+                records.append(key, record)
+                run.log(f"longce-train: {key} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
 
 
 # ------------------------------------------------------------------ longce-evaluate
