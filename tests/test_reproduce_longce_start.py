@@ -10,9 +10,10 @@ import types
 
 import numpy as np
 import pytest
+import torch
 from helpers import byte_level_bpe, govreport_texts, tiny_model
 from longppl_reproduce.real_models.cli import main
-from longppl_reproduce.real_models.longce_start import shuffled_weights
+from longppl_reproduce.real_models.longce_start import frozen_weights, shuffled_weights
 
 
 def _documents():
@@ -57,6 +58,29 @@ def test_shuffled_weights_keep_positions_an_explicit_mask_calls_unscored():
     np.testing.assert_array_equal(np.sort(after[3:]), np.sort(row[3:]))
     with pytest.raises(ValueError, match="one flag per weight"):
         shuffled_weights([row], 0, [scored[:4]])
+
+
+def test_frozen_weights_are_the_models_own_capped_long_short_ratio():
+    """Against a plain reference: token i >= K + d is predicted short from the window start
+    s = ((i - K) // d) * d, its weight min(exp(lp_long - lp_short), gamma); earlier tokens weigh 1."""
+    model = tiny_model("llama", 64, seed=2).eval()
+    rows = np.random.default_rng(0).integers(3, 64, size=(2, 40))
+    k, d, gamma = 8, 4, 1.5
+    weights, scored = frozen_weights(model, rows, (k, d), gamma)
+    assert weights.shape == scored.shape == (2, 40)
+    with torch.no_grad():
+        for row, got, flags in zip(rows, weights, scored):
+            ids = torch.as_tensor(row[None])
+            long = model(ids).logits[0].log_softmax(-1)
+            for i in range(40):
+                if i < k + d:
+                    assert not flags[i] and got[i] == 1.0
+                    continue
+                s = ((i - k) // d) * d
+                short = model(ids[:, s:i]).logits[0, -1].log_softmax(-1)[row[i]]
+                expected = min(float(torch.exp(long[i - 1, row[i]] - short)), gamma)
+                assert flags[i] and got[i] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert (weights[scored] != 1.0).any()
 
 
 @pytest.fixture(scope="module")

@@ -368,7 +368,7 @@ def frozen_weights(model, rows: np.ndarray, window: tuple[int, int], gamma: floa
 
     device = next(model.parameters()).device
     weights, scored = [], []
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
         for row in rows:
             ids = torch.as_tensor(row[None], device=device)
             hidden = model.model(input_ids=ids).last_hidden_state[0]
@@ -386,12 +386,10 @@ def frozen_weights(model, rows: np.ndarray, window: tuple[int, int], gamma: floa
 
 
 def _scoring_model(run: Run, start: Start):
-    model, tokenizer = load_model(start_folder(run, start), run.device)
-    if run.device.startswith("cuda"):
-        from longppl.models.precision import to_precision
-
-        model = to_precision(model, "tf32")  # float32's weights at TF32 matmuls, as the evaluators
-    return model, tokenizer
+    """The start model as the trainer runs it: float32 weights, whose passes ``frozen_weights`` runs
+    under bf16 autocast on a GPU, as ``self``'s weights are scored in training (and the fused
+    attention kernels keep 32k affordable)."""
+    return load_model(start_folder(run, start), run.device)
 
 
 def score_weights(run: Run, choice: Choice) -> None:
