@@ -8,6 +8,8 @@
 - ``calibrate`` / ``instrument`` / ``finetune`` / ``score``: the device phases of the LongPPL study on real models
   (``phases``): each appends one JSON line per finished unit to ``<run>/records/*.jsonl`` and skips
   what is there, and stops starting new units after ``--budget-seconds``.
+- ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate``: the device phases of
+  the LongCE study from a real start (``longce_start``), resumable in the same way.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ def stage_score(args) -> None:
     phases.score(phases.Run.from_args(args))
 
 
+def stage_longce(args) -> None:
+    from . import longce_start, phases
+
+    longce_start.stages()[args.stage](phases.Run.from_args(args), longce_start.Choice.from_args(args))
+
+
 def stage_report_real(args) -> None:
     """The study's analysis from the run's records alone: ``<run>/results.json`` and ``report.md``."""
     import json
@@ -95,6 +103,10 @@ STAGES = {
     "finetune": stage_finetune,
     "score": stage_score,
     "report-real": stage_report_real,
+    "longce-start": stage_longce,
+    "longce-weights": stage_longce,
+    "longce-train": stage_longce,
+    "longce-evaluate": stage_longce,
 }
 
 
@@ -117,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--members", default=None, help="comma-separated member names (default: all)")
     parser.add_argument("--small", action="store_true", help="tiny lengths and counts (a CPU smoke run)")
     parser.add_argument("--workers", type=int, default=None, help="prepare: processes (default: one per core)")
+    parser.add_argument("--starts", default=None, help="longce-*: comma-separated starts (s1, s2; default: both)")
+    parser.add_argument("--arms", default=None, help="longce-train/evaluate: comma-separated arms (default: all five)")
+    parser.add_argument("--seeds", default=None, help="longce-train/evaluate: comma-separated seeds (default: all)")
     return parser
 
 

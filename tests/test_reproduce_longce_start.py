@@ -1,0 +1,195 @@
+"""The LongCE-from-a-real-start phases on tiny random models built here: the shuffled-weights
+control keeps each document's weights and its unscored positions, and the phases start -> weights
+-> train -> evaluate run end to end, resume without duplicating rows, and count the frozen arm's
+one-off scoring in its compute."""
+
+import gzip
+import json
+import shutil
+import types
+
+import numpy as np
+import pytest
+import torch
+from helpers import byte_level_bpe, govreport_texts, tiny_model
+from longppl_reproduce.real_models.cli import main
+from longppl_reproduce.real_models.longce_start import frozen_weights, shuffled_weights
+
+
+def _documents():
+    rng = np.random.default_rng(3)
+    found = []
+    for n in (12, 30, 7):
+        row = rng.uniform(0.2, 5.0, n).astype(np.float32)
+        row[: min(4, n)] = np.nan  # the first positions have no short-context score
+        found.append(row)
+    return found
+
+
+def test_shuffled_weights_keep_each_documents_weights_in_another_order():
+    weights = _documents()
+    shuffled = shuffled_weights(weights, seed=5)
+    assert len(shuffled) == len(weights)
+    moved = 0
+    for before, after in zip(weights, shuffled):
+        assert after.shape == before.shape
+        scored = ~np.isnan(before)
+        assert np.isnan(after[~scored]).all() and not np.isnan(after[scored]).any()  # unscored stay put
+        np.testing.assert_array_equal(np.sort(after[scored]), np.sort(before[scored]))
+        moved += int(not np.array_equal(after[scored], before[scored]))
+    assert moved >= 2  # the long documents are permuted
+
+
+def test_shuffled_weights_are_set_by_the_seed():
+    weights = _documents()
+    first, again, other = (shuffled_weights(weights, s) for s in (1, 1, 2))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, c, equal_nan=True) for a, c in zip(first, other))
+    np.testing.assert_array_equal(weights[1][:4], np.full(4, np.nan))  # the input is not changed in place
+
+
+def test_shuffled_weights_keep_positions_an_explicit_mask_calls_unscored():
+    # the library's cached weights mark no score by the weight min(1, gamma) itself: the mask says which
+    row = np.array([1.0, 1.0, 1.0, 0.5, 4.0, 2.0, 3.0, 1.0], dtype=np.float32)
+    scored = np.array([False, False, False, True, True, True, True, True])
+    (after,) = shuffled_weights([row], 0, [scored])
+    np.testing.assert_array_equal(after[:3], row[:3])
+    np.testing.assert_array_equal(np.sort(after[3:]), np.sort(row[3:]))
+    with pytest.raises(ValueError, match="one flag per weight"):
+        shuffled_weights([row], 0, [scored[:4]])
+
+
+def test_frozen_weights_are_the_models_own_capped_long_short_ratio():
+    """Against a plain reference: token i >= K + d is predicted short from the window start
+    s = ((i - K) // d) * d, its weight min(exp(lp_long - lp_short), gamma); earlier tokens weigh 1."""
+    model = tiny_model("llama", 64, seed=2).eval()
+    rows = np.random.default_rng(0).integers(3, 64, size=(2, 40))
+    k, d, gamma = 8, 4, 1.5
+    weights, scored = frozen_weights(model, rows, (k, d), gamma)
+    assert weights.shape == scored.shape == (2, 40)
+    with torch.no_grad():
+        for row, got, flags in zip(rows, weights, scored):
+            ids = torch.as_tensor(row[None])
+            long = model(ids).logits[0].log_softmax(-1)
+            for i in range(40):
+                if i < k + d:
+                    assert not flags[i] and got[i] == 1.0
+                    continue
+                s = ((i - k) // d) * d
+                short = model(ids[:, s:i]).logits[0, -1].log_softmax(-1)[row[i]]
+                expected = min(float(torch.exp(long[i - 1, row[i]] - short)), gamma)
+                assert flags[i] and got[i] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert (weights[scored] != 1.0).any()
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    """A tiny Gemma-like evaluator (a Llama under the byte-level BPE stands in) and a tiny Llama as
+    SmolLM2, trained to 512 positions; training and held-out books."""
+    root = tmp_path_factory.mktemp("longce-start")
+    tokenizer = byte_level_bpe()
+    folders = {}
+    for name, model in (
+        ("gemma", tiny_model("llama", len(tokenizer), seed=5, max_positions=1024)),
+        ("smollm2", tiny_model("llama", len(tokenizer), seed=6, max_positions=512)),
+    ):
+        folders[name] = str(root / name)
+        model.save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    books = root / "books"
+    books.mkdir()
+    for name in ("validation", "train"):
+        with gzip.open(books / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for text in govreport_texts():
+                f.write(json.dumps({"text": text}) + "\n")
+    records = root / "run" / "records"
+    records.mkdir(parents=True)
+    # the LongPPL study's calibrated alpha of the Gemma evaluator, which the LongPPL outcome reads
+    (records / "calibration.jsonl").write_text(json.dumps({"key": "gemma", "evaluator": "gemma", "alpha": 0.0}) + "\n")
+    return types.SimpleNamespace(root=root, folders=folders, books=str(books), records=records)
+
+
+def _call(study, stage, *extra):
+    return main(
+        [
+            stage,
+            "--run",
+            str(study.root / "run"),
+            "--books",
+            study.books,
+            "--gemma",
+            study.folders["gemma"],
+            "--smollm2",
+            study.folders["smollm2"],
+            "--device",
+            "cpu",
+            "--small",
+            "--starts",
+            "s2",
+            *extra,
+        ]
+    )
+
+
+def _rows(study, name):
+    return [json.loads(line) for line in open(study.records / f"{name}.jsonl")]
+
+
+@pytest.mark.slow
+def test_longce_phases_run_end_to_end_and_resume_without_duplicating_rows(tiny_study, capsys):
+    assert _call(tiny_study, "longce-weights") == 2
+    assert "run the 'longce-start' phase first" in capsys.readouterr().err
+    for _ in range(2):
+        assert _call(tiny_study, "longce-start") == 0
+    start = _rows(tiny_study, "longce_start")
+    assert [r["key"] for r in start] == ["s2", "pilot/s2"]
+    assert start[0]["gate_set"] == "lines-within-512" and start[0]["primary"] in ("lines-beyond", "recall")
+    assert start[1]["r"] > 0
+    config = json.loads((tiny_study.root / "run" / "longce_models" / "s2" / "start" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["max_position_embeddings"] == 1024
+
+    for _ in range(2):
+        assert _call(tiny_study, "longce-weights") == 0
+    (weights,) = _rows(tiny_study, "longce_weights")
+    assert weights["scoring_seconds"] > 0 and weights["sequences"] == 2
+    with np.load(tiny_study.root / "run" / "longce_weights" / "s2.npz") as data:
+        assert data["weights"].shape == (2, 1024) and data["scored"][:, :192].sum() == 0  # K + d unscored
+
+    for _ in range(2):
+        assert _call(tiny_study, "longce-train") == 0
+    trained = {r["key"]: r for r in _rows(tiny_study, "longce_train")}
+    assert sorted(trained) == sorted(f"s2/{arm}-s0" for arm in ("ce", "self", "frozen", "shuffled", "ce-fresh"))
+    assert len(_rows(tiny_study, "longce_train")) == 5
+    for arm in ("frozen", "shuffled"):  # the one-off scoring is counted in these arms' compute
+        row = trained[f"s2/{arm}-s0"]
+        assert row["scoring_seconds"] == weights["scoring_seconds"]
+        assert row["compute_seconds"] == pytest.approx(row["seconds"] + weights["scoring_seconds"])
+    assert trained["s2/ce-s0"]["compute_seconds"] == trained["s2/ce-s0"]["seconds"]
+    assert trained["s2/ce-fresh-s0"]["steps"] == max(2, round(start[1]["r"] * 2))
+    assert [trained[f"s2/{a}-s0"]["longce_weights"] for a in ("ce", "self", "frozen")] == ["none", "self", "cache"]
+
+    # a fresh machine: the records came back, the models and weights did not
+    shutil.rmtree(tiny_study.root / "run" / "longce_models")
+    (tiny_study.root / "run" / "longce_weights" / "s2.npz").unlink()
+    assert _call(tiny_study, "longce-start") == 0 and _call(tiny_study, "longce-weights") == 0
+    assert _call(tiny_study, "longce-train", "--arms", "ce,frozen") == 0
+    assert "s2/frozen-s0 trained again" in capsys.readouterr().out
+    assert len(_rows(tiny_study, "longce_start")) == 2 and len(_rows(tiny_study, "longce_weights")) == 1
+    assert len(_rows(tiny_study, "longce_train")) == 5
+    for _ in range(2):
+        assert _call(tiny_study, "longce-evaluate", "--arms", "ce,frozen") == 0
+    rows = _rows(tiny_study, "longce_evaluate")
+    assert [r["key"] for r in rows] == ["s2/start", "s2/ce-s0/1", "s2/ce-s0/2", "s2/frozen-s0/1", "s2/frozen-s0/2"]
+    assert set(rows[0]["tasks"]) == {
+        "lines-beyond-1024",
+        "needle-1024",
+        "recall-1024",
+        "lines-within-448",
+        "lines-within-512",
+    }
+    assert rows[1]["books"]["ppl"] > 0 and "longppl" in rows[1]["books"]
+    assert _call(tiny_study, "longce-train", "--arms", "ce,frozen") == 0  # evaluated: not trained again
+    assert "trained again" not in capsys.readouterr().out
+    assert _call(tiny_study, "longce-train", "--arms", "sideways") == 2
+    assert "Unknown arms" in capsys.readouterr().err
