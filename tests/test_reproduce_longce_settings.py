@@ -15,7 +15,7 @@ import torch
 from conftest import REPO
 from datasets import Dataset
 from helpers import DATA
-from longppl_reproduce.common import stages
+from longppl_reproduce.common import fine_tuning, stages
 from longppl_reproduce.common.config import read_population
 from longppl_reproduce.common.run_folder import RunFolder, read_texts
 from longppl_reproduce.longce_comparison import config as comparison
@@ -156,7 +156,7 @@ def test_ce_fresh_reads_ce_s_rows_in_order_then_fresh_ones_never_twice(smoke):
         # another seed reads the same rows in another order
         assert sorted(map(tuple, other_rows["input_ids"])) == sorted(map(tuple, ce_rows["input_ids"]))
     # the trainer reads them in that order: its data loader's first batch is the first rows
-    trainer_type = comparison_training.in_order_trainer()
+    trainer_type = fine_tuning.in_order_trainer()
     sampler = trainer_type._get_train_sampler(type("T", (), {"train_dataset": fresh_rows})())
     assert list(sampler) == list(range(len(fresh_rows)))
 

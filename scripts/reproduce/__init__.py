@@ -12,9 +12,10 @@ Laid out by experiment, the arrows running down (tests/test_package_boundaries.p
   through a gate, context extension, key-token caches, calibration), ``statistics`` (bootstrap
   intervals, Williams' t, partial correlation, a random-intercept model), the run folder
   (``run_folder``), ``books`` (reading the corpus), ``corpus_chunks`` (book chunks and null
-  documents), ``calibration`` (alpha against the null), the config pieces (``config``) and
-  ``report_text``, and ``claim_statistics`` (the statistics and decision rule of the LongPPL claim,
-  shared by the population and the real models). It imports no experiment.
+  documents), ``calibration`` (alpha against the null), the config pieces (``config``),
+  ``report_text``, ``fine_tuning`` (the in-order LongCE trainer and the step timer) and
+  ``claim_statistics`` (the statistics and decision rule of the LongPPL claim, shared by the
+  population and the real models). It imports no experiment.
 - ``population/``: LongPPL against long-context ability over a population of context extensions of
   one base model (``longppl-reproduce``): ``pipeline`` (its stage table and command line),
   ``models`` (members trained, evaluated, exported), ``analysis`` and ``report`` (the second plan),

@@ -12,6 +12,7 @@ import time
 
 from ..common import stages
 from ..common.config import Population
+from ..common.fine_tuning import in_order_trainer, step_timer
 from ..common.run_folder import RunFolder, read_texts
 from .config import (
     METHODS,
@@ -372,27 +373,13 @@ def arm_void(config: Comparison, curve: list[dict]) -> dict:
     }
 
 
-def in_order_trainer():
-    """``LongCETrainer`` reading its dataset in order (the order is the dataset's, set by the seed)."""
-    from torch.utils.data import SequentialSampler
-
-    from longce import LongCETrainer
-
-    class InOrder(LongCETrainer):
-        def _get_train_sampler(self, *args, **kwargs):  # the signature differs across transformers versions
-            dataset = args[0] if args and args[0] is not None else kwargs.get("train_dataset") or self.train_dataset
-            return SequentialSampler(dataset)
-
-    return InOrder
-
-
 def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> None:
     """One run with ``LongCETrainer`` from the extended B: accuracy points at ``eval_steps`` (and the
     last step), the time of every step; saved with its record to ``models/finetuned/<arm>/``."""
     import shutil
 
     import torch
-    from transformers import DataCollatorWithFlattening, TrainerCallback
+    from transformers import DataCollatorWithFlattening
 
     from longce import LongCEConfig, LongCETrainer
     from longppl.atomic_files import replace_directory_atomically
@@ -454,25 +441,14 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
         **METHODS[arm.method],
     )
 
-    class Measure(TrainerCallback):
-        """Times each optimizer step (synchronised on the GPU); the accuracy points fall outside the timing."""
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if on_gpu:
-                torch.cuda.synchronize()
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if on_gpu:
-                torch.cuda.synchronize()
-            step_seconds.append(time.perf_counter() - self.started)
-            if state.global_step in points:
-                curve.append(accuracy_point(model, tokenizer, cases, pop, state.global_step))
-                point = curve[-1]
-                run.log(
-                    f"  [{arm.name}] step {state.global_step}/{steps}: at the start length "
-                    f"{point.get('acc512', point.get('acc_start')):.3f}, primary {point['mean']:.3f}"
-                )
+    def accuracy_at(state, model):
+        if state.global_step in points:
+            curve.append(accuracy_point(model, tokenizer, cases, pop, state.global_step))
+            point = curve[-1]
+            run.log(
+                f"  [{arm.name}] step {state.global_step}/{steps}: at the start length "
+                f"{point.get('acc512', point.get('acc_start')):.3f}, primary {point['mean']:.3f}"
+            )
 
     torch.manual_seed(arm.seed)
     trainer = (LongCETrainer if setting is None else in_order_trainer())(
@@ -481,7 +457,7 @@ def finetune(config: Comparison, pop: Population, run: RunFolder, arm: Arm) -> N
         train_dataset=dataset,
         data_collator=DataCollatorWithFlattening(),
         processing_class=tokenizer,
-        callbacks=[Measure()],
+        callbacks=[step_timer(step_seconds, on_gpu, accuracy_at)],
     )
     run.log(f"finetune: {arm.name} ({steps} steps x {sequences} sequences, lr {lr:g})")
     start = time.perf_counter()

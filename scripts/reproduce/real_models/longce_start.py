@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 
+from ..common.fine_tuning import in_order_trainer, step_timer
 from . import members as population
 from . import phases, tasks
 from .phases import Budget, Run, pending
@@ -457,20 +458,6 @@ def arm_weights(run: Run, start: Start, arm: str, seed: int, main: np.ndarray) -
 # ------------------------------------------------------------------ longce-train
 
 
-def _in_order_trainer():
-    """``LongCETrainer`` reading its dataset in order (the order is set by the seed)."""
-    from torch.utils.data import SequentialSampler
-
-    from longce import LongCETrainer
-
-    class InOrder(LongCETrainer):
-        def _get_train_sampler(self, *args, **kwargs):  # the signature differs across transformers versions
-            dataset = args[0] if args and args[0] is not None else kwargs.get("train_dataset") or self.train_dataset
-            return SequentialSampler(dataset)
-
-    return InOrder
-
-
 def fresh_steps(sizes: LongCESizes, ratio: float) -> int:
     """``ce-fresh``'s steps, ``round(r x steps)``; a ValueError when the pool's reserve is too small."""
     steps = max(sizes.steps, round(ratio * sizes.steps))
@@ -488,7 +475,7 @@ def train(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, steps
     ``<unit>/point-<c>`` (``ce-fresh``: at ``round(r x c)`` steps)."""
     import torch
     from datasets import Dataset
-    from transformers import DataCollatorWithFlattening, TrainerCallback
+    from transformers import DataCollatorWithFlattening
 
     from longce import LongCEConfig
 
@@ -520,22 +507,11 @@ def train(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, steps
     os.makedirs(scratch, exist_ok=True)
     step_seconds: list[float] = []
 
-    class Measure(TrainerCallback):
-        """Times each optimizer step; saves the model at the plan's checkpoints (outside the timing)."""
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if on_gpu:
-                torch.cuda.synchronize()
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if on_gpu:
-                torch.cuda.synchronize()
-            step_seconds.append(time.perf_counter() - self.started)
-            if state.global_step in points:
-                target = os.path.join(folder, f"point-{points[state.global_step]}")
-                if not os.path.isdir(target):
-                    _save(model, tokenizer, target, {"step": state.global_step, "arm": arm, "seed": seed})
+    def save_point(state, model):
+        if state.global_step in points:
+            target = os.path.join(folder, f"point-{points[state.global_step]}")
+            if not os.path.isdir(target):
+                _save(model, tokenizer, target, {"step": state.global_step, "arm": arm, "seed": seed})
 
     window, gamma = sizes.window, sizes.gamma
     args = LongCEConfig(
@@ -565,13 +541,13 @@ def train(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, steps
         longce_weights=WEIGHTS_OF_ARM[arm],
     )
     torch.manual_seed(seed)
-    trainer = _in_order_trainer()(
+    trainer = in_order_trainer()(
         model=model,
         args=args,
         train_dataset=Dataset.from_dict(columns),
         data_collator=DataCollatorWithFlattening(),
         processing_class=tokenizer,
-        callbacks=[Measure()],
+        callbacks=[step_timer(step_seconds, on_gpu, save_point)],
     )
     resume = not pilot and any(name.startswith("checkpoint-") for name in os.listdir(scratch))
     started = time.perf_counter()
