@@ -34,6 +34,19 @@ def govreport_texts() -> tuple[str, ...]:
         return tuple(json.loads(line)["text"] for line in handle if line.strip())
 
 
+def write_books(folder) -> str:
+    """``folder/validation.jsonl.gz`` and ``train.jsonl.gz``, each holding the CRS reports as books (a
+    books folder as the reproduction reads it); returns ``folder`` as a string."""
+    import gzip
+
+    os.makedirs(folder, exist_ok=True)
+    for name in ("validation", "train"):
+        with gzip.open(os.path.join(folder, f"{name}.jsonl.gz"), "wt", encoding="utf-8") as f:
+            for text in govreport_texts():
+                f.write(json.dumps({"text": text}) + "\n")
+    return str(folder)
+
+
 def _wrap(tok: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
     if add_bos:
         bos = tok.token_to_id("<s>")

@@ -3,7 +3,6 @@ control keeps each document's weights and its unscored positions, and the phases
 -> train -> evaluate run end to end, resume without duplicating rows, and count the frozen arm's
 one-off scoring in its compute."""
 
-import gzip
 import json
 import shutil
 import types
@@ -11,7 +10,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, govreport_texts, tiny_model
+from helpers import byte_level_bpe, tiny_model, write_books
 from longppl_reproduce.real_models.cli import main
 from longppl_reproduce.real_models.longce_start import frozen_weights, shuffled_weights
 
@@ -97,17 +96,12 @@ def tiny_study(tmp_path_factory):
         folders[name] = str(root / name)
         model.save_pretrained(folders[name])
         tokenizer.save_pretrained(folders[name])
-    books = root / "books"
-    books.mkdir()
-    for name in ("validation", "train"):
-        with gzip.open(books / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
-            for text in govreport_texts():
-                f.write(json.dumps({"text": text}) + "\n")
+    books = write_books(root / "books")
     records = root / "run" / "records"
     records.mkdir(parents=True)
     # the LongPPL study's calibrated alpha of the Gemma evaluator, which the LongPPL outcome reads
     (records / "calibration.jsonl").write_text(json.dumps({"key": "gemma", "evaluator": "gemma", "alpha": 0.0}) + "\n")
-    return types.SimpleNamespace(root=root, folders=folders, books=str(books), records=records)
+    return types.SimpleNamespace(root=root, folders=folders, books=books, records=records)
 
 
 def _call(study, stage, *extra):

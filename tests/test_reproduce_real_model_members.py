@@ -3,7 +3,6 @@ reads no further than its window (per layer, and through depth), a context-limit
 most its context, RoPE scaling touches only the full layers, and the phases resume without
 duplicating a row."""
 
-import gzip
 import json
 import os
 import shutil
@@ -11,7 +10,7 @@ import types
 
 import pytest
 import torch
-from helpers import byte_level_bpe, govreport_texts, tiny_model
+from helpers import byte_level_bpe, tiny_model, write_books
 from longppl_reproduce.real_models import members, phases
 from longppl_reproduce.real_models.cli import main
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
@@ -167,13 +166,8 @@ def tiny_run(tmp_path_factory):
         folders[name] = str(root / name)
         model.save_pretrained(folders[name])
         tokenizer.save_pretrained(folders[name])
-    books = root / "books"
-    books.mkdir()
-    for name in ("validation", "train"):
-        with gzip.open(books / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
-            for text in govreport_texts():
-                f.write(json.dumps({"text": text}) + "\n")
-    return types.SimpleNamespace(root=root, folders=folders, books=str(books))
+    books = write_books(root / "books")
+    return types.SimpleNamespace(root=root, folders=folders, books=books)
 
 
 def _call(tiny_run, stage, *extra):
