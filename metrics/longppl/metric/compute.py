@@ -306,7 +306,6 @@ class _Request:
     start_token: bool  # add_start_token=True: the evaluated model's BOS id before each text
     device: str | None
     torch_dtype: object  # a str, a torch.dtype or None (merged from torch_dtype and dtype)
-    evaluator_dtype: object  # torch_dtype, or float32 for a tf32 evaluator
     evaluator_precision: EvaluatorPrecision  # checked once, here, against the device, dtype and torchao
     aggregation: str
     return_key_spans: bool
@@ -314,6 +313,11 @@ class _Request:
     progress: bool
     torch_compile: bool | None  # None: only an fp8 evaluator (settings.evaluator_compiles)
     progress_callback: ProgressCallback | None
+
+    @property
+    def evaluator_dtype(self):
+        """The evaluator's dtype: ``torch_dtype``, or float32 for a tf32 evaluator left unset."""
+        return precision_dtype(self.evaluator_precision, self.torch_dtype)
 
     @classmethod
     def from_options(cls, predictions, options: LongPPLOptions) -> _Request:
@@ -390,7 +394,6 @@ class _Request:
             start_token=start_token,
             device=device,
             torch_dtype=torch_dtype,
-            evaluator_dtype=precision_dtype(precision, torch_dtype),
             evaluator_precision=precision,
             aggregation=o.aggregation,
             return_key_spans=bool(o.return_key_spans),
