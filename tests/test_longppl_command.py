@@ -344,6 +344,26 @@ def interrupted_run(args, wait, env, ready=None):
     return process.returncode, err
 
 
+def test_ctrl_c_inside_an_extensions_run_string_still_ends_with_status_130(tmp_path):
+    # CPython remembers a KeyboardInterrupt that escaped code run by PyRun_String (C extensions run
+    # code so while they import) and, under `python -m`, ends the process by SIGINT (status -2) after
+    # shutting down, whatever sys.exit asked for. Here the interrupt is raised there on purpose.
+    (tmp_path / "interrupted_in_run_string.py").write_text(
+        "import ctypes\n"
+        "from longppl.commandline.interrupts import end_interrupted\n"
+        "run = ctypes.pythonapi.PyRun_String\n"
+        "run.restype, run.argtypes = ctypes.py_object, [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]\n"
+        "try:\n"
+        "    run(b'raise KeyboardInterrupt', 257, {}, {})  # 257: Py_file_input\n"
+        "except KeyboardInterrupt:\n"
+        "    end_interrupted('longppl demo')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_run_string"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert (result.returncode, result.stderr) == (130, "longppl demo: interrupted\n")
+
+
 @pytest.mark.slow  # fresh interpreters or processes: seconds each
 @pytest.mark.parametrize("moment", ["registering the metric", "importing torch", "training"])
 def test_ctrl_c_is_one_line_and_status_130(moment, tmp_path, modules_cache):

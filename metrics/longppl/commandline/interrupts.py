@@ -9,11 +9,41 @@ Standard library only, and light at import: ``import longppl`` imports this modu
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 
 #: The exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
 INTERRUPTED_STATUS = 130
+
+# The status end_interrupted gave, once it has run (None before).
+_ending_status: int | None = None
+
+
+def _keep_the_interrupted_status() -> None:
+    """``atexit`` handler: after a command ended by :func:`end_interrupted`, leave the process with
+    its status before the interpreter's last check can replace it.
+
+    CPython remembers a ``KeyboardInterrupt`` that escaped code run through ``PyRun_String`` (which
+    C extensions use while they import: a Ctrl-C during ``import torch`` can land there), even when
+    the program caught it later; under ``python -m`` it then ends the process by SIGINT itself (status
+    -2) after the interpreter has shut down, whatever ``sys.exit`` asked for. Registered when this
+    module is imported (``import longppl``, before any command's code), so it runs after every other
+    ``atexit`` handler (they run last registered first); it does nothing unless a command was
+    interrupted."""
+    if _ending_status is None:
+        return
+    if "logging" in sys.modules:  # its own atexit handler, registered earlier, would run after this one
+        sys.modules["logging"].shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed or replaced streams: nothing to flush
+            pass
+    os._exit(_ending_status)
+
+
+atexit.register(_keep_the_interrupted_status)
 
 
 def is_project_command() -> tuple[bool, str]:
@@ -83,12 +113,15 @@ def end_interrupted(prog: str) -> None:
     """End a command that Ctrl-C interrupted: one ``<prog>: interrupted`` line on stderr and
     :data:`INTERRUPTED_STATUS`. SIGINT is ignored from here on: Python gives SIGINT back its default
     action (death by the signal, status -2) while it shuts down, and a second Ctrl-C, or one that
-    :func:`_redeliver_interrupt` sends again a moment late, would otherwise replace the status."""
+    :func:`_redeliver_interrupt` sends again a moment late, would otherwise replace the status; the
+    interpreter's own late SIGINT is kept off by :func:`_keep_the_interrupted_status`."""
     import signal
 
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread: signal handlers can only be set there
         pass
+    global _ending_status
+    _ending_status = INTERRUPTED_STATUS  # see _keep_the_interrupted_status
     print(f"{prog}: interrupted", file=sys.stderr, flush=True)
     sys.exit(INTERRUPTED_STATUS)
