@@ -344,6 +344,7 @@ def interrupted_run(args, wait, env, ready=None):
     return process.returncode, err
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_ctrl_c_inside_an_extensions_run_string_still_ends_with_status_130(tmp_path):
     # CPython remembers a KeyboardInterrupt that escaped code run by PyRun_String (C extensions run
     # code so while they import) and, under `python -m`, ends the process by SIGINT (status -2) after
