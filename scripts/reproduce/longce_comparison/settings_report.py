@@ -35,8 +35,6 @@ OUTCOMES = {
 #: The outcomes a void run leaves (the plan: void runs leave the accuracy comparisons); PPL and
 #: LongPPL keep every run.
 ACCURACY_MEASURES = ("primary_accuracy", "recall", "acc_start", "needle", "log_likelihood", "beyond_start")
-#: The summaries per arm: the outcomes and the step time.
-SUMMARY_MEASURES = (*OUTCOMES, "step_seconds")
 #: The plan's paired differences across seeds, ``(arm, baseline)``.
 SETTING_PAIRS = (
     ("self", "ce"),
@@ -61,9 +59,10 @@ def pair_name(arm: str, baseline: str) -> str:
     return f"{arm} - {baseline}"
 
 
-def void_arms(rows: list[dict], seeds: int) -> dict:
+def void_arms(rows: list[dict], seeds: int, arm_rule: bool = True) -> dict:
     """Per arm (method) of one setting: its void runs and whether the arm is void, i.e. void in more
-    than half of the setting's ``seeds`` configured seeds (the plan: more than 2 of 4).
+    than half of the setting's ``seeds`` configured seeds (the plan: more than 2 of 4). Without
+    ``arm_rule`` (a plan with no arm-level void) no arm is void.
 
     Returns ``{method: {"void_seeds": [seed, ...], "void": bool}}`` for the methods in ``rows``."""
     found = {}
@@ -73,16 +72,16 @@ def void_arms(rows: list[dict], seeds: int) -> dict:
             entry["void_seeds"].append(row["seed"])
     for entry in found.values():
         entry["void_seeds"].sort()
-        entry["void"] = len(entry["void_seeds"]) > seeds // 2
+        entry["void"] = arm_rule and len(entry["void_seeds"]) > seeds // 2
     return found
 
 
-def _usable(row: dict | None, measure: str, arm_void: bool) -> bool:
+def _usable(row: dict | None, measure: str, arm_void: bool, accuracy=ACCURACY_MEASURES) -> bool:
     """Whether ``row``'s ``measure`` enters the comparisons: defined, and for an accuracy measure
-    neither the run nor its arm void."""
+    (one of ``accuracy``) neither the run nor its arm void."""
     if row is None or not finite(row.get(measure)):
         return False
-    return not (measure in ACCURACY_MEASURES and (row["void"] or arm_void))
+    return not (measure in accuracy and (row["void"] or arm_void))
 
 
 def _interval(a: list[float], b: list[float], seeds: list[int], level: float) -> dict:
@@ -94,45 +93,65 @@ def _interval(a: list[float], b: list[float], seeds: list[int], level: float) ->
     return {**found, "seeds": seeds, "per_seed": [x - y for x, y in zip(a, b)]}
 
 
-def analyse_setting(rows: list[dict], start: dict | None, methods: list[str], seeds: int, level: float) -> dict:
+def analyse_setting(
+    rows: list[dict],
+    start: dict | None,
+    methods: list[str],
+    seeds: int,
+    level: float,
+    *,
+    pairs=SETTING_PAIRS,
+    outcomes=OUTCOMES,
+    accuracy=ACCURACY_MEASURES,
+    arm_void_rule: bool = True,
+) -> dict:
     """One setting's statistics from its rows.
 
     Args:
         rows: one dict per evaluated run: ``method``, ``seed``, ``void`` (bool) and a value (or
-            ``None``) per measure of :data:`SUMMARY_MEASURES`.
+            ``None``) per measure of ``outcomes`` and ``step_seconds``.
         start: the start model's row (same measures; ``None`` when not evaluated).
         methods: the configured arms, in config order.
         seeds: the number of configured seeds (the void rule's denominator).
         level: the intervals' coverage.
+        pairs: the paired differences ``(arm, baseline)`` (default: this plan's, :data:`SETTING_PAIRS`).
+        outcomes: the outcomes compared (their keys; default :data:`OUTCOMES`).
+        accuracy: the outcomes a void run leaves (default :data:`ACCURACY_MEASURES`).
+        arm_void_rule: whether an arm void in more than half the seeds loses its accuracy
+            comparisons (this plan's rule; a plan without it passes False).
 
     Returns:
         ``{"void": void_arms(...), "summary": {method: {measure: mean, sd, n}}, "differences":
         {"arm - baseline": {outcome: interval}}, "against_start": {"arm - start": {outcome:
         interval}}}``. An interval is :func:`statistics.paired_t_interval`'s dict plus ``seeds`` and
         ``per_seed`` (the differences, in seed order), or ``{"skipped": why}``. Void runs are out of
-        the accuracy measures, and an arm void in more than half the seeds has none of them.
+        the accuracy measures, and (with ``arm_void_rule``) an arm void in more than half the seeds
+        has none of them.
     """
-    void = void_arms(rows, seeds)
+    void = void_arms(rows, seeds, arm_void_rule)
     by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in methods}
     arm_void = {m: void.get(m, {}).get("void", False) for m in methods}
     summary = {
-        m: {k: spread([r[k] for r in by[m].values() if _usable(r, k, arm_void[m])]) for k in SUMMARY_MEASURES}
+        m: {
+            k: spread([r[k] for r in by[m].values() if _usable(r, k, arm_void[m], accuracy)])
+            for k in (*outcomes, "step_seconds")
+        }
         for m in methods
     }
     differences = {}
-    for arm, baseline in SETTING_PAIRS:
+    for arm, baseline in pairs:
         if arm not in by or baseline not in by:
             continue
         entry = {}
-        for measure in OUTCOMES:
+        for measure in outcomes:
             gone = [m for m in (arm, baseline) if arm_void[m]]
-            if measure in ACCURACY_MEASURES and gone:
+            if measure in accuracy and gone:
                 entry[measure] = {"skipped": f"{' and '.join(gone)} void in more than {seeds // 2} of {seeds} seeds"}
                 continue
             both = [
                 s
                 for s in sorted(set(by[arm]) & set(by[baseline]))
-                if _usable(by[arm][s], measure, False) and _usable(by[baseline][s], measure, False)
+                if _usable(by[arm][s], measure, False, accuracy) and _usable(by[baseline][s], measure, False, accuracy)
             ]
             entry[measure] = _interval(
                 [by[arm][s][measure] for s in both], [by[baseline][s][measure] for s in both], both, level
@@ -141,14 +160,14 @@ def analyse_setting(rows: list[dict], start: dict | None, methods: list[str], se
     against_start = {}
     for arm in methods:
         entry = {}
-        for measure in OUTCOMES:
+        for measure in outcomes:
             if start is None or not finite(start.get(measure)):
                 entry[measure] = {"skipped": "no start model value"}
                 continue
-            if measure in ACCURACY_MEASURES and arm_void[arm]:
+            if measure in accuracy and arm_void[arm]:
                 entry[measure] = {"skipped": f"{arm} void in more than {seeds // 2} of {seeds} seeds"}
                 continue
-            kept = sorted(s for s, r in by[arm].items() if _usable(r, measure, False))
+            kept = sorted(s for s, r in by[arm].items() if _usable(r, measure, False, accuracy))
             # one start model per setting: the interval is the arm's spread over seeds about that value
             values = [by[arm][s][measure] for s in kept]
             entry[measure] = _interval(values, [start[measure]] * len(values), kept, level)
@@ -156,11 +175,12 @@ def analyse_setting(rows: list[dict], start: dict | None, methods: list[str], se
     return {"void": void, "summary": summary, "differences": differences, "against_start": against_start}
 
 
-def pool_settings(analysed: dict, level: float) -> dict:
+def pool_settings(analysed: dict, level: float, *, pairs=POOLED_PAIRS, measures=POOLED_MEASURES) -> dict:
     """The plan's pooled statistics over the settings in ``analysed`` (``{setting: analyse_setting(...)}``).
 
-    For each pair of :data:`POOLED_PAIRS` and outcome of :data:`POOLED_MEASURES`, the per-seed paired
-    differences of every setting that has that comparison (``per_seed``), clusters = settings:
+    For each pair of ``pairs`` (default :data:`POOLED_PAIRS`) and outcome of ``measures`` (default
+    :data:`POOLED_MEASURES`), the per-seed paired differences of every setting that has that
+    comparison (``per_seed``), clusters = settings:
 
     - ``random_intercept``: :func:`statistics.random_intercept_mean` (ML fit, GLS standard error,
       t on S - 1 degrees of freedom; needs 2 settings);
@@ -170,10 +190,10 @@ def pool_settings(analysed: dict, level: float) -> dict:
     "fixed_effects"}}}``; a fit that cannot be made is ``{"skipped": why}``.
     """
     pooled = {}
-    for arm, baseline in POOLED_PAIRS:
+    for arm, baseline in pairs:
         name = pair_name(arm, baseline)
         entry = {}
-        for measure in POOLED_MEASURES:
+        for measure in measures:
             values, clusters, used = [], [], []
             for setting, found in analysed.items():
                 per_seed = found["differences"].get(name, {}).get(measure, {}).get("per_seed")
@@ -196,6 +216,14 @@ def pool_settings(analysed: dict, level: float) -> dict:
 def _excludes_zero_positive(interval: dict) -> bool | None:
     """``low > 0``; ``None`` when there is no interval."""
     return interval["low"] > 0 if "low" in interval else None
+
+
+def mirrored(interval: dict) -> dict:
+    """The interval of ``b - a`` from that of ``a - b`` (the same t interval, negated and its ends
+    swapped); a skipped comparison stays as it is."""
+    if "low" not in interval:
+        return interval
+    return {"value": -interval["value"], "low": -interval["high"], "high": -interval["low"]}
 
 
 def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARGIN) -> dict:
@@ -239,16 +267,11 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
         decision = CLAIM_NOT_REPRODUCED
     frozen, compute = {}, {}
     for setting in differences:
-        self_frozen = primary(setting, "self - frozen")
-        mirrored = (
-            {"value": -self_frozen["value"], "low": -self_frozen["high"], "high": -self_frozen["low"]}
-            if "low" in self_frozen
-            else self_frozen
-        )
+        frozen_self = mirrored(primary(setting, "self - frozen"))
         frozen[setting] = {
-            "matches_self": mirrored["low"] > -margin if "low" in mirrored else None,
+            "matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
             "beats_ce": _excludes_zero_positive(primary(setting, "frozen - ce")),
-            "frozen_minus_self": mirrored,
+            "frozen_minus_self": frozen_self,
         }
         compute[setting] = {"not_bought_with_compute": _excludes_zero_positive(primary(setting, "self - ce-fresh"))}
     return {
@@ -372,15 +395,17 @@ def _outcomes(found: dict) -> list[str]:
     return [k for k in OUTCOMES if any(finite(r.get(k)) for r in rows)]
 
 
-def _summary_table(found: dict, outcomes: list[str]) -> list[str]:
-    head = ["arm", "n (primary)"] + [OUTCOMES[k][0] for k in outcomes] + ["step ms"]
+def summary_table(found: dict, outcomes: list[str], labels: dict = OUTCOMES) -> list[str]:
+    """Markdown rows: mean ± sd per arm of ``found["summary"]`` (:func:`analyse_setting`'s) for each
+    of ``outcomes`` (``labels[k]``: its column title and decimals), the start model's row first."""
+    head = ["arm", "n (primary)"] + [labels[k][0] for k in outcomes] + ["step ms"]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
     if found["start"]:
         start = found["start"]
-        out.append("| start model | 1 | " + " | ".join(fmt(start[k], OUTCOMES[k][1]) for k in outcomes) + " | |")
+        out.append("| start model | 1 | " + " | ".join(fmt(start[k], labels[k][1]) for k in outcomes) + " | |")
     for method, summary in found["summary"].items():
         cells = [
-            f"{fmt(summary[k]['mean'], OUTCOMES[k][1])} ± {fmt(summary[k]['sd'], OUTCOMES[k][1])}"
+            f"{fmt(summary[k]['mean'], labels[k][1])} ± {fmt(summary[k]['sd'], labels[k][1])}"
             if summary[k]["n"]
             else "n/a"
             for k in outcomes
@@ -392,27 +417,32 @@ def _summary_table(found: dict, outcomes: list[str]) -> list[str]:
     return out
 
 
-def _difference_table(entries: dict, outcomes: list[str]) -> list[str]:
-    head = ["difference", "seeds (primary)"] + [OUTCOMES[k][0] for k in outcomes]
+def difference_table(entries: dict, outcomes: list[str], labels: dict = OUTCOMES) -> list[str]:
+    """Markdown rows: per difference of ``entries`` (``{"arm - baseline": {outcome: interval}}``) its
+    interval on each of ``outcomes`` (``labels[k]``: column title and decimals); ``self - ce`` in bold."""
+    head = ["difference", "seeds (primary)"] + [labels[k][0] for k in outcomes]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
     for pair, entry in entries.items():
         seeds = len(entry["primary_accuracy"].get("seeds", []))
-        cells = [interval_text(entry[k], OUTCOMES[k][1]) for k in outcomes]
+        cells = [interval_text(entry[k], labels[k][1]) for k in outcomes]
         label = f"**{pair.replace(' - ', ' − ')}**" if pair == "self - ce" else pair.replace(" - ", " − ")
         out.append(f"| {label} | {seeds} | " + " | ".join(cells) + " |")
     return out
 
 
-def _pooled_table(pooled: dict) -> list[str]:
+def pooled_table(pooled: dict, labels: dict = OUTCOMES, clusters: str = "settings") -> list[str]:
+    """Markdown rows of :func:`pool_settings`'s dict: per difference and outcome (``labels``' title)
+    the random-intercept and fixed-effects means with their intervals; ``clusters`` names the
+    clusters' column (the settings, or the starts)."""
     out = [
-        "| difference | outcome | settings | random-intercept μ [95%] | df | τ² | fixed effects [95%] | df |",
+        f"| difference | outcome | {clusters} | random-intercept μ [95%] | df | τ² | fixed effects [95%] | df |",
         "|---|---|---|---|---:|---:|---|---:|",
     ]
     for pair, entry in pooled.items():
         for measure, item in entry.items():
             mu, fixed = item["random_intercept"], item["fixed_effects"]
             out.append(
-                f"| {pair.replace(' - ', ' − ')} | {OUTCOMES[measure][0]} | {', '.join(item['settings']) or 'none'} "
+                f"| {pair.replace(' - ', ' − ')} | {labels[measure][0]} | {', '.join(item['settings']) or 'none'} "
                 f"({item['n']} pairs) | {interval_text(mu)} | {mu.get('df', 'n/a')} | {fmt(mu.get('tau2'), 5)} | "
                 f"{interval_text(fixed)} | {fixed.get('df', 'n/a')} |"
             )
@@ -478,21 +508,21 @@ def format_settings_report(results: dict) -> str:
         outcomes = _outcomes(found)
         out += ["", "### Every run", "", *_run_table(found)]
         out += ["", "### Mean ± sd over seeds (void runs out of the accuracy columns)", ""]
-        out += _summary_table(found, outcomes)
+        out += summary_table(found, outcomes)
         out += ["", f"### Paired differences across seeds, with the {level}% t interval", ""]
-        out += _difference_table(found["differences"], outcomes)
+        out += difference_table(found["differences"], outcomes)
         out += ["", "### Against the start model (gain or avoided forgetting)", ""]
         out.append(
             "The start model is one model, evaluated once: each interval is the arm's spread over seeds about "
             "the start model's value."
         )
         out.append("")
-        out += _difference_table(found["against_start"], outcomes)
+        out += difference_table(found["against_start"], outcomes)
     out += ["", "## Pooled over the settings", ""]
     out.append(
         "Per-seed paired differences, a random intercept per setting (maximum likelihood; μ's interval from "
         "the GLS standard error with t on S − 1 degrees of freedom), and the fixed-effects mean over these "
         "settings (t on n − S)."
     )
-    out += ["", *_pooled_table(pooled)]
+    out += ["", *pooled_table(pooled)]
     return "\n".join(out + closing_sections(results)) + "\n"
