@@ -206,6 +206,7 @@ def test_intervals_are_plain_paired_t_intervals(staged):
 
 def test_the_pooled_fixed_effects_mean_has_six_degrees_of_freedom(staged):
     crafted, pooled = staged["crafted"], staged["results"]["pooled"]
+    lows = {}
     for arm, baseline in longce_report.PAIRS:
         groups = [diffs(crafted, s, arm, baseline, "lines_beyond") for s in STARTS]
         fixed = pooled[f"{arm} - {baseline}"]["primary_accuracy"]["fixed_effects"]
@@ -216,6 +217,21 @@ def test_the_pooled_fixed_effects_mean_has_six_degrees_of_freedom(staged):
         assert fixed["df"] == 6
         check(fixed, {"value": mean, "low": mean - half, "high": mean + half})
         assert pooled[f"{arm} - {baseline}"]["primary_accuracy"]["random_intercept"]["df"] == 1
+        lows[f"{arm} - {baseline}"] = mean - half
+    # the pooled decisions read these intervals, unadjusted (frozen - self: self - frozen mirrored)
+    decided = staged["results"]["decisions"]["pooled"]
+    for key, pair in (
+        ("self_beats_ce", "self - ce"),
+        ("frozen_beats_ce", "frozen - ce"),
+        ("information_carries_frozen", "frozen - shuffled"),
+        ("distribution_helps", "shuffled - ce"),
+        ("not_bought_with_compute", "self - ce-fresh"),
+    ):
+        assert decided[key] == (lows[pair] > 0), key
+    high = pooled["self - frozen"]["primary_accuracy"]["fixed_effects"]["high"]
+    assert decided["frozen_minus_self"]["low"] == pytest.approx(-high)
+    assert decided["frozen_matches_self"] == (-high > -0.03)
+    assert decided["frozen_beats_ce"] is True and decided["not_bought_with_compute"] is False  # both branches
 
 
 def test_holm_keeps_a_contrast_that_is_below_005_only_unadjusted(staged):

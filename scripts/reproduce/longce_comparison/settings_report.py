@@ -213,7 +213,7 @@ def pool_settings(analysed: dict, level: float, *, pairs=POOLED_PAIRS, measures=
     return pooled
 
 
-def _excludes_zero_positive(interval: dict) -> bool | None:
+def excludes_zero_positive(interval: dict) -> bool | None:
     """``low > 0``; ``None`` when there is no interval."""
     return interval["low"] > 0 if "low" in interval else None
 
@@ -255,7 +255,7 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
     def primary(setting: str, pair: str) -> dict:
         return differences[setting].get(pair, {}).get("primary_accuracy", {"skipped": "not run"})
 
-    claim = {s: _excludes_zero_positive(primary(s, "self - ce")) for s in differences}
+    claim = {s: excludes_zero_positive(primary(s, "self - ce")) for s in differences}
     positive = [s for s, v in claim.items() if v]
     mu = pooled.get("self - ce", {}).get("primary_accuracy", {}).get("random_intercept", {})
     pooled_excludes = (mu["low"] > 0 or mu["high"] < 0) if "low" in mu else None
@@ -270,10 +270,10 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
         frozen_self = mirrored(primary(setting, "self - frozen"))
         frozen[setting] = {
             "matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
-            "beats_ce": _excludes_zero_positive(primary(setting, "frozen - ce")),
+            "beats_ce": excludes_zero_positive(primary(setting, "frozen - ce")),
             "frozen_minus_self": frozen_self,
         }
-        compute[setting] = {"not_bought_with_compute": _excludes_zero_positive(primary(setting, "self - ce-fresh"))}
+        compute[setting] = {"not_bought_with_compute": excludes_zero_positive(primary(setting, "self - ce-fresh"))}
     return {
         "claim": {
             "decision": decision,

@@ -21,7 +21,7 @@ from ..common.report_text import fmt, spread
 from ..common.run_folder import finite
 from ..common.statistics import holm
 from ..longce_comparison import settings_report as shared
-from ..longce_comparison.settings_report import interval_text, mirrored, pair_name
+from ..longce_comparison.settings_report import excludes_zero_positive, interval_text, mirrored, pair_name
 from .analysis import _mean_over
 
 #: The outcomes per run (the first is the primary one), with their report labels and decimals.
@@ -219,10 +219,6 @@ def along_fine_tuning(rows: list[dict], arms, checkpoints) -> dict:
     }
 
 
-def _positive(interval: dict) -> bool | None:
-    return interval["low"] > 0 if "low" in interval else None
-
-
 def decide(starts: dict, pooled: dict, margin: float = MARGIN) -> dict:
     """The plan's decisions (primary outcome).
 
@@ -267,7 +263,7 @@ def decide(starts: dict, pooled: dict, margin: float = MARGIN) -> dict:
             "frozen_matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
             "frozen_minus_self": frozen_self,
             "information_carries_frozen": tests["frozen - shuffled"]["positive"],
-            "distribution_helps": _positive(primary("shuffled - ce")),
+            "distribution_helps": excludes_zero_positive(primary("shuffled - ce")),
             "not_bought_with_compute": tests["self - ce-fresh"]["positive"],
         }
         if tests["self - ce"]["positive"] is not None:
@@ -289,13 +285,13 @@ def decide(starts: dict, pooled: dict, margin: float = MARGIN) -> dict:
         "claim": {"decision": decision, "positive_starts": positive, "compared_starts": compared},
         "per_start": per_start,
         "pooled": {
-            "self_beats_ce": _positive(fixed("self - ce")),
-            "frozen_beats_ce": _positive(fixed("frozen - ce")),
+            "self_beats_ce": excludes_zero_positive(fixed("self - ce")),
+            "frozen_beats_ce": excludes_zero_positive(fixed("frozen - ce")),
             "frozen_matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
             "frozen_minus_self": frozen_self,
-            "information_carries_frozen": _positive(fixed("frozen - shuffled")),
-            "distribution_helps": _positive(fixed("shuffled - ce")),
-            "not_bought_with_compute": _positive(fixed("self - ce-fresh")),
+            "information_carries_frozen": excludes_zero_positive(fixed("frozen - shuffled")),
+            "distribution_helps": excludes_zero_positive(fixed("shuffled - ce")),
+            "not_bought_with_compute": excludes_zero_positive(fixed("self - ce-fresh")),
         },
         "margin": margin,
     }
@@ -311,7 +307,7 @@ def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95
         level: the intervals' coverage; alpha: Holm's family-wise level.
 
     Returns:
-        ``{"level", "alpha", "starts_order", "arms", "seeds", "checkpoints", "starts": {start: ...},
+        ``{"level", "alpha", "arms", "seeds", "checkpoints", "starts": {start: ...},
         "pooled", "decisions"}``; a start is :func:`start_rows`' dict plus ``analyse_setting``'s
         (``void``, ``summary``, ``differences``, ``against_start``), ``holm``, ``along`` and
         ``compute``, or ``{"skipped": why, "gate", "r"}`` when the records hold no evaluation of it.
