@@ -12,14 +12,26 @@ see ``longce_comparison.setting_row``) and hands them here:
 - :func:`decide`: the plan's decisions on those intervals;
 - :func:`format_settings_report`: ``report.md``.
 
-Everything here is pure: numbers in, numbers out, so the tests can craft them.
+The comparison of arms itself (paired intervals, void runs, pooling, tables) is
+``longppl_reproduce.common.arm_comparison``, shared with "LongCE from a real start"; this module holds
+this plan's pairs, outcomes, void rule and decisions. Everything here is pure: numbers in, numbers
+out, so the tests can craft them.
 """
 
 from __future__ import annotations
 
-from ..common.report_text import closing_sections, fmt, spread
+from ..common.arm_comparison import (
+    analyse_arms,
+    difference_table,
+    excludes_zero_positive,
+    interval_text,
+    mirrored,
+    pool_clusters,
+    pooled_table,
+    summary_table,
+)
+from ..common.report_text import closing_sections, fmt
 from ..common.run_folder import finite
-from ..common.statistics import fixed_effects_mean, paired_t_interval, random_intercept_mean
 
 #: The outcomes per run (the first is the primary one), with their report labels and decimals.
 OUTCOMES = {
@@ -55,175 +67,20 @@ CLAIM_SETTING_DEPENDENT = "setting-dependent"
 CLAIM_NOT_REPRODUCED = "not reproduced"
 
 
-def pair_name(arm: str, baseline: str) -> str:
-    return f"{arm} - {baseline}"
+def analyse_setting(rows: list[dict], start: dict | None, methods: list[str], seeds: int, level: float) -> dict:
+    """One setting's statistics by this plan (:func:`arm_comparison.analyse_arms` with its pairs,
+    :data:`SETTING_PAIRS`, outcomes, :data:`OUTCOMES`, the accuracy outcomes void runs leave,
+    :data:`ACCURACY_MEASURES`, and its arm-level void rule: an arm void in more than half the seeds)."""
+    return analyse_arms(
+        rows, start, methods, seeds, level, pairs=SETTING_PAIRS, outcomes=OUTCOMES, accuracy=ACCURACY_MEASURES,
+        arm_void_rule=True,
+    )  # fmt: skip
 
 
-def void_arms(rows: list[dict], seeds: int, arm_rule: bool = True) -> dict:
-    """Per arm (method) of one setting: its void runs and whether the arm is void, i.e. void in more
-    than half of the setting's ``seeds`` configured seeds (the plan: more than 2 of 4). Without
-    ``arm_rule`` (a plan with no arm-level void) no arm is void.
-
-    Returns ``{method: {"void_seeds": [seed, ...], "void": bool}}`` for the methods in ``rows``."""
-    found = {}
-    for row in rows:
-        entry = found.setdefault(row["method"], {"void_seeds": [], "void": False})
-        if row["void"]:
-            entry["void_seeds"].append(row["seed"])
-    for entry in found.values():
-        entry["void_seeds"].sort()
-        entry["void"] = arm_rule and len(entry["void_seeds"]) > seeds // 2
-    return found
-
-
-def _usable(row: dict | None, measure: str, arm_void: bool, accuracy=ACCURACY_MEASURES) -> bool:
-    """Whether ``row``'s ``measure`` enters the comparisons: defined, and for an accuracy measure
-    (one of ``accuracy``) neither the run nor its arm void."""
-    if row is None or not finite(row.get(measure)):
-        return False
-    return not (measure in accuracy and (row["void"] or arm_void))
-
-
-def _interval(a: list[float], b: list[float], seeds: list[int], level: float) -> dict:
-    """The paired t interval of ``a[i] - b[i]`` over ``seeds``, with the per-seed differences kept
-    (the pooled model reads them); fewer than 2 pairs: ``{"skipped": why}``."""
-    if len(a) < 2:
-        return {"skipped": f"{len(a)} seed(s) with values of both; 2 are needed", "seeds": seeds}
-    found = paired_t_interval(a, b, level)
-    return {**found, "seeds": seeds, "per_seed": [x - y for x, y in zip(a, b)]}
-
-
-def analyse_setting(
-    rows: list[dict],
-    start: dict | None,
-    methods: list[str],
-    seeds: int,
-    level: float,
-    *,
-    pairs=SETTING_PAIRS,
-    outcomes=OUTCOMES,
-    accuracy=ACCURACY_MEASURES,
-    arm_void_rule: bool = True,
-) -> dict:
-    """One setting's statistics from its rows.
-
-    Args:
-        rows: one dict per evaluated run: ``method``, ``seed``, ``void`` (bool) and a value (or
-            ``None``) per measure of ``outcomes`` and ``step_seconds``.
-        start: the start model's row (same measures; ``None`` when not evaluated).
-        methods: the configured arms, in config order.
-        seeds: the number of configured seeds (the void rule's denominator).
-        level: the intervals' coverage.
-        pairs: the paired differences ``(arm, baseline)`` (default: this plan's, :data:`SETTING_PAIRS`).
-        outcomes: the outcomes compared (their keys; default :data:`OUTCOMES`).
-        accuracy: the outcomes a void run leaves (default :data:`ACCURACY_MEASURES`).
-        arm_void_rule: whether an arm void in more than half the seeds loses its accuracy
-            comparisons (this plan's rule; a plan without it passes False).
-
-    Returns:
-        ``{"void": void_arms(...), "summary": {method: {measure: mean, sd, n}}, "differences":
-        {"arm - baseline": {outcome: interval}}, "against_start": {"arm - start": {outcome:
-        interval}}}``. An interval is :func:`statistics.paired_t_interval`'s dict plus ``seeds`` and
-        ``per_seed`` (the differences, in seed order), or ``{"skipped": why}``. Void runs are out of
-        the accuracy measures, and (with ``arm_void_rule``) an arm void in more than half the seeds
-        has none of them.
-    """
-    void = void_arms(rows, seeds, arm_void_rule)
-    by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in methods}
-    arm_void = {m: void.get(m, {}).get("void", False) for m in methods}
-    summary = {
-        m: {
-            k: spread([r[k] for r in by[m].values() if _usable(r, k, arm_void[m], accuracy)])
-            for k in (*outcomes, "step_seconds")
-        }
-        for m in methods
-    }
-    differences = {}
-    for arm, baseline in pairs:
-        if arm not in by or baseline not in by:
-            continue
-        entry = {}
-        for measure in outcomes:
-            gone = [m for m in (arm, baseline) if arm_void[m]]
-            if measure in accuracy and gone:
-                entry[measure] = {"skipped": f"{' and '.join(gone)} void in more than {seeds // 2} of {seeds} seeds"}
-                continue
-            both = [
-                s
-                for s in sorted(set(by[arm]) & set(by[baseline]))
-                if _usable(by[arm][s], measure, False, accuracy) and _usable(by[baseline][s], measure, False, accuracy)
-            ]
-            entry[measure] = _interval(
-                [by[arm][s][measure] for s in both], [by[baseline][s][measure] for s in both], both, level
-            )
-        differences[pair_name(arm, baseline)] = entry
-    against_start = {}
-    for arm in methods:
-        entry = {}
-        for measure in outcomes:
-            if start is None or not finite(start.get(measure)):
-                entry[measure] = {"skipped": "no start model value"}
-                continue
-            if measure in accuracy and arm_void[arm]:
-                entry[measure] = {"skipped": f"{arm} void in more than {seeds // 2} of {seeds} seeds"}
-                continue
-            kept = sorted(s for s, r in by[arm].items() if _usable(r, measure, False, accuracy))
-            # one start model per setting: the interval is the arm's spread over seeds about that value
-            values = [by[arm][s][measure] for s in kept]
-            entry[measure] = _interval(values, [start[measure]] * len(values), kept, level)
-        against_start[pair_name(arm, "start")] = entry
-    return {"void": void, "summary": summary, "differences": differences, "against_start": against_start}
-
-
-def pool_settings(analysed: dict, level: float, *, pairs=POOLED_PAIRS, measures=POOLED_MEASURES) -> dict:
-    """The plan's pooled statistics over the settings in ``analysed`` (``{setting: analyse_setting(...)}``).
-
-    For each pair of ``pairs`` (default :data:`POOLED_PAIRS`) and outcome of ``measures`` (default
-    :data:`POOLED_MEASURES`), the per-seed paired differences of every setting that has that
-    comparison (``per_seed``), clusters = settings:
-
-    - ``random_intercept``: :func:`statistics.random_intercept_mean` (ML fit, GLS standard error,
-      t on S - 1 degrees of freedom; needs 2 settings);
-    - ``fixed_effects``: :func:`statistics.fixed_effects_mean` (t on n - S degrees of freedom).
-
-    Returns ``{"arm - baseline": {outcome: {"settings": [...], "n", "random_intercept",
-    "fixed_effects"}}}``; a fit that cannot be made is ``{"skipped": why}``.
-    """
-    pooled = {}
-    for arm, baseline in pairs:
-        name = pair_name(arm, baseline)
-        entry = {}
-        for measure in measures:
-            values, clusters, used = [], [], []
-            for setting, found in analysed.items():
-                per_seed = found["differences"].get(name, {}).get(measure, {}).get("per_seed")
-                if per_seed:
-                    values += per_seed
-                    clusters += [setting] * len(per_seed)
-                    used.append(setting)
-            item = {"settings": used, "n": len(values)}
-            if len(used) < 2:
-                why = f"{len(used)} setting(s) with this comparison; pooling needs 2"
-                item["random_intercept"] = item["fixed_effects"] = {"skipped": why}
-            else:
-                item["random_intercept"] = random_intercept_mean(values, clusters, level)
-                item["fixed_effects"] = fixed_effects_mean(values, clusters, level)
-            entry[measure] = item
-        pooled[name] = entry
-    return pooled
-
-
-def excludes_zero_positive(interval: dict) -> bool | None:
-    """``low > 0``; ``None`` when there is no interval."""
-    return interval["low"] > 0 if "low" in interval else None
-
-
-def mirrored(interval: dict) -> dict:
-    """The interval of ``b - a`` from that of ``a - b`` (the same t interval, negated and its ends
-    swapped); a skipped comparison stays as it is."""
-    if "low" not in interval:
-        return interval
-    return {"value": -interval["value"], "low": -interval["high"], "high": -interval["low"]}
+def pool_settings(analysed: dict, level: float) -> dict:
+    """This plan's pooled statistics (:func:`arm_comparison.pool_clusters` over :data:`POOLED_PAIRS`
+    and :data:`POOLED_MEASURES`, clusters = settings)."""
+    return pool_clusters(analysed, level, pairs=POOLED_PAIRS, measures=POOLED_MEASURES)
 
 
 def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARGIN) -> dict:
@@ -288,18 +145,6 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
 
 
 # ------------------------------------------------------------------ report.md
-
-
-def signed(value, digits: int = 3) -> str:
-    """``value`` with its sign (``n/a`` when undefined)."""
-    return f"{value:+.{digits}f}" if finite(value) else "n/a"
-
-
-def interval_text(found: dict, digits: int = 3) -> str:
-    """``+0.077 [+0.052, +0.102]``, or ``n/a`` for a comparison that was skipped."""
-    if "low" not in found:
-        return "n/a"
-    return f"{signed(found['value'], digits)} [{signed(found['low'], digits)}, {signed(found['high'], digits)}]"
 
 
 def setting_rows(found: dict) -> list[dict]:
@@ -395,60 +240,6 @@ def _outcomes(found: dict) -> list[str]:
     return [k for k in OUTCOMES if any(finite(r.get(k)) for r in rows)]
 
 
-def summary_table(found: dict, outcomes: list[str], labels: dict = OUTCOMES) -> list[str]:
-    """Markdown rows: mean ± sd per arm of ``found["summary"]`` (:func:`analyse_setting`'s) for each
-    of ``outcomes`` (``labels[k]``: its column title and decimals), the start model's row first."""
-    head = ["arm", "n (primary)"] + [labels[k][0] for k in outcomes] + ["step ms"]
-    out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
-    if found["start"]:
-        start = found["start"]
-        out.append("| start model | 1 | " + " | ".join(fmt(start[k], labels[k][1]) for k in outcomes) + " | |")
-    for method, summary in found["summary"].items():
-        cells = [
-            f"{fmt(summary[k]['mean'], labels[k][1])} ± {fmt(summary[k]['sd'], labels[k][1])}"
-            if summary[k]["n"]
-            else "n/a"
-            for k in outcomes
-        ]
-        ms = summary["step_seconds"]
-        step = f"{fmt(ms['mean'] * 1e3, 1)} ± {fmt(ms['sd'] * 1e3, 1)}" if ms["n"] else "n/a"
-        n = summary["primary_accuracy"]["n"]
-        out.append(f"| {method} | {n} | " + " | ".join(cells) + f" | {step} |")
-    return out
-
-
-def difference_table(entries: dict, outcomes: list[str], labels: dict = OUTCOMES) -> list[str]:
-    """Markdown rows: per difference of ``entries`` (``{"arm - baseline": {outcome: interval}}``) its
-    interval on each of ``outcomes`` (``labels[k]``: column title and decimals); ``self - ce`` in bold."""
-    head = ["difference", "seeds (primary)"] + [labels[k][0] for k in outcomes]
-    out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
-    for pair, entry in entries.items():
-        seeds = len(entry["primary_accuracy"].get("seeds", []))
-        cells = [interval_text(entry[k], labels[k][1]) for k in outcomes]
-        label = f"**{pair.replace(' - ', ' − ')}**" if pair == "self - ce" else pair.replace(" - ", " − ")
-        out.append(f"| {label} | {seeds} | " + " | ".join(cells) + " |")
-    return out
-
-
-def pooled_table(pooled: dict, labels: dict = OUTCOMES, clusters: str = "settings") -> list[str]:
-    """Markdown rows of :func:`pool_settings`'s dict: per difference and outcome (``labels``' title)
-    the random-intercept and fixed-effects means with their intervals; ``clusters`` names the
-    clusters' column (the settings, or the starts)."""
-    out = [
-        f"| difference | outcome | {clusters} | random-intercept μ [95%] | df | τ² | fixed effects [95%] | df |",
-        "|---|---|---|---|---:|---:|---|---:|",
-    ]
-    for pair, entry in pooled.items():
-        for measure, item in entry.items():
-            mu, fixed = item["random_intercept"], item["fixed_effects"]
-            out.append(
-                f"| {pair.replace(' - ', ' − ')} | {labels[measure][0]} | {', '.join(item['settings']) or 'none'} "
-                f"({item['n']} pairs) | {interval_text(mu)} | {mu.get('df', 'n/a')} | {fmt(mu.get('tau2'), 5)} | "
-                f"{interval_text(fixed)} | {fixed.get('df', 'n/a')} |"
-            )
-    return out
-
-
 def format_settings_report(results: dict) -> str:
     """``report.md`` of a config with settings: the decisions by the plan; per setting the start model
     and every run, void runs, mean ± sd per arm, the paired differences against ``ce`` (and ``self −
@@ -508,21 +299,21 @@ def format_settings_report(results: dict) -> str:
         outcomes = _outcomes(found)
         out += ["", "### Every run", "", *_run_table(found)]
         out += ["", "### Mean ± sd over seeds (void runs out of the accuracy columns)", ""]
-        out += summary_table(found, outcomes)
+        out += summary_table(found, outcomes, OUTCOMES)
         out += ["", f"### Paired differences across seeds, with the {level}% t interval", ""]
-        out += difference_table(found["differences"], outcomes)
+        out += difference_table(found["differences"], outcomes, OUTCOMES)
         out += ["", "### Against the start model (gain or avoided forgetting)", ""]
         out.append(
             "The start model is one model, evaluated once: each interval is the arm's spread over seeds about "
             "the start model's value."
         )
         out.append("")
-        out += difference_table(found["against_start"], outcomes)
+        out += difference_table(found["against_start"], outcomes, OUTCOMES)
     out += ["", "## Pooled over the settings", ""]
     out.append(
         "Per-seed paired differences, a random intercept per setting (maximum likelihood; μ's interval from "
         "the GLS standard error with t on S − 1 degrees of freedom), and the fixed-effects mean over these "
         "settings (t on n − S)."
     )
-    out += ["", *pooled_table(pooled)]
+    out += ["", *pooled_table(pooled, OUTCOMES)]
     return "\n".join(out + closing_sections(results)) + "\n"

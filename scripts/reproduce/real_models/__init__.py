@@ -21,8 +21,6 @@ Modules:
 - ``longce_report``: that plan's statistics and decisions, from its records alone.
 - ``cli``: the command line; its ``STAGES`` table maps each stage's name to its function.
 
-The shared pieces (tasks, calibration, statistics, scoring) come from ``longppl_reproduce.common``
-and ``longppl``. One module reads another experiment's: ``longce_report`` runs the paired
-comparison of the three-setting LongCE study (``longce_comparison.settings_report``), the same
-mechanism with this plan's pairs, outcomes and void rule.
+The shared pieces (tasks, calibration, statistics, scoring, the arms' paired comparison) come from
+``longppl_reproduce.common`` and ``longppl``.
 """

@@ -6,10 +6,10 @@
   checkpoint (the last), its primary outcome at every checkpoint, its compute and the plan's void
   rule; the start model's row the same way.
 - :func:`analyse`: per start the paired t intervals across seeds
-  (``longce_comparison.settings_report.analyse_setting``, the three-setting study's mechanism, with
+  (``common.arm_comparison.analyse_arms``, the three-setting study's mechanism too, with
   this plan's pairs, outcomes and no arm-level void), every arm against the start model, Holm's
   correction over the four decided contrasts (:func:`holm_family`) and the compute per arm; the
-  pooled means over the starts (``pool_settings``); the decisions (:func:`decide`).
+  pooled means over the starts (``pool_clusters``); the decisions (:func:`decide`).
 - :func:`format_report`: ``longce_report.md``.
 
 Everything here is pure: records in, numbers out, so the tests can craft them.
@@ -17,11 +17,11 @@ Everything here is pure: records in, numbers out, so the tests can craft them.
 
 from __future__ import annotations
 
+from ..common import arm_comparison as shared
+from ..common.arm_comparison import excludes_zero_positive, interval_text, mirrored, pair_name
 from ..common.report_text import fmt, spread
 from ..common.run_folder import finite
 from ..common.statistics import holm
-from ..longce_comparison import settings_report as shared
-from ..longce_comparison.settings_report import excludes_zero_positive, interval_text, mirrored, pair_name
 from .analysis import _mean_over
 
 #: The outcomes per run (the first is the primary one), with their report labels and decimals.
@@ -327,7 +327,7 @@ def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95
             analysed[start] = {"skipped": why, "gate": found["gate"], "r": found["r"]}
             continue
         found.update(
-            shared.analyse_setting(
+            shared.analyse_arms(
                 found["runs"],
                 found["start"],
                 list(arms),
@@ -344,7 +344,7 @@ def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95
         found["compute"] = compute_by_arm(records, start, arms, seeds)
         analysed[start] = found
     usable = {name: found for name, found in analysed.items() if "skipped" not in found}
-    pooled = shared.pool_settings(usable, level, pairs=PAIRS, measures=POOLED_MEASURES)
+    pooled = shared.pool_clusters(usable, level, pairs=PAIRS, measures=POOLED_MEASURES)
     return {
         "level": level,
         "alpha": alpha,
