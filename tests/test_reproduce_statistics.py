@@ -311,3 +311,53 @@ def test_the_fixed_effects_mean_weights_clusters_equally_with_the_pooled_within_
     assert found["low"] == pytest.approx(found["value"] - q * se)
     with pytest.raises(ValueError, match="more values"):
         statistics.fixed_effects_mean([1.0, 2.0], ["a", "b"])
+
+
+def plain_holm(p_values: dict, alpha: float) -> dict:
+    """Holm's procedure step by step: sort, reject while p_(i) <= alpha / (m - i) (0-based), stop at
+    the first that is not; adjusted p_(i) = max over j <= i of min(1, (m - j) p_(j)), a double loop."""
+    names = sorted(p_values, key=lambda n: p_values[n])
+    m = len(names)
+    rejected, stopped = set(), False
+    for i, name in enumerate(names):
+        if not stopped and p_values[name] <= alpha / (m - i):
+            rejected.add(name)
+        else:
+            stopped = True
+    adjusted = {}
+    for i, name in enumerate(names):
+        adjusted[name] = max(min(1.0, (m - j) * p_values[names[j]]) for j in range(i + 1))
+    return {n: {"p": p_values[n], "p_holm": adjusted[n], "rejected": n in rejected} for n in p_values}
+
+
+def test_holm_by_hand():
+    # sorted: d 0.005, a 0.01, c 0.03, b 0.04; thresholds 0.0125, 0.0167, 0.025, 0.05
+    found = statistics.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}, alpha=0.05)
+    assert list(found) == ["a", "b", "c", "d"]
+    assert {n: f["p_holm"] for n, f in found.items()} == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02})
+    # c and b are below 0.05 unadjusted; Holm stops at c (0.03 > 0.025), so b is kept though 0.04 <= 0.05
+    assert {n: f["rejected"] for n, f in found.items()} == {"a": True, "b": False, "c": False, "d": True}
+    assert found["b"]["p"] == 0.04
+    assert statistics.holm({"x": 0.6, "y": 0.9}, alpha=0.05)["x"]["p_holm"] == 1.0  # 2 x 0.6, capped at 1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_holm_equals_the_plain_step_down_procedure(seed):
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 9))
+    p_values = {f"h{i}": float(v) for i, v in enumerate(rng.uniform(0, 0.08, m) ** rng.uniform(0.5, 2))}
+    p_values["tie"] = p_values["h0"]  # ties are sorted in the order given, by both
+    for alpha in (0.05, 0.1):
+        found, expected = statistics.holm(p_values, alpha), plain_holm(p_values, alpha)
+        for name in p_values:
+            assert found[name]["p_holm"] == pytest.approx(expected[name]["p_holm"], abs=1e-15)
+            assert found[name]["rejected"] == expected[name]["rejected"]
+
+
+def test_holm_rejects_what_is_not_a_p_value():
+    with pytest.raises(ValueError, match="p-value of 'a' is 1.5"):
+        statistics.holm({"a": 1.5})
+    with pytest.raises(ValueError, match="p-value of 'a' is nan"):
+        statistics.holm({"a": float("nan")})
+    with pytest.raises(ValueError, match="alpha=0 is not a test level"):
+        statistics.holm({"a": 0.1}, alpha=0)

@@ -29,6 +29,7 @@ __all__ = [
     "paired_t_interval",
     "partial_correlation",
     "fixed_effects_mean",
+    "holm",
     "random_intercept_fit",
     "random_intercept_mean",
     "bootstrap_random_intercept_slope",
@@ -567,6 +568,38 @@ def fixed_effects_mean(values, clusters, level: float = 0.95) -> dict:
     within = float(((y - means[groups]) ** 2).sum()) / df
     found = _t_summary(float(means.mean()), math.sqrt(within * float((1.0 / sizes).sum())) / count, df, level)
     return {**found, "cluster_means": [float(m) for m in means], "n": int(y.shape[0]), "clusters": count}
+
+
+def holm(p_values: dict, alpha: float = 0.05) -> dict:
+    """Holm's step-down correction of a family of tests, each named (e.g. a contrast).
+
+    The ``m`` p-values are sorted, ``p_(0) <= ... <= p_(m-1)`` (ties in the order given); the adjusted
+    p-value of the ``i``-th is the running maximum ``max_{j <= i} min(1, (m - j) * p_(j))``, and a test
+    is rejected when its adjusted p-value is at most ``alpha``: the same as rejecting ``H_(i)`` while
+    ``p_(i) <= alpha / (m - i)`` and stopping at the first that is not. The family-wise error rate is
+    at most ``alpha`` under any dependence between the tests.
+
+    Args:
+        p_values: ``{name: p}``, each ``p`` a number in ``[0, 1]``.
+        alpha: the family-wise level.
+
+    Returns:
+        ``{name: {"p", "p_holm", "rejected"}}`` in the order of ``p_values``.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} is not a test level; pass a number between 0 and 1, e.g. 0.05.")
+    for name, p in p_values.items():
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ValueError(f"p-value of {name!r} is {p!r}; give a number between 0 and 1.")
+    ordered = sorted(p_values, key=lambda name: p_values[name])  # sorted() is stable: ties keep their order
+    m, running, adjusted = len(ordered), 0.0, {}
+    for i, name in enumerate(ordered):
+        running = max(running, min(1.0, (m - i) * float(p_values[name])))
+        adjusted[name] = running
+    return {
+        name: {"p": float(p), "p_holm": adjusted[name], "rejected": adjusted[name] <= alpha}
+        for name, p in p_values.items()
+    }
 
 
 def bootstrap_random_intercept_slope(

@@ -12,14 +12,26 @@ see ``longce_comparison.setting_row``) and hands them here:
 - :func:`decide`: the plan's decisions on those intervals;
 - :func:`format_settings_report`: ``report.md``.
 
-Everything here is pure: numbers in, numbers out, so the tests can craft them.
+The comparison of arms itself (paired intervals, void runs, pooling, tables) is
+``longppl_reproduce.common.arm_comparison``, shared with "LongCE from a real start"; this module holds
+this plan's pairs, outcomes, void rule and decisions. Everything here is pure: numbers in, numbers
+out, so the tests can craft them.
 """
 
 from __future__ import annotations
 
-from ..common.report_text import closing_sections, fmt, spread
+from ..common.arm_comparison import (
+    analyse_arms,
+    difference_table,
+    excludes_zero_positive,
+    interval_text,
+    mirrored,
+    pool_clusters,
+    pooled_table,
+    summary_table,
+)
+from ..common.report_text import closing_sections, fmt
 from ..common.run_folder import finite
-from ..common.statistics import fixed_effects_mean, paired_t_interval, random_intercept_mean
 
 #: The outcomes per run (the first is the primary one), with their report labels and decimals.
 OUTCOMES = {
@@ -35,8 +47,6 @@ OUTCOMES = {
 #: The outcomes a void run leaves (the plan: void runs leave the accuracy comparisons); PPL and
 #: LongPPL keep every run.
 ACCURACY_MEASURES = ("primary_accuracy", "recall", "acc_start", "needle", "log_likelihood", "beyond_start")
-#: The summaries per arm: the outcomes and the step time.
-SUMMARY_MEASURES = (*OUTCOMES, "step_seconds")
 #: The plan's paired differences across seeds, ``(arm, baseline)``.
 SETTING_PAIRS = (
     ("self", "ce"),
@@ -57,145 +67,20 @@ CLAIM_SETTING_DEPENDENT = "setting-dependent"
 CLAIM_NOT_REPRODUCED = "not reproduced"
 
 
-def pair_name(arm: str, baseline: str) -> str:
-    return f"{arm} - {baseline}"
-
-
-def void_arms(rows: list[dict], seeds: int) -> dict:
-    """Per arm (method) of one setting: its void runs and whether the arm is void, i.e. void in more
-    than half of the setting's ``seeds`` configured seeds (the plan: more than 2 of 4).
-
-    Returns ``{method: {"void_seeds": [seed, ...], "void": bool}}`` for the methods in ``rows``."""
-    found = {}
-    for row in rows:
-        entry = found.setdefault(row["method"], {"void_seeds": [], "void": False})
-        if row["void"]:
-            entry["void_seeds"].append(row["seed"])
-    for entry in found.values():
-        entry["void_seeds"].sort()
-        entry["void"] = len(entry["void_seeds"]) > seeds // 2
-    return found
-
-
-def _usable(row: dict | None, measure: str, arm_void: bool) -> bool:
-    """Whether ``row``'s ``measure`` enters the comparisons: defined, and for an accuracy measure
-    neither the run nor its arm void."""
-    if row is None or not finite(row.get(measure)):
-        return False
-    return not (measure in ACCURACY_MEASURES and (row["void"] or arm_void))
-
-
-def _interval(a: list[float], b: list[float], seeds: list[int], level: float) -> dict:
-    """The paired t interval of ``a[i] - b[i]`` over ``seeds``, with the per-seed differences kept
-    (the pooled model reads them); fewer than 2 pairs: ``{"skipped": why}``."""
-    if len(a) < 2:
-        return {"skipped": f"{len(a)} seed(s) with values of both; 2 are needed", "seeds": seeds}
-    found = paired_t_interval(a, b, level)
-    return {**found, "seeds": seeds, "per_seed": [x - y for x, y in zip(a, b)]}
-
-
 def analyse_setting(rows: list[dict], start: dict | None, methods: list[str], seeds: int, level: float) -> dict:
-    """One setting's statistics from its rows.
-
-    Args:
-        rows: one dict per evaluated run: ``method``, ``seed``, ``void`` (bool) and a value (or
-            ``None``) per measure of :data:`SUMMARY_MEASURES`.
-        start: the start model's row (same measures; ``None`` when not evaluated).
-        methods: the configured arms, in config order.
-        seeds: the number of configured seeds (the void rule's denominator).
-        level: the intervals' coverage.
-
-    Returns:
-        ``{"void": void_arms(...), "summary": {method: {measure: mean, sd, n}}, "differences":
-        {"arm - baseline": {outcome: interval}}, "against_start": {"arm - start": {outcome:
-        interval}}}``. An interval is :func:`statistics.paired_t_interval`'s dict plus ``seeds`` and
-        ``per_seed`` (the differences, in seed order), or ``{"skipped": why}``. Void runs are out of
-        the accuracy measures, and an arm void in more than half the seeds has none of them.
-    """
-    void = void_arms(rows, seeds)
-    by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in methods}
-    arm_void = {m: void.get(m, {}).get("void", False) for m in methods}
-    summary = {
-        m: {k: spread([r[k] for r in by[m].values() if _usable(r, k, arm_void[m])]) for k in SUMMARY_MEASURES}
-        for m in methods
-    }
-    differences = {}
-    for arm, baseline in SETTING_PAIRS:
-        if arm not in by or baseline not in by:
-            continue
-        entry = {}
-        for measure in OUTCOMES:
-            gone = [m for m in (arm, baseline) if arm_void[m]]
-            if measure in ACCURACY_MEASURES and gone:
-                entry[measure] = {"skipped": f"{' and '.join(gone)} void in more than {seeds // 2} of {seeds} seeds"}
-                continue
-            both = [
-                s
-                for s in sorted(set(by[arm]) & set(by[baseline]))
-                if _usable(by[arm][s], measure, False) and _usable(by[baseline][s], measure, False)
-            ]
-            entry[measure] = _interval(
-                [by[arm][s][measure] for s in both], [by[baseline][s][measure] for s in both], both, level
-            )
-        differences[pair_name(arm, baseline)] = entry
-    against_start = {}
-    for arm in methods:
-        entry = {}
-        for measure in OUTCOMES:
-            if start is None or not finite(start.get(measure)):
-                entry[measure] = {"skipped": "no start model value"}
-                continue
-            if measure in ACCURACY_MEASURES and arm_void[arm]:
-                entry[measure] = {"skipped": f"{arm} void in more than {seeds // 2} of {seeds} seeds"}
-                continue
-            kept = sorted(s for s, r in by[arm].items() if _usable(r, measure, False))
-            # one start model per setting: the interval is the arm's spread over seeds about that value
-            values = [by[arm][s][measure] for s in kept]
-            entry[measure] = _interval(values, [start[measure]] * len(values), kept, level)
-        against_start[pair_name(arm, "start")] = entry
-    return {"void": void, "summary": summary, "differences": differences, "against_start": against_start}
+    """One setting's statistics by this plan (:func:`arm_comparison.analyse_arms` with its pairs,
+    :data:`SETTING_PAIRS`, outcomes, :data:`OUTCOMES`, the accuracy outcomes void runs leave,
+    :data:`ACCURACY_MEASURES`, and its arm-level void rule: an arm void in more than half the seeds)."""
+    return analyse_arms(
+        rows, start, methods, seeds, level, pairs=SETTING_PAIRS, outcomes=OUTCOMES, accuracy=ACCURACY_MEASURES,
+        arm_void_rule=True,
+    )  # fmt: skip
 
 
 def pool_settings(analysed: dict, level: float) -> dict:
-    """The plan's pooled statistics over the settings in ``analysed`` (``{setting: analyse_setting(...)}``).
-
-    For each pair of :data:`POOLED_PAIRS` and outcome of :data:`POOLED_MEASURES`, the per-seed paired
-    differences of every setting that has that comparison (``per_seed``), clusters = settings:
-
-    - ``random_intercept``: :func:`statistics.random_intercept_mean` (ML fit, GLS standard error,
-      t on S - 1 degrees of freedom; needs 2 settings);
-    - ``fixed_effects``: :func:`statistics.fixed_effects_mean` (t on n - S degrees of freedom).
-
-    Returns ``{"arm - baseline": {outcome: {"settings": [...], "n", "random_intercept",
-    "fixed_effects"}}}``; a fit that cannot be made is ``{"skipped": why}``.
-    """
-    pooled = {}
-    for arm, baseline in POOLED_PAIRS:
-        name = pair_name(arm, baseline)
-        entry = {}
-        for measure in POOLED_MEASURES:
-            values, clusters, used = [], [], []
-            for setting, found in analysed.items():
-                per_seed = found["differences"].get(name, {}).get(measure, {}).get("per_seed")
-                if per_seed:
-                    values += per_seed
-                    clusters += [setting] * len(per_seed)
-                    used.append(setting)
-            item = {"settings": used, "n": len(values)}
-            if len(used) < 2:
-                why = f"{len(used)} setting(s) with this comparison; pooling needs 2"
-                item["random_intercept"] = item["fixed_effects"] = {"skipped": why}
-            else:
-                item["random_intercept"] = random_intercept_mean(values, clusters, level)
-                item["fixed_effects"] = fixed_effects_mean(values, clusters, level)
-            entry[measure] = item
-        pooled[name] = entry
-    return pooled
-
-
-def _excludes_zero_positive(interval: dict) -> bool | None:
-    """``low > 0``; ``None`` when there is no interval."""
-    return interval["low"] > 0 if "low" in interval else None
+    """This plan's pooled statistics (:func:`arm_comparison.pool_clusters` over :data:`POOLED_PAIRS`
+    and :data:`POOLED_MEASURES`, clusters = settings)."""
+    return pool_clusters(analysed, level, pairs=POOLED_PAIRS, measures=POOLED_MEASURES)
 
 
 def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARGIN) -> dict:
@@ -227,7 +112,7 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
     def primary(setting: str, pair: str) -> dict:
         return differences[setting].get(pair, {}).get("primary_accuracy", {"skipped": "not run"})
 
-    claim = {s: _excludes_zero_positive(primary(s, "self - ce")) for s in differences}
+    claim = {s: excludes_zero_positive(primary(s, "self - ce")) for s in differences}
     positive = [s for s, v in claim.items() if v]
     mu = pooled.get("self - ce", {}).get("primary_accuracy", {}).get("random_intercept", {})
     pooled_excludes = (mu["low"] > 0 or mu["high"] < 0) if "low" in mu else None
@@ -239,18 +124,13 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
         decision = CLAIM_NOT_REPRODUCED
     frozen, compute = {}, {}
     for setting in differences:
-        self_frozen = primary(setting, "self - frozen")
-        mirrored = (
-            {"value": -self_frozen["value"], "low": -self_frozen["high"], "high": -self_frozen["low"]}
-            if "low" in self_frozen
-            else self_frozen
-        )
+        frozen_self = mirrored(primary(setting, "self - frozen"))
         frozen[setting] = {
-            "matches_self": mirrored["low"] > -margin if "low" in mirrored else None,
-            "beats_ce": _excludes_zero_positive(primary(setting, "frozen - ce")),
-            "frozen_minus_self": mirrored,
+            "matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
+            "beats_ce": excludes_zero_positive(primary(setting, "frozen - ce")),
+            "frozen_minus_self": frozen_self,
         }
-        compute[setting] = {"not_bought_with_compute": _excludes_zero_positive(primary(setting, "self - ce-fresh"))}
+        compute[setting] = {"not_bought_with_compute": excludes_zero_positive(primary(setting, "self - ce-fresh"))}
     return {
         "claim": {
             "decision": decision,
@@ -265,18 +145,6 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
 
 
 # ------------------------------------------------------------------ report.md
-
-
-def signed(value, digits: int = 3) -> str:
-    """``value`` with its sign (``n/a`` when undefined)."""
-    return f"{value:+.{digits}f}" if finite(value) else "n/a"
-
-
-def interval_text(found: dict, digits: int = 3) -> str:
-    """``+0.077 [+0.052, +0.102]``, or ``n/a`` for a comparison that was skipped."""
-    if "low" not in found:
-        return "n/a"
-    return f"{signed(found['value'], digits)} [{signed(found['low'], digits)}, {signed(found['high'], digits)}]"
 
 
 def setting_rows(found: dict) -> list[dict]:
@@ -372,53 +240,6 @@ def _outcomes(found: dict) -> list[str]:
     return [k for k in OUTCOMES if any(finite(r.get(k)) for r in rows)]
 
 
-def _summary_table(found: dict, outcomes: list[str]) -> list[str]:
-    head = ["arm", "n (primary)"] + [OUTCOMES[k][0] for k in outcomes] + ["step ms"]
-    out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
-    if found["start"]:
-        start = found["start"]
-        out.append("| start model | 1 | " + " | ".join(fmt(start[k], OUTCOMES[k][1]) for k in outcomes) + " | |")
-    for method, summary in found["summary"].items():
-        cells = [
-            f"{fmt(summary[k]['mean'], OUTCOMES[k][1])} ± {fmt(summary[k]['sd'], OUTCOMES[k][1])}"
-            if summary[k]["n"]
-            else "n/a"
-            for k in outcomes
-        ]
-        ms = summary["step_seconds"]
-        step = f"{fmt(ms['mean'] * 1e3, 1)} ± {fmt(ms['sd'] * 1e3, 1)}" if ms["n"] else "n/a"
-        n = summary["primary_accuracy"]["n"]
-        out.append(f"| {method} | {n} | " + " | ".join(cells) + f" | {step} |")
-    return out
-
-
-def _difference_table(entries: dict, outcomes: list[str]) -> list[str]:
-    head = ["difference", "seeds (primary)"] + [OUTCOMES[k][0] for k in outcomes]
-    out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
-    for pair, entry in entries.items():
-        seeds = len(entry["primary_accuracy"].get("seeds", []))
-        cells = [interval_text(entry[k], OUTCOMES[k][1]) for k in outcomes]
-        label = f"**{pair.replace(' - ', ' − ')}**" if pair == "self - ce" else pair.replace(" - ", " − ")
-        out.append(f"| {label} | {seeds} | " + " | ".join(cells) + " |")
-    return out
-
-
-def _pooled_table(pooled: dict) -> list[str]:
-    out = [
-        "| difference | outcome | settings | random-intercept μ [95%] | df | τ² | fixed effects [95%] | df |",
-        "|---|---|---|---|---:|---:|---|---:|",
-    ]
-    for pair, entry in pooled.items():
-        for measure, item in entry.items():
-            mu, fixed = item["random_intercept"], item["fixed_effects"]
-            out.append(
-                f"| {pair.replace(' - ', ' − ')} | {OUTCOMES[measure][0]} | {', '.join(item['settings']) or 'none'} "
-                f"({item['n']} pairs) | {interval_text(mu)} | {mu.get('df', 'n/a')} | {fmt(mu.get('tau2'), 5)} | "
-                f"{interval_text(fixed)} | {fixed.get('df', 'n/a')} |"
-            )
-    return out
-
-
 def format_settings_report(results: dict) -> str:
     """``report.md`` of a config with settings: the decisions by the plan; per setting the start model
     and every run, void runs, mean ± sd per arm, the paired differences against ``ce`` (and ``self −
@@ -478,21 +299,21 @@ def format_settings_report(results: dict) -> str:
         outcomes = _outcomes(found)
         out += ["", "### Every run", "", *_run_table(found)]
         out += ["", "### Mean ± sd over seeds (void runs out of the accuracy columns)", ""]
-        out += _summary_table(found, outcomes)
+        out += summary_table(found, outcomes, OUTCOMES)
         out += ["", f"### Paired differences across seeds, with the {level}% t interval", ""]
-        out += _difference_table(found["differences"], outcomes)
+        out += difference_table(found["differences"], outcomes, OUTCOMES)
         out += ["", "### Against the start model (gain or avoided forgetting)", ""]
         out.append(
             "The start model is one model, evaluated once: each interval is the arm's spread over seeds about "
             "the start model's value."
         )
         out.append("")
-        out += _difference_table(found["against_start"], outcomes)
+        out += difference_table(found["against_start"], outcomes, OUTCOMES)
     out += ["", "## Pooled over the settings", ""]
     out.append(
         "Per-seed paired differences, a random intercept per setting (maximum likelihood; μ's interval from "
         "the GLS standard error with t on S − 1 degrees of freedom), and the fixed-effects mean over these "
         "settings (t on n − S)."
     )
-    out += ["", *_pooled_table(pooled)]
+    out += ["", *pooled_table(pooled, OUTCOMES)]
     return "\n".join(out + closing_sections(results)) + "\n"

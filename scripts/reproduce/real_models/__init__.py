@@ -16,8 +16,11 @@ Modules:
   ``score`` on the device), each appending one JSON line per finished unit to a records file and
   skipping the units already there.
 - ``analysis``: the LongPPL plan's statistics and decision, from those records alone.
+- ``longce_start``: the device phases of "LongCE from a real start" (starts and gate, the start
+  model's weights, the five arms' training, every checkpoint's outcomes).
+- ``longce_report``: that plan's statistics and decisions, from its records alone.
 - ``cli``: the command line; its ``STAGES`` table maps each stage's name to its function.
 
-Nothing here imports another experiment's folder; the shared pieces (tasks, calibration,
-statistics, scoring) come from ``longppl_reproduce`` and ``longppl``.
+The shared pieces (tasks, calibration, statistics, scoring, the arms' paired comparison) come from
+``longppl_reproduce.common`` and ``longppl``.
 """

@@ -10,6 +10,9 @@
   what is there, and stops starting new units after ``--budget-seconds``.
 - ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate``: the device phases of
   the LongCE study from a real start (``longce_start``), resumable in the same way.
+- ``longce-report``: that study's analysis by its plan (paired t intervals, Holm decisions, void
+  rule, pooled means), from ``<run>/records/*.jsonl`` alone (``longce_report``):
+  ``<run>/longce_results.json`` and ``<run>/longce_report.md``.
 """
 
 from __future__ import annotations
@@ -74,6 +77,17 @@ def stage_longce(args) -> None:
     longce_start.stages()[args.stage](phases.Run.from_args(args), longce_start.Choice.from_args(args))
 
 
+def _write_outputs(folder: str, texts: dict) -> None:
+    """Each ``{name: text}`` written to ``folder/name`` beside it first, then renamed (never half a file)."""
+    for name, text in texts.items():
+        path = os.path.join(folder, name)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        print(path)
+
+
 def stage_report_real(args) -> None:
     """The study's analysis from the run's records alone: ``<run>/results.json`` and ``report.md``."""
     import json
@@ -82,16 +96,37 @@ def stage_report_real(args) -> None:
 
     run = phases.Run.from_args(args)
     found = analysis.analyse(run.records("members").rows(), run.records("instrument").rows())
-    for name, text in (
-        ("results.json", json.dumps(found, indent=1, default=str)),
-        ("report.md", analysis.format_report(found)),
-    ):
-        path = os.path.join(args.run, name)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        print(path)
+    _write_outputs(
+        args.run, {"results.json": json.dumps(found, indent=1, default=str), "report.md": analysis.format_report(found)}
+    )
+
+
+def stage_longce_report(args) -> None:
+    """The LongCE-from-a-real-start analysis from the run's records alone: ``<run>/longce_results.json``
+    and ``<run>/longce_report.md``. ``--small`` reads the smoke run's starts, seeds and checkpoints."""
+    import json
+
+    from . import longce_report, longce_start, phases
+
+    folder = os.path.join(args.run, "records")
+    names = ("longce_start", "longce_weights", "longce_train", "longce_evaluate")
+    if not any(os.path.isfile(os.path.join(folder, f"{name}.jsonl")) for name in names):
+        raise ValueError(
+            f"No LongCE records ({', '.join(n + '.jsonl' for n in names)}) in {folder}: run the 'longce-start' "
+            "phase first, or pass the run folder that holds them with --run."
+        )
+    records = {name: phases.Records(os.path.join(folder, f"{name}.jsonl")).rows() for name in names}
+    sizes = longce_start.SMALL if args.small else longce_start.PLAN
+    found = longce_report.analyse(
+        records, [s.name for s in sizes.starts], longce_start.ARMS, sizes.seeds, sizes.checkpoints
+    )
+    _write_outputs(
+        args.run,
+        {
+            "longce_results.json": json.dumps(found, indent=1, default=str),
+            "longce_report.md": longce_report.format_report(found),
+        },
+    )
 
 
 STAGES = {
@@ -107,6 +142,7 @@ STAGES = {
     "longce-weights": stage_longce,
     "longce-train": stage_longce,
     "longce-evaluate": stage_longce,
+    "longce-report": stage_longce_report,
 }
 
 

@@ -21,6 +21,9 @@ new unit once ``--budget-seconds`` have passed.
   task accuracies (lines, needle and passage recall beyond the trained length; lines within K at the
   short lengths) and PPL / LongPPL under the calibrated Gemma evaluator on held-out books at L.
 
+The stage ``longce-report`` (module ``longce_report``) applies the plan's analysis to these records
+alone: ``<run>/longce_results.json`` and ``<run>/longce_report.md``.
+
 Every seed reads the same ``steps`` training sequences (the start's pool) in its own order; ``ce-fresh``
 reads them in that order, then sequences of the pool's reserve that no arm reads.
 """
