@@ -101,6 +101,12 @@ def test_key_token_count_and_calibration_match_plain_loops():
         ValueError, match=r"No alpha of grid \[0.0, 0.5\] keeps null key tokens within max_null_ratio=0.01"
     ):
         calibrate_alpha(real_lsd, real_lcl, null_lsd, null_lcl, grid=[0.5, 0.0], beta=-2.0, max_null_ratio=0.01)
+    # a study records the failure instead: no alpha, the same table and sentence
+    failed = calibrate_alpha(
+        real_lsd, real_lcl, null_lsd, null_lcl, grid=[0.5, 0.0], beta=-2.0, max_null_ratio=0.01, refuse=False
+    )
+    assert failed["alpha"] is None and failed["failed"].startswith("No alpha of grid [0.0, 0.5]")
+    assert [(r["alpha"], r["real"], r["null"]) for r in failed["table"]] == [row for row in rows if row[0] <= 0.5]
     with pytest.raises(ValueError, match="mask must be a bool array"):
         key_token_count(real_lsd, real_lcl, 2.0, -2.0, mask.astype(int))
 

@@ -1,7 +1,9 @@
 """The real-models LongPPL study's analysis by its plan, on records made up here: a LongPPL that tracks
-the long-context outcome is positive, one that does not is negative, and the instrument checks and
-the format exclusion act as the plan says."""
+the long-context outcome is positive, one that does not is negative, and the instrument checks, the
+calibration and the format exclusion act as the plan says; the mixed model and the secondary
+statistics against plain references."""
 
+import functools
 import json
 
 import numpy as np
@@ -15,14 +17,16 @@ def rules(**changes):
 
     fields = dict(vars(analysis.PLAN_RULES))
     fields["bootstrap"] = {"resamples": 400, "seed": 0, "level": 0.95}
+    fields["mixed_model_resamples"] = 20
     fields.update(changes)
     return SimpleNamespace(**fields)
 
 
-def member_records(tracking, seed: int = 0, lost_format: int = 0):
+def member_records(tracking, seed: int = 0, lost_format: int = 0, paper_alpha: bool = False):
     """48 members in 12 clusters; their long-context ability drives the three tasks; LongPPL falls
     with it when ``tracking`` is True, rises with it when it is ``"reversed"``, and is noise when
-    False; PPL is noise throughout. The first ``lost_format`` members answer without numbers."""
+    False; PPL is noise throughout (on each corpus its own). The first ``lost_format`` members answer
+    without numbers. With ``paper_alpha``, LongPPL at alpha = 2 is recorded beside (noise)."""
     rng = np.random.default_rng(seed)
     records = []
     for i in range(48):
@@ -60,7 +64,24 @@ def member_records(tracking, seed: int = 0, lost_format: int = 0):
                 },
             }
         )
+        corpora = records[-1]["longppl"]
+        corpora["books-smollm2"]["ppl"] = float(rng.uniform(10, 30))
+        corpora["govreport-gemma"] = {"longppl": float(rng.uniform(3, 6)), "ppl": float(rng.uniform(8, 12))}
+        if paper_alpha:
+            for corpus in ("books-gemma", "books-smollm2"):
+                corpora[corpus]["paper_alpha"] = {"alpha": 2.0, "longppl": float(rng.uniform(5, 9))}
     return records
+
+
+def calibration_records(gemma=1.5, smollm2=1.0):
+    """``calibration.jsonl``'s rows; ``None``: no alpha of the grid qualified (``phases.calibrate``)."""
+    rows = []
+    for name, alpha in (("gemma", gemma), ("smollm2", smollm2)):
+        row = {"key": name, "evaluator": name, "alpha": alpha, "table": [{"alpha": 2.0, "real": 206, "null": 156}]}
+        if alpha is None:
+            row["failed"] = "No alpha of grid [0.5, 2.0] keeps null key tokens within max_null_ratio=0.1."
+        rows.append(row)
+    return rows
 
 
 def instrument_records(key_tokens=2000, ordered=True):
@@ -77,32 +98,40 @@ def instrument_records(key_tokens=2000, ordered=True):
     return rows
 
 
+@functools.cache
+def analysed(tracking=True, gemma=1.5, smollm2=1.0, calibrated=True, paper_alpha=False, lost_format=0, **instrument):
+    """``analysis.analyse`` of the made-up records (each set analysed once in this module; the
+    results are read, never changed)."""
+    records = member_records(tracking, lost_format=lost_format, paper_alpha=paper_alpha)
+    calibration = calibration_records(gemma, smollm2) if calibrated else []
+    return analysis.analyse(records, instrument_records(**instrument), calibration, rules())
+
+
 def test_a_longppl_that_tracks_the_outcome_is_positive():
-    found = analysis.analyse(member_records(True), instrument_records(), rules())
+    found = analysed()
     assert found["decision"]["outcome"] == "positive", found["decision"]
     assert found["statistics"]["all"]["longppl"]["spearman"]["longppl"]["value"] < -0.6
     assert found["partial"]["high"] < 0
 
 
 def test_a_longppl_that_ranks_the_wrong_way_is_negative_and_noise_is_not_positive():
-    found = analysis.analyse(member_records("reversed"), instrument_records(), rules())
+    found = analysed("reversed")
     assert found["decision"]["outcome"] == "negative", found["decision"]
-    noise = analysis.analyse(member_records(False), instrument_records(), rules())
+    noise = analysed(False)
     assert noise["decision"]["outcome"] != "positive"
 
 
 def test_the_instrument_checks_bound_the_decision():
-    tracking = member_records(True)
-    unordered = analysis.analyse(tracking, instrument_records(ordered=False), rules())
+    unordered = analysed(ordered=False)
     assert unordered["decision"]["outcome"] != "positive"
     assert unordered["instrument"]["ordered_by_window"] is False
-    few = analysis.analyse(tracking, instrument_records(key_tokens=20), rules())
+    few = analysed(key_tokens=20)
     assert few["decision"]["outcome"] == "inconclusive"
     assert any("key tokens" in reason for reason in few["decision"]["reasons"])
 
 
 def test_the_format_exclusion_and_the_minimum_size():
-    found = analysis.analyse(member_records(True, lost_format=10), instrument_records(), rules())
+    found = analysed(lost_format=10)
     assert found["excluded"] == [f"m{i}" for i in range(10)]
     assert found["statistics"]["all"]["longppl"]["n"] == 38
     assert found["decision"]["outcome"] == "inconclusive"  # 38 analysed, fewer than 40
@@ -117,7 +146,163 @@ def test_the_report_stage_reads_only_the_records(tmp_path):
         f.writelines(json.dumps({"key": r["member"], **r}) + "\n" for r in member_records(True))
     with open(records / "instrument.jsonl", "w") as f:
         f.writelines(json.dumps({"key": str(i), **r}) + "\n" for i, r in enumerate(instrument_records()))
-    assert main(["report-real", "--run", str(tmp_path / "run"), "--gemma", "missing", "--smollm2", "missing"]) == 0
+    with open(records / "calibration.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in calibration_records(gemma=None))
+    command = ["report-real", "--run", str(tmp_path / "run"), "--gemma", "missing", "--smollm2", "missing"]
+    assert main([*command, "--resamples", "200"]) == 0
     report = (tmp_path / "run" / "report.md").read_text()
-    assert "## Decision by the plan: **positive**" in report
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["decision"]["outcome"] == "positive"
+    # the calibration comes first, and Gemma's failure is read from the run's records
+    assert report.index("## Calibration") < report.index("## The instrument") < report.index("## Decision")
+    assert "- gemma: no alpha qualified (No alpha of grid" in report and "- smollm2: alpha 1" in report
+    assert "## Decision by the plan: **inconclusive**" in report
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["decision"]["reasons"][0].startswith("the instrument fails its calibration")
+    assert set(results["secondary"]) == {"smollm2", "paper_alpha", "govreport", "tasks", "cross_family"}
+    assert set(results["mixed_model"]) == {"longppl", "longppl:smollm2"}
+
+
+@pytest.mark.slow
+def test_a_failed_calibration_makes_the_decision_inconclusive_with_that_reason():
+    found = analysed(gemma=None)
+    assert found["decision"]["outcome"] == "inconclusive"
+    assert found["decision"]["reasons"][0].startswith("the instrument fails its calibration: Gemma evaluator")
+    assert found["calibration"]["gemma"] == {
+        "qualified": False,
+        "alpha": None,
+        "scored_at": 2.0,
+        "failed": calibration_records(gemma=None)[0]["failed"],
+        "table": [{"alpha": 2.0, "real": 206, "null": 156}],
+    }
+    assert set(found["decision_by_level"].values()) == {"inconclusive"}  # every level is under Gemma
+    report = analysis.format_report(found)
+    assert report.index("- gemma: no alpha qualified") < report.index("## Decision by the plan: **inconclusive**")
+    assert "- inconclusive: the instrument fails its calibration" in report
+    # a SmolLM2 evaluator that fails cannot confirm the direction: positive by every other
+    # condition is inconclusive, not negative; a negative under Gemma stays negative
+    second = analysed(smollm2=None)
+    assert second["decision"]["outcome"] == "inconclusive"
+    assert second["decision"]["reasons"] == [
+        "positive by every other condition, but the instrument fails its calibration (SmolLM2 evaluator)"
+    ]
+    reversed_ = analysed("reversed", smollm2=None)
+    assert reversed_["decision"]["outcome"] == "negative"
+    # no calibration record at all: not calibrated, so not decided
+    missing = analysed(calibrated=False)
+    assert missing["decision"]["outcome"] == "inconclusive"
+    assert "no calibration record" in missing["decision"]["reasons"][0]
+
+
+def plain_rows(records, ppl_corpus="books-gemma"):
+    """The analysis rows written plainly from the records: every task set's accuracy by name, the
+    lines beyond-K minus within-K mean, and LongPPL (Gemma books) with the PPL of ``ppl_corpus``."""
+    rows = []
+    for r in records:
+        row = {"member": r["member"], "cluster": r["cluster"], "longppl": r["longppl"]["books-gemma"]["longppl"]}
+        row["ppl"] = r["longppl"][ppl_corpus]["ppl"]
+        row["longppl:smollm2"] = r["longppl"]["books-smollm2"]["longppl"]
+        row.update({name: t["accuracy"] for name, t in r["tasks"].items()})
+        beyond = [t["accuracy"] for name, t in r["tasks"].items() if name.startswith("lines-beyond")]
+        within = [t["accuracy"] for name, t in r["tasks"].items() if name.startswith("lines-within")]
+        row["beyond_minus_within"] = sum(beyond) / len(beyond) - sum(within) / len(within)
+        rows.append(row)
+    return rows
+
+
+def test_each_task_alone_is_correlations_on_that_column_and_smollm2_uses_its_own_ppl():
+    from longppl_reproduce.common import claim_statistics
+
+    records, chosen = member_records(True), rules()
+    found = analysed()
+    tasks = found["secondary"]["tasks"]
+    assert list(tasks)[:4] == ["lines_beyond", "needle", "recall", "beyond_minus_within"]
+    assert {"needle-8192", "recall-16384", "lines-beyond-8192", "lines-beyond-minus-within-16384"} <= set(tasks)
+    plain = plain_rows(records)
+    for outcome in ("needle-8192", "lines-beyond-16384", "beyond_minus_within"):
+        assert tasks[outcome] == claim_statistics.correlations(plain, "longppl", outcome, chosen)
+    # the SmolLM2 evaluator's LongPPL is compared with PPL on its own books, not on Gemma's
+    ours = found["statistics"]["all"]["longppl:smollm2"]
+    assert ours["spearman"]["ppl"]["value"] != found["statistics"]["all"]["longppl"]["spearman"]["ppl"]["value"]
+    composite = {r["member"]: r["composite"] for r in found["rows"]}
+    plain_smollm2 = plain_rows(records, "books-smollm2")
+    for r in plain_smollm2:
+        r["composite"] = composite[r["member"]]
+    assert ours == claim_statistics.correlations(plain_smollm2, "longppl:smollm2", "composite", chosen)
+    cross = found["secondary"]["cross_family"]
+    assert cross["Gemma members under the SmolLM2 evaluator"] == found["statistics"]["gemma"]["longppl:smollm2"]
+    assert cross["SmolLM2 members under the Gemma evaluator"] == found["statistics"]["smollm2"]["longppl"]
+
+
+@pytest.mark.slow
+def test_the_paper_alpha_and_govreport_are_read_where_the_records_hold_them():
+    from longppl_reproduce.common import claim_statistics
+
+    chosen = rules()
+    without = analysed()
+    assert "unavailable" in without["secondary"]["paper_alpha"]["longppl:alpha2"]
+    assert "not in the records" in analysis.format_report(without)
+    records = member_records(True, paper_alpha=True)
+    found = analysed(paper_alpha=True)
+    plain = plain_rows(records)
+    composite = {r["member"]: r["composite"] for r in found["rows"]}
+    for r, record in zip(plain, records):
+        r["composite"] = composite[r["member"]]
+        r["at2"] = record["longppl"]["books-gemma"]["paper_alpha"]["longppl"]
+        r["gov"], r["ppl_gov"] = (record["longppl"]["govreport-gemma"][k] for k in ("longppl", "ppl"))
+    assert found["secondary"]["paper_alpha"]["longppl:alpha2"] == claim_statistics.correlations(
+        plain, "at2", "composite", chosen
+    )
+    gov = [{**r, "ppl": r["ppl_gov"]} for r in plain]
+    assert found["secondary"]["govreport"] == claim_statistics.correlations(gov, "gov", "composite", chosen)
+    # an evaluator scored at alpha 2 (its calibration failed) is its own alpha-2 LongPPL
+    failed = analysed(gemma=None)
+    assert failed["secondary"]["paper_alpha"]["longppl:alpha2"] == failed["statistics"]["all"]["longppl"]
+
+
+def crafted_rows(slope: float, within_weight: float, seed: int = 0):
+    """48 rows in 12 clusters: ``composite = 0.2 + slope z(log longppl) + within_weight lines_within +
+    e``, ``e`` orthogonal to the design and to every cluster's indicator (no cluster effect, and the
+    least-squares fit is exact); LongPPL correlated with the covariate."""
+    rng = np.random.default_rng(seed)
+    n, clusters = 48, np.arange(48) // 4
+    within = rng.uniform(0.5, 1.0, n)
+    log_longppl = 2.0 - 1.5 * within + 0.3 * rng.standard_normal(n)
+    z = (log_longppl - log_longppl.mean()) / log_longppl.std(ddof=1)
+    blocks = np.column_stack([np.ones(n), z, within, np.eye(12)[clusters]])
+    noise = rng.standard_normal(n)
+    noise -= blocks @ np.linalg.lstsq(blocks, noise, rcond=None)[0]
+    composite = 0.2 + slope * z + within_weight * within + 0.5 * noise / noise.std()
+    rows = [
+        {
+            "member": f"m{i}",
+            "cluster": f"c{clusters[i]}",
+            "longppl": float(np.exp(log_longppl[i])),
+            "ppl": float(np.exp(rng.uniform(2, 3))),
+            "lines_within": float(within[i]),
+            "composite": float(composite[i]),
+        }
+        for i in range(n)
+    ]
+    return rows, np.column_stack([np.ones(n), z, within]), composite
+
+
+def test_the_mixed_model_slope_against_least_squares():
+    from longppl_reproduce.common import claim_statistics
+
+    rows, design, composite = crafted_rows(slope=-0.4, within_weight=1.0)
+    found = claim_statistics.mixed_models(rows, "longppl", "composite", rules(), covariate="lines_within")
+    reference = np.linalg.lstsq(design, composite, rcond=None)[0]
+    assert found["covariates"] == ["lines_within"] and (found["n"], found["clusters"]) == (48, 12)
+    assert found["longppl"]["value"] == pytest.approx(reference[1], abs=1e-9)
+    assert found["longppl"]["value"] == pytest.approx(-0.4, abs=1e-9)
+    # with the covariate the slope is LongPPL's own: none here, although LongPPL tracks the covariate
+    confounded, design, composite = crafted_rows(slope=0.0, within_weight=4.0, seed=1)
+    held = claim_statistics.mixed_models(confounded, "longppl", "composite", rules(), covariate="lines_within")
+    assert held["longppl"]["value"] == pytest.approx(0.0, abs=1e-9)
+    naive = np.linalg.lstsq(design[:, :2], composite, rcond=None)[0][1]
+    assert naive < -0.2  # left out, the covariate would show as a slope
+    # the report fits it for each evaluator, the within-K accuracy as covariate, on its own PPL
+    tracked = analysed()
+    mixed = tracked["mixed_model"]["longppl"]
+    assert mixed["covariates"] == ["lines_within"] and mixed["longppl"]["value"] < 0
+    assert mixed["longppl"]["low"] <= mixed["longppl"]["value"] <= mixed["longppl"]["high"]
+    assert "## Mixed model" in analysis.format_report(tracked)

@@ -3,6 +3,7 @@ reads no further than its window (per layer, and through depth), a context-limit
 most its context, RoPE scaling touches only the full layers, and the phases resume without
 duplicating a row."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -213,6 +214,9 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
         f"{kind}-{length}" for kind in ("lines-beyond", "lines-within", "needle", "recall") for length in (448, 640)
     }
     assert set(rows[0]["longppl"]) == {"books-gemma", "govreport-gemma", "books-smollm2"}
+    # beside the calibrated alpha (the smoke grid's 0 or 0.5), LongPPL at the paper's alpha = 2: fewer key tokens
+    for found in rows[0]["longppl"].values():
+        assert found["paper_alpha"]["alpha"] == 2.0 and 0 <= found["paper_alpha"]["key_tokens"] <= found["key_tokens"]
     lines = rows[0]["tasks"]["lines-beyond-448"]
     assert len(lines["outputs"]) == len(lines["per_case"]) == 2
     assert lines["accuracy"] == sum(lines["per_case"]) / 2
@@ -236,6 +240,24 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     assert len(open(run / "finetune.jsonl").readlines()) == 1  # scored: not trained again
     assert _call(tiny_run, "score", "--members", "gemma-w99k") == 2
     assert "Unknown members" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_calibration_with_no_qualifying_alpha_is_recorded_and_kept(tiny_run, tmp_path):
+    # a negative ratio: no alpha can keep null key tokens at or below it, whatever the scores
+    sizes = dataclasses.replace(phases.SMALL, max_null_ratio=-1.0)
+    folders = tiny_run.folders
+    run = phases.Run(
+        str(tmp_path / "run"), tiny_run.books, folders["gemma"], folders["smollm2"], "cpu", 1e9, None, sizes
+    )
+    phases.calibrate(run)  # no error: the failure is the study's outcome, and SmolLM2 is reached
+    rows = run.records("calibration").rows()
+    assert [(r["evaluator"], r["alpha"]) for r in rows] == [("gemma", None), ("smollm2", None)]
+    assert rows[0]["failed"].startswith("No alpha of grid [0.0, 0.5]") and rows[0]["grid"] == [0.0, 0.5]
+    assert [t["alpha"] for t in rows[0]["table"]] == [0.0, 0.5]
+    phases.calibrate(run)  # a finished unit: kept, not done again
+    assert run.records("calibration").rows() == rows
+    assert phases.alphas(run) == {"gemma": 2.0, "smollm2": 2.0}  # the later phases score at the paper's alpha
 
 
 @pytest.mark.slow

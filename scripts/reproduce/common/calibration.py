@@ -31,7 +31,15 @@ def key_token_count(lsd, lcl, alpha: float, beta: float, mask=None) -> int:
 
 
 def calibrate_alpha(
-    real_lsd, real_lcl, null_lsd, null_lcl, *, grid: Sequence[float], beta: float, max_null_ratio: float = 0.10
+    real_lsd,
+    real_lcl,
+    null_lsd,
+    null_lcl,
+    *,
+    grid: Sequence[float],
+    beta: float,
+    max_null_ratio: float = 0.10,
+    refuse: bool = True,
 ) -> dict:
     """The smallest ``alpha`` of ``grid`` at which the null documents' key tokens are at most
     ``max_null_ratio`` times the real documents' (and the real ones have some).
@@ -42,9 +50,11 @@ def calibrate_alpha(
     Returns:
         ``{"alpha": the chosen alpha, "beta", "max_null_ratio", "table": [{"alpha", "real", "null",
         "ratio"} per grid value, in ascending alpha]}`` (``ratio`` is ``null / real``, NaN where
-        ``real == 0``).
+        ``real == 0``). When no grid value qualifies and ``refuse`` is False: ``"alpha": None`` and
+        ``"failed"``, the sentence the ValueError would say (an outcome a study records).
     Raises:
-        ValueError: no grid value qualifies (naming the grid and the ratio), or an empty grid.
+        ValueError: no grid value qualifies and ``refuse`` is True (naming the grid and the ratio), or
+            an empty grid.
     """
     beta = require_finite("beta", beta)
     max_null_ratio = require_finite("max_null_ratio", max_null_ratio)
@@ -59,10 +69,13 @@ def calibrate_alpha(
     chosen = next(
         (row["alpha"] for row in table if row["real"] > 0 and row["null"] <= max_null_ratio * row["real"]), None
     )
+    found = {"alpha": chosen, "beta": beta, "max_null_ratio": max_null_ratio, "table": table}
     if chosen is None:
-        raise ValueError(
+        found["failed"] = (
             f"No alpha of grid {alphas} keeps null key tokens within max_null_ratio={max_null_ratio} of the real "
             "ones (with some real key tokens); extend the grid or allow a larger ratio. Null / real key tokens by "
             "alpha: " + ", ".join(f"{row['alpha']:g}: {row['null']}/{row['real']}" for row in table) + "."
         )
-    return {"alpha": chosen, "beta": beta, "max_null_ratio": max_null_ratio, "table": table}
+        if refuse:
+            raise ValueError(found["failed"])
+    return found

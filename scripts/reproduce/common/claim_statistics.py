@@ -81,23 +81,29 @@ def correlations(rows: list[dict], measure: str, outcome: str, analysis) -> dict
     return found
 
 
-def mixed_models(rows: list[dict], measure: str, outcome: str, analysis) -> dict:
-    """The random-intercept models (clusters: configurations) of ``outcome`` on the standardised
-    log of ``measure`` and, apart, of PPL, each with accuracy at 512 as a covariate; slopes with
-    cluster-bootstrap intervals."""
+def mixed_models(rows: list[dict], measure: str, outcome: str, analysis, covariate: str = "acc512") -> dict:
+    """The random-intercept models (clusters: ``row["cluster"]``) of ``outcome`` on the standardised
+    log of ``measure`` and, apart, of PPL (``row["ppl"]``), each with ``row[covariate]`` (the third
+    attempt's accuracy at 512; the real models' within-K lines accuracy) as a covariate:
+    ``outcome = b0 + b1 z(log measure) + c covariate + u_cluster + e``; slopes ``b1`` with
+    cluster-bootstrap intervals (``analysis.mixed_model_resamples``, ``.seed``, ``.level``)."""
     import numpy as np
 
     from . import statistics
 
-    usable = [r for r in rows if finite(r.get(measure)) and finite(r["ppl"]) and finite(r.get(outcome))]
+    usable = [
+        r
+        for r in rows
+        if finite(r.get(measure)) and finite(r["ppl"]) and finite(r.get(outcome)) and finite(r.get(covariate))
+    ]
     if len(usable) < 6 or len({r["cluster"] for r in usable}) < 3:
         return {"skipped": f"{len(usable)} members; 6 in 3 clusters are needed"}
     y = [r[outcome] for r in usable]
     clusters = [r["cluster"] for r in usable]
-    acc512 = [r["acc512"] for r in usable]
+    values = [r[covariate] for r in usable]
     # a constant covariate would make the design singular (and says nothing): left out, and named
-    covariate = acc512 if len(set(acc512)) > 1 else None
-    found = {"covariates": ["acc512"] if covariate else []}
+    chosen = values if len(set(values)) > 1 else None
+    found = {"covariates": [covariate] if chosen else [], "n": len(usable), "clusters": len(set(clusters))}
     for name, key in (("longppl", measure), ("ppl", "ppl")):
         x = np.log([r[key] for r in usable])
         sd = float(np.std(x, ddof=1))
@@ -108,7 +114,7 @@ def mixed_models(rows: list[dict], measure: str, outcome: str, analysis) -> dict
             y,
             (x - x.mean()) / sd,
             clusters,
-            covariates=covariate,
+            covariates=chosen,
             resamples=analysis.mixed_model_resamples,
             seed=analysis.seed,
             level=analysis.level,

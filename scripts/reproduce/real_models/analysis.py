@@ -1,14 +1,22 @@
 """The analysis of the LongPPL study on real models, by its plan (docs/reproduction.md, "LongPPL on
 real models — analysis plan"), from the phases' records alone (``<run>/records/*.jsonl``).
 
+- The calibration (``calibration.jsonl``): each evaluator's alpha, or the finding that no alpha of
+  the grid qualified. Then, by the plan's "Deviations", that evaluator's LongPPL (scored at the
+  paper's alpha = 2) is description only and the decision under it is inconclusive.
 - Member rows from ``members.jsonl``: the composite's parts (each beyond-K task's accuracy, the
-  mean over the task lengths), the covariate (lines within K), LongPPL under each evaluator on its
-  books and the member's own PPL on the Gemma evaluator's books.
+  mean over the task lengths), the covariate (lines within K), each task at each length, the
+  lines beyond-K minus within-K accuracy, LongPPL under each evaluator on its corpora (and at the
+  paper's alpha = 2 where recorded) and the member's own PPL on the same text.
 - Exclusion by format only: more than half of a member's lines outputs (beyond and within K, all
   lengths) hold no five-digit number.
 - Statistics (``claim_statistics.correlations``: Spearman and Pearson with cluster bootstraps, the
   paired difference, Williams' t), the partial Spearman given the covariate, overall and within
-  the levels (families, SmolLM2 step levels).
+  the levels (families, SmolLM2 step levels); the random-intercept model
+  (``claim_statistics.mixed_models``) of the composite on z(log LongPPL), and on z(log PPL), with
+  the within-K accuracy as covariate.
+- The secondary statistics: the SmolLM2 evaluator, the paper's alpha = 2, GovReport, each task
+  alone and the beyond-minus-within accuracy as outcomes, and the cross-family view.
 - The instrument checks (``instrument.jsonl``) and the decision rule with the plan's extra
   conditions.
 """
@@ -24,10 +32,23 @@ from ..common.run_folder import finite
 
 _ANSWER_SHAPE = re.compile(r"(?<!\d)\d{5}(?!\d)")
 PARTS = ("lines_beyond", "needle", "recall")
-MEASURES = {"longppl": ("books-gemma", "longppl"), "longppl:smollm2": ("books-smollm2", "longppl")}
+BEYOND_TASKS = ("lines-beyond", "needle", "recall")  # the tasks of the composite, as the records name them
+EVALUATORS = ("gemma", "smollm2")
+# measure -> (evaluator, corpus, at the paper's alpha); a measure's PPL is the member's own on that corpus
+MEASURES = {"longppl": ("gemma", "books-gemma", False), "longppl:smollm2": ("smollm2", "books-smollm2", False)}
+SECONDARY_MEASURES = {
+    "longppl:govreport": ("gemma", "govreport-gemma", False),
+    "longppl:alpha2": ("gemma", "books-gemma", True),
+    "longppl:smollm2:alpha2": ("smollm2", "books-smollm2", True),
+}
+CALIBRATION_FAILS = "the instrument fails its calibration"
+PAPER_ALPHA = 2.0  # the paper's fixed alpha: a sensitivity beside the calibrated one (``phases`` scores it)
 
 PLAN_RULES = SimpleNamespace(
     bootstrap={"resamples": 10000, "seed": 0, "level": 0.95},
+    mixed_model_resamples=10000,  # claim_statistics.mixed_models reads these three
+    seed=0,
+    level=0.95,
     positive_max_high=-0.3,
     negative_min_low=-0.5,
     equivalence_margin=0.15,
@@ -39,13 +60,37 @@ PLAN_RULES = SimpleNamespace(
 )
 
 
+def plan_rules(resamples: int = 10000):
+    """:data:`PLAN_RULES` with ``resamples`` for every bootstrap (the plan's 10,000 by default; fewer
+    only for a quick look, never for the study's report)."""
+    if resamples < 1:
+        raise ValueError(f"--resamples must be a positive count, got {resamples}; the plan's is 10000.")
+    return SimpleNamespace(
+        **{
+            **vars(PLAN_RULES),
+            "bootstrap": {**PLAN_RULES.bootstrap, "resamples": resamples},
+            "mixed_model_resamples": resamples,
+        }
+    )
+
+
 def _mean_over(tasks: dict, prefix: str) -> float:
     values = [found["accuracy"] for name, found in tasks.items() if name.startswith(prefix + "-")]
     return float(np.mean(values)) if values else float("nan")
 
 
-def member_rows(records: list[dict]) -> list[dict]:
-    """One analysis row per member record (``phases.score``'s rows)."""
+def member_rows(records: list[dict], scored_alpha: dict | None = None) -> list[dict]:
+    """One analysis row per member record (``phases.score``'s rows).
+
+    Columns: the composite's parts and the covariate (means over the lengths), every task set's
+    accuracy under its record name (``needle-8192``), ``beyond_minus_within`` (lines beyond K minus
+    within K, the mean over the lengths) and ``lines-beyond-minus-within-<L>`` per length, each
+    measure of :data:`MEASURES` and :data:`SECONDARY_MEASURES` with its PPL as ``ppl:<corpus>``
+    (``ppl``: on the Gemma evaluator's books). LongPPL at the paper's alpha is the record's
+    ``paper_alpha``, or, in records without it, the LongPPL itself where ``scored_alpha`` (evaluator
+    -> the alpha it was scored at) says that was 2; NaN otherwise.
+    """
+    scored_alpha = scored_alpha or {}
     rows = []
     for record in records:
         tasks = record["tasks"]
@@ -62,12 +107,64 @@ def member_rows(records: list[dict]) -> list[dict]:
             "no_answer_shape_share": (
                 sum(not _ANSWER_SHAPE.search(o) for o in outputs) / len(outputs) if outputs else float("nan")
             ),
-            "ppl": record["longppl"].get("books-gemma", {}).get("ppl", float("nan")),
         }
-        for key, (corpus, value) in MEASURES.items():
-            row[key] = record["longppl"].get(corpus, {}).get(value, float("nan"))
+        row.update({name: found["accuracy"] for name, found in tasks.items()})
+        row["beyond_minus_within"] = row["lines_beyond"] - row["lines_within"]
+        for name in tasks:
+            length = name.removeprefix("lines-beyond-")
+            if name.startswith("lines-beyond-") and f"lines-within-{length}" in tasks:
+                row[f"lines-beyond-minus-within-{length}"] = row[name] - row[f"lines-within-{length}"]
+        for corpus, found in record["longppl"].items():
+            row[f"ppl:{corpus}"] = found.get("ppl", float("nan"))
+        row["ppl"] = row.get("ppl:books-gemma", float("nan"))
+        for key, (evaluator, corpus, paper) in {**MEASURES, **SECONDARY_MEASURES}.items():
+            found = record["longppl"].get(corpus, {})
+            if not paper:
+                row[key] = found.get("longppl", float("nan"))
+            elif "paper_alpha" in found:
+                row[key] = found["paper_alpha"]["longppl"]
+            else:
+                row[key] = (
+                    found.get("longppl", float("nan")) if scored_alpha.get(evaluator) == PAPER_ALPHA else float("nan")
+                )
         rows.append(row)
     return rows
+
+
+def view(rows: list[dict], measure: str) -> list[dict]:
+    """Copies of ``rows`` whose ``ppl`` is the member's own on ``measure``'s corpus (the plan: each
+    member's PPL on the same text as the LongPPL it is compared with)."""
+    corpus = {**MEASURES, **SECONDARY_MEASURES}[measure][1]
+    return [{**r, "ppl": r.get(f"ppl:{corpus}", float("nan"))} for r in rows]
+
+
+def calibration_outcomes(calibration: list[dict]) -> dict:
+    """Per evaluator of :data:`EVALUATORS`, from ``calibration.jsonl`` (``phases.calibrate``'s rows):
+    ``{"qualified", "alpha" (None when none qualified), "scored_at" (the alpha its LongPPL is at:
+    the calibrated one, else the paper's 2), "failed" (why, when not qualified), "table"}``. An
+    evaluator without a row is not qualified ("no calibration record")."""
+    rows = {r["evaluator"]: r for r in calibration}
+    found = {}
+    for name in EVALUATORS:
+        row = rows.get(name)
+        if row is None:
+            found[name] = {"qualified": False, "alpha": None, "scored_at": None, "failed": "no calibration record"}
+        elif row.get("alpha") is None:
+            found[name] = {
+                "qualified": False,
+                "alpha": None,
+                "scored_at": PAPER_ALPHA,
+                "failed": row.get("failed", "no alpha of the grid qualified"),
+                "table": row.get("table", []),
+            }
+        else:
+            found[name] = {
+                "qualified": True,
+                "alpha": row["alpha"],
+                "scored_at": row["alpha"],
+                "table": row.get("table", []),
+            }
+    return found
 
 
 def _ranks(values) -> np.ndarray:
@@ -117,16 +214,33 @@ def instrument_checks(instrument: list[dict], rules) -> dict:
     }
 
 
-def analyse(records: list[dict], instrument: list[dict], rules=PLAN_RULES) -> dict:
+def task_outcomes(rows: list[dict]) -> list[str]:
+    """The secondary outcomes of "each task alone", in order: each beyond-K task (the mean over the
+    lengths), each beyond-K task at each length, then the lines beyond-K minus within-K accuracy
+    (the mean, then each length); only the columns every row has."""
+    lengths = sorted({int(k.rsplit("-", 1)[1]) for r in rows for k in r if k.startswith("lines-beyond-")})
+    chosen = [*PARTS, "beyond_minus_within"]
+    chosen += [f"{task}-{length}" for task in BEYOND_TASKS for length in lengths]
+    chosen += [f"lines-beyond-minus-within-{length}" for length in lengths]
+    return [c for c in chosen if rows and all(c in r for r in rows)]
+
+
+def analyse(records: list[dict], instrument: list[dict], calibration: list[dict], rules=PLAN_RULES) -> dict:
     """Everything the plan decides and reports, from the records (see the module docstring).
 
+    Args:
+        records, instrument, calibration: the rows of ``members.jsonl``, ``instrument.jsonl`` and
+            ``calibration.jsonl``.
+
     Returns:
-        ``{"rows", "excluded", "composite", "statistics": {level: {measure: correlations}},
-        "partial", "instrument", "decision", "decision_by_level"}``.
+        ``{"calibration", "rows", "excluded", "composite", "statistics": {level: {measure:
+        correlations}}, "partial", "mixed_model": {measure: mixed_models}, "secondary",
+        "instrument", "decision", "decision_by_level"}``.
     """
     from ..common import claim_statistics
 
-    rows = member_rows(records)
+    calibrated = calibration_outcomes(calibration)
+    rows = member_rows(records, {name: c["scored_at"] for name, c in calibrated.items()})
     for r in rows:
         share = r["no_answer_shape_share"]
         r["excluded"] = finite(share) and share > rules.max_no_number_share
@@ -138,42 +252,132 @@ def analyse(records: list[dict], instrument: list[dict], rules=PLAN_RULES) -> di
     for steps in sorted({r["steps"] for r in levels["smollm2"]}):
         levels[f"smollm2, {steps} steps"] = [r for r in levels["smollm2"] if r["steps"] == steps]
     statistics = {
-        level: {m: claim_statistics.correlations(chosen, m, "composite", rules) for m in MEASURES}
+        level: {m: claim_statistics.correlations(view(chosen, m), m, "composite", rules) for m in MEASURES}
         for level, chosen in levels.items()
     }
     checks = instrument_checks(instrument, rules)
     partial = partial_spearman(analysed, "longppl", rules)
-    decision = decide(statistics["all"], partial, checks, rules)
+    mixed = {
+        m: claim_statistics.mixed_models(view(analysed, m), m, "composite", rules, covariate="lines_within")
+        for m in MEASURES
+    }
+    decision = decide(statistics["all"], partial, checks, rules, calibrated)
     by_level = {
-        level: claim_statistics.decide(
-            {"gemma": found["longppl"], "smollm2": found["longppl:smollm2"]}, "gemma", rules
-        )["outcome"]
+        level: _outcome(*_evaluator_conditions(found, calibrated, rules))
         for level, found in statistics.items()
         if level != "all"
     }
     return {
+        "calibration": calibrated,
         "rows": rows,
         "excluded": [r["member"] for r in rows if r["excluded"]],
         "composite": composite,
         "statistics": statistics,
         "partial": partial,
+        "mixed_model": mixed,
+        "secondary": secondary_statistics(analysed, statistics, rules),
         "instrument": checks,
         "decision": decision,
         "decision_by_level": by_level,
     }
 
 
-def decide(overall: dict, partial: dict, checks: dict, rules) -> dict:
-    """The plan's rule: ``claim_statistics.decide`` (Gemma primary, SmolLM2 the second evaluator) with
-    the plan's additions: positive also needs the partial Spearman's upper bound below 0 and LongPPL
-    ordering the context-limited series; inconclusive below 40 members or 10 clusters, or without
-    the key tokens the plan asks."""
+def secondary_statistics(analysed: list[dict], statistics: dict, rules) -> dict:
+    """The plan's secondary statistics over the analysed rows (with their composite):
+
+    - ``smollm2``: the SmolLM2 evaluator's partial Spearman (its correlations are in ``statistics``
+      and its mixed model beside the primary's);
+    - ``paper_alpha``: each evaluator's LongPPL at the paper's alpha = 2 with the composite, or
+      ``{"unavailable": why}`` when no member's record holds it;
+    - ``govreport``: LongPPL and PPL on GovReport (Gemma evaluator) with the composite;
+    - ``tasks``: the Gemma evaluator's LongPPL and PPL with each outcome of :func:`task_outcomes`;
+    - ``cross_family``: each family under the other family's evaluator only (the within-family
+      entries of ``statistics``).
+    """
     from ..common import claim_statistics
 
-    found = claim_statistics.decide(
-        {"gemma": overall["longppl"], "smollm2": overall["longppl:smollm2"]}, "gemma", rules, rules.min_members
-    )
-    conditions, reasons = list(found["conditions"]), list(found["reasons"])
+    def measured(measure: str, outcome: str = "composite") -> dict:
+        if not any(finite(r.get(measure)) for r in analysed):
+            return {"unavailable": f"no analysed member's record holds {measure}"}
+        return claim_statistics.correlations(view(analysed, measure), measure, outcome, rules)
+
+    primary = view(analysed, "longppl")
+    return {
+        "smollm2": {"partial": partial_spearman(analysed, "longppl:smollm2", rules)},
+        "paper_alpha": {m: measured(m) for m in ("longppl:alpha2", "longppl:smollm2:alpha2")},
+        "govreport": measured("longppl:govreport"),
+        "tasks": {
+            outcome: claim_statistics.correlations(primary, "longppl", outcome, rules)
+            for outcome in task_outcomes(analysed)
+        },
+        "cross_family": {
+            "Gemma members under the SmolLM2 evaluator": statistics["gemma"]["longppl:smollm2"],
+            "SmolLM2 members under the Gemma evaluator": statistics["smollm2"]["longppl"],
+        },
+    }
+
+
+def _evaluator_conditions(found: dict, calibrated: dict, rules, min_members: int | None = None) -> tuple:
+    """The ``(conditions, reasons)`` of ``claim_statistics.decide`` on ``{measure: correlations}`` of one level, Gemma primary and
+    SmolLM2 the second evaluator, with the plan's calibration Deviation: a Gemma evaluator with no
+    qualifying alpha makes the decision inconclusive ("the instrument fails its calibration"); a
+    SmolLM2 evaluator with none cannot confirm the direction, so its positive condition does not
+    hold (marked ``"calibration": True``: a result positive by every other condition is then
+    inconclusive, not negative)."""
+    from ..common import claim_statistics
+
+    evaluators = {"gemma": found["longppl"]}
+    if calibrated["smollm2"]["qualified"]:
+        evaluators["smollm2"] = found["longppl:smollm2"]
+    decided = claim_statistics.decide(evaluators, "gemma", rules, min_members)
+    conditions, reasons = list(decided["conditions"]), list(decided["reasons"])
+    if not calibrated["smollm2"]["qualified"]:
+        conditions.append(
+            {
+                "rule": "positive",
+                "condition": f"smollm2: same direction (not judged: {CALIBRATION_FAILS})",
+                "holds": False,
+                "calibration": True,
+            }
+        )
+    if not calibrated["gemma"]["qualified"]:
+        reasons.insert(
+            0,
+            f"{CALIBRATION_FAILS}: Gemma evaluator, {calibrated['gemma']['failed']} Its LongPPL is at "
+            f"alpha {calibrated['gemma']['scored_at']}, description only",
+        )
+    return conditions, reasons
+
+
+def _outcome(conditions: list[dict], reasons: list[str]) -> str:
+    """The rule's outcome from its conditions; appends to ``reasons`` when a positive result is
+    stopped only by a calibration condition."""
+    positive = [c for c in conditions if c["rule"] == "positive"]
+    if reasons:
+        return "inconclusive"
+    if all(c["holds"] for c in positive):
+        return "positive"
+    if all(c["holds"] for c in positive if not c.get("calibration")):
+        reasons.append(f"positive by every other condition, but {CALIBRATION_FAILS} (SmolLM2 evaluator)")
+        return "inconclusive"
+    if any(c["holds"] for c in conditions if c["rule"] == "negative"):
+        return "negative"
+    return "inconclusive"
+
+
+def decide(overall: dict, partial: dict, checks: dict, rules, calibrated: dict) -> dict:
+    """The plan's rule: ``claim_statistics.decide`` (Gemma primary, SmolLM2 the second evaluator)
+    with the calibration Deviation (:func:`_evaluator_conditions`) and the plan's additions:
+    positive also needs the partial Spearman's upper bound below 0 and LongPPL ordering the
+    context-limited series; inconclusive below 40 members or 10 clusters, or without the key
+    tokens the plan asks.
+
+    Args:
+        overall: ``{measure: correlations}`` over every analysed member; partial: the Gemma
+            evaluator's partial Spearman; checks: :func:`instrument_checks`; calibrated:
+            :func:`calibration_outcomes`.
+    """
+    conditions, reasons = _evaluator_conditions(overall, calibrated, rules, rules.min_members)
     partial_holds = "high" in partial and finite(partial["high"]) and partial["high"] < 0
     conditions.append(
         {
@@ -196,17 +400,7 @@ def decide(overall: dict, partial: dict, checks: dict, rules) -> dict:
         reasons.append(
             f"{checks['key_tokens']} key tokens over the Gemma evaluator's books, fewer than {rules.min_key_tokens}"
         )
-    positive = all(c["holds"] for c in conditions if c["rule"] == "positive")
-    negative = any(c["holds"] for c in conditions if c["rule"] == "negative")
-    if reasons:
-        outcome = "inconclusive"
-    elif positive:
-        outcome = "positive"
-    elif negative:
-        outcome = "negative"
-    else:
-        outcome = "inconclusive"
-    return {"outcome": outcome, "conditions": conditions, "reasons": reasons}
+    return {"outcome": _outcome(conditions, reasons), "conditions": conditions, "reasons": reasons}
 
 
 def _interval(found: dict | None) -> str:
@@ -217,13 +411,52 @@ def _interval(found: dict | None) -> str:
     return f"{fmt(found['value'])} [{fmt(found['low'])}, {fmt(found['high'])}]"
 
 
+def _correlation_table(entries: list[tuple[str, dict]]) -> list[str]:
+    """Markdown rows of ``correlations`` results: ``(label, found)``; an unavailable or skipped
+    entry says why."""
+    out = [
+        "| what | n (clusters) | Spearman LongPPL | Spearman PPL | difference | Pearson LongPPL | Pearson PPL |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, c in entries:
+        if "unavailable" in c:
+            out.append(f"| {label} | | not in the records: {c['unavailable']} | | | | |")
+        elif "skipped" in c:
+            out.append(f"| {label} | {c['n']} | skipped: {c['skipped']} | | | | |")
+        else:
+            s, p = c["spearman"], c["pearson"]
+            out.append(
+                f"| {label} | {c['n']} ({c['clusters']}) | {_interval(s['longppl'])} | {_interval(s['ppl'])} | "
+                f"{_interval(s['difference'])} | {_interval(p['longppl'])} | {_interval(p['ppl'])} |"
+            )
+    return out
+
+
+def _calibration_lines(calibrated: dict) -> list[str]:
+    out = []
+    for name, c in calibrated.items():
+        if c["qualified"]:
+            out.append(f"- {name}: alpha {c['alpha']:g}")
+        else:
+            at = f"; its LongPPL is at alpha {c['scored_at']:g}, description only" if c["scored_at"] else ""
+            out.append(f"- {name}: no alpha qualified ({c['failed']}){at}; the decision under it: {CALIBRATION_FAILS}")
+        table = c.get("table") or []
+        if table:
+            out.append(
+                "  - null / real key tokens: " + ", ".join(f"{t['alpha']:g}: {t['null']}/{t['real']}" for t in table)
+            )
+    return out
+
+
 def format_report(found: dict) -> str:
-    """``report.md`` of the study: the instrument checks first, then the decision and the statistics
-    per level, then every member."""
+    """``report.md`` of the study: the calibration first, the instrument checks, the decision and the
+    statistics per level, the mixed model, the secondary statistics, then every member."""
     from ..common.report_text import fmt
 
+    out = ["# LongPPL on real models", "", "## Calibration of the evaluators (alpha by the null-document rule)", ""]
+    out += _calibration_lines(found["calibration"])
     checks = found["instrument"]
-    out = ["# LongPPL on real models", "", "## The instrument (before the correlation)", ""]
+    out += ["", "## The instrument (before the correlation)", ""]
     out.append(f"- key tokens over the Gemma evaluator's books: {checks['key_tokens']}")
     out.append(f"- Spearman rho of window and LongPPL, context-limited series: {fmt(checks['context_series_rho'])}")
     out += [
@@ -237,6 +470,9 @@ def format_report(found: dict) -> str:
     ]
     out += [f"- inconclusive: {reason}" for reason in decision["reasons"]]
     out += [f"- partial Spearman (LongPPL, composite | within-K lines): {_interval(found['partial'])}"]
+    described = [name for name, c in found["calibration"].items() if not c["qualified"]]
+    if described:
+        out.append(f"- description only (no qualifying alpha): the LongPPL of {', '.join(described)}")
     out += ["", "| level | measure | n (clusters) | Spearman LongPPL | Spearman PPL | difference | decision |"]
     out.append("|---|---|---|---|---|---|---|")
     for level, measures in found["statistics"].items():
@@ -250,7 +486,45 @@ def format_report(found: dict) -> str:
                 f"| {level} | {measure} | {c['n']} ({c['clusters']}) | {_interval(s['longppl'])} | "
                 f"{_interval(s['ppl'])} | {_interval(s['difference'])} | {outcome if measure == 'longppl' else ''} |"
             )
+    out += ["", "## Mixed model", ""]
+    out.append(
+        "composite = b0 + b1 z(log measure) + c (within-K lines accuracy) + u_cluster + e; b1 with its "
+        "cluster-bootstrap interval."
+    )
+    out += ["", "| evaluator | slope of z(log LongPPL) | slope of z(log PPL) | covariates | n (clusters) |"]
+    out.append("|---|---|---|---|---|")
+    for measure, mixed in found["mixed_model"].items():
+        if "skipped" in mixed:
+            out.append(f"| {measure} | skipped: {mixed['skipped']} | | | |")
+            continue
+        slopes = [_interval(mixed[k]) if "skipped" not in mixed[k] else mixed[k]["skipped"] for k in ("longppl", "ppl")]
+        out.append(
+            f"| {measure} | {slopes[0]} | {slopes[1]} | {', '.join(mixed['covariates']) or 'none'} | "
+            f"{mixed['n']} ({mixed['clusters']}) |"
+        )
+    secondary = found["secondary"]
+    out += ["", "## Secondary statistics", "", "### The SmolLM2 evaluator", ""]
+    out.append(
+        "Its correlations are in the table of the decision (measure `longppl:smollm2`, its PPL on its own books)."
+    )
+    out.append(
+        f"- partial Spearman (LongPPL under SmolLM2, composite | within-K lines): "
+        f"{_interval(secondary['smollm2']['partial'])}"
+    )
+    out += ["", "### The paper's alpha = 2, GovReport, the cross-family view (with the composite)", ""]
+    out += _correlation_table(
+        [
+            ("Gemma evaluator, alpha = 2", secondary["paper_alpha"]["longppl:alpha2"]),
+            ("SmolLM2 evaluator, alpha = 2", secondary["paper_alpha"]["longppl:smollm2:alpha2"]),
+            ("GovReport, Gemma evaluator", secondary["govreport"]),
+            *secondary["cross_family"].items(),
+        ]
+    )
+    out += ["", "### Each task alone (Gemma evaluator's LongPPL and PPL with each outcome)", ""]
+    out += _correlation_table(list(secondary["tasks"].items()))
     out += [
+        "",
+        "## Members",
         "",
         "| member | cluster | steps | lines beyond | lines within | needle | recall | composite | PPL | LongPPL | LongPPL (SmolLM2) | excluded |",
     ]

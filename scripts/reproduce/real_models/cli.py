@@ -95,7 +95,12 @@ def stage_report_real(args) -> None:
     from . import analysis, phases
 
     run = phases.Run.from_args(args)
-    found = analysis.analyse(run.records("members").rows(), run.records("instrument").rows())
+    found = analysis.analyse(
+        run.records("members").rows(),
+        run.records("instrument").rows(),
+        run.records("calibration").rows(),
+        analysis.plan_rules(args.resamples),
+    )
     _write_outputs(
         args.run, {"results.json": json.dumps(found, indent=1, default=str), "report.md": analysis.format_report(found)}
     )
@@ -155,7 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--page", default=os.path.join(root, "docs", "reproduction.md"))
     parser.add_argument("--records", default=os.path.join(root, "docs", "records"))
     parser.add_argument("--output", default="records-report.md")
-    parser.add_argument("--resamples", type=int, default=10000)
+    parser.add_argument(
+        "--resamples",
+        type=int,
+        default=10000,
+        help="report-records, report-real: bootstrap resamples (the plans' 10000)",
+    )
     parser.add_argument("--run", default="outputs/real", help="the run folder of the device phases")
     parser.add_argument("--books", default="books", help="folder with train.jsonl.gz and validation.jsonl.gz")
     parser.add_argument("--gemma", default="gemma-3-270m", help="Gemma 3 270M: its short name, a *.gguf or a folder")

@@ -9,7 +9,8 @@ sizes), so each call fits one device call of 10 minutes.
   (``calibration.calibrate_alpha``): the smallest alpha of the grid whose key tokens on null
   documents (the long context replaced by another book) are at most 10% of those on the real
   documents, in the last K positions. It runs before any member is scored: ``instrument`` and
-  ``score`` refuse to start without it.
+  ``score`` refuse to start without it. An evaluator with no qualifying alpha gets a row saying so
+  (``"alpha": None``); the later phases use the paper's alpha = 2 for it (description only).
 - ``instrument`` (``instrument.jsonl``): the key-token share on natural text per evaluator; the
   key-token share on the answer tokens of lines documents (answers beyond K); LongPPL and PPL of
   the windowed Gemma members (RoPE as trained), for the order by window.
@@ -31,6 +32,7 @@ import numpy as np
 
 from . import members as population
 from . import tasks
+from .analysis import PAPER_ALPHA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,8 +335,13 @@ def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[st
 
 
 def alphas(run: Run) -> dict[str, float]:
-    """Each calibrated evaluator's alpha; a ValueError naming the phase when Gemma's is missing."""
-    found = {row["evaluator"]: row["alpha"] for row in run.records("calibration").rows()}
+    """Each calibrated evaluator's alpha; a ValueError naming the phase when Gemma's is missing.
+    An evaluator whose calibration found no alpha of the grid (its row's ``"alpha"`` is None) gets
+    the paper's alpha = 2: the plan reports its LongPPL there as description only."""
+    found = {
+        row["evaluator"]: PAPER_ALPHA if row["alpha"] is None else row["alpha"]
+        for row in run.records("calibration").rows()
+    }
     if "gemma" not in found:
         raise ValueError("No calibration of the Gemma evaluator in the run's records: run the 'calibrate' phase first.")
     return found
@@ -381,7 +388,9 @@ def prepare(run: Run, workers: int | None = None) -> None:
 
 
 def calibrate(run: Run) -> None:
-    """Alpha per evaluator, by the null-document rule, before any member is scored."""
+    """Alpha per evaluator, by the null-document rule, before any member is scored. An evaluator
+    for which no alpha of the grid qualifies gets a row all the same (``"alpha": None``, ``"failed"``:
+    why), a finished unit like any other: the next call keeps it, and the report reads it."""
     from longppl.core.scoring import score_with_evaluator
     from longppl.settings import KeyTokenSettings
 
@@ -414,19 +423,27 @@ def calibrate(run: Run) -> None:
             grid=run.sizes.grid,
             beta=run.sizes.beta,
             max_null_ratio=run.sizes.max_null_ratio,
+            refuse=False,  # no alpha qualifying is the study's outcome (its "Deviations"), recorded
         )
         records.append(
             evaluator.name,
             {
                 "evaluator": evaluator.name,
                 **result,
+                "grid": sorted(run.sizes.grid),
                 "window": list(evaluator.window),
                 "documents": len(real),
                 "length": length,
                 "seconds": time.monotonic() - started,
             },
         )
-        run.log(f"calibrate: {evaluator.name} alpha {result['alpha']}")
+        if result["alpha"] is None:
+            run.log(
+                f"calibrate: {evaluator.name}: {result['failed']} Its LongPPL is scored at the paper's alpha "
+                f"{PAPER_ALPHA:g}, as description only."
+            )
+        else:
+            run.log(f"calibrate: {evaluator.name} alpha {result['alpha']}")
 
 
 # ------------------------------------------------------------------ LongPPL of a model
@@ -436,7 +453,8 @@ def longppl_under(
     run: Run, evaluator: Evaluator, alpha: float, corpus: str, texts, model, tokenizer, context: int | None = None
 ) -> dict:
     """LongPPL and PPL (pooled over documents) of ``model`` on ``texts`` under ``evaluator``'s key
-    tokens at ``alpha`` (the calibrated one) and the plan's beta, with per-document sums. With
+    tokens at ``alpha`` (the calibrated one) and the plan's beta, with per-document sums, and LongPPL
+    at the paper's alpha = 2 beside (``"paper_alpha"``). With
     ``context``, every token of the model is predicted from at most that many tokens
     (``members.context_limited_log_probs``)."""
     import torch
@@ -456,15 +474,27 @@ def longppl_under(
             model, [torch.from_numpy(m.input_ids) for m in model_scores], context, run.sizes.max_tokens_per_batch
         )
         model_scores = [ModelScores(m.input_ids, m.offsets, lp.numpy()) for m, lp in zip(model_scores, limited)]
-    weights = text_key_weights(texts, scores, model_scores, alpha, run.sizes.beta)
-    per_document = document_results(model_scores, weights)
-    summary = summarize_results(per_document, "pooled")
+
+    def at(chosen: float) -> tuple[list, dict]:
+        per_document = document_results(
+            model_scores, text_key_weights(texts, scores, model_scores, chosen, run.sizes.beta)
+        )
+        return per_document, summarize_results(per_document, "pooled")
+
+    per_document, summary = at(alpha)
+    # the plan's sensitivity: the same scores at the paper's alpha (no forward pass more)
+    paper = (per_document, summary) if alpha == PAPER_ALPHA else at(PAPER_ALPHA)
     return {
         "longppl": summary["longppl"],
         "ppl": summary["ppl"],
         "key_tokens": int(sum(r.n_key_tokens for r in per_document)),
         "tokens": int(sum(r.n_predicted for r in per_document)),
         "documents": {"key_nll": [r.key_nll for r in per_document], "nll": [r.nll for r in per_document]},
+        "paper_alpha": {
+            "alpha": PAPER_ALPHA,
+            "longppl": paper[1]["longppl"],
+            "key_tokens": int(sum(r.n_key_tokens for r in paper[0])),
+        },
     }
 
 
