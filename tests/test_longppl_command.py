@@ -359,8 +359,8 @@ def test_ctrl_c_inside_an_extensions_run_string_still_ends_with_status_130(tmp_p
         "except KeyboardInterrupt:\n"
         "    end_interrupted('longppl demo')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "interrupted_in_run_string"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    result = run_guarded(
+        [sys.executable, "-m", "interrupted_in_run_string"], cwd=tmp_path, capture_output=True, text=True
     )
     assert (result.returncode, result.stderr) == (130, "longppl demo: interrupted\n")
 
