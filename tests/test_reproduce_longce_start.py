@@ -187,3 +187,20 @@ def test_longce_phases_run_end_to_end_and_resume_without_duplicating_rows(tiny_s
     assert "trained again" not in capsys.readouterr().out
     assert _call(tiny_study, "longce-train", "--arms", "sideways") == 2
     assert "Unknown arms" in capsys.readouterr().err
+
+    # the report stage reads what the phases wrote: each run's outcomes at its last checkpoint are
+    # the evaluate records' task means, and the runs never trained or evaluated are listed as missing
+    assert _call(tiny_study, "longce-report") == 0
+    found = json.loads((tiny_study.root / "run" / "longce_results.json").read_text())
+    s2 = found["starts"]["s2"]
+    by_key = {r["key"]: r for r in rows}
+    for run in s2["runs"]:
+        tasks = by_key[f"{run['run']}/2"]["tasks"]
+        within = [tasks[f"lines-within-{n}"]["accuracy"] for n in (448, 512)]
+        assert run["lines_within"] == pytest.approx(sum(within) / 2)
+        assert run["needle"] == pytest.approx(tasks["needle-1024"]["accuracy"])
+        assert run["ppl"] == pytest.approx(by_key[f"{run['run']}/2"]["books"]["ppl"])
+    assert sorted(r["run"] for r in s2["runs"]) == ["s2/ce-s0", "s2/frozen-s0"]
+    assert any(m.startswith("s2/self-s0") for m in s2["missing"])
+    assert found["starts"]["s1"]["skipped"].startswith("no gate record of s1")
+    assert "# " in (tiny_study.root / "run" / "longce_report.md").read_text()
