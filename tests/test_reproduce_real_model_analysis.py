@@ -91,9 +91,13 @@ def instrument_records(key_tokens=2000, ordered=True):
     windows = [1024, 2048, 4096, 8192, 16384, 32768]
     for rank, w in enumerate(windows):
         longppl = 10.0 - rank if ordered else float([3, 9, 4, 8, 5, 7][rank])
-        rows.append(
-            {"check": "window-order", "kind": "context" if w < 32768 else "window", "window": w, "longppl": longppl}
-        )
+        ppl = float([6, 5, 7, 4, 3, 2][rank])
+        kind = "context" if w < 32768 else "window"
+        rows.append({"check": "window-order", "kind": kind, "window": w, "longppl": longppl, "ppl": ppl})
+        if w < 32768:  # the attention-limited member of the same window
+            rows.append(
+                {"check": "window-order", "kind": "window", "window": w, "longppl": 20.0 - w / 4096, "ppl": ppl + 1}
+            )
     rows.append({"check": "answer-share", "evaluator": "gemma", "length": 8192, "share_of_answer_tokens_key": 0.4})
     return rows
 
@@ -128,6 +132,25 @@ def test_the_instrument_checks_bound_the_decision():
     few = analysed(key_tokens=20)
     assert few["decision"]["outcome"] == "inconclusive"
     assert any("key tokens" in reason for reason in few["decision"]["reasons"])
+
+
+def test_both_window_series_are_reported_with_their_rank_correlations():
+    from scipy.stats import spearmanr
+
+    rows = instrument_records()
+    found = analysis.window_series(rows)
+    full = [r for r in rows if r["check"] == "window-order" and r["window"] == 32768]
+    for kind in ("window", "context"):
+        series = [r for r in rows if r.get("kind") == kind and r["window"] < 32768] + full
+        assert found[kind]["members"] == len(series) == 6
+        for measure in ("longppl", "ppl"):
+            expected = spearmanr([r["window"] for r in series], [r[measure] for r in series]).statistic
+            assert found[kind][f"spearman_{measure}"] == pytest.approx(expected)
+        assert [w for w, _, _ in found[kind]["by_window"]] == sorted((r["window"] for r in series), reverse=True)
+    assert analysed()["instrument"]["context_series_rho"] == pytest.approx(found["context"]["spearman_longppl"])
+    assert "window-limited series (6 members)" in analysis.format_report(analysed())
+    few = analysis.window_series(rows[:3])
+    assert few["window"]["skipped"] == "fewer than 3 members scored"
 
 
 def test_the_format_exclusion_and_the_minimum_size():

@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..common.run_folder import finite
+from .members import FULL  # Gemma 3 270M's context: the released model's window-order row
 
 _ANSWER_SHAPE = re.compile(r"(?<!\d)\d{5}(?!\d)")
 PARTS = ("lines_beyond", "needle", "recall")
@@ -185,26 +186,48 @@ def partial_spearman(rows: list[dict], measure: str, rules) -> dict:
     return statistics.bootstrap_partial_correlation(*ranks, **rules.bootstrap, clusters=[r["cluster"] for r in usable])
 
 
-def instrument_checks(instrument: list[dict], rules) -> dict:
-    """The plan's checks from ``instrument.jsonl``: Gemma's key tokens over its books, and the order
-    of the context-limited series by window (``phases.window_order``'s statistic)."""
+def window_series(instrument: list[dict]) -> dict:
+    """The plan's third check, from the ``window-order`` rows of ``instrument.jsonl``: per series
+    (``window``: attention limited to w; ``context``: every prediction limited to w; the released
+    model, the 32k attention member, in both) its members and Spearman's rho of w with LongPPL and
+    with PPL. The plan expects a wider window to give a lower LongPPL (rho negative).
+
+    Returns ``{"window" | "context": {"members", "spearman_longppl", "spearman_ppl", "by_window":
+    [(w, LongPPL, PPL), ...] widest first}}``; a series of fewer than 3 members is ``{"members",
+    "skipped"}``."""
     from ..common.statistics import correlation
 
+    rows = [r for r in instrument if r["check"] == "window-order"]
+    found = {}
+    for kind in ("window", "context"):
+        chosen = [r for r in rows if r["kind"] == kind or (r["kind"] == "window" and r["window"] >= FULL)]
+        if len(chosen) < 3:
+            found[kind] = {"members": len(chosen), "skipped": "fewer than 3 members scored"}
+            continue
+        windows = [r["window"] for r in chosen]
+        found[kind] = {
+            "members": len(chosen),
+            "spearman_longppl": correlation(windows, [r["longppl"] for r in chosen], "spearman"),
+            "spearman_ppl": correlation(windows, [r["ppl"] for r in chosen], "spearman"),
+            "by_window": sorted(((r["window"], r["longppl"], r["ppl"]) for r in chosen), reverse=True),
+        }
+    return found
+
+
+def instrument_checks(instrument: list[dict], rules) -> dict:
+    """The plan's checks from ``instrument.jsonl``: Gemma's key tokens over its books, the answer
+    shares, and the order of both window series (:func:`window_series`); the decision reads the
+    context-limited series' rho of w and LongPPL."""
     shares = {r["corpus"]: r for r in instrument if r["check"] == "key-share"}
     gemma = shares.get("books-gemma")
     key_tokens = sum(gemma["key_tokens"]) if gemma else None
-    series = [
-        r for r in instrument if r["check"] == "window-order" and (r["kind"] == "context" or r["window"] >= 32768)
-    ]
-    rho = (
-        correlation([r["window"] for r in series], [r["longppl"] for r in series], "spearman")
-        if len(series) >= 3
-        else None
-    )
+    series = window_series(instrument)
+    rho = series["context"].get("spearman_longppl")
     return {
         "key_tokens": key_tokens,
         "enough_key_tokens": key_tokens is not None and key_tokens >= rules.min_key_tokens,
         "context_series_rho": rho,
+        "window_series": series,
         "ordered_by_window": rho is not None and rho <= rules.max_order_rho,
         "answer_shares": [
             {k: r[k] for k in ("evaluator", "length", "share_of_answer_tokens_key")}
@@ -459,6 +482,16 @@ def format_report(found: dict) -> str:
     out += ["", "## The instrument (before the correlation)", ""]
     out.append(f"- key tokens over the Gemma evaluator's books: {checks['key_tokens']}")
     out.append(f"- Spearman rho of window and LongPPL, context-limited series: {fmt(checks['context_series_rho'])}")
+    for kind, found_series in checks["window_series"].items():
+        if "skipped" in found_series:
+            out.append(f"- {kind}-limited series: {found_series['members']} members, {found_series['skipped']}")
+            continue
+        rows = ", ".join(f"w {w}: {fmt(lp)} / {fmt(p)}" for w, lp, p in found_series["by_window"])
+        out.append(
+            f"- {kind}-limited series ({found_series['members']} members): rho(w, LongPPL) "
+            f"{fmt(found_series['spearman_longppl'])}, rho(w, PPL) {fmt(found_series['spearman_ppl'])}; "
+            f"LongPPL / PPL by w: {rows}"
+        )
     out += [
         f"- answer tokens that are key ({a['evaluator']}, {a['length']} tokens): {fmt(a['share_of_answer_tokens_key'])}"
         for a in checks["answer_shares"]

@@ -600,30 +600,6 @@ def order_members() -> list[population.MemberSpec]:
     return sorted(chosen, key=lambda m: -(m.window or m.context))
 
 
-def window_order(run: Run) -> dict:
-    """Per kind of limit (``window``: attention; ``context``: every prediction), Spearman's rho of
-    the limit and LongPPL (and PPL) over the window-order rows; the released model (the 32k
-    attention member) joins both series. The plan expects it negative: a wider window, a lower
-    LongPPL."""
-    from ..common.statistics import correlation
-
-    rows = [r for r in run.records("instrument").rows() if r["check"] == "window-order"]
-    found = {}
-    for kind in ("window", "context"):
-        chosen = [r for r in rows if r["kind"] == kind or (r["kind"] == "window" and r["window"] >= population.FULL)]
-        if len(chosen) < 3:
-            found[kind] = {"members": len(chosen), "skipped": "fewer than 3 members scored"}
-            continue
-        windows = [r["window"] for r in chosen]
-        found[kind] = {
-            "members": len(chosen),
-            "spearman_longppl": correlation(windows, [r["longppl"] for r in chosen], "spearman"),
-            "spearman_ppl": correlation(windows, [r["ppl"] for r in chosen], "spearman"),
-            "by_window": sorted(((r["window"], r["longppl"], r["ppl"]) for r in chosen), reverse=True),
-        }
-    return found
-
-
 # ------------------------------------------------------------------ finetune
 
 LEARNING_RATE, WARMUP, FLOOR = 3e-5, 10, 0.1  # the plan's fine-tuning: AdamW, cosine to 10%, no decay
