@@ -241,6 +241,20 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     assert _call(tiny_run, "score", "--members", "gemma-w99k") == 2
     assert "Unknown members" in capsys.readouterr().err
 
+    # the report stage reads what the phases wrote: each member's accuracies are its records' means
+    assert _call(tiny_run, "report-real", "--resamples", "50") == 0
+    found = json.loads((tiny_run.root / "run" / "results.json").read_text())
+    scored = {r["member"]: r for r in (json.loads(line) for line in open(run / "members.jsonl"))}
+    assert [r["member"] for r in found["rows"]] == list(scored)
+    for row in found["rows"]:
+        tasks = scored[row["member"]]["tasks"]
+        for part in ("lines-beyond", "needle", "recall"):
+            expected = sum(tasks[f"{part}-{n}"]["accuracy"] for n in (448, 640)) / 2
+            assert row[part.replace("-", "_")] == pytest.approx(expected)
+        assert row["longppl"] == pytest.approx(scored[row["member"]]["longppl"]["books-gemma"]["longppl"])
+    assert found["decision"]["outcome"] == "inconclusive"  # 4 members, not the plan's 40
+    assert (tiny_run.root / "run" / "report.md").read_text().startswith("# LongPPL on real models")
+
 
 @pytest.mark.slow
 def test_a_calibration_with_no_qualifying_alpha_is_recorded_and_kept(tiny_run, tmp_path):
