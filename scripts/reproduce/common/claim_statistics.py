@@ -190,14 +190,19 @@ def decide(by_evaluator: dict, primary: str, analysis, min_members: int | None =
         reasons.append(f"{found['n']} members analysed, fewer than the {min_members} the plan needs")
     if not all(math.isfinite(v) for v in (rho["low"], rho["high"], difference["low"], difference["high"])):
         reasons.append("an interval is undefined")
-    if reasons:
-        outcome = "inconclusive"
-    elif all(held for _, held in positive):
-        outcome = "positive"
-    elif any(held for _, held in negative):
-        outcome = "negative"
-    else:
-        outcome = "inconclusive"
     conditions = [{"rule": "positive", "condition": t, "holds": bool(h)} for t, h in positive]
     conditions += [{"rule": "negative", "condition": t, "holds": bool(h)} for t, h in negative]
-    return {"outcome": outcome, "conditions": conditions, "reasons": reasons}
+    return {"outcome": outcome_of(conditions, reasons), "conditions": conditions, "reasons": reasons}
+
+
+def outcome_of(conditions: list[dict], reasons: list[str]) -> str:
+    """The rule's outcome from its conditions (``{"rule": "positive" | "negative", "holds"}``):
+    *inconclusive* when there is any reason to be; else *positive* when every positive condition
+    holds; else *negative* when any negative one does; else *inconclusive*."""
+    if reasons:
+        return "inconclusive"
+    if all(c["holds"] for c in conditions if c["rule"] == "positive"):
+        return "positive"
+    if any(c["holds"] for c in conditions if c["rule"] == "negative"):
+        return "negative"
+    return "inconclusive"

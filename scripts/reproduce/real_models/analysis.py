@@ -375,17 +375,14 @@ def _evaluator_conditions(found: dict, calibrated: dict, rules, min_members: int
 def _outcome(conditions: list[dict], reasons: list[str]) -> str:
     """The rule's outcome from its conditions; appends to ``reasons`` when a positive result is
     stopped only by a calibration condition."""
-    positive = [c for c in conditions if c["rule"] == "positive"]
-    if reasons:
-        return "inconclusive"
-    if all(c["holds"] for c in positive):
-        return "positive"
-    if all(c["holds"] for c in positive if not c.get("calibration")):
+    from ..common.claim_statistics import outcome_of
+
+    outcome = outcome_of(conditions, reasons)
+    stopped_by_calibration = all(c["holds"] for c in conditions if c["rule"] == "positive" and not c.get("calibration"))
+    if outcome != "positive" and not reasons and stopped_by_calibration:
         reasons.append(f"positive by every other condition, but {CALIBRATION_FAILS} (SmolLM2 evaluator)")
         return "inconclusive"
-    if any(c["holds"] for c in conditions if c["rule"] == "negative"):
-        return "negative"
-    return "inconclusive"
+    return outcome
 
 
 def decide(overall: dict, partial: dict, checks: dict, rules, calibrated: dict) -> dict:
