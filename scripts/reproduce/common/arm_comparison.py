@@ -178,9 +178,19 @@ def pool_clusters(
     return pooled
 
 
+def lies_above(interval: dict, bound: float) -> bool | None:
+    """``low > bound``; ``None`` when there is no interval (a skipped comparison)."""
+    return interval["low"] > bound if "low" in interval else None
+
+
 def excludes_zero_positive(interval: dict) -> bool | None:
     """``low > 0``; ``None`` when there is no interval."""
-    return interval["low"] > 0 if "low" in interval else None
+    return lies_above(interval, 0.0)
+
+
+def answer_text(value: bool | None) -> str:
+    """A decision's answer in a report: **yes**, no, or "no comparison" (``None``)."""
+    return "no comparison" if value is None else ("**yes**" if value else "no")
 
 
 def mirrored(interval: dict) -> dict:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from ..common.arm_comparison import (
     analyse_arms,
+    answer_text,
     difference_table,
     excludes_zero_positive,
     interval_text,
+    lies_above,
     mirrored,
     pool_clusters,
     pooled_table,
@@ -126,7 +128,7 @@ def decide(differences: dict, pooled: dict, margin: float = NON_INFERIORITY_MARG
     for setting in differences:
         frozen_self = mirrored(primary(setting, "self - frozen"))
         frozen[setting] = {
-            "matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
+            "matches_self": lies_above(frozen_self, -margin),
             "beats_ce": excludes_zero_positive(primary(setting, "frozen - ce")),
             "frozen_minus_self": frozen_self,
         }
@@ -156,10 +158,6 @@ def setting_rows(found: dict) -> list[dict]:
 def absent_settings(settings: dict) -> list[str]:
     """The settings (``{name: found}``, in order) without a row in the records."""
     return [name for name, found in settings.items() if not setting_rows(found)]
-
-
-def _answer(value: bool | None) -> str:
-    return "no comparison" if value is None else ("**yes**" if value else "no")
 
 
 def decision_lines(results: dict) -> list[str]:
@@ -192,10 +190,10 @@ def decision_lines(results: dict) -> list[str]:
     for name in settings:
         frozen, compute = decisions["frozen"][name], decisions["compute"][name]
         out.append(
-            f"- **Setting {name}:** frozen matches `self`: {_answer(frozen['matches_self'])} (`frozen − self` "
+            f"- **Setting {name}:** frozen matches `self`: {answer_text(frozen['matches_self'])} (`frozen − self` "
             f"{interval_text(frozen['frozen_minus_self'])}, margin −{decisions['margin']:g}); frozen beats CE: "
-            f"{_answer(frozen['beats_ce'])} (`frozen − ce` {primary(name, 'frozen - ce')}); not bought with "
-            f"compute: {_answer(compute['not_bought_with_compute'])} (`self − ce-fresh` "
+            f"{answer_text(frozen['beats_ce'])} (`frozen − ce` {primary(name, 'frozen - ce')}); not bought with "
+            f"compute: {answer_text(compute['not_bought_with_compute'])} (`self − ce-fresh` "
             f"{primary(name, 'self - ce-fresh')})."
         )
     held_out = "; ".join(f"{name} {primary(name, 'self - ce', 'recall')}" for name in settings)

@@ -75,7 +75,9 @@ def plan_rules(resamples: int = 10000):
     )
 
 
-def _mean_over(tasks: dict, prefix: str) -> float:
+def mean_over_lengths(tasks: dict, prefix: str) -> float:
+    """The mean accuracy of the task sets named ``<prefix>-<length>`` in ``tasks`` (``{name: {"accuracy"}}``,
+    a record's ``tasks``); NaN when there is none."""
     values = [found["accuracy"] for name, found in tasks.items() if name.startswith(prefix + "-")]
     return float(np.mean(values)) if values else float("nan")
 
@@ -101,10 +103,10 @@ def member_rows(records: list[dict], scored_alpha: dict | None = None) -> list[d
             "cluster": record["cluster"],
             "base": record["base"],
             "steps": record["steps"],
-            "lines_beyond": _mean_over(tasks, "lines-beyond"),
-            "lines_within": _mean_over(tasks, "lines-within"),
-            "needle": _mean_over(tasks, "needle"),
-            "recall": _mean_over(tasks, "recall"),
+            "lines_beyond": mean_over_lengths(tasks, "lines-beyond"),
+            "lines_within": mean_over_lengths(tasks, "lines-within"),
+            "needle": mean_over_lengths(tasks, "needle"),
+            "recall": mean_over_lengths(tasks, "recall"),
             "no_answer_shape_share": (
                 sum(not _ANSWER_SHAPE.search(o) for o in outputs) / len(outputs) if outputs else float("nan")
             ),

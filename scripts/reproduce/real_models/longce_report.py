@@ -18,11 +18,11 @@ Everything here is pure: records in, numbers out, so the tests can craft them.
 from __future__ import annotations
 
 from ..common import arm_comparison as shared
-from ..common.arm_comparison import excludes_zero_positive, interval_text, mirrored, pair_name
+from ..common.arm_comparison import answer_text, excludes_zero_positive, interval_text, lies_above, mirrored, pair_name
 from ..common.report_text import fmt, spread
 from ..common.run_folder import finite
 from ..common.statistics import holm
-from .analysis import _mean_over
+from .analysis import mean_over_lengths
 
 #: The outcomes per run (the first is the primary one), with their report labels and decimals.
 OUTCOMES = {
@@ -69,7 +69,7 @@ def outcomes_of(record: dict, primary: str) -> dict:
     (``None`` when the record has no such task set), PPL and LongPPL on the books; ``primary`` (an
     outcome key, :data:`PRIMARY_OF_GATE`'s value) is copied to ``primary_accuracy``."""
     tasks, books = record.get("tasks", {}), record.get("books", {})
-    found = {key: _defined(_mean_over(tasks, prefix)) for key, prefix in TASK_PREFIXES.items()}
+    found = {key: _defined(mean_over_lengths(tasks, prefix)) for key, prefix in TASK_PREFIXES.items()}
     found["ppl"], found["longppl"] = _defined(books.get("ppl")), _defined(books.get("longppl"))
     return {"primary_accuracy": found[primary], **found}
 
@@ -260,7 +260,7 @@ def decide(starts: dict, pooled: dict, margin: float = MARGIN) -> dict:
         per_start[name] = {
             "self_beats_ce": tests["self - ce"]["positive"],
             "frozen_beats_ce": tests["frozen - ce"]["positive"],
-            "frozen_matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
+            "frozen_matches_self": lies_above(frozen_self, -margin),
             "frozen_minus_self": frozen_self,
             "information_carries_frozen": tests["frozen - shuffled"]["positive"],
             "distribution_helps": excludes_zero_positive(primary("shuffled - ce")),
@@ -287,7 +287,7 @@ def decide(starts: dict, pooled: dict, margin: float = MARGIN) -> dict:
         "pooled": {
             "self_beats_ce": excludes_zero_positive(fixed("self - ce")),
             "frozen_beats_ce": excludes_zero_positive(fixed("frozen - ce")),
-            "frozen_matches_self": frozen_self["low"] > -margin if "low" in frozen_self else None,
+            "frozen_matches_self": lies_above(frozen_self, -margin),
             "frozen_minus_self": frozen_self,
             "information_carries_frozen": excludes_zero_positive(fixed("frozen - shuffled")),
             "distribution_helps": excludes_zero_positive(fixed("shuffled - ce")),
@@ -360,10 +360,6 @@ def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95
 # ------------------------------------------------------------------ longce_report.md
 
 
-def _answer(value: bool | None) -> str:
-    return "no comparison" if value is None else ("**yes**" if value else "no")
-
-
 def _p(value) -> str:
     if value is None or not finite(value):
         return "n/a"
@@ -399,16 +395,16 @@ def decision_lines(results: dict) -> list[str]:
         tests, differences = found["holm"], found["differences"]
         out.append(
             f"- **Start {name}** (primary: {OUTCOMES[found['primary']][0]}): `self − ce` "
-            f"{_holm_text(tests['self - ce'])}. Frozen beats CE: {_answer(answers['frozen_beats_ce'])} "
+            f"{_holm_text(tests['self - ce'])}. Frozen beats CE: {answer_text(answers['frozen_beats_ce'])} "
             f"(`frozen − ce` {_holm_text(tests['frozen - ce'])}); frozen matches `self`: "
-            f"{_answer(answers['frozen_matches_self'])} (`frozen − self` "
+            f"{answer_text(answers['frozen_matches_self'])} (`frozen − self` "
             f"{interval_text(answers['frozen_minus_self'])}, "
             f"unadjusted, margin −{decisions['margin']:g}); the weights' information carries frozen: "
-            f"{_answer(answers['information_carries_frozen'])} (`frozen − shuffled` "
+            f"{answer_text(answers['information_carries_frozen'])} (`frozen − shuffled` "
             f"{_holm_text(tests['frozen - shuffled'])}); the weights' distribution helps by itself: "
-            f"{_answer(answers['distribution_helps'])} (`shuffled − ce` "
+            f"{answer_text(answers['distribution_helps'])} (`shuffled − ce` "
             f"{interval_text(differences.get('shuffled - ce', {}).get('primary_accuracy', {}))}, unadjusted); "
-            f"not bought with compute: {_answer(answers['not_bought_with_compute'])} (`self − ce-fresh` "
+            f"not bought with compute: {answer_text(answers['not_bought_with_compute'])} (`self − ce-fresh` "
             f"{_holm_text(tests['self - ce-fresh'])})."
         )
     pooled, answers = results["pooled"], decisions["pooled"]
@@ -422,13 +418,13 @@ def decision_lines(results: dict) -> list[str]:
 
     out.append(
         "- **Pooled over the starts (fixed effects, unadjusted):** "
-        f"`self − ce` {fixed('self - ce')}: {_answer(answers['self_beats_ce'])}; "
-        f"frozen beats CE {_answer(answers['frozen_beats_ce'])} ({fixed('frozen - ce')}); "
-        f"frozen matches `self` {_answer(answers['frozen_matches_self'])} "
+        f"`self − ce` {fixed('self - ce')}: {answer_text(answers['self_beats_ce'])}; "
+        f"frozen beats CE {answer_text(answers['frozen_beats_ce'])} ({fixed('frozen - ce')}); "
+        f"frozen matches `self` {answer_text(answers['frozen_matches_self'])} "
         f"(`frozen − self` {interval_text(answers['frozen_minus_self'])}); "
-        f"information carries frozen {_answer(answers['information_carries_frozen'])} ({fixed('frozen - shuffled')}); "
-        f"distribution helps {_answer(answers['distribution_helps'])} ({fixed('shuffled - ce')}); "
-        f"not bought with compute {_answer(answers['not_bought_with_compute'])} ({fixed('self - ce-fresh')})."
+        f"information carries frozen {answer_text(answers['information_carries_frozen'])} ({fixed('frozen - shuffled')}); "
+        f"distribution helps {answer_text(answers['distribution_helps'])} ({fixed('shuffled - ce')}); "
+        f"not bought with compute {answer_text(answers['not_bought_with_compute'])} ({fixed('self - ce-fresh')})."
     )
     held_out = "; ".join(
         f"{name} {interval_text(found['differences'].get('self - ce', {}).get('recall', {}))}"
