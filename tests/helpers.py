@@ -47,6 +47,32 @@ def write_books(folder) -> str:
     return str(folder)
 
 
+def run_real_models_stage(study, stage: str, *extra: str) -> int:
+    """``longppl_reproduce.real_models.cli``'s ``main`` for ``stage`` on a tiny study (``study.root``:
+    the run folder is ``root/run``; ``study.books``: :func:`write_books`' folder; ``study.folders``:
+    the tiny ``gemma`` and ``smollm2`` model folders), on the CPU at the smoke sizes (``--small``),
+    with ``extra`` arguments; returns its exit status."""
+    from longppl_reproduce.real_models.cli import main
+
+    return main(
+        [
+            stage,
+            "--run",
+            str(study.root / "run"),
+            "--books",
+            study.books,
+            "--gemma",
+            study.folders["gemma"],
+            "--smollm2",
+            study.folders["smollm2"],
+            "--device",
+            "cpu",
+            "--small",
+            *extra,
+        ]
+    )
+
+
 def _wrap(tok: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
     if add_bos:
         bos = tok.token_to_id("<s>")

@@ -10,8 +10,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, tiny_model, write_books
-from longppl_reproduce.real_models.cli import main
+from helpers import byte_level_bpe, run_real_models_stage, tiny_model, write_books
 from longppl_reproduce.real_models.longce_start import frozen_weights, shuffled_weights
 
 
@@ -105,25 +104,7 @@ def tiny_study(tmp_path_factory):
 
 
 def _call(study, stage, *extra):
-    return main(
-        [
-            stage,
-            "--run",
-            str(study.root / "run"),
-            "--books",
-            study.books,
-            "--gemma",
-            study.folders["gemma"],
-            "--smollm2",
-            study.folders["smollm2"],
-            "--device",
-            "cpu",
-            "--small",
-            "--starts",
-            "s2",
-            *extra,
-        ]
-    )
+    return run_real_models_stage(study, stage, "--starts", "s2", *extra)
 
 
 def _rows(study, name):

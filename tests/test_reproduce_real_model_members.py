@@ -11,9 +11,8 @@ import types
 
 import pytest
 import torch
-from helpers import byte_level_bpe, tiny_model, write_books
+from helpers import byte_level_bpe, run_real_models_stage, tiny_model, write_books
 from longppl_reproduce.real_models import members, phases
-from longppl_reproduce.real_models.cli import main
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
@@ -171,43 +170,23 @@ def tiny_run(tmp_path_factory):
     return types.SimpleNamespace(root=root, folders=folders, books=books)
 
 
-def _call(tiny_run, stage, *extra):
-    return main(
-        [
-            stage,
-            "--run",
-            str(tiny_run.root / "run"),
-            "--books",
-            tiny_run.books,
-            "--gemma",
-            tiny_run.folders["gemma"],
-            "--smollm2",
-            tiny_run.folders["smollm2"],
-            "--device",
-            "cpu",
-            "--small",
-            *extra,
-        ]
-    )
-
-
 @pytest.mark.slow
 def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     run = tiny_run.root / "run" / "records"
-    assert _call(tiny_run, "score") == 2
+    assert run_real_models_stage(tiny_run, "score") == 2
     assert "run the 'calibrate' phase first" in capsys.readouterr().err
-    assert _call(tiny_run, "calibrate") == 0
+    assert run_real_models_stage(tiny_run, "calibrate") == 0
     calibration = [json.loads(line) for line in open(run / "calibration.jsonl")]
     assert [r["evaluator"] for r in calibration] == ["gemma", "smollm2"]
-    assert _call(tiny_run, "calibrate") == 0
+    assert run_real_models_stage(tiny_run, "calibrate") == 0
     assert len(open(run / "calibration.jsonl").readlines()) == 2
 
-    assert _call(tiny_run, "prepare", "--workers", "2") == 0
+    assert run_real_models_stage(tiny_run, "prepare", "--workers", "2") == 0
     sets = sorted(os.listdir(tiny_run.root / "run" / "tasks" / "gemma"))
     assert len(sets) == 8 and sets[0] == "lines-beyond-448.jsonl"
-    assert _call(tiny_run, "prepare") == 0
+    assert run_real_models_stage(tiny_run, "prepare") == 0
     assert "every task set kept" in capsys.readouterr().out
-    assert _call(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k") == 0
+    assert run_real_models_stage(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k") == 0
     rows = [json.loads(line) for line in open(run / "members.jsonl")]
     assert [r["member"] for r in rows] == ["gemma-c1k", "gemma-w32k"]  # in the population's order
     assert set(rows[0]["tasks"]) == {
@@ -220,29 +199,32 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     lines = rows[0]["tasks"]["lines-beyond-448"]
     assert len(lines["outputs"]) == len(lines["per_case"]) == 2
     assert lines["accuracy"] == sum(lines["per_case"]) / 2
-    assert _call(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k,smollm2-yarn2-s0,smollm2-yarn2-s50") == 0
+    assert (
+        run_real_models_stage(tiny_run, "score", "--members", "gemma-w32k,gemma-c1k,smollm2-yarn2-s0,smollm2-yarn2-s50")
+        == 0
+    )
     rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
     assert rows == ["gemma-c1k", "gemma-w32k", "smollm2-yarn2-s0"]  # s50 waits for the fine-tuning phase
     assert "smollm2-yarn2-s50 is not fine-tuned yet" in capsys.readouterr().out
-    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert run_real_models_stage(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
     trained = tiny_run.root / "run" / "members" / "smollm2-yarn2-s50"
     record = json.loads((trained / "training.json").read_text())
     assert (record["steps"], record["length"], len(record["losses"])) == (2, 256, 2)
     config = json.loads((trained / "config.json").read_text())
     assert config["rope_parameters"]["rope_type"] == "yarn"  # the extension travels with the member
-    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert run_real_models_stage(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
     assert len(open(run / "finetune.jsonl").readlines()) == 1
-    assert _call(tiny_run, "score", "--members", "smollm2-yarn2-s50") == 0
+    assert run_real_models_stage(tiny_run, "score", "--members", "smollm2-yarn2-s50") == 0
     rows = [json.loads(line)["member"] for line in open(run / "members.jsonl")]
     assert rows[-1] == "smollm2-yarn2-s50" and len(rows) == 4
     shutil.rmtree(trained)  # a fresh machine: the member's folder is gone, its score row kept
-    assert _call(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert run_real_models_stage(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
     assert len(open(run / "finetune.jsonl").readlines()) == 1  # scored: not trained again
-    assert _call(tiny_run, "score", "--members", "gemma-w99k") == 2
+    assert run_real_models_stage(tiny_run, "score", "--members", "gemma-w99k") == 2
     assert "Unknown members" in capsys.readouterr().err
 
     # the report stage reads what the phases wrote: each member's accuracies are its records' means
-    assert _call(tiny_run, "report-real", "--resamples", "50") == 0
+    assert run_real_models_stage(tiny_run, "report-real", "--resamples", "50") == 0
     found = json.loads((tiny_run.root / "run" / "results.json").read_text())
     scored = {r["member"]: r for r in (json.loads(line) for line in open(run / "members.jsonl"))}
     assert [r["member"] for r in found["rows"]] == list(scored)
@@ -278,11 +260,11 @@ def test_a_calibration_with_no_qualifying_alpha_is_recorded_and_kept(tiny_run, t
 def test_instrument_writes_its_checks_once(tiny_run):
     run = tiny_run.root / "run" / "records"
     if not os.path.isfile(run / "calibration.jsonl"):
-        assert _call(tiny_run, "calibrate") == 0
-    assert _call(tiny_run, "instrument") == 0
+        assert run_real_models_stage(tiny_run, "calibrate") == 0
+    assert run_real_models_stage(tiny_run, "instrument") == 0
     rows = [json.loads(line) for line in open(run / "instrument.jsonl")]
     checks = {r["check"] for r in rows}
     assert checks == {"key-share", "answer-share", "window-order"}
     assert len([r for r in rows if r["check"] == "window-order"]) == 11  # 6 attention limits, 5 context limits
-    assert _call(tiny_run, "instrument") == 0
+    assert run_real_models_stage(tiny_run, "instrument") == 0
     assert len(open(run / "instrument.jsonl").readlines()) == len(rows)
