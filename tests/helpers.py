@@ -26,6 +26,35 @@ from transformers import (
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "govreport_crs.jsonl")
 SPECIALS = ["<s>", "</s>", "<pad>"]
 
+#: The repository's root (the tests' own folder's parent).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: longce-train's tiny CPU recipe.
+TINY = os.path.join(REPO, "configs", "tiny_cpu.yaml")
+
+
+def read_recipe(path: str = TINY) -> dict:
+    """A longce-train recipe (YAML) as a dict."""
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def tiny_argv(tmp_path, *extra: str, subdir: str = "run") -> list[str]:
+    """longce-train's arguments for the tiny recipe with the test's data path, output folder
+    (``tmp_path/subdir``) and datasets cache, then ``extra``."""
+    return [
+        "--config",
+        TINY,
+        "--data_files",
+        DATA,
+        "--output_dir",
+        str(tmp_path / subdir),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        *extra,
+    ]
+
 
 @functools.cache
 def govreport_texts() -> tuple[str, ...]:
