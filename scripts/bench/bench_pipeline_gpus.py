@@ -20,6 +20,15 @@ tokenizer, saved under ``--work`` once:
    lost (documents without a row), duplicated (a key committed twice; harmless, compaction drops
    them), wrong (a row whose arrays differ); the rows committed at each kill; the total time.
 
+Two rates are given for the uninterrupted runs. ``tokens_per_s`` counts the evaluator tokens of the
+corpus over the whole run, each task's start included (Python, torch, datatrove, loading the
+evaluator, the first kernels): on a corpus one GPU scores in minutes the start weighs on it.
+``steady`` is the rate while every task is scoring: a step after ``ScoreKeyTokens`` notes when
+each document leaves it (a block leaves once its rows are committed), and the rate counts the
+tokens that left between the moment the last task's first block left and the moment the first task's
+last block left, over that window. Each task's start (launch to its first block) is recorded
+beside it, so the two rates can be told apart by measurement.
+
 It prints one line per run and writes everything to ``--json`` (after each phase, so a run cut
 short keeps its figures). Estimated, not measured: about 10 minutes on 2 H100s with the defaults,
 the random evaluator's saving (16 GB) included; ``--documents`` and ``--kills`` scale it. Rates
@@ -34,6 +43,7 @@ import json
 import os
 import random
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +51,53 @@ import time
 
 from common import CRS
 
+try:
+    from datatrove.pipeline.base import PipelineStep
+except ImportError:  # --help answers without datatrove; a run imports it again and says it is missing
+    PipelineStep = object
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class PassTimes(PipelineStep):
+    """Pass the documents on unchanged, noting per task (``folder/<rank>.jsonl``, a line each, flushed)
+    the wall time each leaves the step before and its evaluator tokens (``longppl_tokens``)."""
+
+    name = "pass times"
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self.folder = folder
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        os.makedirs(self.folder, exist_ok=True)
+        with open(os.path.join(self.folder, f"{rank:05d}.jsonl"), "w", encoding="utf-8") as handle:
+            for doc in data:
+                handle.write(json.dumps([time.time(), doc.metadata.get("longppl_tokens", 0)]) + "\n")
+                handle.flush()
+                yield doc
+
+
+def steady_rate(folder: str, launched: float) -> dict:
+    """From the times :class:`PassTimes` noted: each task's start (seconds from ``launched``, the
+    run's launch, to its first block leaving the scoring step) and the rate while all tasks scored.
+
+    The window runs from the latest task's first block to the earliest task's last block; the rate is
+    the tokens of the documents that left inside it (after its start, up to its end) over its length.
+    ``tokens_per_s`` is None when the window is empty (a task with a single block)."""
+    tasks = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), encoding="utf-8") as handle:
+            tasks.append([json.loads(line) for line in handle if line.strip()])
+    tasks = [times for times in tasks if times]
+    low, high = max(times[0][0] for times in tasks), min(times[-1][0] for times in tasks)
+    tokens = sum(n for times in tasks for t, n in times if low < t <= high)
+    return dict(
+        task_start_s=[round(times[0][0] - launched, 1) for times in tasks],
+        window_s=round(high - low, 1),
+        window_tokens=tokens,
+        tokens_per_s=round(tokens / (high - low), 1) if high > low else None,
+    )
 
 
 def write_corpus(folder: str, documents: int, tokens: int, files: int) -> None:
@@ -65,6 +121,7 @@ def write_corpus(folder: str, documents: int, tokens: int, files: int) -> None:
 
 def run_pipeline(config: dict) -> None:
     """Run the pipeline of ``config`` in this process (``--run``)."""
+    from bench_pipeline_gpus import PassTimes  # by its module's name: the spawned tasks import it so
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
@@ -79,7 +136,10 @@ def run_pipeline(config: dict) -> None:
         max_length=config["tokens"],
         shard_documents=config["shard_documents"],
     )
-    pipeline = [JsonlReader(config["input"]), step, JsonlWriter(config["output"], compression=None)]
+    pipeline = [JsonlReader(config["input"]), step]
+    if config.get("times"):
+        pipeline.append(PassTimes(config["times"]))
+    pipeline.append(JsonlWriter(config["output"], compression=None))
     LocalPipelineExecutor(
         pipeline, tasks=config["tasks"], workers=config["tasks"], logging_dir=config["logs"], start_method="spawn"
     ).run()
@@ -192,6 +252,7 @@ def main(argv=None) -> dict:
     def config(name: str, tasks: int) -> dict:
         return dict(evaluator=evaluator, input=os.path.join(work, "input"), cache=os.path.join(work, name, "cache"),
                     output=os.path.join(work, name, "output"), logs=os.path.join(work, name, "logs"), tasks=tasks,
+                    times=os.path.join(work, name, "times") if name in ("one_gpu", "n_gpus") else None,
                     trunc_len=args.trunc_len, sliding_window=args.sliding_window, tokens=args.tokens,
                     shard_documents=args.shard_documents)  # fmt: skip
 
@@ -201,19 +262,34 @@ def main(argv=None) -> dict:
     log = open(os.path.join(work, "runs.log"), "a", encoding="utf-8")
     for name, tasks in (("one_gpu", 1), ("n_gpus", gpus)):
         values = config(name, tasks)
-        began = time.perf_counter()
+        if os.path.isdir(values["times"]):  # a fresh record of this run's times (the folder is ours)
+            shutil.rmtree(values["times"])
+        launched, began = time.time(), time.perf_counter()
         finish(start(values, work, name, log), name)
         seconds = time.perf_counter() - began
         tokens = corpus_tokens(values["cache"])
+        steady = steady_rate(values["times"], launched)
         results[name] = dict(
-            tasks=tasks, seconds=round(seconds, 1), tokens=tokens, tokens_per_s=round(tokens / seconds, 1)
+            tasks=tasks,
+            seconds=round(seconds, 1),
+            tokens=tokens,
+            tokens_per_s=round(tokens / seconds, 1),
+            steady=steady,
         )
-        print(f"{name}: {tasks} task(s), {seconds:.1f} s, {tokens / seconds:,.0f} tokens/s", flush=True)
+        print(
+            f"{name}: {tasks} task(s), {seconds:.1f} s, {tokens / seconds:,.0f} tokens/s; steady {steady}", flush=True
+        )
         save(results, args.json)
     reference = config("one_gpu", 1)["cache"]
     results["n_gpus"]["speedup"] = round(results["n_gpus"]["tokens_per_s"] / results["one_gpu"]["tokens_per_s"], 2)
+    one, many = results["one_gpu"]["steady"]["tokens_per_s"], results["n_gpus"]["steady"]["tokens_per_s"]
+    results["n_gpus"]["steady"]["speedup"] = round(many / one, 2) if one and many else None
     results["n_gpus"]["against_one_gpu"] = compare(reference, config("n_gpus", gpus)["cache"])
-    print(f"n_gpus: {results['n_gpus']['speedup']}x one GPU; {results['n_gpus']['against_one_gpu']}", flush=True)
+    print(
+        f"n_gpus: {results['n_gpus']['speedup']}x one GPU, steady {results['n_gpus']['steady']['speedup']}x; "
+        f"{results['n_gpus']['against_one_gpu']}",
+        flush=True,
+    )
 
     rng = random.Random(args.seed)
     values = config("killed", gpus)
