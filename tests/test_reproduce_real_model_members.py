@@ -152,6 +152,70 @@ def test_records_drop_a_line_cut_short_and_keep_whole_rows(tmp_path):
     assert records.keys() == {"a", "b"}
 
 
+def bare_run(root) -> phases.Run:
+    """A run folder for the phases' bookkeeping alone (no models, no books)."""
+    return phases.Run(str(root), "", "", "", "cpu", 1e9, None, phases.SMALL)
+
+
+def test_pending_leaves_a_unit_another_process_holds_and_holds_each_unit_while_it_runs(tmp_path):
+    from longppl_reproduce.real_models.claims import claim
+
+    run = bare_run(tmp_path / "run")
+    records, budget = run.records("score"), phases.Budget(1e9)
+    units = ((key, key.upper()) for key in ("a", "b", "c"))
+    seen = []
+    with claim(run.root, "score", "b") as mine:  # another worker's claim on b (a lock of its own)
+        assert mine is None
+        for key, unit in phases.pending(run, "score", records, budget, units):
+            with claim(run.root, "score", key) as other:  # a second worker asking for the unit now
+                assert other == f"held by process {os.getpid()}"
+            seen.append((key, unit))
+            records.append(key, {})
+    assert seen == [("a", "A"), ("c", "C")]
+    assert f"score: b held by process {os.getpid()}; left to it" in run.log_lines
+    with claim(run.root, "score", "a") as free:  # released once the worker asked for the next unit
+        assert free is None
+    assert [key for key, _ in phases.pending(run, "score", records, budget, iter([("b", 0)]))] == ["b"]
+
+
+def test_pending_skips_a_unit_done_by_another_process_after_it_looked(tmp_path):
+    run = bare_run(tmp_path / "run")
+    records, budget = run.records("score"), phases.Budget(1e9)
+
+    def units():
+        yield "a", 1
+        records.append("b", {})  # another process finished b after this one read the records
+        yield "b", 2
+
+    assert [key for key, _ in phases.pending(run, "score", records, budget, units())] == ["a"]
+    assert "score: b done by another process" in run.log_lines
+
+
+def test_a_killed_holder_leaves_its_unit_free(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import wait_guarded
+
+    run = bare_run(tmp_path / "run")
+    records, budget = run.records("score"), phases.Budget(1e9)
+    holder = (
+        "import sys\n"
+        "from longppl_reproduce.real_models.claims import claim\n"
+        f"with claim({run.root!r}, 'score', 'a') as held:\n"
+        "    print('free' if held is None else held, flush=True)\n"
+        "    sys.stdin.read()\n"  # holds the claim until killed
+    )
+    process = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "free"
+        assert [key for key, _ in phases.pending(run, "score", records, budget, iter([("a", 0)]))] == []
+    finally:
+        process.kill()
+        wait_guarded(process)
+    assert [key for key, _ in phases.pending(run, "score", records, budget, iter([("a", 0)]))] == ["a"]
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """Two tiny evaluators in model folders (a Gemma 3 and a Llama under a byte-level BPE) and

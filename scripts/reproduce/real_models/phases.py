@@ -2,8 +2,11 @@
 models — analysis plan"). Each phase appends one JSON line per finished unit to a records file
 under ``<run>/records/`` and skips the units already there, so a call cut short, or the next
 session's call, goes on where the last one stopped. A phase starts no new unit once
-``budget_seconds`` have passed since it began (one unit takes well under a minute at the plan's
-sizes), so each call fits one device call of 10 minutes.
+``budget_seconds`` have passed since it began, so each call fits one device call of 10 minutes
+when the budget leaves room for the last unit (a member's ``score`` took 117-423 s on an H200).
+Processes run side by side on one run folder (``--device cuda:<i>`` each) share the units of
+``score``, ``finetune`` and the window order of ``instrument``: each unit is claimed while it runs
+(``claims``), so no fixed split of ``--members`` is needed.
 
 - ``calibrate`` (``calibration.jsonl``, one row per evaluator): alpha by the null-document rule
   (``calibration.calibrate_alpha``): the smallest alpha of the grid whose key tokens on null
@@ -176,18 +179,34 @@ class Budget:
         return time.monotonic() - self.start > self.seconds
 
 
-def pending(run: Run, phase: str, records: Records, budget: Budget, units):
-    """Yield the ``(key, unit)`` pairs of ``units`` whose key the records do not hold yet, until the
-    budget is spent (then say so: the next call goes on)."""
-    done = records.keys()
+def pending(run: Run, phase: str, records: Records, budget: Budget, units, done=None):
+    """Yield the ``(key, unit)`` pairs of ``units`` not done yet, until the budget is spent (then say
+    so: the next call goes on).
+
+    Processes side by side on one run folder (one per GPU) share the units: each unit is claimed
+    (``claims.claim``) for as long as the caller works on it, i.e. until it asks for the next one, and a
+    unit claimed by another process, or done since this one looked, is left. ``done``: a function
+    returning the keys done (default: the keys ``records`` holds), asked again once a unit is claimed.
+    """
+    from .claims import claim
+
+    finished = records.keys if done is None else done
+    seen = finished()
     for key, unit in units:
-        if key in done:
+        if key in seen:
             run.log(f"{phase}: {key} kept")
             continue
         if budget.spent():
             run.log(f"{phase}: budget spent; call again")
             return
-        yield key, unit
+        with claim(run.root, phase, key) as holder:
+            if holder is not None:
+                run.log(f"{phase}: {key} {holder}; left to it")
+                continue
+            if key in finished():
+                run.log(f"{phase}: {key} done by another process")
+                continue
+            yield key, unit
 
 
 # ------------------------------------------------------------------ models, texts, evaluator scores
@@ -667,14 +686,14 @@ def finetune(run: Run) -> None:
     ``finetune.jsonl``. A member's folder (hundreds of MB) stays on the machine that trained it: one
     trained in an earlier session whose machine is gone, and not scored there, is trained again."""
     records, budget = run.records("finetune"), Budget(run.budget_seconds)
-    scored = run.records("members").keys()
+    chosen = [spec for spec in _chosen_members(run) if spec.needs_training]
     folder = evaluators(run)[1].folder
-    for spec in _chosen_members(run):
-        if not spec.needs_training or spec.name in scored or os.path.isdir(trained_folder(run, spec)):
-            continue
-        if budget.spent():
-            run.log("finetune: budget spent; call again")
-            return
+
+    def done() -> set[str]:  # scored, or trained on this machine (a record alone does not hold the weights)
+        here = {spec.name for spec in chosen if os.path.isdir(trained_folder(run, spec))}
+        return run.records("members").keys() | here
+
+    for _, spec in pending(run, "finetune", records, budget, ((spec.name, spec) for spec in chosen), done=done):
         record = finetune_one(run, spec, folder)
         records.append(spec.name, record)
         run.log(f"finetune: {spec.name} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
