@@ -588,26 +588,34 @@ def train_arms(run: Run, choice: Choice) -> None:
     with a record whose checkpoints are neither on this machine (a fresh one: ``outputs/`` stays on
     the machine that trained them) nor all evaluated is trained again; its first record is kept."""
     records, budget = run.records("longce_train"), Budget(run.budget_seconds)
-    done, evaluated = records.keys(), run.records("longce_evaluate").keys()
-    for seed in choice.seeds:
-        for start in choice.starts:
-            for arm in choice.arms:
-                key = f"{start.name}/{arm}-s{seed}"
-                folder = unit_folder(run, start, arm, seed)
-                points = [c for c in choice.sizes.checkpoints if f"{key}/{c}" not in evaluated]
-                if key in done and all(os.path.isdir(os.path.join(folder, f"point-{c}")) for c in points):
-                    run.log(f"longce-train: {key} kept")
-                    continue
-                if budget.spent():
-                    run.log("longce-train: budget spent; call again")
-                    return
-                _start_row(run, start)
-                record = train(run, choice.sizes, start, arm, seed)
-                if key in done:
-                    run.log(f"longce-train: {key} trained again for its evaluation (its first record kept)")
-                    continue
-                records.append(key, record)
-                run.log(f"longce-train: {key} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+    units = [
+        (f"{start.name}/{arm}-s{seed}", (start, arm, seed))
+        for seed in choice.seeds
+        for start in choice.starts
+        for arm in choice.arms
+    ]
+
+    def done() -> set[str]:  # recorded, with every checkpoint not yet evaluated on this machine
+        recorded, evaluated = records.keys(), run.records("longce_evaluate").keys()
+        return {
+            key
+            for key, (start, arm, seed) in units
+            if key in recorded
+            and all(
+                os.path.isdir(os.path.join(unit_folder(run, start, arm, seed), f"point-{c}"))
+                for c in choice.sizes.checkpoints
+                if f"{key}/{c}" not in evaluated
+            )
+        }
+
+    for key, (start, arm, seed) in pending(run, "longce-train", records, budget, units, done=done):
+        _start_row(run, start)
+        record = train(run, choice.sizes, start, arm, seed)
+        if key in records.keys():
+            run.log(f"longce-train: {key} trained again for its evaluation (its first record kept)")
+            continue
+        records.append(key, record)
+        run.log(f"longce-train: {key} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
 
 
 # ------------------------------------------------------------------ longce-evaluate
