@@ -43,7 +43,6 @@ import json
 import os
 import random
 import runpy
-import shutil
 import signal
 import subprocess
 import sys
@@ -78,18 +77,21 @@ class PassTimes(PipelineStep):
                 yield doc
 
 
-def steady_rate(folder: str, launched: float) -> dict:
+def steady_rate(folder: str, launched: float, tasks: int | None = None) -> dict:
     """From the times :class:`PassTimes` noted: each task's start (seconds from ``launched``, the
     run's launch, to its first block leaving the scoring step) and the rate while all tasks scored.
+    ``tasks``: read the files of ranks ``0 .. tasks - 1`` only (a run's own; each truncates its
+    file when it starts), default every file of ``folder``.
 
     The window runs from the latest task's first block to the earliest task's last block; the rate is
     the tokens of the documents that left inside it (after its start, up to its end) over its length.
     ``tokens_per_s`` is None when the window is empty (a task with a single block)."""
-    tasks = []
-    for name in sorted(os.listdir(folder)):
+    names = sorted(os.listdir(folder)) if tasks is None else [f"{rank:05d}.jsonl" for rank in range(tasks)]
+    found = []
+    for name in names:
         with open(os.path.join(folder, name), encoding="utf-8") as handle:
-            tasks.append([json.loads(line) for line in handle if line.strip()])
-    tasks = [times for times in tasks if times]
+            found.append([json.loads(line) for line in handle if line.strip()])
+    tasks = [times for times in found if times]
     low, high = max(times[0][0] for times in tasks), min(times[-1][0] for times in tasks)
     tokens = sum(n for times in tasks for t, n in times if low < t <= high)
     return dict(
@@ -262,13 +264,11 @@ def main(argv=None) -> dict:
     log = open(os.path.join(work, "runs.log"), "a", encoding="utf-8")
     for name, tasks in (("one_gpu", 1), ("n_gpus", gpus)):
         values = config(name, tasks)
-        if os.path.isdir(values["times"]):  # a fresh record of this run's times (the folder is ours)
-            shutil.rmtree(values["times"])
         launched, began = time.time(), time.perf_counter()
         finish(start(values, work, name, log), name)
         seconds = time.perf_counter() - began
         tokens = corpus_tokens(values["cache"])
-        steady = steady_rate(values["times"], launched)
+        steady = steady_rate(values["times"], launched, tasks)
         results[name] = dict(
             tasks=tasks,
             seconds=round(seconds, 1),

@@ -28,6 +28,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from longppl.settings import DEFAULT_ALPHA
+
 from ..common.run_folder import finite
 from .members import FULL  # Gemma 3 270M's context: the released model's window-order row
 
@@ -43,7 +45,9 @@ SECONDARY_MEASURES = {
     "longppl:smollm2:alpha2": ("smollm2", "books-smollm2", True),
 }
 CALIBRATION_FAILS = "the instrument fails its calibration"
-PAPER_ALPHA = 2.0  # the paper's fixed alpha: a sensitivity beside the calibrated one (``phases`` scores it)
+PAPER_ALPHA = (
+    DEFAULT_ALPHA  # the paper's fixed alpha (2): a sensitivity beside the calibrated one (``phases`` scores it)
+)
 
 PLAN_RULES = SimpleNamespace(
     bootstrap={"resamples": 10000, "seed": 0, "level": 0.95},

@@ -78,13 +78,12 @@ def stage_longce(args) -> None:
 
 
 def _write_outputs(folder: str, texts: dict) -> None:
-    """Each ``{name: text}`` written to ``folder/name`` beside it first, then renamed (never half a file)."""
+    """Each ``{name: text}`` written to ``folder/name`` atomically (never half a file), its path printed."""
+    from longppl.atomic_files import write_file_atomically
+
     for name, text in texts.items():
         path = os.path.join(folder, name)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_file_atomically(path, lambda handle, text=text: handle.write(text))
         print(path)
 
 

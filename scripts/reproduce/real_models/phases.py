@@ -4,9 +4,10 @@ under ``<run>/records/`` and skips the units already there, so a call cut short,
 session's call, goes on where the last one stopped. A phase starts no new unit once
 ``budget_seconds`` have passed since it began, so each call fits one device call of 10 minutes
 when the budget leaves room for the last unit (a member's ``score`` took 117-423 s on an H200).
-Processes run side by side on one run folder (``--device cuda:<i>`` each) share the units of
-``score``, ``finetune`` and the window order of ``instrument``: each unit is claimed while it runs
-(``claims``), so no fixed split of ``--members`` is needed.
+Processes run side by side on one run folder (``--device cuda:<i>`` each) share the units of every
+phase that walks them through :func:`pending` (``calibrate``, ``score``, ``finetune``, the window order
+of ``instrument``, and the LongCE phases): each unit is claimed while it runs (``claims``), so no
+fixed split of ``--members`` is needed.
 
 - ``calibrate`` (``calibration.jsonl``, one row per evaluator): alpha by the null-document rule
   (``calibration.calibrate_alpha``): the smallest alpha of the grid whose key tokens on null
