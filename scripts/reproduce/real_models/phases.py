@@ -629,13 +629,24 @@ def trained_folder(run: Run, spec) -> str:
     return os.path.join(run.root, "members", spec.name)
 
 
+_TRAINING_IDS: dict = {}  # (books file, tokenizer's folder) -> token ids, for this process
+
+
 def training_books(run: Run, tokenizer) -> list[np.ndarray]:
+    """The training books as ``[n_b]`` int64 token ids of ``tokenizer``, one array a book. Tokenized
+    once a process: a GPU's worker fine-tunes several members from the same books, and the whole
+    training set takes tens of seconds to tokenize."""
     from ..common.books import read_books
 
     path = os.path.join(run.books, "train.jsonl.gz")
     if not os.path.isfile(path):
         raise ValueError(f"No training books at {path}: pass --books, the folder with train.jsonl.gz.")
-    return [np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in read_books(path)]
+    key = (os.path.abspath(path), getattr(tokenizer, "name_or_path", None) or id(tokenizer))
+    if key not in _TRAINING_IDS:
+        _TRAINING_IDS[key] = [
+            np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in read_books(path)
+        ]
+    return _TRAINING_IDS[key]
 
 
 def finetune_one(run: Run, spec, folder: str) -> dict:
