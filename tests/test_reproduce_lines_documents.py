@@ -15,6 +15,7 @@ from longppl_reproduce.common.lines import (
     case_text,
     fitted_lines_document,
     generate_lines_cases,
+    greedy_answers,
     lines_cases_beyond,
 )
 
@@ -139,3 +140,24 @@ def test_answer_log_likelihood_matches_one_full_forward_per_case():
         got = answer_log_likelihood(model, tok, cases, batch_size=batch_size)
         assert all(math.isclose(g, e, rel_tol=1e-4, abs_tol=1e-4) for g, e in zip(got, expected)), (got, expected)
         assert len(got) == 3
+
+
+def test_greedy_answers_match_a_plain_greedy_loop_in_order():
+    """Batches encoded ahead on a thread come back in order, each prompt's answer the plain argmax
+    loop's continuation (the prompts share a token length, so batching adds no padding)."""
+    tok = byte_level_bpe()
+    model = tiny_model("llama", len(tok), seed=5)
+    prompts = [f"line {c}: REGISTER_CONTENT is <{c}>" for c in "abcdefg"]
+    assert len({len(tok(p)["input_ids"]) for p in prompts}) == 1
+    expected = []
+    for prompt in prompts:
+        ids = tok(prompt)["input_ids"]
+        with torch.no_grad():
+            for _ in range(4):
+                ids = ids + [int(model(torch.tensor([ids])).logits[0, -1].argmax())]
+        expected.append(tok.decode(ids[-4:], skip_special_tokens=True))
+    assert len(set(expected)) > 1  # answers that differ, so an order mixed up shows
+    side = tok.padding_side
+    for batch_size in (1, 3):  # 7 prompts: batches of 3, 3 and 1
+        assert greedy_answers(model, tok, prompts, max_new_tokens=4, batch_size=batch_size) == expected
+    assert tok.padding_side == side
