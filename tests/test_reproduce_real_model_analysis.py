@@ -159,6 +159,9 @@ def test_the_format_exclusion_and_the_minimum_size():
     assert found["statistics"]["all"]["longppl"]["n"] == 38
     assert found["decision"]["outcome"] == "inconclusive"  # 38 analysed, fewer than 40
     assert any("fewer than the 40" in reason for reason in found["decision"]["reasons"])
+    # every member's share of lines outputs without a number is listed, the excluded ones marked
+    lines = {line.split(" | ")[0][2:]: line for line in analysis.format_report(found).splitlines() if line[:3] == "| m"}
+    assert lines["m0"].endswith("| 1.000 | format |") and lines["m10"].endswith("| 0.000 |  |")
 
 
 @pytest.mark.slow

@@ -562,13 +562,18 @@ def format_report(found: dict) -> str:
         "",
         "## Members",
         "",
-        "| member | cluster | steps | lines beyond | lines within | needle | recall | composite | PPL | LongPPL | LongPPL (SmolLM2) | excluded |",
+        "Excluded: by format only, when more than half of a member's lines outputs hold no number of the "
+        "answer's shape; the share is given for every member.",
+        "",
+        "| member | cluster | steps | lines beyond | lines within | needle | recall | composite | PPL | LongPPL | "
+        "LongPPL (SmolLM2) | lines outputs without a number | excluded |",
     ]
-    out.append("|---" * 12 + "|")
+    out.append("|---" * 13 + "|")
     for r in found["rows"]:
         out.append(
             f"| {r['member']} | {r['cluster']} | {r['steps']} | {fmt(r['lines_beyond'])} | {fmt(r['lines_within'])} | "
             f"{fmt(r['needle'])} | {fmt(r['recall'])} | {fmt(r.get('composite'))} | {fmt(r['ppl'])} | "
-            f"{fmt(r['longppl'])} | {fmt(r['longppl:smollm2'])} | {'format' if r['excluded'] else ''} |"
+            f"{fmt(r['longppl'])} | {fmt(r['longppl:smollm2'])} | {fmt(r['no_answer_shape_share'])} | "
+            f"{'format' if r['excluded'] else ''} |"
         )
     return "\n".join(out) + "\n"
