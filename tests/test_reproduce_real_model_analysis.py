@@ -5,6 +5,7 @@ statistics against plain references."""
 
 import functools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -183,7 +184,17 @@ def test_the_report_stage_reads_only_the_records(tmp_path):
     assert "## Decision by the plan: **inconclusive**" in report
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["decision"]["reasons"][0].startswith("the instrument fails its calibration")
-    assert set(results["secondary"]) == {"smollm2", "paper_alpha", "govreport", "tasks", "cross_family"}
+    assert set(results["secondary"]) == {
+        "smollm2",
+        "paper_alpha",
+        "govreport",
+        "task_documents",
+        "tasks",
+        "cross_family",
+    }
+    # no 'documents' rows in this run: the task documents' statistics say so instead of a number
+    assert "unavailable" in results["secondary"]["task_documents"]["longppl:tasks"]
+    assert "| Task documents, Gemma evaluator | | not in the records" in report
     assert set(results["mixed_model"]) == {"longppl", "longppl:smollm2"}
 
 
@@ -332,3 +343,23 @@ def test_the_mixed_model_slope_against_least_squares():
     assert mixed["covariates"] == ["lines_within"] and mixed["longppl"]["value"] < 0
     assert mixed["longppl"]["low"] <= mixed["longppl"]["value"] <= mixed["longppl"]["high"]
     assert "## Mixed model" in analysis.format_report(tracked)
+
+
+def test_task_document_rows_join_their_members_as_a_secondary_measure():
+    records = member_records(True)
+    # the documents phase's rows: LongPPL on the task documents falls with the member's index (its
+    # ability), for all members but the last, which has no row
+    documents = [
+        {"member": r["member"], "longppl": {"tasks-gemma": {"longppl": 100.0 - i, "ppl": 10.0}}}
+        for i, r in enumerate(records[:-1])
+    ]
+    joined = analysis.with_task_documents(records, documents)
+    assert joined[0]["longppl"]["tasks-gemma"]["longppl"] == 100.0
+    assert joined[0]["longppl"]["books-gemma"] == records[0]["longppl"]["books-gemma"]  # kept
+    assert "tasks-gemma" not in joined[-1]["longppl"] and "tasks-gemma" not in records[0]["longppl"]
+    found = analysis.analyse(joined, instrument_records(), calibration_records(), analysis.plan_rules(200))
+    rows = {r["member"]: r for r in found["rows"]}
+    assert rows["m0"]["longppl:tasks"] == 100.0 and math.isnan(rows["m47"]["longppl:tasks"])
+    tasks = found["secondary"]["task_documents"]["longppl:tasks"]
+    assert tasks["n"] == 47 and tasks["spearman"]["longppl"]["value"] < -0.5
+    assert "unavailable" in found["secondary"]["task_documents"]["longppl:smollm2:tasks"]

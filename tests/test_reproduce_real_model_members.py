@@ -5,10 +5,12 @@ duplicating a row."""
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import types
 
+import numpy as np
 import pytest
 import torch
 from helpers import byte_level_bpe, run_real_models_stage, tiny_model, write_books
@@ -216,6 +218,44 @@ def test_a_killed_holder_leaves_its_unit_free(tmp_path):
     assert [key for key, _ in phases.pending(run, "score", records, budget, iter([("a", 0)]))] == ["a"]
 
 
+def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path):
+    import threading
+
+    from longppl_reproduce.real_models.claims import exclusive
+
+    run = bare_run(tmp_path / "run")
+    evaluator = phases.Evaluator("gemma", "unused", (4, 2), 8, 8)
+    path = tmp_path / "run" / "scores" / "gemma-books.npz"
+    started, results = threading.Event(), []
+
+    def waiter():
+        started.set()
+        # the evaluator's folder does not exist, so scoring would fail: the scores must come from the file
+        results.append(phases.evaluator_scores(run, evaluator, "books", ["x"], model=None, tokenizer=None))
+
+    with exclusive(run.root, "scores", "gemma-books"):  # another process scoring the corpus
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        started.wait()
+        thread.join(0.5)
+        assert thread.is_alive() and not results  # waiting, not scoring
+        path.parent.mkdir(parents=True)
+        ids = np.arange(5, dtype=np.int64)
+        np.savez(
+            path,
+            lengths=np.array([2, 3]),
+            input_ids=ids,
+            offsets=np.stack([ids, ids + 1], axis=1),
+            lp_long=-np.arange(5.0),
+            lp_short=-np.arange(5.0) * 2,
+        )
+    thread.join(30)
+    assert not thread.is_alive()
+    [scores] = results
+    assert [s.input_ids.tolist() for s in scores] == [[0, 1], [2, 3, 4]]
+    assert scores[1].lp_short.tolist() == [-4.0, -6.0, -8.0]
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """Two tiny evaluators in model folders (a Gemma 3 and a Llama under a byte-level BPE) and
@@ -283,7 +323,20 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
     assert rows[-1] == "smollm2-yarn2-s50" and len(rows) == 4
     shutil.rmtree(trained)  # a fresh machine: the member's folder is gone, its score row kept
     assert run_real_models_stage(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
-    assert len(open(run / "finetune.jsonl").readlines()) == 1  # scored: not trained again
+    assert len(open(run / "finetune.jsonl").readlines()) == 2  # no task-documents row yet: trained again
+    assert run_real_models_stage(tiny_run, "documents", "--members", "smollm2-yarn2-s50,gemma-c1k") == 0
+    documented = [json.loads(line) for line in open(run / "task_documents.jsonl")]
+    assert [r["member"] for r in documented] == ["gemma-c1k", "smollm2-yarn2-s50"]
+    # the lines documents beyond K whole: Gemma's at both task lengths, SmolLM2's within its 512 tokens
+    assert set(documented[0]["longppl"]) == {"tasks-gemma", "tasks-smollm2"}
+    assert len(documented[0]["longppl"]["tasks-gemma"]["documents"]["nll"]) == 2 * 2
+    assert len(documented[0]["longppl"]["tasks-smollm2"]["documents"]["nll"]) == 2
+    assert os.path.isfile(tiny_run.root / "run" / "scores" / "gemma-tasks-gemma.npz")  # scored once, kept
+    shutil.rmtree(trained)
+    assert run_real_models_stage(tiny_run, "finetune", "--members", "smollm2-yarn2-s50") == 0
+    assert len(open(run / "finetune.jsonl").readlines()) == 2  # scored by both phases: not trained again
+    assert run_real_models_stage(tiny_run, "documents", "--members", "smollm2-yarn2-s50") == 0
+    assert len(open(run / "task_documents.jsonl").readlines()) == 2  # kept, not scored again
     assert run_real_models_stage(tiny_run, "score", "--members", "gemma-w99k") == 2
     assert "Unknown members" in capsys.readouterr().err
 
@@ -298,6 +351,11 @@ def test_phases_resume_without_duplicating_rows(tiny_run, capsys):
             expected = sum(tasks[f"{part}-{n}"]["accuracy"] for n in (448, 640)) / 2
             assert row[part.replace("-", "_")] == pytest.approx(expected)
         assert row["longppl"] == pytest.approx(scored[row["member"]]["longppl"]["books-gemma"]["longppl"])
+    # the task documents' LongPPL joins the members that have it, as a secondary measure
+    by_member = {r["member"]: r for r in found["rows"]}
+    tasks_longppl = documented[0]["longppl"]["tasks-gemma"]["longppl"]
+    assert by_member["gemma-c1k"]["longppl:tasks"] == pytest.approx(tasks_longppl)
+    assert math.isnan(by_member["gemma-w32k"]["longppl:tasks"])
     assert found["decision"]["outcome"] == "inconclusive"  # 4 members, not the plan's 40
     assert (tiny_run.root / "run" / "report.md").read_text().startswith("# LongPPL on real models")
 

@@ -43,6 +43,8 @@ SECONDARY_MEASURES = {
     "longppl:govreport": ("gemma", "govreport-gemma", False),
     "longppl:alpha2": ("gemma", "books-gemma", True),
     "longppl:smollm2:alpha2": ("smollm2", "books-smollm2", True),
+    "longppl:tasks": ("gemma", "tasks-gemma", False),
+    "longppl:smollm2:tasks": ("smollm2", "tasks-smollm2", False),
 }
 CALIBRATION_FAILS = "the instrument fails its calibration"
 PAPER_ALPHA = (
@@ -84,6 +86,14 @@ def mean_over_lengths(tasks: dict, prefix: str) -> float:
     a record's ``tasks``); NaN when there is none."""
     values = [found["accuracy"] for name, found in tasks.items() if name.startswith(prefix + "-")]
     return float(np.mean(values)) if values else float("nan")
+
+
+def with_task_documents(records: list[dict], documents: list[dict]) -> list[dict]:
+    """Copies of the ``score`` rows whose ``longppl`` also holds each member's corpora of the
+    ``documents`` phase (``task_documents.jsonl``: ``tasks-gemma``, ``tasks-smollm2``); a member
+    without such a row keeps its own. A member's later row wins, as a unit scored again does."""
+    found = {row["member"]: row["longppl"] for row in documents}
+    return [{**r, "longppl": {**r["longppl"], **found.get(r["member"], {})}} for r in records]
 
 
 def member_rows(records: list[dict], scored_alpha: dict | None = None) -> list[dict]:
@@ -319,6 +329,8 @@ def secondary_statistics(analysed: list[dict], statistics: dict, rules) -> dict:
     - ``paper_alpha``: each evaluator's LongPPL at the paper's alpha = 2 with the composite, or
       ``{"unavailable": why}`` when no member's record holds it;
     - ``govreport``: LongPPL and PPL on GovReport (Gemma evaluator) with the composite;
+    - ``task_documents``: LongPPL and PPL on the task documents themselves, under each evaluator,
+      with the composite (``{"unavailable": why}`` without ``documents`` rows);
     - ``tasks``: the Gemma evaluator's LongPPL and PPL with each outcome of :func:`task_outcomes`;
     - ``cross_family``: each family under the other family's evaluator only (the within-family
       entries of ``statistics``).
@@ -335,6 +347,7 @@ def secondary_statistics(analysed: list[dict], statistics: dict, rules) -> dict:
         "smollm2": {"partial": partial_spearman(analysed, "longppl:smollm2", rules)},
         "paper_alpha": {m: measured(m) for m in ("longppl:alpha2", "longppl:smollm2:alpha2")},
         "govreport": measured("longppl:govreport"),
+        "task_documents": {m: measured(m) for m in ("longppl:tasks", "longppl:smollm2:tasks")},
         "tasks": {
             outcome: claim_statistics.correlations(primary, "longppl", outcome, rules)
             for outcome in task_outcomes(analysed)
@@ -547,12 +560,18 @@ def format_report(found: dict) -> str:
         f"- partial Spearman (LongPPL under SmolLM2, composite | within-K lines): "
         f"{_interval(secondary['smollm2']['partial'])}"
     )
-    out += ["", "### The paper's alpha = 2, GovReport, the cross-family view (with the composite)", ""]
+    out += [
+        "",
+        "### The paper's alpha = 2, GovReport, the task documents, the cross-family view (with the composite)",
+        "",
+    ]
     out += _correlation_table(
         [
             ("Gemma evaluator, alpha = 2", secondary["paper_alpha"]["longppl:alpha2"]),
             ("SmolLM2 evaluator, alpha = 2", secondary["paper_alpha"]["longppl:smollm2:alpha2"]),
             ("GovReport, Gemma evaluator", secondary["govreport"]),
+            ("Task documents, Gemma evaluator", secondary["task_documents"]["longppl:tasks"]),
+            ("Task documents, SmolLM2 evaluator", secondary["task_documents"]["longppl:smollm2:tasks"]),
             *secondary["cross_family"].items(),
         ]
     )

@@ -5,7 +5,7 @@
 - ``report-records``: every table and statistic rebuilt from the records alone (``--output``).
 - ``prepare``: the documents and task sets of both tokenizers (CPU, one process per core).
 - ``report-real``: the LongPPL study's analysis by its plan, from its records alone (``analysis``).
-- ``calibrate`` / ``instrument`` / ``finetune`` / ``score``: the device phases of the LongPPL study on real models
+- ``calibrate`` / ``instrument`` / ``finetune`` / ``score`` / ``documents``: the device phases of the LongPPL study on real models
   (``phases``): each appends one JSON line per finished unit to ``<run>/records/*.jsonl`` and skips
   what is there, and stops starting new units after ``--budget-seconds``.
 - ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate``: the device phases of
@@ -71,6 +71,12 @@ def stage_score(args) -> None:
     phases.score(phases.Run.from_args(args))
 
 
+def stage_documents(args) -> None:
+    from . import phases
+
+    phases.documents(phases.Run.from_args(args))
+
+
 def stage_longce(args) -> None:
     from . import longce_start, phases
 
@@ -95,7 +101,7 @@ def stage_report_real(args) -> None:
 
     run = phases.Run.from_args(args)
     found = analysis.analyse(
-        run.records("members").rows(),
+        analysis.with_task_documents(run.records("members").rows(), run.records("task_documents").rows()),
         run.records("instrument").rows(),
         run.records("calibration").rows(),
         analysis.plan_rules(args.resamples),
@@ -141,6 +147,7 @@ STAGES = {
     "instrument": stage_instrument,
     "finetune": stage_finetune,
     "score": stage_score,
+    "documents": stage_documents,
     "report-real": stage_report_real,
     "longce-start": stage_longce,
     "longce-weights": stage_longce,

@@ -5,8 +5,8 @@ session's call, goes on where the last one stopped. A phase starts no new unit o
 ``budget_seconds`` have passed since it began, so each call fits one device call of 10 minutes
 when the budget leaves room for the last unit (a member's ``score`` took 117-423 s on an H200).
 Processes run side by side on one run folder (``--device cuda:<i>`` each) share the units of every
-phase that walks them through :func:`pending` (``calibrate``, ``score``, ``finetune``, the window order
-of ``instrument``, and the LongCE phases): each unit is claimed while it runs (``claims``), so no
+phase that walks them through :func:`pending` (``calibrate``, ``score``, ``documents``, ``finetune``,
+the window order of ``instrument``, and the LongCE phases): each unit is claimed while it runs (``claims``), so no
 fixed split of ``--members`` is needed.
 
 - ``calibrate`` (``calibration.jsonl``, one row per evaluator): alpha by the null-document rule
@@ -20,6 +20,8 @@ fixed split of ``--members`` is needed.
   the windowed Gemma members (RoPE as trained), for the order by window.
 - ``score`` (``members.jsonl``, one row per member): LongPPL and PPL under each evaluator, and
   accuracy on every task set.
+- ``documents`` (``task_documents.jsonl``, one row per member): LongPPL and PPL under each
+  evaluator on the task documents themselves (lines documents, answers beyond K).
 
 Evaluator scores of a corpus are kept in ``<run>/scores/`` (NumPy arrays, no pickle) and read by
 the later phases instead of being computed again.
@@ -56,6 +58,7 @@ class Sizes:
     max_new_tokens: int
     batch_size: int
     max_tokens_per_batch: int
+    task_documents: int = 8  # lines documents a task length whose LongPPL and PPL a member gets (``documents``)
     finetune_length: int | None = None  # None: each member's own extended length
     finetune_max_steps: int | None = None  # None: each member's own steps
     # the plan's grid, extended under its "Deviations" before any member was scored
@@ -324,8 +327,11 @@ def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[st
     from longppl.core.scoring import EvaluatorScores, score_with_evaluator
     from longppl.settings import KeyTokenSettings
 
+    from .claims import exclusive
+
     path = os.path.join(run.root, "scores", f"{evaluator.name}-{corpus}.npz")
-    if os.path.isfile(path):
+
+    def read():
         with np.load(path, allow_pickle=False) as data:
             bounds = np.concatenate([[0], np.cumsum(data["lengths"])])
             return [
@@ -334,24 +340,31 @@ def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[st
                 )
                 for a, b in zip(bounds[:-1], bounds[1:])
             ]
-    if model is None:
-        model, tokenizer = load_plain(evaluator.folder, run.device)
-    settings = KeyTokenSettings(*evaluator.window)
-    scores = score_with_evaluator(
-        model, tokenizer, texts, settings, max_tokens_per_batch=run.sizes.max_tokens_per_batch, progress=False
-    )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    np.savez(
-        tmp,
-        lengths=np.array([len(s.input_ids) for s in scores]),
-        input_ids=np.concatenate([s.input_ids for s in scores]),
-        offsets=np.concatenate([s.offsets for s in scores]),
-        lp_long=np.concatenate([s.lp_long for s in scores]),
-        lp_short=np.concatenate([s.lp_short for s in scores]),
-    )
-    os.replace(tmp, path)
-    return scores
+
+    if os.path.isfile(path):
+        return read()
+    # processes side by side wait for the one scoring the corpus instead of each scoring it again
+    with exclusive(run.root, "scores", f"{evaluator.name}-{corpus}"):
+        if os.path.isfile(path):
+            return read()
+        if model is None:
+            model, tokenizer = load_plain(evaluator.folder, run.device)
+        settings = KeyTokenSettings(*evaluator.window)
+        scores = score_with_evaluator(
+            model, tokenizer, texts, settings, max_tokens_per_batch=run.sizes.max_tokens_per_batch, progress=False
+        )
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}.npz"
+        np.savez(
+            tmp,
+            lengths=np.array([len(s.input_ids) for s in scores]),
+            input_ids=np.concatenate([s.input_ids for s in scores]),
+            offsets=np.concatenate([s.offsets for s in scores]),
+            lp_long=np.concatenate([s.lp_long for s in scores]),
+            lp_short=np.concatenate([s.lp_short for s in scores]),
+        )
+        os.replace(tmp, path)
+        return scores
 
 
 def alphas(run: Run) -> dict[str, float]:
@@ -533,6 +546,24 @@ def natural_corpora(run: Run, evaluator: Evaluator) -> dict[str, list[str]]:
     return found
 
 
+def task_corpora(run: Run, evaluator: Evaluator) -> dict[str, list[str]]:
+    """The task documents ``evaluator`` scores, whole (the prompt, then its reference answer): the
+    first ``task_documents`` lines cases beyond K of every task length within its context, built
+    with its tokenizer, in the order of the lengths (``tasks-<evaluator>``)."""
+    from transformers import AutoTokenizer
+
+    from ..common.lines import case_text
+
+    tokenizer = AutoTokenizer.from_pretrained(evaluator.folder)
+    texts = [
+        case_text(case)
+        for length in run.sizes.lengths
+        if length <= evaluator.context
+        for case in _cases(run, evaluator.name, tokenizer, "lines-beyond", length)[: run.sizes.task_documents]
+    ]
+    return {f"tasks-{evaluator.name}": texts}
+
+
 # ------------------------------------------------------------------ instrument
 
 
@@ -693,17 +724,19 @@ def finetune_one(run: Run, spec, folder: str) -> dict:
 
 
 def finetune(run: Run) -> None:
-    """The fine-tuned SmolLM2 members that are neither scored (``members.jsonl``) nor in this run
-    folder yet, one unit each; every training appends its record (steps, length, losses) to
+    """The fine-tuned SmolLM2 members that are not in this run folder yet and still lack a row of a
+    phase that reads their weights (``members.jsonl`` of ``score``, ``task_documents.jsonl`` of
+    ``documents``), one unit each; every training appends its record (steps, length, losses) to
     ``finetune.jsonl``. A member's folder (hundreds of MB) stays on the machine that trained it: one
-    trained in an earlier session whose machine is gone, and not scored there, is trained again."""
+    trained in an earlier session whose machine is gone, and not scored there by both phases, is
+    trained again (the same data order; its record is appended again)."""
     records, budget = run.records("finetune"), Budget(run.budget_seconds)
     chosen = [spec for spec in _chosen_members(run) if spec.needs_training]
     folder = evaluators(run)[1].folder
 
-    def done() -> set[str]:  # scored, or trained on this machine (a record alone does not hold the weights)
+    def done() -> set[str]:  # scored by both phases, or trained on this machine (a record holds no weights)
         here = {spec.name for spec in chosen if os.path.isdir(trained_folder(run, spec))}
-        return run.records("members").keys() | here
+        return (run.records("members").keys() & run.records("task_documents").keys()) | here
 
     for _, spec in pending(run, "finetune", records, budget, ((spec.name, spec) for spec in chosen), done=done):
         record = finetune_one(run, spec, folder)
@@ -765,38 +798,62 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
     return found
 
 
-def score(run: Run) -> None:
-    """One row per member: LongPPL and PPL under each calibrated evaluator on its natural documents,
-    and accuracy on every task set (the member's own tokenizer's documents)."""
-    from transformers import AutoTokenizer
-
-    alpha = alphas(run)
-    records, budget = run.records("members"), Budget(run.budget_seconds)
-    done = records.keys()
+def _ready_members(run: Run, phase: str, done: set[str]):
+    """``(name, spec)`` of the chosen members whose weights this machine has: the untrained ones,
+    and the fine-tuned ones in this run folder (the others are named in the log, for ``finetune``)."""
     chosen = _chosen_members(run)
-    evaluator_list = evaluators(run)
-    folders = {population.GEMMA: evaluator_list[0].folder, population.SMOLLM2: evaluator_list[1].folder}
     trained = {m.name for m in chosen if m.needs_training and os.path.isdir(trained_folder(run, m))}
     for spec in chosen:
         if spec.needs_training and spec.name not in done and spec.name not in trained:
-            run.log(f"score: {spec.name} is not fine-tuned yet (the 'finetune' phase); skipped")
-    ready = ((m.name, m) for m in chosen if not m.needs_training or m.name in trained)
-    for _, spec in pending(run, "score", records, budget, ready):
+            run.log(f"{phase}: {spec.name} is not fine-tuned yet (the 'finetune' phase); skipped")
+    return ((m.name, m) for m in chosen if not m.needs_training or m.name in trained)
+
+
+def _load_member(run: Run, spec, evaluator_list: list[Evaluator]):
+    """``(model, tokenizer)`` of ``spec`` on the run's device in the members' precision: from its
+    base evaluator's folder, or a fine-tuned member's own folder (whose config holds the extension)."""
+    from transformers import AutoTokenizer
+
+    folder = evaluator_list[0 if spec.base == population.GEMMA else 1].folder
+    loaded = spec
+    if spec.needs_training:
+        folder, loaded = trained_folder(run, spec), dataclasses.replace(spec, kind="trained")
+    model = population.load_member(loaded, folder, run.device, member_dtype(run.device))
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def _member_longppl(run: Run, spec, model, tokenizer, evaluator_list, alpha: dict, corpora) -> dict:
+    """``{corpus: longppl_under(...)}`` of the member under every calibrated evaluator, on each
+    corpus of ``corpora(run, evaluator)``."""
+    found = {}
+    for evaluator in evaluator_list:
+        if evaluator.name not in alpha:
+            continue
+        for corpus, texts in corpora(run, evaluator).items():
+            found[corpus] = longppl_under(
+                run, evaluator, alpha[evaluator.name], corpus, texts, model, tokenizer, context=spec.context
+            )
+    return found
+
+
+def _free(run: Run) -> None:
+    if run.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def score(run: Run) -> None:
+    """One row per member: LongPPL and PPL under each calibrated evaluator on its natural documents,
+    and accuracy on every task set (the member's own tokenizer's documents)."""
+    alpha = alphas(run)
+    records, budget = run.records("members"), Budget(run.budget_seconds)
+    evaluator_list = evaluators(run)
+    for _, spec in pending(run, "score", records, budget, _ready_members(run, "score", records.keys())):
         started = time.monotonic()
-        folder = folders[spec.base]
-        loaded = spec
-        if spec.name in trained:  # its folder's config holds the extension already
-            folder, loaded = trained_folder(run, spec), dataclasses.replace(spec, kind="trained")
-        model = population.load_member(loaded, folder, run.device, member_dtype(run.device))
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        row = {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec), "longppl": {}}
-        for evaluator in evaluator_list:
-            if evaluator.name not in alpha:
-                continue
-            for corpus, texts in natural_corpora(run, evaluator).items():
-                row["longppl"][corpus] = longppl_under(
-                    run, evaluator, alpha[evaluator.name], corpus, texts, model, tokenizer, context=spec.context
-                )
+        model, tokenizer = _load_member(run, spec, evaluator_list)
+        row = {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec)}
+        row["longppl"] = _member_longppl(run, spec, model, tokenizer, evaluator_list, alpha, natural_corpora)
         tokenizer_name = "gemma" if spec.base == population.GEMMA else "smollm2"
         row["tasks"] = task_accuracies(run, tokenizer_name, model, tokenizer, context=spec.context)
         row["seconds"] = time.monotonic() - started
@@ -804,7 +861,25 @@ def score(run: Run) -> None:
         first = next(iter(row["longppl"].values()))
         run.log(f"score: {spec.name} LongPPL {first['longppl']:.4f} in {row['seconds']:.0f} s")
         del model
-        if run.device.startswith("cuda"):
-            import torch
+        _free(run)
 
-            torch.cuda.empty_cache()
+
+def documents(run: Run) -> None:
+    """One row per member (``task_documents.jsonl``): LongPPL and PPL under each calibrated
+    evaluator on the task documents themselves (:func:`task_corpora`: lines documents whose answer
+    lies beyond K), beside ``score``'s natural documents. The evaluators' scores of these documents
+    are computed once (``<run>/scores/``)."""
+    alpha = alphas(run)
+    records, budget = run.records("task_documents"), Budget(run.budget_seconds)
+    evaluator_list = evaluators(run)
+    for _, spec in pending(run, "documents", records, budget, _ready_members(run, "documents", records.keys())):
+        started = time.monotonic()
+        model, tokenizer = _load_member(run, spec, evaluator_list)
+        row = {"member": spec.name, "cluster": spec.cluster, "base": spec.base, "steps": spec.steps}
+        row["longppl"] = _member_longppl(run, spec, model, tokenizer, evaluator_list, alpha, task_corpora)
+        row["seconds"] = time.monotonic() - started
+        records.append(spec.name, row)
+        first = next(iter(row["longppl"].values()))
+        run.log(f"documents: {spec.name} LongPPL {first['longppl']:.4f} in {row['seconds']:.0f} s")
+        del model
+        _free(run)
