@@ -843,25 +843,39 @@ def _free(run: Run) -> None:
         torch.cuda.empty_cache()
 
 
-def score(run: Run) -> None:
-    """One row per member: LongPPL and PPL under each calibrated evaluator on its natural documents,
-    and accuracy on every task set (the member's own tokenizer's documents)."""
+def _each_member(run: Run, phase: str, records_name: str, corpora, head, more=None) -> None:
+    """The loop of ``score`` and ``documents``: per member ready on this machine and not in
+    ``<records_name>.jsonl``, a row of ``head(spec)``, its LongPPL on ``corpora(run, evaluator)``
+    under each calibrated evaluator, ``more(spec, model, tokenizer)`` if given, and its seconds."""
     alpha = alphas(run)
-    records, budget = run.records("members"), Budget(run.budget_seconds)
+    records, budget = run.records(records_name), Budget(run.budget_seconds)
     evaluator_list = evaluators(run)
-    for _, spec in pending(run, "score", records, budget, _ready_members(run, "score", records.keys())):
+    for _, spec in pending(run, phase, records, budget, _ready_members(run, phase, records.keys())):
         started = time.monotonic()
         model, tokenizer = _load_member(run, spec, evaluator_list)
-        row = {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec)}
-        row["longppl"] = _member_longppl(run, spec, model, tokenizer, evaluator_list, alpha, natural_corpora)
-        tokenizer_name = "gemma" if spec.base == population.GEMMA else "smollm2"
-        row["tasks"] = task_accuracies(run, tokenizer_name, model, tokenizer, context=spec.context)
+        row = head(spec)
+        row["longppl"] = _member_longppl(run, spec, model, tokenizer, evaluator_list, alpha, corpora)
+        row.update(more(spec, model, tokenizer) if more else {})
         row["seconds"] = time.monotonic() - started
         records.append(spec.name, row)
         first = next(iter(row["longppl"].values()))
-        run.log(f"score: {spec.name} LongPPL {first['longppl']:.4f} in {row['seconds']:.0f} s")
+        run.log(f"{phase}: {spec.name} LongPPL {first['longppl']:.4f} in {row['seconds']:.0f} s")
         del model
         _free(run)
+
+
+def score(run: Run) -> None:
+    """One row per member: LongPPL and PPL under each calibrated evaluator on its natural documents,
+    and accuracy on every task set (the member's own tokenizer's documents)."""
+
+    def tasks(spec, model, tokenizer) -> dict:
+        tokenizer_name = "gemma" if spec.base == population.GEMMA else "smollm2"
+        return {"tasks": task_accuracies(run, tokenizer_name, model, tokenizer, context=spec.context)}
+
+    def head(spec) -> dict:
+        return {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec)}
+
+    _each_member(run, "score", "members", natural_corpora, head, tasks)
 
 
 def documents(run: Run) -> None:
@@ -869,17 +883,8 @@ def documents(run: Run) -> None:
     evaluator on the task documents themselves (:func:`task_corpora`: lines documents whose answer
     lies beyond K), beside ``score``'s natural documents. The evaluators' scores of these documents
     are computed once (``<run>/scores/``)."""
-    alpha = alphas(run)
-    records, budget = run.records("task_documents"), Budget(run.budget_seconds)
-    evaluator_list = evaluators(run)
-    for _, spec in pending(run, "documents", records, budget, _ready_members(run, "documents", records.keys())):
-        started = time.monotonic()
-        model, tokenizer = _load_member(run, spec, evaluator_list)
-        row = {"member": spec.name, "cluster": spec.cluster, "base": spec.base, "steps": spec.steps}
-        row["longppl"] = _member_longppl(run, spec, model, tokenizer, evaluator_list, alpha, task_corpora)
-        row["seconds"] = time.monotonic() - started
-        records.append(spec.name, row)
-        first = next(iter(row["longppl"].values()))
-        run.log(f"documents: {spec.name} LongPPL {first['longppl']:.4f} in {row['seconds']:.0f} s")
-        del model
-        _free(run)
+
+    def head(spec) -> dict:
+        return {"member": spec.name, "cluster": spec.cluster, "base": spec.base, "steps": spec.steps}
+
+    _each_member(run, "documents", "task_documents", task_corpora, head)
