@@ -218,25 +218,31 @@ def test_a_killed_holder_leaves_its_unit_free(tmp_path):
     assert [key for key, _ in phases.pending(run, "score", records, budget, iter([("a", 0)]))] == ["a"]
 
 
-def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path):
+def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path, monkeypatch):
     import threading
 
-    from longppl_reproduce.real_models.claims import exclusive
+    from longppl_reproduce.real_models import claims
 
     run = bare_run(tmp_path / "run")
     evaluator = phases.Evaluator("gemma", "unused", (4, 2), 8, 8)
     path = tmp_path / "run" / "scores" / "gemma-books.npz"
-    started, results = threading.Event(), []
+    asked, results, real = threading.Event(), [], claims.exclusive
 
-    def waiter():
-        started.set()
-        # the evaluator's folder does not exist, so scoring would fail: the scores must come from the file
-        results.append(phases.evaluator_scores(run, evaluator, "books", ["x"], model=None, tokenizer=None))
+    def exclusive(*args):  # the real lock, noting that the waiter found no file and asked for it
+        asked.set()
+        return real(*args)
 
-    with exclusive(run.root, "scores", "gemma-books"):  # another process scoring the corpus
-        thread = threading.Thread(target=waiter)
+    def load_plain(*args):
+        raise AssertionError("the corpus was scored again")
+
+    monkeypatch.setattr(claims, "exclusive", exclusive)
+    monkeypatch.setattr(phases, "load_plain", load_plain)
+    with real(run.root, "scores", "gemma-books"):  # another process scoring the corpus
+        thread = threading.Thread(
+            target=lambda: results.append(phases.evaluator_scores(run, evaluator, "books", ["x"]))
+        )
         thread.start()
-        started.wait()
+        assert asked.wait(60)
         thread.join(0.5)
         assert thread.is_alive() and not results  # waiting, not scoring
         path.parent.mkdir(parents=True)
