@@ -221,23 +221,23 @@ def test_a_killed_holder_leaves_its_unit_free(tmp_path):
 def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path, monkeypatch):
     import threading
 
-    from longppl_reproduce.real_models import claims
+    from longppl import atomic_files
 
     run = bare_run(tmp_path / "run")
     evaluator = phases.Evaluator("gemma", "unused", (4, 2), 8, 8)
     path = tmp_path / "run" / "scores" / "gemma-books.npz"
-    asked, results, real = threading.Event(), [], claims.exclusive
+    asked, results, real = threading.Event(), [], atomic_files.directory_lock
 
-    def exclusive(*args):  # the real lock, noting that the waiter found no file and asked for it
+    def directory_lock(*args):  # the real lock, noting that the waiter found no file and asked for it
         asked.set()
         return real(*args)
 
     def load_plain(*args):
         raise AssertionError("the corpus was scored again")
 
-    monkeypatch.setattr(claims, "exclusive", exclusive)
+    monkeypatch.setattr(atomic_files, "directory_lock", directory_lock)
     monkeypatch.setattr(phases, "load_plain", load_plain)
-    with real(run.root, "scores", "gemma-books"):  # another process scoring the corpus
+    with real(str(path)):  # another process scoring the corpus
         thread = threading.Thread(
             target=lambda: results.append(phases.evaluator_scores(run, evaluator, "books", ["x"]))
         )
@@ -245,7 +245,7 @@ def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path,
         assert asked.wait(60)
         thread.join(0.5)
         assert thread.is_alive() and not results  # waiting, not scoring
-        path.parent.mkdir(parents=True)
+        path.parent.mkdir(parents=True, exist_ok=True)  # the lock made the folder
         ids = np.arange(5, dtype=np.int64)
         np.savez(
             path,

@@ -47,9 +47,8 @@ SECONDARY_MEASURES = {
     "longppl:smollm2:tasks": ("smollm2", "tasks-smollm2", False),
 }
 CALIBRATION_FAILS = "the instrument fails its calibration"
-PAPER_ALPHA = (
-    DEFAULT_ALPHA  # the paper's fixed alpha (2): a sensitivity beside the calibrated one (``phases`` scores it)
-)
+# the paper's fixed alpha (2): a sensitivity beside the calibrated one (``phases`` scores it)
+PAPER_ALPHA = DEFAULT_ALPHA
 
 PLAN_RULES = SimpleNamespace(
     bootstrap={"resamples": 10000, "seed": 0, "level": 0.95},

@@ -48,21 +48,3 @@ def claim(root: str, phase: str, key: str):
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def exclusive(root: str, phase: str, key: str):
-    """Hold the claim on ``phase``'s unit ``key`` for the ``with`` block, waiting while another
-    process holds it: for work that every process needs done once (an evaluator's scores of a
-    corpus), where the waiting process then reads what the holder wrote."""
-    path = claim_path(root, phase, key)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)

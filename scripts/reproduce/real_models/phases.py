@@ -287,11 +287,9 @@ def book_ids(run: Run, tokenizer) -> list[np.ndarray]:
 
 
 def _write_json(path: str, value) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
+    from longppl.atomic_files import write_file_atomically
+
+    write_file_atomically(path, lambda handle: json.dump(value, handle))
 
 
 def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: int = 0) -> list[str]:
@@ -324,10 +322,9 @@ def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: 
 def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[str], model=None, tokenizer=None):
     """The evaluator's ``EvaluatorScores`` of ``texts``, computed once and kept in
     ``<run>/scores/<evaluator>-<corpus>.npz`` (flat arrays and per-document lengths)."""
+    from longppl.atomic_files import directory_lock, write_file_atomically
     from longppl.core.scoring import EvaluatorScores, score_with_evaluator
     from longppl.settings import KeyTokenSettings
-
-    from .claims import exclusive
 
     path = os.path.join(run.root, "scores", f"{evaluator.name}-{corpus}.npz")
 
@@ -344,7 +341,7 @@ def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[st
     if os.path.isfile(path):
         return read()
     # processes side by side wait for the one scoring the corpus instead of each scoring it again
-    with exclusive(run.root, "scores", f"{evaluator.name}-{corpus}"):
+    with directory_lock(path):
         if os.path.isfile(path):
             return read()
         if model is None:
@@ -353,17 +350,14 @@ def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[st
         scores = score_with_evaluator(
             model, tokenizer, texts, settings, max_tokens_per_batch=run.sizes.max_tokens_per_batch, progress=False
         )
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}.npz"
-        np.savez(
-            tmp,
+        arrays = dict(
             lengths=np.array([len(s.input_ids) for s in scores]),
             input_ids=np.concatenate([s.input_ids for s in scores]),
             offsets=np.concatenate([s.offsets for s in scores]),
             lp_long=np.concatenate([s.lp_long for s in scores]),
             lp_short=np.concatenate([s.lp_short for s in scores]),
         )
-        os.replace(tmp, path)
+        write_file_atomically(path, lambda handle: np.savez(handle, **arrays), binary=True)
         return scores
 
 
