@@ -396,3 +396,38 @@ def test_instrument_writes_its_checks_once(tiny_run):
     assert len([r for r in rows if r["check"] == "window-order"]) == 11  # 6 attention limits, 5 context limits
     assert run_real_models_stage(tiny_run, "instrument") == 0
     assert len(open(run / "instrument.jsonl").readlines()) == len(rows)
+
+
+@pytest.mark.slow
+def test_chain_carries_each_member_through_its_phases_before_the_next(tiny_run, tmp_path):
+    from longppl_reproduce.real_models.claims import claim
+
+    folders = tiny_run.folders
+    chosen = ("smollm2-yarn2-s50", "smollm2-pi2-s50", "gemma-c1k")
+    run = phases.Run(
+        str(tmp_path / "run"), tiny_run.books, folders["gemma"], folders["smollm2"], "cpu", 1e9, chosen, phases.SMALL
+    )
+    phases.calibrate(run)
+    with claim(run.root, "finetune", "smollm2-pi2-s50") as mine:  # another process fine-tuning it
+        assert mine is None
+        phases.chain(run)
+    finished = [
+        line.split(" LongPPL")[0].split(" 2 steps")[0]
+        for line in run.log_lines
+        if " LongPPL " in line or " steps, last loss " in line
+    ]
+    # in the population's order, each member's phases before the next member's; the member held
+    # elsewhere is left whole to its holder (not scored here without weights)
+    assert finished == [
+        "score: gemma-c1k",
+        "documents: gemma-c1k",
+        "finetune: smollm2-yarn2-s50",
+        "score: smollm2-yarn2-s50",
+        "documents: smollm2-yarn2-s50",
+    ]
+    assert f"finetune: smollm2-pi2-s50 held by process {os.getpid()}; left to it" in run.log_lines
+    for name in ("members", "task_documents"):
+        assert [r["key"] for r in run.records(name).rows()] == ["gemma-c1k", "smollm2-yarn2-s50"]
+    phases.chain(dataclasses.replace(run, members=chosen[:1], log_lines=[]))  # done: nothing again
+    assert [r["key"] for r in run.records("finetune").rows()] == ["smollm2-yarn2-s50"]
+    assert len(run.records("members").rows()) == 2

@@ -8,6 +8,8 @@
 - ``calibrate`` / ``instrument`` / ``finetune`` / ``score`` / ``documents``: the device phases of the LongPPL study on real models
   (``phases``): each appends one JSON line per finished unit to ``<run>/records/*.jsonl`` and skips
   what is there, and stops starting new units after ``--budget-seconds``.
+- ``chain``: ``finetune``, ``score`` and ``documents`` a member at a time (so that a session's end loses
+  no fine-tuned member but the ones in hand).
 - ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate``: the device phases of
   the LongCE study from a real start (``longce_start``), resumable in the same way.
 - ``longce-report``: that study's analysis by its plan (paired t intervals, Holm decisions, void
@@ -75,6 +77,12 @@ def stage_documents(args) -> None:
     from . import phases
 
     phases.documents(phases.Run.from_args(args))
+
+
+def stage_chain(args) -> None:
+    from . import phases
+
+    phases.chain(phases.Run.from_args(args))
 
 
 def stage_longce(args) -> None:
@@ -148,6 +156,7 @@ STAGES = {
     "finetune": stage_finetune,
     "score": stage_score,
     "documents": stage_documents,
+    "chain": stage_chain,
     "report-real": stage_report_real,
     "longce-start": stage_longce,
     "longce-weights": stage_longce,

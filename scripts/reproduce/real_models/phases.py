@@ -5,7 +5,7 @@ session's call, goes on where the last one stopped. A phase starts no new unit o
 ``budget_seconds`` have passed since it began, so each call fits one device call of 10 minutes
 when the budget leaves room for the last unit (a member's ``score`` took 117-423 s on an H200).
 Processes run side by side on one run folder (``--device cuda:<i>`` each) share the units of every
-phase that walks them through :func:`pending` (``calibrate``, ``score``, ``documents``, ``finetune``,
+phase that walks them through :func:`pending` (``calibrate``, ``score``, ``documents``, ``finetune``, ``chain``,
 the window order of ``instrument``, and the LongCE phases): each unit is claimed while it runs (``claims``), so no
 fixed split of ``--members`` is needed.
 
@@ -22,6 +22,8 @@ fixed split of ``--members`` is needed.
   accuracy on every task set.
 - ``documents`` (``task_documents.jsonl``, one row per member): LongPPL and PPL under each
   evaluator on the task documents themselves (lines documents, answers beyond K).
+- ``chain``: ``finetune``, ``score`` and ``documents`` a member at a time (:func:`chain`), so that a
+  session's end loses no fine-tuned member but the ones in hand.
 
 Evaluator scores of a corpus are kept in ``<run>/scores/`` (NumPy arrays, no pickle) and read by
 the later phases instead of being computed again.
@@ -736,6 +738,26 @@ def finetune(run: Run) -> None:
         record = finetune_one(run, spec, folder)
         records.append(spec.name, record)
         run.log(f"finetune: {spec.name} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+
+
+def chain(run: Run) -> None:
+    """``finetune``, ``score`` and ``documents`` a member at a time, in the population's order.
+
+    A fine-tuned member's weights stay on the machine that trained them, so running the three phases
+    one after another over the whole population loses, when the session ends, every member trained
+    and not yet scored by both (all 24 fine-tunes of one session were lost so); this loses at most the
+    member in hand. Side by side processes still share each phase's units by claims: a member another
+    process is fine-tuning is passed over (its ``score`` and ``documents`` are left to that process),
+    and a member another process is scoring can have its ``documents`` done here meanwhile. A member
+    once begun is carried through its three phases; no member is begun after ``budget_seconds``."""
+    budget = Budget(run.budget_seconds)
+    for spec in _chosen_members(run):
+        if budget.spent():
+            run.log("chain: budget spent; call again")
+            return
+        one = dataclasses.replace(run, members=(spec.name,))  # the same log_lines list: one log
+        for phase in (finetune, score, documents):
+            phase(one)
 
 
 def _chosen_members(run: Run) -> list:
