@@ -185,3 +185,96 @@ def test_longce_phases_run_end_to_end_and_resume_without_duplicating_rows(tiny_s
     assert any(m.startswith("s2/self-s0") for m in s2["missing"])
     assert found["starts"]["s1"]["skipped"].startswith("no gate record of s1")
     assert "# " in (tiny_study.root / "run" / "longce_report.md").read_text()
+
+
+@pytest.mark.slow
+def test_longce_chain_evaluates_each_unit_before_training_the_next(tiny_study, tmp_path, capsys):
+    study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books)
+    records = tmp_path / "run" / "records"
+    records.mkdir(parents=True)
+    shutil.copy(tiny_study.records / "calibration.jsonl", records)
+    assert _call(study, "longce-start") == 0
+    capsys.readouterr()
+    assert _call(study, "longce-chain", "--arms", "ce,frozen") == 0
+    done = [
+        line.split(" ")[1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("longce-train: s2/", "longce-evaluate: s2/", "longce-weights: s2 ")) and " kept" not in line
+    ]
+    # each unit trained, then its checkpoints evaluated, before the next unit; the frozen unit's
+    # weights scored on the way (no 'longce-weights' phase was run)
+    assert done == [
+        "s2/ce-s0",
+        "s2/start",
+        "s2/ce-s0/1",
+        "s2/ce-s0/2",
+        "s2",
+        "s2/frozen-s0",
+        "s2/frozen-s0/1",
+        "s2/frozen-s0/2",
+    ]
+    assert [r["key"] for r in json.loads("[" + ",".join(open(records / "longce_weights.jsonl")) + "]")] == ["s2"]
+    # a fresh machine: every unit evaluated, so nothing is trained or scored again
+    shutil.rmtree(tmp_path / "run" / "longce_models")
+    (tmp_path / "run" / "longce_weights" / "s2.npz").unlink()
+    assert _call(study, "longce-start") == 0 and _call(study, "longce-chain", "--arms", "ce,frozen") == 0
+    out = capsys.readouterr().out
+    assert "trained again" not in out and "scored again" not in out
+    assert len(open(records / "longce_train.jsonl").readlines()) == 2
+    assert len(open(records / "longce_evaluate.jsonl").readlines()) == 5
+
+
+@pytest.mark.slow
+def test_a_start_being_scored_by_another_process_is_waited_for_not_scored_again(tiny_study, tmp_path, monkeypatch):
+    import threading
+
+    from longppl_reproduce.real_models import longce_start, phases
+
+    from longppl import atomic_files
+
+    study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books)
+    (tmp_path / "run" / "records").mkdir(parents=True)
+    shutil.copy(tiny_study.records / "calibration.jsonl", tmp_path / "run" / "records")
+    assert _call(study, "longce-start") == 0
+    run = phases.Run(
+        str(tmp_path / "run"),
+        study.books,
+        study.folders["gemma"],
+        study.folders["smollm2"],
+        "cpu",
+        1e9,
+        None,
+        phases.SMALL,
+    )
+    choice = longce_start.Choice(longce_start.SMALL, longce_start.SMALL.starts[1:], ("frozen",), (0,))
+    path = longce_start.weights_path(run, choice.starts[0])
+    real, asked, failures = atomic_files.directory_lock, threading.Event(), []
+
+    def directory_lock(*args):  # the real lock, noting that the waiter found no file and asked for it
+        asked.set()
+        return real(*args)
+
+    def scoring_model(*args):
+        raise AssertionError("the start's weights were scored again")
+
+    monkeypatch.setattr(atomic_files, "directory_lock", directory_lock)
+    monkeypatch.setattr(longce_start, "_scoring_model", scoring_model)
+
+    def waiter():
+        try:
+            longce_start.score_weights(run, choice)
+        except BaseException as err:  # noqa: BLE001 - reported to the test's thread
+            failures.append(err)
+
+    with real(str(path)):  # another process scoring the start
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        assert asked.wait(60)
+        thread.join(0.5)
+        assert thread.is_alive()  # waiting, not scoring
+        ids = np.zeros((2, 1024), dtype=np.int64)
+        longce_start._write_weights(str(path), np.ones((2, 1024), np.float32), np.ones((2, 1024), bool), ids)
+    thread.join(30)
+    assert not thread.is_alive() and not failures
+    assert "longce-weights: s2 scored by another process" in run.log_lines
+    assert not (tmp_path / "run" / "records" / "longce_weights.jsonl").exists()  # the scorer records it

@@ -10,8 +10,9 @@
   what is there, and stops starting new units after ``--budget-seconds``.
 - ``chain``: ``finetune``, ``score`` and ``documents`` a member at a time (so that a session's end loses
   no fine-tuned member but the ones in hand).
-- ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate``: the device phases of
-  the LongCE study from a real start (``longce_start``), resumable in the same way.
+- ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate`` / ``longce-chain``: the
+  device phases of the LongCE study from a real start (``longce_start``), resumable in the same way
+  (``longce-chain``: train and evaluate a unit at a time).
 - ``longce-report``: that study's analysis by its plan (paired t intervals, Holm decisions, void
   rule, pooled means), from ``<run>/records/*.jsonl`` alone (``longce_report``):
   ``<run>/longce_results.json`` and ``<run>/longce_report.md``.
@@ -162,6 +163,7 @@ STAGES = {
     "longce-weights": stage_longce,
     "longce-train": stage_longce,
     "longce-evaluate": stage_longce,
+    "longce-chain": stage_longce,
     "longce-report": stage_longce_report,
 }
 
@@ -191,8 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--small", action="store_true", help="tiny lengths and counts (a CPU smoke run)")
     parser.add_argument("--workers", type=int, default=None, help="prepare: processes (default: one per core)")
     parser.add_argument("--starts", default=None, help="longce-*: comma-separated starts (s1, s2; default: both)")
-    parser.add_argument("--arms", default=None, help="longce-train/evaluate: comma-separated arms (default: all five)")
-    parser.add_argument("--seeds", default=None, help="longce-train/evaluate: comma-separated seeds (default: all)")
+    parser.add_argument(
+        "--arms", default=None, help="longce-train/evaluate/chain: comma-separated arms (default: all five)"
+    )
+    parser.add_argument(
+        "--seeds", default=None, help="longce-train/evaluate/chain: comma-separated seeds (default: all)"
+    )
     return parser
 
 

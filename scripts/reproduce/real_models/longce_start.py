@@ -20,6 +20,8 @@ new unit once ``--budget-seconds`` have passed.
 - ``longce-evaluate`` (``longce_evaluate.jsonl``): per start model and per saved checkpoint, the
   task accuracies (lines, needle and passage recall beyond the trained length; lines within K at the
   short lengths) and PPL / LongPPL under the calibrated Gemma evaluator on held-out books at L.
+- ``longce-chain``: ``longce-train`` and ``longce-evaluate`` a unit at a time (:func:`chain`), so
+  that a session's end loses no trained unit but the ones in hand.
 
 The stage ``longce-report`` (module ``longce_report``) applies the plan's analysis to these records
 alone: ``<run>/longce_results.json`` and ``<run>/longce_report.md``.
@@ -397,31 +399,43 @@ def _scoring_model(run: Run, start: Start):
 
 
 def score_weights(run: Run, choice: Choice) -> None:
-    """Per start, the start model's weights of its pool's training sequences, once; their seconds recorded."""
+    """Per start, the start model's weights of its pool's training sequences, once a machine: the file
+    (tens of MB) stays on the machine that scored it, and a fresh machine scores the same weights
+    again, keeping the first record (whose seconds are the ones counted in the arms' compute).
+    Processes side by side wait for the one scoring a start (a lock on its file) instead of each
+    scoring it again."""
+    from longppl.atomic_files import directory_lock
+
     sizes, records, budget = choice.sizes, run.records("longce_weights"), Budget(run.budget_seconds)
-    done = records.keys()
     for start in choice.starts:
-        if start.name in done and not os.path.isfile(weights_path(run, start)) and not budget.spent():
-            # a fresh machine: the same weights again; the record (and the cost counted) stays the first
-            _start_row(run, start)
+        path = weights_path(run, start)
+        if os.path.isfile(path):
+            run.log(f"longce-weights: {start.name} kept")
+            continue
+        if budget.spent():
+            run.log("longce-weights: budget spent; call again")
+            return
+        _start_row(run, start)
+        with directory_lock(path):
+            if os.path.isfile(path):  # scored by another process while this one waited
+                run.log(f"longce-weights: {start.name} scored by another process")
+                continue
             model, tokenizer = _scoring_model(run, start)
             main, _ = pool(run, sizes, start, tokenizer)
-            _write_weights(weights_path(run, start), *frozen_weights(model, main, sizes.window, sizes.gamma), main)
-            run.log(f"longce-weights: {start.name} scored again on this machine (its first record kept)")
-    for _, start in pending(run, "longce-weights", records, budget, ((s.name, s) for s in choice.starts)):
-        _start_row(run, start)
-        model, tokenizer = _scoring_model(run, start)
-        main, _ = pool(run, sizes, start, tokenizer)
-        if run.device.startswith("cuda"):
-            import torch
+            if run.device.startswith("cuda"):
+                import torch
 
-            torch.cuda.synchronize()
-        started = time.monotonic()
-        weights, scored = frozen_weights(model, main, sizes.window, sizes.gamma)
-        if run.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds = time.monotonic() - started
-        _write_weights(weights_path(run, start), weights, scored, main)
+                torch.cuda.synchronize()
+            started = time.monotonic()
+            weights, scored = frozen_weights(model, main, sizes.window, sizes.gamma)
+            if run.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds = time.monotonic() - started
+            _write_weights(path, weights, scored, main)
+        del model
+        if start.name in records.keys():
+            run.log(f"longce-weights: {start.name} scored again on this machine (its first record kept)")
+            continue
         records.append(
             start.name,
             {
@@ -610,6 +624,8 @@ def train_arms(run: Run, choice: Choice) -> None:
 
     for key, (start, arm, seed) in pending(run, "longce-train", records, budget, units, done=done):
         _start_row(run, start)
+        if WEIGHTS_OF_ARM[arm] == "cache" and not os.path.isfile(weights_path(run, start)):
+            score_weights(run, dataclasses.replace(choice, starts=(start,)))  # a fresh machine's first such unit
         record = train(run, choice.sizes, start, arm, seed)
         if key in records.keys():
             run.log(f"longce-train: {key} trained again for its evaluation (its first record kept)")
@@ -664,6 +680,32 @@ def evaluate(run: Run, choice: Choice) -> None:
             torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------ longce-chain
+
+
+def chain(run: Run, choice: Choice) -> None:
+    """``longce-train``'s units in its order (seeds outermost), each trained and then evaluated at its
+    checkpoints (after its start's own evaluation) before the next unit begins.
+
+    A unit's checkpoints stay on the machine that trained it, so training every unit before
+    evaluating any would lose, at a session's end, every unit trained and not yet evaluated (then
+    trained again); this loses at most the unit in hand. Processes side by side share the units by
+    claims as in the two phases: a unit another process is training is passed over, and the
+    checkpoints of a unit another process trained can be evaluated here meanwhile. The starts must be
+    built on this machine (``longce-start``); a ``frozen`` or ``shuffled`` unit scores its start's
+    weights first where this machine lacks them. No unit is begun after ``budget_seconds``."""
+    budget = Budget(run.budget_seconds)
+    for seed in choice.seeds:
+        for start in choice.starts:
+            for arm in choice.arms:
+                if budget.spent():
+                    run.log("longce-chain: budget spent; call again")
+                    return
+                one = dataclasses.replace(choice, starts=(start,), arms=(arm,), seeds=(seed,))
+                train_arms(run, one)
+                evaluate(run, one)
+
+
 def stages() -> dict:
     """The phases by stage name, each ``function(run, choice)``."""
     return {
@@ -671,4 +713,5 @@ def stages() -> dict:
         "longce-weights": score_weights,
         "longce-train": train_arms,
         "longce-evaluate": evaluate,
+        "longce-chain": chain,
     }

@@ -7,7 +7,8 @@ when the budget leaves room for the last unit (a member's ``score`` took 117-423
 Processes run side by side on one run folder (``--device cuda:<i>`` each) share the units of every
 phase that walks them through :func:`pending` (``calibrate``, ``score``, ``documents``, ``finetune``, ``chain``,
 the window order of ``instrument``, and the LongCE phases): each unit is claimed while it runs (``claims``), so no
-fixed split of ``--members`` is needed.
+fixed split of ``--members`` is needed. (``longce-weights`` and the evaluators' scores of a corpus are made
+once under a lock on their file instead: the others wait for them.)
 
 - ``calibrate`` (``calibration.jsonl``, one row per evaluator): alpha by the null-document rule
   (``calibration.calibrate_alpha``): the smallest alpha of the grid whose key tokens on null
