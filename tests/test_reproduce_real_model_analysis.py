@@ -363,3 +363,16 @@ def test_task_document_rows_join_their_members_as_a_secondary_measure():
     tasks = found["secondary"]["task_documents"]["longppl:tasks"]
     assert tasks["n"] == 47 and tasks["spearman"]["longppl"]["value"] < -0.5
     assert "unavailable" in found["secondary"]["task_documents"]["longppl:smollm2:tasks"]
+
+
+def test_an_outcome_the_same_for_every_member_is_skipped_with_its_value():
+    from longppl_reproduce.common import claim_statistics
+
+    rows = [
+        {"member": f"m{i}", "cluster": f"c{i // 2}", "longppl": 5.0 + i, "ppl": 20.0 - i, "y": 0.0} for i in range(8)
+    ]
+    found = claim_statistics.correlations(rows, "longppl", "y", rules())
+    assert found["skipped"] == "the outcome is 0 for every one of the 8 members" and "spearman" not in found
+    assert (found["n"], found["clusters"]) == (8, 4)
+    rows[3]["y"] = 0.5  # one member differs: correlated as usual
+    assert "spearman" in claim_statistics.correlations(rows, "longppl", "y", rules())

@@ -65,6 +65,9 @@ def correlations(rows: list[dict], measure: str, outcome: str, analysis) -> dict
         found["skipped"] = f"{len(usable)} members in {len(set(clusters))} clusters; 4 in 2 are needed"
         return found
     a, b, y = [r[measure] for r in usable], [r["ppl"] for r in usable], [r[outcome] for r in usable]
+    if len(set(y)) == 1:  # no ordering to correlate with: say so instead of an undefined coefficient
+        found["skipped"] = f"the outcome is {y[0]:.4g} for every one of the {len(usable)} members"
+        return found
     common = {**analysis.bootstrap, "clusters": clusters}
     for method in ("spearman", "pearson"):
         found[method] = {
