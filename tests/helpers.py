@@ -447,3 +447,38 @@ def join_guarded(worker) -> None:
             worker.kill()
             worker.join()
         hang(repr(worker), HANG_GUARD_S)
+
+
+def run_while_locked(monkeypatch, path, work, fill):
+    """``work()`` on a thread while this test holds ``longppl.atomic_files.directory_lock(path)`` as
+    another process making the file would: checks that the thread asks for the lock and waits (still
+    running 0.5 s later, with no result), then calls ``fill()`` (the other process's file) and lets
+    the lock go. Returns ``work()``'s result; an exception raised in ``work`` is raised here."""
+    import threading
+
+    from longppl import atomic_files
+
+    real, asked, results, failures = atomic_files.directory_lock, threading.Event(), [], []
+
+    def noting(*args, **kwargs):  # the real lock, noting that the waiter found no file and asked for it
+        asked.set()
+        return real(*args, **kwargs)
+
+    def target():
+        try:
+            results.append(work())
+        except BaseException as err:  # noqa: BLE001 - raised again in the test's thread
+            failures.append(err)
+
+    monkeypatch.setattr(atomic_files, "directory_lock", noting)
+    with real(str(path)):
+        thread = threading.Thread(target=target)
+        thread.start()
+        assert asked.wait(60)
+        thread.join(0.5)
+        assert thread.is_alive() and not results and not failures  # waiting, not working
+        fill()
+    join_guarded(thread)
+    if failures:
+        raise failures[0]
+    return results[0]

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, run_real_models_stage, tiny_model, write_books
+from helpers import byte_level_bpe, run_real_models_stage, run_while_locked, tiny_model, write_books
 from longppl_reproduce.real_models.longce_start import frozen_weights, shuffled_weights
 
 
@@ -226,11 +226,9 @@ def test_longce_chain_evaluates_each_unit_before_training_the_next(tiny_study, t
 
 @pytest.mark.slow
 def test_a_start_being_scored_by_another_process_is_waited_for_not_scored_again(tiny_study, tmp_path, monkeypatch):
-    import threading
 
     from longppl_reproduce.real_models import longce_start, phases
 
-    from longppl import atomic_files
 
     study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books)
     (tmp_path / "run" / "records").mkdir(parents=True)
@@ -248,33 +246,15 @@ def test_a_start_being_scored_by_another_process_is_waited_for_not_scored_again(
     )
     choice = longce_start.Choice(longce_start.SMALL, longce_start.SMALL.starts[1:], ("frozen",), (0,))
     path = longce_start.weights_path(run, choice.starts[0])
-    real, asked, failures = atomic_files.directory_lock, threading.Event(), []
-
-    def directory_lock(*args):  # the real lock, noting that the waiter found no file and asked for it
-        asked.set()
-        return real(*args)
 
     def scoring_model(*args):
         raise AssertionError("the start's weights were scored again")
 
-    monkeypatch.setattr(atomic_files, "directory_lock", directory_lock)
-    monkeypatch.setattr(longce_start, "_scoring_model", scoring_model)
-
-    def waiter():
-        try:
-            longce_start.score_weights(run, choice)
-        except BaseException as err:  # noqa: BLE001 - reported to the test's thread
-            failures.append(err)
-
-    with real(str(path)):  # another process scoring the start
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        assert asked.wait(60)
-        thread.join(0.5)
-        assert thread.is_alive()  # waiting, not scoring
+    def fill():  # the other process's weights
         ids = np.zeros((2, 1024), dtype=np.int64)
         longce_start._write_weights(str(path), np.ones((2, 1024), np.float32), np.ones((2, 1024), bool), ids)
-    thread.join(30)
-    assert not thread.is_alive() and not failures
+
+    monkeypatch.setattr(longce_start, "_scoring_model", scoring_model)
+    run_while_locked(monkeypatch, path, lambda: longce_start.score_weights(run, choice), fill)
     assert "longce-weights: s2 scored by another process" in run.log_lines
     assert not (tmp_path / "run" / "records" / "longce_weights.jsonl").exists()  # the scorer records it

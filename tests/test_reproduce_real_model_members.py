@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, run_real_models_stage, tiny_model, write_books
+from helpers import byte_level_bpe, run_real_models_stage, run_while_locked, tiny_model, write_books
 from longppl_reproduce.real_models import members, phases
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
@@ -219,32 +219,14 @@ def test_a_killed_holder_leaves_its_unit_free(tmp_path):
 
 
 def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path, monkeypatch):
-    import threading
-
-    from longppl import atomic_files
-
     run = bare_run(tmp_path / "run")
     evaluator = phases.Evaluator("gemma", "unused", (4, 2), 8, 8)
     path = tmp_path / "run" / "scores" / "gemma-books.npz"
-    asked, results, real = threading.Event(), [], atomic_files.directory_lock
-
-    def directory_lock(*args):  # the real lock, noting that the waiter found no file and asked for it
-        asked.set()
-        return real(*args)
 
     def load_plain(*args):
         raise AssertionError("the corpus was scored again")
 
-    monkeypatch.setattr(atomic_files, "directory_lock", directory_lock)
-    monkeypatch.setattr(phases, "load_plain", load_plain)
-    with real(str(path)):  # another process scoring the corpus
-        thread = threading.Thread(
-            target=lambda: results.append(phases.evaluator_scores(run, evaluator, "books", ["x"]))
-        )
-        thread.start()
-        assert asked.wait(60)
-        thread.join(0.5)
-        assert thread.is_alive() and not results  # waiting, not scoring
+    def fill():  # the other process's scores
         path.parent.mkdir(parents=True, exist_ok=True)  # the lock made the folder
         ids = np.arange(5, dtype=np.int64)
         np.savez(
@@ -255,9 +237,9 @@ def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path,
             lp_long=-np.arange(5.0),
             lp_short=-np.arange(5.0) * 2,
         )
-    thread.join(30)
-    assert not thread.is_alive()
-    [scores] = results
+
+    monkeypatch.setattr(phases, "load_plain", load_plain)
+    scores = run_while_locked(monkeypatch, path, lambda: phases.evaluator_scores(run, evaluator, "books", ["x"]), fill)
     assert [s.input_ids.tolist() for s in scores] == [[0, 1], [2, 3, 4]]
     assert scores[1].lp_short.tolist() == [-4.0, -6.0, -8.0]
 
