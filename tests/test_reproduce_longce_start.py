@@ -229,7 +229,6 @@ def test_a_start_being_scored_by_another_process_is_waited_for_not_scored_again(
 
     from longppl_reproduce.real_models import longce_start, phases
 
-
     study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books)
     (tmp_path / "run" / "records").mkdir(parents=True)
     shutil.copy(tiny_study.records / "calibration.jsonl", tmp_path / "run" / "records")
