@@ -413,3 +413,28 @@ def test_chain_carries_each_member_through_its_phases_before_the_next(tiny_run, 
     phases.chain(dataclasses.replace(run, members=chosen[:1], log_lines=[]))  # done: nothing again
     assert [r["key"] for r in run.records("finetune").rows()] == ["smollm2-yarn2-s50"]
     assert len(run.records("members").rows()) == 2
+
+
+def test_training_books_are_tokenized_once_a_run_folder(tmp_path, monkeypatch):
+    from longppl_reproduce.common.books import read_books
+
+    run = dataclasses.replace(bare_run(tmp_path / "run"), books=write_books(tmp_path / "books"))
+    tokenizer = byte_level_bpe()
+    monkeypatch.setattr(phases, "_TRAINING_IDS", {})
+    first = phases.training_books(run, tokenizer)
+    plain = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in read_books(f"{run.books}/train.jsonl.gz")]
+    assert [row.tolist() for row in first] == plain and all(row.dtype == np.int64 for row in first)
+    assert len(os.listdir(tmp_path / "run" / "tokens")) == 1
+
+    class Untokenizing:  # the same tokenizer, which must not be asked to tokenize again
+        backend_tokenizer = tokenizer.backend_tokenizer
+
+        def __call__(self, *args, **kwargs):
+            raise AssertionError("the training books were tokenized again")
+
+    monkeypatch.setattr(phases, "_TRAINING_IDS", {})  # another process: read from the run folder
+    again = phases.training_books(run, Untokenizing())
+    assert [row.tolist() for row in again] == plain
+    other = byte_level_bpe(vocab_size=400)  # another vocabulary: its own file, its own ids
+    assert [row.tolist() for row in phases.training_books(run, other)] != plain
+    assert len(os.listdir(tmp_path / "run" / "tokens")) == 2

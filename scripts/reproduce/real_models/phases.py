@@ -657,24 +657,67 @@ def trained_folder(run: Run, spec) -> str:
     return os.path.join(run.root, "members", spec.name)
 
 
-_TRAINING_IDS: dict = {}  # (books file, tokenizer's folder) -> token ids, for this process
+_TRAINING_IDS: dict = {}  # the token file's path -> its token ids, for this process
+
+
+def _file_digest(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _tokenizer_digest(tokenizer) -> str:
+    """A digest of what decides the ids: the fast tokenizer's whole definition (vocabulary, merges,
+    normalizer, pre-tokenizer); a slow tokenizer falls back to its class and vocabulary."""
+    import hashlib
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = (
+        backend.to_str()
+        if backend is not None
+        else f"{type(tokenizer).__name__}{sorted(tokenizer.get_vocab().items())}"
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def training_books(run: Run, tokenizer) -> list[np.ndarray]:
-    """The training books as ``[n_b]`` int64 token ids of ``tokenizer``, one array a book. Tokenized
-    once a process: a GPU's worker fine-tunes several members from the same books, and the whole
-    training set takes tens of seconds to tokenize."""
+    """The training books as ``[n_b]`` int64 token ids of ``tokenizer``, one array a book.
+
+    The whole training set takes about 90 s to tokenize, and every worker process that trains (a
+    member's fine-tune, a LongCE pool) needs it, so the ids are kept once a run folder in
+    ``<run>/tokens/train-<books digest>-<tokenizer digest>.npz`` (flat ids and per-book lengths, no
+    pickle), made by one process while the others wait on its lock, and held in memory for the
+    rest of the process."""
+    from longppl.atomic_files import directory_lock, write_file_atomically
+
     from ..common.books import read_books
 
-    path = os.path.join(run.books, "train.jsonl.gz")
+    source = os.path.join(run.books, "train.jsonl.gz")
+    if not os.path.isfile(source):
+        raise ValueError(f"No training books at {source}: pass --books, the folder with train.jsonl.gz.")
+    path = os.path.join(run.root, "tokens", f"train-{_file_digest(source)}-{_tokenizer_digest(tokenizer)}.npz")
+    if path in _TRAINING_IDS:
+        return _TRAINING_IDS[path]
+
+    def read() -> list[np.ndarray]:
+        with np.load(path, allow_pickle=False) as data:
+            return np.split(data["ids"].astype(np.int64), np.cumsum(data["lengths"])[:-1])
+
     if not os.path.isfile(path):
-        raise ValueError(f"No training books at {path}: pass --books, the folder with train.jsonl.gz.")
-    key = (os.path.abspath(path), getattr(tokenizer, "name_or_path", None) or id(tokenizer))
-    if key not in _TRAINING_IDS:
-        _TRAINING_IDS[key] = [
-            np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in read_books(path)
-        ]
-    return _TRAINING_IDS[key]
+        with directory_lock(path):  # processes side by side wait for the one tokenizing
+            if not os.path.isfile(path):
+                ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in read_books(source)]
+                flat = np.concatenate([np.asarray(row, dtype=np.int64) for row in ids])
+                # int32 halves the file (hundreds of MB); every vocabulary here fits it
+                kind = np.int32 if flat.size == 0 or flat.max() < 2**31 else np.int64
+                arrays = dict(ids=flat.astype(kind), lengths=np.array([len(row) for row in ids]))
+                write_file_atomically(path, lambda handle: np.savez(handle, **arrays), binary=True)
+    _TRAINING_IDS[path] = read()
+    return _TRAINING_IDS[path]
 
 
 def finetune_one(run: Run, spec, folder: str) -> dict:
