@@ -251,7 +251,7 @@ def test_a_start_being_scored_by_another_process_is_waited_for_not_scored_again(
 
     def fill():  # the other process's weights
         ids = np.zeros((2, 1024), dtype=np.int64)
-        longce_start._write_weights(str(path), np.ones((2, 1024), np.float32), np.ones((2, 1024), bool), ids)
+        np.savez(path, weights=np.ones((2, 1024), np.float32), scored=np.ones((2, 1024), bool), input_ids=ids)
 
     monkeypatch.setattr(longce_start, "_scoring_model", scoring_model)
     run_while_locked(monkeypatch, path, lambda: longce_start.score_weights(run, choice), fill)

@@ -404,8 +404,6 @@ def score_weights(run: Run, choice: Choice) -> None:
     again, keeping the first record (whose seconds are the ones counted in the arms' compute).
     Processes side by side wait for the one scoring a start (a lock on its file) instead of each
     scoring it again."""
-    from longppl.atomic_files import directory_lock
-
     sizes, records, budget = choice.sizes, run.records("longce_weights"), Budget(run.budget_seconds)
     for start in choice.starts:
         path = weights_path(run, start)
@@ -416,10 +414,9 @@ def score_weights(run: Run, choice: Choice) -> None:
             run.log("longce-weights: budget spent; call again")
             return
         _start_row(run, start)
-        with directory_lock(path):
-            if os.path.isfile(path):  # scored by another process while this one waited
-                run.log(f"longce-weights: {start.name} scored by another process")
-                continue
+        found = {}
+
+        def make(start=start, found=found) -> dict:
             model, tokenizer = _scoring_model(run, start)
             main, _ = pool(run, sizes, start, tokenizer)
             if run.device.startswith("cuda"):
@@ -430,12 +427,16 @@ def score_weights(run: Run, choice: Choice) -> None:
             weights, scored = frozen_weights(model, main, sizes.window, sizes.gamma)
             if run.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            seconds = time.monotonic() - started
-            _write_weights(path, weights, scored, main)
-        del model
+            found.update(seconds=time.monotonic() - started, weights=weights, scored=scored, main=main)
+            return dict(weights=weights, scored=scored, input_ids=main)
+
+        if not phases.npz_once(path, make):
+            run.log(f"longce-weights: {start.name} scored by another process")
+            continue
         if start.name in records.keys():
             run.log(f"longce-weights: {start.name} scored again on this machine (its first record kept)")
             continue
+        weights, scored, main, seconds = found["weights"], found["scored"], found["main"], found["seconds"]
         records.append(
             start.name,
             {
@@ -448,13 +449,6 @@ def score_weights(run: Run, choice: Choice) -> None:
             },
         )
         run.log(f"longce-weights: {start.name} {main.shape[0]} sequences scored in {seconds:.1f} s")
-
-
-def _write_weights(path: str, weights: np.ndarray, scored: np.ndarray, main: np.ndarray) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    np.savez(tmp, weights=weights, scored=scored, input_ids=main)
-    os.replace(tmp, path)
 
 
 def arm_weights(run: Run, start: Start, arm: str, seed: int, main: np.ndarray) -> np.ndarray:

@@ -7,8 +7,9 @@ when the budget leaves room for the last unit (a member's ``score`` took 117-423
 Processes run side by side on one run folder (``--device cuda:<i>`` each) share the units of every
 phase that walks them through :func:`pending` (``calibrate``, ``score``, ``documents``, ``finetune``, ``chain``,
 the window order of ``instrument``, and the LongCE phases): each unit is claimed while it runs (``claims``), so no
-fixed split of ``--members`` is needed. (``longce-weights`` and the evaluators' scores of a corpus are made
-once under a lock on their file instead: the others wait for them.)
+fixed split of ``--members`` is needed. (What every process needs made once, the evaluators' scores of a
+corpus, the training books' token ids and ``longce-weights``, is written by :func:`npz_once` instead: the
+others wait on the file's lock.)
 
 - ``calibrate`` (``calibration.jsonl``, one row per evaluator): alpha by the null-document rule
   (``calibration.calibrate_alpha``): the smallest alpha of the grid whose key tokens on null
@@ -295,6 +296,23 @@ def _write_json(path: str, value) -> None:
     write_file_atomically(path, lambda handle: json.dump(value, handle))
 
 
+def npz_once(path: str, make) -> bool:
+    """Write ``path``, the ``.npz`` of the arrays ``make()`` returns (a ``{name: array}`` dict), unless
+    it exists: once across processes side by side on one run folder, the first taking the file's
+    lock (``atomic_files.directory_lock``) and writing it atomically while the others wait on the lock
+    and then find it. Returns whether this process wrote it."""
+    from longppl.atomic_files import directory_lock, write_file_atomically
+
+    if os.path.isfile(path):
+        return False
+    with directory_lock(path):
+        if os.path.isfile(path):  # written by another process while this one waited
+            return False
+        arrays = make()
+        write_file_atomically(path, lambda handle: np.savez(handle, **arrays), binary=True)
+    return True
+
+
 def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: int = 0) -> list[str]:
     """``count`` natural documents of ``length`` tokens of ``tokenizer`` (``books``: held-out book
     bodies; ``govreport``: the repository's CRS reports that reach ``length``), as text, written once
@@ -325,7 +343,6 @@ def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: 
 def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[str], model=None, tokenizer=None):
     """The evaluator's ``EvaluatorScores`` of ``texts``, computed once and kept in
     ``<run>/scores/<evaluator>-<corpus>.npz`` (flat arrays and per-document lengths)."""
-    from longppl.atomic_files import directory_lock, write_file_atomically
     from longppl.core.scoring import EvaluatorScores, score_with_evaluator
     from longppl.settings import KeyTokenSettings
 
@@ -341,27 +358,25 @@ def evaluator_scores(run: Run, evaluator: Evaluator, corpus: str, texts: list[st
                 for a, b in zip(bounds[:-1], bounds[1:])
             ]
 
-    if os.path.isfile(path):
-        return read()
-    # processes side by side wait for the one scoring the corpus instead of each scoring it again
-    with directory_lock(path):
-        if os.path.isfile(path):
-            return read()
+    def make() -> dict:
+        nonlocal model, tokenizer
         if model is None:
             model, tokenizer = load_plain(evaluator.folder, run.device)
         settings = KeyTokenSettings(*evaluator.window)
         scores = score_with_evaluator(
             model, tokenizer, texts, settings, max_tokens_per_batch=run.sizes.max_tokens_per_batch, progress=False
         )
-        arrays = dict(
+        return dict(
             lengths=np.array([len(s.input_ids) for s in scores]),
             input_ids=np.concatenate([s.input_ids for s in scores]),
             offsets=np.concatenate([s.offsets for s in scores]),
             lp_long=np.concatenate([s.lp_long for s in scores]),
             lp_short=np.concatenate([s.lp_short for s in scores]),
         )
-        write_file_atomically(path, lambda handle: np.savez(handle, **arrays), binary=True)
-        return scores
+
+    # processes side by side wait for the one scoring the corpus instead of each scoring it again
+    npz_once(path, make)
+    return read()
 
 
 def alphas(run: Run) -> dict[str, float]:
@@ -657,31 +672,7 @@ def trained_folder(run: Run, spec) -> str:
     return os.path.join(run.root, "members", spec.name)
 
 
-_TRAINING_IDS: dict = {}  # the token file's path -> its token ids, for this process
-
-
-def _file_digest(path: str) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def _tokenizer_digest(tokenizer) -> str:
-    """A digest of what decides the ids: the fast tokenizer's whole definition (vocabulary, merges,
-    normalizer, pre-tokenizer); a slow tokenizer falls back to its class and vocabulary."""
-    import hashlib
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    text = (
-        backend.to_str()
-        if backend is not None
-        else f"{type(tokenizer).__name__}{sorted(tokenizer.get_vocab().items())}"
-    )
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+_TRAINING_IDS: dict = {}  # (books file, its size and time, tokenizer fingerprint) -> token ids, for this process
 
 
 def training_books(run: Run, tokenizer) -> list[np.ndarray]:
@@ -689,35 +680,33 @@ def training_books(run: Run, tokenizer) -> list[np.ndarray]:
 
     The whole training set takes about 90 s to tokenize, and every worker process that trains (a
     member's fine-tune, a LongCE pool) needs it, so the ids are kept once a run folder in
-    ``<run>/tokens/train-<books digest>-<tokenizer digest>.npz`` (flat ids and per-book lengths, no
-    pickle), made by one process while the others wait on its lock, and held in memory for the
-    rest of the process."""
-    from longppl.atomic_files import directory_lock, write_file_atomically
+    ``<run>/tokens/train-<books digest>-<tokenizer fingerprint>.npz`` (flat ids and per-book
+    lengths, no pickle; :func:`npz_once`), and held in memory for the rest of the process."""
+    from longppl.models.fingerprints import file_sha256, tokenizer_fingerprint
 
     from ..common.books import read_books
 
     source = os.path.join(run.books, "train.jsonl.gz")
     if not os.path.isfile(source):
         raise ValueError(f"No training books at {source}: pass --books, the folder with train.jsonl.gz.")
-    path = os.path.join(run.root, "tokens", f"train-{_file_digest(source)}-{_tokenizer_digest(tokenizer)}.npz")
-    if path in _TRAINING_IDS:
-        return _TRAINING_IDS[path]
+    stat = os.stat(source)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    key = (os.path.abspath(source), stat.st_size, stat.st_mtime_ns, fingerprint)
+    if key in _TRAINING_IDS:  # no need to hash the books again in this process
+        return _TRAINING_IDS[key]
+    path = os.path.join(run.root, "tokens", f"train-{file_sha256(source)[:16]}-{fingerprint[:16]}.npz")
 
-    def read() -> list[np.ndarray]:
-        with np.load(path, allow_pickle=False) as data:
-            return np.split(data["ids"].astype(np.int64), np.cumsum(data["lengths"])[:-1])
+    def make() -> dict:
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in read_books(source)]
+        flat = np.concatenate([np.asarray(row, dtype=np.int64) for row in ids])
+        # int32 halves the file (hundreds of MB); every vocabulary here fits it
+        kind = np.int32 if flat.size == 0 or flat.max() < 2**31 else np.int64
+        return dict(ids=flat.astype(kind), lengths=np.array([len(row) for row in ids]))
 
-    if not os.path.isfile(path):
-        with directory_lock(path):  # processes side by side wait for the one tokenizing
-            if not os.path.isfile(path):
-                ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in read_books(source)]
-                flat = np.concatenate([np.asarray(row, dtype=np.int64) for row in ids])
-                # int32 halves the file (hundreds of MB); every vocabulary here fits it
-                kind = np.int32 if flat.size == 0 or flat.max() < 2**31 else np.int64
-                arrays = dict(ids=flat.astype(kind), lengths=np.array([len(row) for row in ids]))
-                write_file_atomically(path, lambda handle: np.savez(handle, **arrays), binary=True)
-    _TRAINING_IDS[path] = read()
-    return _TRAINING_IDS[path]
+    npz_once(path, make)  # processes side by side wait for the one tokenizing
+    with np.load(path, allow_pickle=False) as data:
+        _TRAINING_IDS[key] = np.split(data["ids"].astype(np.int64), np.cumsum(data["lengths"])[:-1])
+    return _TRAINING_IDS[key]
 
 
 def finetune_one(run: Run, spec, folder: str) -> dict:
