@@ -16,6 +16,7 @@ from longppl_reproduce.common.lines import (
     fitted_lines_document,
     generate_lines_cases,
     greedy_answers,
+    greedy_token_ids,
     lines_cases_beyond,
 )
 
@@ -161,3 +162,66 @@ def test_greedy_answers_match_a_plain_greedy_loop_in_order():
     for batch_size in (1, 3):  # 7 prompts: batches of 3, 3 and 1
         assert greedy_answers(model, tok, prompts, max_new_tokens=4, batch_size=batch_size) == expected
     assert tok.padding_side == side
+
+
+def plain_greedy(model, ids: list[int], steps: int, eos: set[int]) -> list[int]:
+    """The argmax loop on one prompt alone (the whole prefix every step), stopping after an EOS."""
+    new = []
+    with torch.no_grad():
+        for _ in range(steps):
+            new.append(int(model(torch.tensor([ids + new])).logits[0, -1].argmax()))
+            if new[-1] in eos:
+                break
+    return new
+
+
+def test_rows_prefill_matches_a_plain_greedy_loop_on_prompts_of_different_lengths():
+    """``prefill="rows"`` reads each prompt alone and decodes the batch together (the cache left-padded,
+    every row at its own positions): each answer is the plain loop's on that prompt alone, in order,
+    and equals ``generate`` on the padded batch (float32)."""
+    tok = byte_level_bpe()
+    # weights 2.5x the default scale: attention far enough from uniform that a row decoded at a
+    # wrong position (RoPE) changes its answer, and near enough that reading the padding does too
+    model = tiny_model("llama", len(tok), seed=5, initializer_range=0.05)
+    model.generation_config.eos_token_id = None  # every prompt gets all its tokens here
+    prompts = [f"line {c * k}: REGISTER_CONTENT is <{k}{c}>" for k, c in enumerate("abcdefg", 1)]
+    sizes = [len(tok(p)["input_ids"]) for p in prompts]
+    assert all(len(set(sizes[i : i + 3])) > 1 for i in (0, 3))  # padding in the batches of 3
+    expected = [
+        tok.decode(plain_greedy(model, tok(p)["input_ids"], 5, set()), skip_special_tokens=True) for p in prompts
+    ]
+    assert len(set(expected)) > 1
+    for batch_size in (1, 3):
+        assert greedy_answers(model, tok, prompts, max_new_tokens=5, batch_size=batch_size, prefill="rows") == expected
+    assert greedy_answers(model, tok, prompts, max_new_tokens=5, batch_size=3) == expected
+    with pytest.raises(ValueError, match="prefill="):
+        greedy_answers(model, tok, prompts, prefill="padded")
+
+
+def test_rows_decoder_stops_a_row_at_its_eos_and_pads_it():
+    """A row whose greedy token is an end-of-sequence token of the generation config keeps it, then
+    gets the pad token while the others go on; decoding ends once every row has stopped."""
+    model = tiny_model("llama", 300, seed=7)
+    model.generation_config.eos_token_id = None
+    rng = np.random.default_rng(0)
+    rows = [torch.as_tensor(rng.integers(3, 300, n)) for n in (9, 14, 11)]
+    free = [plain_greedy(model, row.tolist(), 6, set()) for row in rows]
+    eos = free[0][1]  # row 0 stops at its second token
+    assert eos not in free[1] and eos not in free[2][:5]
+    model.generation_config.eos_token_id = [eos, 299]
+    with torch.no_grad():
+        got = greedy_token_ids(model, rows, 6, pad_token_id=2)
+    for i, row in enumerate(rows):
+        ref = plain_greedy(model, row.tolist(), 6, {eos, 299})
+        assert got[i, : len(ref)].tolist() == ref
+        assert got[i, len(ref) :].tolist() == [2] * (got.shape[1] - len(ref))
+    assert got.shape[1] == max(len(plain_greedy(model, r.tolist(), 6, {eos, 299})) for r in rows)
+    model.generation_config.eos_token_id = [t[0] for t in free]  # every row stops at its first token
+    with torch.no_grad():
+        assert greedy_token_ids(model, rows, 6, pad_token_id=2).tolist() == [[t[0]] for t in free]
+
+
+def test_rows_decoder_refuses_a_model_with_sliding_window_layers():
+    model = tiny_model("mistral", 300, seed=1, sliding_window=4)
+    with pytest.raises(ValueError, match="sliding-window"), torch.no_grad():
+        greedy_token_ids(model, [torch.arange(3, 12)], 3, pad_token_id=2)

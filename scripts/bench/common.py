@@ -38,6 +38,15 @@ LLAMA_SHAPES = {
         num_key_value_heads=8,
         tie_word_embeddings=False,
     ),
+    "smollm2-135m": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+    ),
     "llama-3.2-1b": dict(
         vocab_size=128256,
         hidden_size=2048,

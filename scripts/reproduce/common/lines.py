@@ -23,6 +23,7 @@ number by teacher forcing.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -290,6 +291,7 @@ def greedy_answers(
     batch_size: int = 8,
     progress: bool | ProgressCallback | None = None,
     desc: str = "LongEval lines",
+    prefill: str = "batch",
 ) -> list[str]:
     """The greedy continuation of every prompt, decoded without special tokens (one string per prompt).
 
@@ -301,11 +303,17 @@ def greedy_answers(
     Args:
         progress: ``True`` for a bar over the prompts, or a ``callback(desc, done, total)`` called
             after every batch; ``None``/``False`` for neither.
+        prefill: ``"batch"``: ``model.generate`` on the padded batch (its prompts read under an
+            attention mask); ``"rows"``: :func:`greedy_token_ids` (each prompt read alone, without
+            padding or a mask, then the batch decoded together): the same greedy rule, for models
+            whose cache layers all hold every position (no sliding-window layers).
     """
     import torch
 
     require_int("max_new_tokens", max_new_tokens)
     require_int("batch_size", batch_size)
+    if prefill not in ("batch", "rows"):
+        raise ValueError(f"prefill={prefill!r}; use 'batch' or 'rows'.")
     prompts = list(prompts)
     if not prompts:
         raise ValueError("No cases to score; pass at least one case.")
@@ -333,20 +341,103 @@ def greedy_answers(
                 inputs = upcoming.result()
                 if start + batch_size < len(prompts):
                     upcoming = encoder.submit(encode, start + batch_size)
-                generated = model.generate(
-                    input_ids=inputs["input_ids"].to(device),
-                    attention_mask=inputs["attention_mask"].to(device),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=pad_token_id,
-                )
-                new_tokens = generated[:, inputs["input_ids"].shape[1] :].cpu()
+                if prefill == "rows":
+                    rows = [ids[mask.bool()] for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+                    new_tokens = greedy_token_ids(model, rows, max_new_tokens, pad_token_id).cpu()
+                else:
+                    generated = model.generate(
+                        input_ids=inputs["input_ids"].to(device),
+                        attention_mask=inputs["attention_mask"].to(device),
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                        pad_token_id=pad_token_id,
+                    )
+                    new_tokens = generated[:, inputs["input_ids"].shape[1] :].cpu()
                 outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
                 advance(len(new_tokens))
     finally:
         tokenizer.padding_side, tokenizer.pad_token = padding_side, pad_token
         model.train(was_training)
     return outputs
+
+
+def _eos_token_ids(model) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def greedy_token_ids(model, rows, max_new_tokens: int, pad_token_id: int):
+    """Greedy new tokens of a batch of prompts of different lengths, each prompt read alone.
+
+    ``model.generate`` on left-padded prompts reads them under an attention mask, which keeps
+    PyTorch's attention off its fastest (causal, maskless) kernel for the whole prompt. Here each
+    prompt is read alone (``rows[i]``: ``[n_i]`` token ids), its cache then left-padded with zeros
+    to the longest and the batch decoded together, the padding masked out and every row at its own
+    positions (``n_i + t``): what ``generate`` computes for each prompt alone, up to rounding.
+
+    A row stops at an end-of-sequence token of the model's generation config (kept, then
+    ``pad_token_id``), and decoding stops when every row has stopped, as ``generate`` does; the
+    model's other generation settings (e.g. a repetition penalty) are not applied.
+
+    Returns:
+        ``[batch, m]`` int64 new tokens on the model's device, ``m <= max_new_tokens``.
+
+    Raises:
+        ValueError: a cache layer keeps a sliding window (its cache cannot be padded so).
+    """
+    import torch
+    import torch.nn.functional as F
+    from transformers import DynamicCache
+
+    # transformers renamed ``past_key_values`` to ``cache`` (argument and output) after 5.17
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    device = _generation_device(model)
+    lengths = [len(row) for row in rows]
+    longest, count = max(lengths), len(rows)
+    per_row, tokens = [], []
+    for row in rows:
+        out = model(input_ids=torch.as_tensor(row, device=device)[None], use_cache=True, logits_to_keep=1)
+        layers = getattr(out, name).layers
+        if any(getattr(layer, "is_sliding", False) for layer in layers):
+            raise ValueError(
+                f"{type(model).__name__} keeps sliding-window cache layers, which this decoder cannot pad; "
+                "use prefill='batch'."
+            )
+        pad = longest - len(row)
+        per_row.append([(F.pad(layer.keys, (0, 0, pad, 0)), F.pad(layer.values, (0, 0, pad, 0))) for layer in layers])
+        tokens.append(out.logits[0, -1].argmax(-1))
+        del out
+    cache = DynamicCache(
+        ddp_cache_data=[tuple(torch.cat([r[i][j] for r in per_row]) for j in (0, 1)) for i in range(len(per_row[0]))]
+    )
+    del per_row
+    eos = torch.tensor(_eos_token_ids(model), device=device, dtype=torch.long)
+    mask = torch.zeros(count, longest + max_new_tokens, dtype=torch.long, device=device)
+    for i, n in enumerate(lengths):
+        mask[i, longest - n : longest] = 1
+    positions = torch.tensor(lengths, device=device, dtype=torch.long)[:, None]
+    token = torch.stack(tokens)[:, None]
+    done = torch.isin(token, eos)
+    found = [token]
+    for step in range(1, max_new_tokens):
+        if bool(done.all()):
+            break
+        mask[:, longest + step - 1] = 1
+        out = model(
+            input_ids=token,
+            attention_mask=mask[:, : longest + step],
+            position_ids=positions + step - 1,
+            cache_position=torch.tensor([longest + step - 1], device=device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{name: cache},
+        )
+        token = torch.where(done, pad_token_id, out.logits[:, -1].argmax(-1, keepdim=True))
+        done = done | torch.isin(token, eos)
+        found.append(token)
+    return torch.cat(found, dim=1)
 
 
 def scored_answers(outputs: Sequence[str], expected_numbers: Sequence[str]) -> dict:
@@ -378,6 +469,7 @@ def case_accuracy(
     batch_size: int = 8,
     progress: bool | ProgressCallback | None = None,
     desc: str = "LongEval lines",
+    prefill: str = "batch",
 ) -> dict:
     """Greedy answers to cases of any task (objects with ``prompt`` and ``expected_number``, e.g.
     :class:`LinesCase`, ``needle.NeedleCase``; :func:`greedy_answers`), scored by LongChat's rule
@@ -398,13 +490,14 @@ def case_accuracy(
         batch_size=batch_size,
         progress=progress,
         desc=desc,
+        prefill=prefill,
     )
     return scored_answers(outputs, [case.expected_number for case in cases])
 
 
 def lines_accuracy(model, tokenizer, cases: Sequence[LinesCase], **options) -> dict:
     """LongEval lines accuracy: :func:`case_accuracy` of the cases (same options
-    ``max_new_tokens=16``, ``batch_size=8``, ``progress``, same result)."""
+    ``max_new_tokens=16``, ``batch_size=8``, ``progress``, ``prefill``, same result)."""
     return case_accuracy(model, tokenizer, cases, **{"desc": "LongEval lines", **options})
 
 

@@ -74,6 +74,7 @@ class LongCESizes:
     documents: int  # held-out books at L for PPL / LongPPL
     max_new_tokens: int
     batch_size: int
+    prefill: str = "batch"  # greedy_answers': "rows" reads each prompt alone (no padding mask)
     gamma: float = 5.0
     gate: float = 0.5
     per_book_cap: int = 16
@@ -281,7 +282,14 @@ def accuracies(run: Run, sizes: LongCESizes, model, tokenizer, chosen) -> dict:
         if kind.startswith("lines"):
             cases = [tasks.with_answer_opening(c) for c in cases]
         score = needle_accuracy if kind == "needle" else lines_accuracy
-        result = score(model, tokenizer, cases, max_new_tokens=sizes.max_new_tokens, batch_size=sizes.batch_size)
+        result = score(
+            model,
+            tokenizer,
+            cases,
+            max_new_tokens=sizes.max_new_tokens,
+            batch_size=sizes.batch_size,
+            prefill=sizes.prefill,
+        )
         found[name] = {"accuracy": result["accuracy"], "per_case": result["is_correct"], "outputs": result["outputs"]}
     return found
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Benchmark: greedy answers to long prompts of different lengths, padded batch against rows read alone.
+
+The reproduction's task sets (LongEval lines, needles) ask for a few greedy tokens after prompts of
+8k-32k tokens whose lengths differ by a few dozen tokens within a batch. ``model.generate`` on the
+left-padded batch reads the prompts under an attention mask, which keeps PyTorch's SDPA off its
+maskless causal kernel for the whole prompt; ``greedy_token_ids`` (``prefill="rows"`` of
+``greedy_answers``) reads each prompt alone and then decodes the batch together. In one process,
+for each length, on the same prompts (random token ids, lengths ``L - U[0, 48)``), interleaved over
+``--repeats`` rounds after an untimed first round, it times
+
+- ``generate``: ``model.generate`` on the left-padded batch, ``--new-tokens`` greedy tokens (what
+  ``greedy_answers(prefill="batch")`` runs);
+- ``rows``: ``greedy_token_ids`` on the same prompts;
+- ``prefill-batch`` / ``prefill-rows``: the prompts' forward pass alone (last position's logits),
+  batched under the mask / each alone, to split the time between reading and decoding;
+
+and reports seconds a prompt, the ratios against ``generate``, peak GiB, and the share of prompts
+whose new tokens agree between the two decoders (bf16 rounding differs between the kernels; with
+random weights near-ties are common, so this is a smoke check, not an exactness test: the test
+suite checks exactness in float32).
+
+The model is random, in bf16 with SDPA, shaped like SmolLM2-135M (``--shape``), or a real one
+(``--model``: a short name, a ``*.gguf`` file or a saved folder). No end-of-sequence token is set on
+a random model, so every prompt gets all ``--new-tokens``.
+
+    python scripts/bench/bench_generation.py --lengths 16384 32768 --json generation.json   # one GPU
+    python scripts/bench/bench_generation.py --tiny --lengths 200 300                    # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+from common import LLAMA_SHAPES, TINY_LLAMA_SHAPE, measure, write_json
+
+from longppl.commandline.running import tool_parser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build_model(args, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if args.model:
+        from longppl.models.sources import check_model_source
+
+        folder = check_model_source(args.model, "--model")
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    fields = dict(TINY_LLAMA_SHAPE if args.tiny else LLAMA_SHAPES[args.shape])
+    config = LlamaConfig(**fields, max_position_embeddings=max(args.lengths) + args.new_tokens, eos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def main(argv=None) -> int:
+    parser = tool_parser(None, __doc__)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768], help="prompt tokens (at most)")
+    parser.add_argument("--batch-size", type=int, default=4, help="prompts a batch (default %(default)s, the study's)")
+    parser.add_argument("--batches", type=int, default=2, help="batches a round (default %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=16, help="greedy tokens a prompt (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after an untimed one")
+    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(LLAMA_SHAPES))
+    parser.add_argument("--model", default=None, help="a real model instead of a random one")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke run)")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+
+    import torch
+    import transformers
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from reproduce.common.lines import greedy_token_ids
+
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    model = build_model(args, device)
+    vocab = model.config.get_text_config().vocab_size
+    results = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "model": args.model or ("tiny" if args.tiny else args.shape),
+        "batch_size": args.batch_size,
+        "new_tokens": args.new_tokens,
+        "lengths": {},
+    }
+    rng = random.Random(0)
+    for length in args.lengths:
+        prompts = [
+            [torch.randint(3, vocab, (length - rng.randrange(48),)) for _ in range(args.batch_size)]
+            for _ in range(args.batches)
+        ]
+
+        def padded(batch):
+            longest = max(len(row) for row in batch)
+            ids = torch.zeros(len(batch), longest, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, row in enumerate(batch):
+                ids[i, longest - len(row) :], mask[i, longest - len(row) :] = row, 1
+            return ids.to(device), mask.to(device)
+
+        @torch.inference_mode()
+        def generate():
+            found = []
+            for batch in prompts:
+                ids, mask = padded(batch)
+                out = model.generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0
+                )
+                found += out[:, ids.shape[1] :].tolist()
+            return found
+
+        @torch.inference_mode()
+        def rows():
+            found = []
+            for batch in prompts:
+                found += greedy_token_ids(model, [row.to(device) for row in batch], args.new_tokens, 0).tolist()
+            return found
+
+        @torch.inference_mode()
+        def prefill_batch():
+            for batch in prompts:
+                ids, mask = padded(batch)
+                model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+
+        @torch.inference_mode()
+        def prefill_rows():
+            for batch in prompts:
+                for row in batch:
+                    model(input_ids=row.to(device)[None], use_cache=False, logits_to_keep=1)
+
+        arms = {"generate": generate, "rows": rows, "prefill-batch": prefill_batch, "prefill-rows": prefill_rows}
+        seconds = {name: [] for name in arms}
+        peaks = {name: 0.0 for name in arms}
+        answers = {}
+        for round_ in range(args.repeats + 1):
+            for name, fn in arms.items():
+                took, peak, value = measure(fn, device)
+                if round_ == 0:  # the first round warms kernels and the allocator up
+                    answers[name] = value
+                    continue
+                seconds[name].append(took)
+                peaks[name] = max(peaks[name], peak)
+        count = args.batch_size * args.batches
+        row = {
+            name: {"seconds_a_prompt": min(s) / count, "peak_gib": peaks[name] if device == "cuda" else None}
+            for name, s in seconds.items()
+        }
+        for name in arms:
+            row[name]["vs_generate"] = min(seconds[name]) / min(seconds["generate"])
+        agree = [a == b for a, b in zip(answers["generate"], answers["rows"])]
+        row["agreement"] = sum(agree) / len(agree)
+        results["lengths"][str(length)] = row
+        print(
+            f"{length:>6} tokens: "
+            + "  ".join(
+                f"{n} {r['seconds_a_prompt']:.3f} s ({r['vs_generate']:.2f}x)" for n, r in row.items() if n in arms
+            )
+            + f"  agreement {row['agreement']:.2f}",
+            flush=True,
+        )
+        if args.json:
+            write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
