@@ -482,3 +482,39 @@ def run_while_locked(monkeypatch, path, work, fill):
     if failures:
         raise failures[0]
     return results[0]
+
+
+def plain_greedy(model, ids: list[int], steps: int, eos: set[int]) -> list[int]:
+    """The argmax loop on one prompt alone (the whole prefix every step, no cache), stopping after a
+    token of ``eos``: the reference of the greedy decoders' tests."""
+    new = []
+    with torch.no_grad():
+        for _ in range(steps):
+            new.append(int(model(torch.tensor([ids + new])).logits[0, -1].argmax()))
+            if new[-1] in eos:
+                break
+    return new
+
+
+def tiny_gemma3(layer_types, sliding_window=4, seed=0, vocab_size=64, max_positions=512):
+    """A random float32 Gemma 3 text model with the given ``layer_types`` (``"sliding_attention"``,
+    ``"full_attention"``), its window layers ``sliding_window`` tokens wide, in eval mode."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=sliding_window,
+        layer_types=list(layer_types),
+        max_position_embeddings=max_positions,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
+    return Gemma3ForCausalLM(config).eval()

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, tiny_model
+from helpers import byte_level_bpe, plain_greedy, tiny_model
 from longppl_reproduce.common.lines import (
     answer_log_likelihood,
     case_text,
@@ -164,17 +164,6 @@ def test_greedy_answers_match_a_plain_greedy_loop_in_order():
     assert tok.padding_side == side
 
 
-def plain_greedy(model, ids: list[int], steps: int, eos: set[int]) -> list[int]:
-    """The argmax loop on one prompt alone (the whole prefix every step), stopping after an EOS."""
-    new = []
-    with torch.no_grad():
-        for _ in range(steps):
-            new.append(int(model(torch.tensor([ids + new])).logits[0, -1].argmax()))
-            if new[-1] in eos:
-                break
-    return new
-
-
 def test_rows_prefill_matches_a_plain_greedy_loop_on_prompts_of_different_lengths():
     """``prefill="rows"`` reads each prompt alone and decodes the batch together (the cache left-padded,
     every row at its own positions): each answer is the plain loop's on that prompt alone, in order,
@@ -219,9 +208,3 @@ def test_rows_decoder_stops_a_row_at_its_eos_and_pads_it():
     model.generation_config.eos_token_id = [t[0] for t in free]  # every row stops at its first token
     with torch.no_grad():
         assert greedy_token_ids(model, rows, 6, pad_token_id=2).tolist() == [[t[0]] for t in free]
-
-
-def test_rows_decoder_refuses_a_model_with_sliding_window_layers():
-    model = tiny_model("mistral", 300, seed=1, sliding_window=4)
-    with pytest.raises(ValueError, match="sliding-window"), torch.no_grad():
-        greedy_token_ids(model, [torch.arange(3, 12)], 3, pad_token_id=2)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO
-from helpers import DATA, byte_level_bpe, tiny_model
+from helpers import DATA, byte_level_bpe, tiny_gemma3, tiny_model
 from longppl_reproduce.common import lines, needle, stages
 from longppl_reproduce.common.config import read_population
 from longppl_reproduce.common.passage_recall import (
@@ -196,10 +196,21 @@ def test_the_score_is_the_share_of_scored_tokens_the_model_ranks_first():
     assert found["cases"] == 7
 
 
-def test_the_score_matches_a_plain_per_case_loop_over_a_real_model_s_logits():
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_score_matches_a_plain_per_case_loop_over_a_real_model_s_logits(arch, monkeypatch):
     """A random two-layer Llama, whose predictions depend on the whole context: the continuations
-    are its own greedy tokens with every third one changed, so shares are neither 0 nor 1."""
-    model = tiny_model("llama", VOCAB, seed=3)
+    are its own greedy tokens with every third one changed, so shares are neither 0 nor 1. A Gemma 3
+    with window layers (W = 8) scores them with those layers in blocks, as its plain forward does."""
+    import longppl.core.attention as attention
+
+    blocks = []
+    real = attention.blockwise_window_attention
+    monkeypatch.setattr(attention, "blockwise_window_attention", lambda *a: blocks.append(a[3]) or real(*a))
+    if arch == "llama":
+        model = tiny_model("llama", VOCAB, seed=3)
+    else:
+        model = tiny_gemma3(["sliding_attention", "full_attention"], sliding_window=8, seed=3, vocab_size=VOCAB)
+        model.config._attn_implementation = "sdpa"
     rng = np.random.default_rng(1)
     cases = []
     for _ in range(5):
@@ -215,9 +226,11 @@ def test_the_score_matches_a_plain_per_case_loop_over_a_real_model_s_logits():
             logits = model(torch.tensor([case.input_ids])).logits[0]
         reference.append(np.mean([int(logits[t - 1].argmax()) == case.input_ids[t] for t in range(60, 76)]))
     assert 0 < min(reference) and max(reference) < 1
+    assert not blocks
     found = passage_recall_accuracy(model, cases, batch_size=2)
     assert found["per_case"] == pytest.approx(reference, abs=0)
     assert found["accuracy"] == pytest.approx(np.mean(reference)) and found["exact"] == 0.0
+    assert bool(blocks) == (arch == "gemma3")
 
 
 def test_the_score_refuses_no_cases_and_mixed_lengths():

@@ -13,30 +13,18 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, run_real_models_stage, run_while_locked, tiny_model, write_books
+from helpers import (
+    byte_level_bpe,
+    plain_greedy,
+    run_real_models_stage,
+    run_while_locked,
+    tiny_gemma3,
+    tiny_model,
+    write_books,
+)
 from longppl_reproduce.real_models import members, phases
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import Gemma3ForCausalLM
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
-
-
-def tiny_gemma(layer_types, sliding_window=4, seed=0, vocab_size=64, max_positions=512):
-    torch.manual_seed(seed)
-    config = Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=len(layer_types),
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        sliding_window=sliding_window,
-        layer_types=list(layer_types),
-        max_position_embeddings=max_positions,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    return Gemma3ForCausalLM(config).eval()
 
 
 def twin(model):
@@ -46,7 +34,7 @@ def twin(model):
 
 
 def test_one_full_layer_limited_to_w_is_the_model_on_the_last_w_tokens():
-    plain = tiny_gemma(["full_attention"])
+    plain = tiny_gemma3(["full_attention"])
     windowed = members.limit_full_attention(twin(plain), 6)
     ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -62,7 +50,7 @@ def test_one_full_layer_limited_to_w_is_the_model_on_the_last_w_tokens():
 def test_a_windowed_stack_reads_no_token_beyond_its_reach():
     """Four layers (sliding 4, full limited to 5): position t depends on no token before t - 14
     (the sum of the layers' windows less one each), while the plain model's full layers read them."""
-    plain = tiny_gemma(["sliding_attention", "full_attention"] * 2)
+    plain = tiny_gemma3(["sliding_attention", "full_attention"] * 2)
     windowed = members.limit_full_attention(twin(plain), 5)
     reach = 2 * (4 - 1) + 2 * (5 - 1)
     ids = torch.randint(3, 64, (1, 40), generator=torch.Generator().manual_seed(2))
@@ -79,7 +67,7 @@ def test_a_windowed_stack_reads_no_token_beyond_its_reach():
 
 def test_a_windowed_member_generates_as_its_full_forward_predicts():
     """Greedy generation (with its key-value cache) takes the windowed masks too."""
-    windowed = members.limit_full_attention(tiny_gemma(["sliding_attention", "full_attention"]), 5)
+    windowed = members.limit_full_attention(tiny_gemma3(["sliding_attention", "full_attention"]), 5)
     ids = torch.randint(3, 64, (1, 30), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         generated = windowed.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, 30:]
@@ -95,13 +83,13 @@ def test_limits_refuse_what_they_cannot_apply():
     with pytest.raises(ValueError, match="needs a Gemma 3 text model"):
         members.limit_full_attention(tiny_model("llama", 64), 8)
     with pytest.raises(ValueError, match="window must be"):
-        members.limit_full_attention(tiny_gemma(["full_attention"]), 0)
+        members.limit_full_attention(tiny_gemma3(["full_attention"]), 0)
     with pytest.raises(ValueError, match="'linear' or 'yarn'"):
-        members.gemma_rope_scaled(tiny_gemma(["full_attention"]).config, "ntk", 2.0)
+        members.gemma_rope_scaled(tiny_gemma3(["full_attention"]).config, "ntk", 2.0)
 
 
 def test_gemma_rope_scaling_touches_only_the_full_layers():
-    config = tiny_gemma(["sliding_attention", "full_attention"]).config
+    config = tiny_gemma3(["sliding_attention", "full_attention"]).config
     before = Gemma3RotaryEmbedding(config)
     members.gemma_rope_scaled(config, "linear", 4.0)
     after = Gemma3RotaryEmbedding(config)
@@ -252,7 +240,7 @@ def tiny_run(tmp_path_factory):
     tokenizer = byte_level_bpe()
     folders = {}
     for name, model in (
-        ("gemma", tiny_gemma(["sliding_attention", "full_attention"], 16, 5, len(tokenizer), 1024)),
+        ("gemma", tiny_gemma3(["sliding_attention", "full_attention"], 16, 5, len(tokenizer), 1024)),
         ("smollm2", tiny_model("llama", len(tokenizer), seed=6, max_positions=1024)),
     ):
         folders[name] = str(root / name)
@@ -437,3 +425,33 @@ def test_training_books_are_tokenized_once_a_run_folder(tmp_path, monkeypatch):
     other = byte_level_bpe(vocab_size=400)  # another vocabulary: its own file, its own ids
     assert [row.tolist() for row in phases.training_books(run, other)] != plain
     assert len(os.listdir(tmp_path / "run" / "tokens")) == 2
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_rows_decoder_on_gemma_window_layers_is_the_plain_greedy_loop(window, monkeypatch):
+    """Gemma 3's window layers (W = 4), and a member whose full layers are limited to 6 tokens: each
+    prompt read alone under the windowed attention (its window layers in blocks), the caches
+    merged (a window layer's last W - 1 keys through the cache's update) and decoded together, gives
+    each prompt's plain greedy tokens; prompts shorter and longer than the windows share a batch."""
+    from longppl_reproduce.common.lines import greedy_token_ids
+
+    import longppl.core.attention as attention
+
+    model = tiny_gemma3(["sliding_attention", "full_attention", "sliding_attention"], seed=3)
+    model.config._attn_implementation = "sdpa"
+    if window is not None:
+        members.limit_full_attention(model, window)
+    model.generation_config.eos_token_id = None
+    blocks = []
+    real = attention.blockwise_window_attention
+    monkeypatch.setattr(attention, "blockwise_window_attention", lambda *a: blocks.append(a[3]) or real(*a))
+    rng = np.random.default_rng(4)
+    rows = [torch.as_tensor(rng.integers(3, 64, n)) for n in (3, 17, 11, 26)]
+    expected = [plain_greedy(model, row.tolist(), 7, set()) for row in rows]
+    assert not blocks  # the plain loop runs transformers' attention
+    assert len({tuple(e) for e in expected}) > 1
+    with torch.no_grad():
+        got = greedy_token_ids(model, rows, 7, pad_token_id=2)
+    assert got.tolist() == expected
+    assert blocks and set(blocks) <= {4, 6}  # the prompts' window layers ran in blocks
+    assert model.config._attn_implementation == "sdpa"

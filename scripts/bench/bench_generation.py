@@ -20,11 +20,16 @@ whose new tokens agree between the two decoders (bf16 rounding differs between t
 random weights near-ties are common, so this is a smoke check, not an exactness test: the test
 suite checks exactness in float32).
 
-The model is random, in bf16 with SDPA, shaped like SmolLM2-135M (``--shape``), or a real one
-(``--model``: a short name, a ``*.gguf`` file or a saved folder). No end-of-sequence token is set on
-a random model, so every prompt gets all ``--new-tokens``.
+The model is random, in bf16 with SDPA, shaped like SmolLM2-135M or Gemma 3 270M (``--shape``; Gemma's
+window layers run in blocks in ``rows`` and ``prefill-rows``, as ``greedy_token_ids`` reads a prompt),
+or a real one (``--model``: a short name, a ``*.gguf`` file or a saved folder), then with real prompts
+(``--prompts``: a task set's JSONL, ``{}`` standing for the length). No end-of-sequence token is set
+on a random model, so every prompt gets all ``--new-tokens``.
 
     python scripts/bench/bench_generation.py --lengths 16384 32768 --json generation.json   # one GPU
+    python scripts/bench/bench_generation.py --shape gemma-3-270m --lengths 16384 32768 --json gemma.json
+    python scripts/bench/bench_generation.py --model gemma.gguf --prompts tasks/lines-beyond-{}.jsonl \
+        --lengths 32768 --json gemma-real.json                                          # real prompts
     python scripts/bench/bench_generation.py --tiny --lengths 200 300                    # CPU smoke run
 """
 
@@ -34,7 +39,7 @@ import os
 import random
 import sys
 
-from common import LLAMA_SHAPES, TINY_LLAMA_SHAPE, measure, write_json
+from common import GEMMA3_270M_SHAPE, LLAMA_SHAPES, TINY_LLAMA_SHAPE, measure, write_json
 
 from longppl.commandline.running import tool_parser
 
@@ -51,13 +56,44 @@ def build_model(args, device: str):
 
         folder = check_model_source(args.model, "--model")
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-    fields = dict(TINY_LLAMA_SHAPE if args.tiny else LLAMA_SHAPES[args.shape])
-    config = LlamaConfig(**fields, max_position_embeddings=max(args.lengths) + args.new_tokens, eos_token_id=None)
+    positions = max(args.lengths) + args.new_tokens
+    if args.shape == "gemma-3-270m":
+        from transformers import Gemma3TextConfig
+
+        config = Gemma3TextConfig(**GEMMA3_270M_SHAPE, max_position_embeddings=positions, eos_token_id=None)
+    else:
+        fields = dict(TINY_LLAMA_SHAPE if args.tiny else LLAMA_SHAPES[args.shape])
+        config = LlamaConfig(**fields, max_position_embeddings=positions, eos_token_id=None)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+def real_prompts(args, length: int) -> list:
+    """The first ``batches x batch_size`` prompts of ``--prompts`` whose file name holds ``length``
+    (``{}`` in the path stands for it, e.g. ``tasks/lines-beyond-{}.jsonl``), tokenized by
+    ``--model``'s tokenizer, in batches: ``[[ids [n], ...], ...]``."""
+    import json
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from longppl.models.sources import check_model_source
+
+    if not args.model:
+        raise SystemExit("--prompts needs --model (the prompts' tokenizer).")
+    tokenizer = AutoTokenizer.from_pretrained(check_model_source(args.model, "--model"))
+    with open(args.prompts.format(length), encoding="utf-8") as handle:
+        texts = [json.loads(line)["prompt"] for line in handle if line.strip()]
+    count = args.batches * args.batch_size
+    if len(texts) < count:
+        raise SystemExit(
+            f"{args.prompts.format(length)} holds {len(texts)} prompts; --batches x --batch-size is {count}."
+        )
+    ids = [torch.as_tensor(tokenizer(text)["input_ids"]) for text in texts[:count]]
+    return [ids[i : i + args.batch_size] for i in range(0, count, args.batch_size)]
 
 
 def main(argv=None) -> int:
@@ -67,7 +103,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=2, help="batches a round (default %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=16, help="greedy tokens a prompt (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after an untimed one")
-    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(LLAMA_SHAPES))
+    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(LLAMA_SHAPES) + ["gemma-3-270m"])
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="a task set's JSONL (its 'prompt' fields, cut to the first batches; with --model): real prompts",
+    )
     parser.add_argument("--model", default=None, help="a real model instead of a random one")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke run)")
     parser.add_argument("--json", default=None, help="write the results here")
@@ -78,6 +119,8 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from reproduce.common.lines import greedy_token_ids
+
+    from longppl.core.attention import windowed_attention
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     model = build_model(args, device)
@@ -93,10 +136,13 @@ def main(argv=None) -> int:
     }
     rng = random.Random(0)
     for length in args.lengths:
-        prompts = [
-            [torch.randint(3, vocab, (length - rng.randrange(48),)) for _ in range(args.batch_size)]
-            for _ in range(args.batches)
-        ]
+        if args.prompts:
+            prompts = real_prompts(args, length)
+        else:
+            prompts = [
+                [torch.randint(3, vocab, (length - rng.randrange(48),)) for _ in range(args.batch_size)]
+                for _ in range(args.batches)
+            ]
 
         def padded(batch):
             longest = max(len(row) for row in batch)
@@ -131,10 +177,11 @@ def main(argv=None) -> int:
                 model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
 
         @torch.inference_mode()
-        def prefill_rows():
-            for batch in prompts:
-                for row in batch:
-                    model(input_ids=row.to(device)[None], use_cache=False, logits_to_keep=1)
+        def prefill_rows():  # as greedy_token_ids reads them: window layers in blocks
+            with windowed_attention(model):
+                for batch in prompts:
+                    for row in batch:
+                        model(input_ids=row.to(device)[None], use_cache=False, logits_to_keep=1)
 
         arms = {"generate": generate, "rows": rows, "prefill-batch": prefill_batch, "prefill-rows": prefill_rows}
         seconds = {name: [] for name in arms}

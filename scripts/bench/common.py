@@ -75,6 +75,20 @@ MISTRAL_LARGE_2_SHAPE = dict(
 )
 
 
+#: ``Gemma3TextConfig`` fields of Gemma 3 270M (five window layers of 512 tokens to one full layer).
+GEMMA3_270M_SHAPE = dict(
+    vocab_size=262144,
+    hidden_size=640,
+    intermediate_size=2048,
+    num_hidden_layers=18,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    sliding_window=512,
+    layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)],
+)
+
+
 #: ``LlamaConfig`` fields of the tiny random model of the multi-GPU benchmarks' CPU smoke runs (gloo).
 TINY_LLAMA_SHAPE = dict(
     vocab_size=300,

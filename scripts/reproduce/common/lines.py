@@ -305,8 +305,8 @@ def greedy_answers(
             after every batch; ``None``/``False`` for neither.
         prefill: ``"batch"``: ``model.generate`` on the padded batch (its prompts read under an
             attention mask); ``"rows"``: :func:`greedy_token_ids` (each prompt read alone, without
-            padding or a mask, then the batch decoded together): the same greedy rule, for models
-            whose cache layers all hold every position (no sliding-window layers).
+            padding or a mask, window layers in blocks, then the batch decoded together): the same
+            greedy rule, up to rounding.
     """
     import torch
 
@@ -362,9 +362,7 @@ def greedy_answers(
 
 
 def _eos_token_ids(model) -> list[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)  # generate's stop rule
     return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
@@ -372,10 +370,15 @@ def greedy_token_ids(model, rows, max_new_tokens: int, pad_token_id: int):
     """Greedy new tokens of a batch of prompts of different lengths, each prompt read alone.
 
     ``model.generate`` on left-padded prompts reads them under an attention mask, which keeps
-    PyTorch's attention off its fastest (causal, maskless) kernel for the whole prompt. Here each
-    prompt is read alone (``rows[i]``: ``[n_i]`` token ids), its cache then left-padded with zeros
-    to the longest and the batch decoded together, the padding masked out and every row at its own
-    positions (``n_i + t``): what ``generate`` computes for each prompt alone, up to rounding.
+    PyTorch's attention off its fastest (causal, maskless) kernel for the whole prompt, and runs a
+    sliding-window layer (Gemma 3's) as full attention under that mask. Here each prompt is read alone
+    (``rows[i]``: ``[n_i]`` token ids) under the library's windowed attention
+    (``longppl.core.attention.windowed_attention``: a window layer computed in blocks, the full
+    layers causal without a mask); its cache is then left-padded with zeros to the longest prompt
+    and the batch decoded together, the padding masked out and every row at its own positions
+    (``n_i + t``): what ``generate`` computes for each prompt alone, up to rounding. A window layer's
+    cache (its last ``W - 1`` keys) goes into the batch's cache through the cache's own ``update``, so
+    it keeps the window's bookkeeping.
 
     A row stops at an end-of-sequence token of the model's generation config (kept, then
     ``pad_token_id``), and decoding stops when every row has stopped, as ``generate`` does; the
@@ -383,60 +386,61 @@ def greedy_token_ids(model, rows, max_new_tokens: int, pad_token_id: int):
 
     Returns:
         ``[batch, m]`` int64 new tokens on the model's device, ``m <= max_new_tokens``.
-
-    Raises:
-        ValueError: a cache layer keeps a sliding window (its cache cannot be padded so).
     """
     import torch
     import torch.nn.functional as F
     from transformers import DynamicCache
+
+    from longppl.core.attention import windowed_attention
 
     # transformers renamed ``past_key_values`` to ``cache`` (argument and output) after 5.17
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     device = _generation_device(model)
     lengths = [len(row) for row in rows]
     longest, count = max(lengths), len(rows)
-    per_row, tokens = [], []
-    for row in rows:
-        out = model(input_ids=torch.as_tensor(row, device=device)[None], use_cache=True, logits_to_keep=1)
-        layers = getattr(out, name).layers
-        if any(getattr(layer, "is_sliding", False) for layer in layers):
-            raise ValueError(
-                f"{type(model).__name__} keeps sliding-window cache layers, which this decoder cannot pad; "
-                "use prefill='batch'."
+    with windowed_attention(model):
+        per_row, tokens = [], []
+        for row in rows:
+            out = model(input_ids=torch.as_tensor(row, device=device)[None], use_cache=True, logits_to_keep=1)
+            # a window layer holds its last W - 1 keys: left-padded to the longest like a full layer,
+            # the window's update keeps the same last ones and counts the padded length
+            per_row.append([(layer.keys, layer.values) for layer in getattr(out, name).layers])
+            tokens.append(out.logits[0, -1].argmax(-1))
+            del out
+        data = []
+        for i in range(len(per_row[0])):
+            pair = []
+            for j in (0, 1):
+                parts = [r[i][j] for r in per_row]
+                pair.append(torch.cat([F.pad(t, (0, 0, longest - t.shape[-2], 0)) for t in parts]))
+            data.append(tuple(pair))
+        del per_row
+        cache = DynamicCache(ddp_cache_data=data, config=model.config)
+        del data
+        eos = torch.tensor(_eos_token_ids(model), device=device, dtype=torch.long)
+        mask = torch.zeros(count, longest + max_new_tokens, dtype=torch.long, device=device)
+        for i, n in enumerate(lengths):
+            mask[i, longest - n : longest] = 1
+        positions = torch.tensor(lengths, device=device, dtype=torch.long)[:, None]
+        token = torch.stack(tokens)[:, None]
+        done = torch.isin(token, eos)
+        found = [token]
+        for step in range(1, max_new_tokens):
+            if bool(done.all()):
+                break
+            mask[:, longest + step - 1] = 1
+            out = model(
+                input_ids=token,
+                attention_mask=mask[:, : longest + step],
+                position_ids=positions + step - 1,
+                cache_position=torch.tensor([longest + step - 1], device=device),
+                use_cache=True,
+                logits_to_keep=1,
+                **{name: cache},
             )
-        pad = longest - len(row)
-        per_row.append([(F.pad(layer.keys, (0, 0, pad, 0)), F.pad(layer.values, (0, 0, pad, 0))) for layer in layers])
-        tokens.append(out.logits[0, -1].argmax(-1))
-        del out
-    cache = DynamicCache(
-        ddp_cache_data=[tuple(torch.cat([r[i][j] for r in per_row]) for j in (0, 1)) for i in range(len(per_row[0]))]
-    )
-    del per_row
-    eos = torch.tensor(_eos_token_ids(model), device=device, dtype=torch.long)
-    mask = torch.zeros(count, longest + max_new_tokens, dtype=torch.long, device=device)
-    for i, n in enumerate(lengths):
-        mask[i, longest - n : longest] = 1
-    positions = torch.tensor(lengths, device=device, dtype=torch.long)[:, None]
-    token = torch.stack(tokens)[:, None]
-    done = torch.isin(token, eos)
-    found = [token]
-    for step in range(1, max_new_tokens):
-        if bool(done.all()):
-            break
-        mask[:, longest + step - 1] = 1
-        out = model(
-            input_ids=token,
-            attention_mask=mask[:, : longest + step],
-            position_ids=positions + step - 1,
-            cache_position=torch.tensor([longest + step - 1], device=device),
-            use_cache=True,
-            logits_to_keep=1,
-            **{name: cache},
-        )
-        token = torch.where(done, pad_token_id, out.logits[:, -1].argmax(-1, keepdim=True))
-        done = done | torch.isin(token, eos)
-        found.append(token)
+            token = torch.where(done, pad_token_id, out.logits[:, -1].argmax(-1, keepdim=True))
+            done = done | torch.isin(token, eos)
+            found.append(token)
     return torch.cat(found, dim=1)
 
 

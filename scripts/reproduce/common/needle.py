@@ -210,7 +210,7 @@ def needle_training_document(
 def needle_accuracy(model, tokenizer, cases: Sequence[NeedleCase], **options) -> dict:
     """Greedy answers scored by LongChat's rule (the last number of the answer equals the expected
     number): :func:`lines.case_accuracy` of the cases (options ``max_new_tokens``, ``batch_size``,
-    ``progress``), which returns what :func:`lines.lines_accuracy` returns."""
+    ``progress``, ``prefill``), which returns what :func:`lines.lines_accuracy` returns."""
     return case_accuracy(model, tokenizer, cases, **{"desc": "Needle in a haystack", **options})
 
 

@@ -201,7 +201,8 @@ def passage_recall_accuracy(model, cases: Sequence[RecallCase], batch_size: int,
 
     ``model`` is a causal LM (a ``*ForCausalLM``); it runs in eval mode (its mode is restored after)
     without gradients, one forward pass per ``batch_size`` cases stacked as they are (all cases
-    share one length: no padding). The logits at position ``t`` predict token ``t + 1``, and only the
+    share one length: no padding), a window layer computed in blocks
+    (``longppl.core.attention.windowed_attention``). The logits at position ``t`` predict token ``t + 1``, and only the
     ``scored_end - scored_start`` positions that predict a scored token go through the LM head.
     ``device``: where the inputs go (default: the model's input embeddings' device).
 
@@ -210,6 +211,7 @@ def passage_recall_accuracy(model, cases: Sequence[RecallCase], batch_size: int,
     """
     import torch
 
+    from longppl.core.attention import windowed_attention
     from longppl.core.logprobs import resolve_lm_head, verify_head
 
     require_int("batch_size", batch_size)
@@ -229,7 +231,9 @@ def passage_recall_accuracy(model, cases: Sequence[RecallCase], batch_size: int,
     was_training = model.training
     try:
         model.eval()
-        with torch.no_grad():
+        # the cases are unpadded causal sequences: a window layer (Gemma 3's) runs in blocks, not as
+        # full attention under an (L, L) mask
+        with torch.no_grad(), windowed_attention(model):
             for first in range(0, len(cases), batch_size):
                 ids = torch.tensor([c.input_ids for c in cases[first : first + batch_size]], device=device)
                 verify_head(head, ids)

@@ -98,6 +98,7 @@ PLAN = LongCESizes(
     documents=8,
     max_new_tokens=16,
     batch_size=4,
+    prefill="batch",  # the reader of generated answers: "Deviations" of docs/reproduction.md
 )
 SMALL = LongCESizes(
     starts=(Start("s1", 4.0, 2048), Start("s2", 2.0, 1024)),
@@ -115,6 +116,7 @@ SMALL = LongCESizes(
     max_new_tokens=6,
     batch_size=2,
     warmup=1,
+    prefill=PLAN.prefill,
 )
 
 

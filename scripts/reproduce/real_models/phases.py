@@ -62,6 +62,7 @@ class Sizes:
     max_new_tokens: int
     batch_size: int
     max_tokens_per_batch: int
+    prefill: str = "batch"  # greedy_answers': "rows" reads each prompt alone (window layers in blocks)
     task_documents: int = 8  # lines documents a task length whose LongPPL and PPL a member gets (``documents``)
     finetune_length: int | None = None  # None: each member's own extended length
     finetune_max_steps: int | None = None  # None: each member's own steps
@@ -85,6 +86,7 @@ PLAN = Sizes(
     max_new_tokens=16,
     batch_size=4,
     max_tokens_per_batch=65536,
+    prefill="batch",  # the reader of generated answers: "Deviations" of docs/reproduction.md
 )
 # random tiny models have no key tokens by the plan's rule (their LSD is noise on both document
 # kinds, their LCL far below -2): the smoke sizes accept any ratio and any LCL, to exercise the path
@@ -107,6 +109,7 @@ SMALL = Sizes(
     grid=(0.0, 0.5),
     beta=-100.0,
     max_null_ratio=1e9,
+    prefill=PLAN.prefill,
 )
 
 
@@ -842,7 +845,9 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
             found[name] = {"accuracy": result["accuracy"], "per_case": result["per_case"]}
             continue
         score = needle_accuracy if kind == "needle" else lines_accuracy
-        result = score(model, tokenizer, cases, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size)
+        result = score(
+            model, tokenizer, cases, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size, prefill=s.prefill
+        )
         found[name] = {"accuracy": result["accuracy"], "per_case": result["is_correct"], "outputs": result["outputs"]}
     return found
 
@@ -919,7 +924,8 @@ def score(run: Run) -> None:
 
     def tasks(spec, model, tokenizer) -> dict:
         tokenizer_name = "gemma" if spec.base == population.GEMMA else "smollm2"
-        return {"tasks": task_accuracies(run, tokenizer_name, model, tokenizer, context=spec.context)}
+        found = task_accuracies(run, tokenizer_name, model, tokenizer, context=spec.context)
+        return {"tasks": found, "prefill": run.sizes.prefill}  # how the generated answers were read
 
     def head(spec) -> dict:
         return {"member": spec.name, "cluster": spec.cluster, **dataclasses.asdict(spec)}
