@@ -3,8 +3,9 @@ benchmark's agreement), and the results name every arm with its ratio against ``
 
 import json
 import os
-import subprocess
 import sys
+
+from helpers import run_guarded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -13,7 +14,7 @@ def test_the_generation_benchmark_runs_both_decoders_to_the_same_tokens(tmp_path
     out = tmp_path / "generation.json"
     command = [sys.executable, os.path.join("scripts", "bench", "bench_generation.py"), "--tiny"]
     command += ["--lengths", "90", "160", "--repeats", "1", "--new-tokens", "6", "--json", str(out)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = run_guarded(command, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text())
     assert sorted(results["lengths"]) == ["160", "90"]

@@ -65,6 +65,8 @@ def member_records(tracking, seed: int = 0, lost_format: int = 0, paper_alpha: b
                 },
             }
         )
+        if i % 2:  # rows from the fifth session on say how their answers were read
+            records[-1]["prefill"] = "rows"
         corpora = records[-1]["longppl"]
         corpora["books-smollm2"]["ppl"] = float(rng.uniform(10, 30))
         corpora["govreport-gemma"] = {"longppl": float(rng.uniform(3, 6)), "ppl": float(rng.uniform(8, 12))}
@@ -160,9 +162,11 @@ def test_the_format_exclusion_and_the_minimum_size():
     assert found["statistics"]["all"]["longppl"]["n"] == 38
     assert found["decision"]["outcome"] == "inconclusive"  # 38 analysed, fewer than 40
     assert any("fewer than the 40" in reason for reason in found["decision"]["reasons"])
-    # every member's share of lines outputs without a number is listed, the excluded ones marked
+    # every member's share of lines outputs without a number is listed, the excluded ones marked, and
+    # how its answers were read (a row without the field: generate on the padded batch)
     lines = {line.split(" | ")[0][2:]: line for line in analysis.format_report(found).splitlines() if line[:3] == "| m"}
-    assert lines["m0"].endswith("| 1.000 | format |") and lines["m10"].endswith("| 0.000 |  |")
+    assert lines["m0"].endswith("| 1.000 | format | batch |") and lines["m10"].endswith("| 0.000 |  | batch |")
+    assert lines["m11"].endswith("| 0.000 |  | rows |")
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ for each length, on the same prompts (random token ids, lengths ``L - U[0, 48)``
   batched under the mask / each alone, to split the time between reading and decoding;
 
 and reports seconds a prompt, the ratios against ``generate``, peak GiB, and the share of prompts
-whose new tokens agree between the two decoders (bf16 rounding differs between the kernels; with
+whose new tokens agree between the two decoders (with ``--reference``, also each decoder's agreement
+with a float32 copy of the model decoding each prompt alone; the JSON keeps every answer's ids) (bf16 rounding differs between the kernels; with
 random weights near-ties are common, so this is a smoke check, not an exactness test: the test
 suite checks exactness in float32).
 
@@ -35,15 +36,12 @@ on a random model, so every prompt gets all ``--new-tokens``.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 
 from common import GEMMA3_270M_SHAPE, LLAMA_SHAPES, TINY_LLAMA_SHAPE, measure, write_json
 
 from longppl.commandline.running import tool_parser
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def build_model(args, device: str):
@@ -69,6 +67,35 @@ def build_model(args, device: str):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+def float32_answers(model, prompts, new_tokens: int, device: str) -> list:
+    """Each prompt's greedy tokens from a float32 copy of ``model``, the prompt alone (no padding,
+    ``generate``): the reference both decoders are compared with (``--reference``). The prompt is read
+    under the library's windowed attention (window layers in blocks, float32 full layers in blocks of
+    queries): SDPA's float32 kernel for a masked 32k prompt holds all ``(L, L)`` scores at once."""
+    import copy
+
+    import torch
+
+    from longppl.core.attention import windowed_attention
+
+    exact = copy.deepcopy(model).float()
+    found = []
+    with torch.inference_mode(), windowed_attention(exact):
+        for batch in prompts:
+            for row in batch:
+                ids = row.to(device)[None]
+                out = exact.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
+                found.append(out[0, ids.shape[1] :].tolist())
+    del exact
+    return found
 
 
 def real_prompts(args, length: int) -> list:
@@ -111,14 +138,17 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--model", default=None, help="a real model instead of a random one")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke run)")
-    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="also decode each prompt alone with a float32 copy of the model, and compare both decoders with it",
+    )
+    parser.add_argument("--json", default=None, help="write the results here (the answers' token ids included)")
     args = parser.parse_args(argv)
 
     import torch
     import transformers
-
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from reproduce.common.lines import greedy_token_ids
+    from longppl_reproduce.common.lines import greedy_token_ids
 
     from longppl.core.attention import windowed_attention
 
@@ -204,6 +234,13 @@ def main(argv=None) -> int:
             row[name]["vs_generate"] = min(seconds[name]) / min(seconds["generate"])
         agree = [a == b for a, b in zip(answers["generate"], answers["rows"])]
         row["agreement"] = sum(agree) / len(agree)
+        row["answers"] = {name: answers[name] for name in ("generate", "rows")}
+        if args.reference:
+            reference = float32_answers(model, prompts, args.new_tokens, device)
+            row["answers"]["float32"] = reference
+            for name in ("generate", "rows"):
+                same = [a == b for a, b in zip(answers[name], reference)]
+                row[name]["agreement_float32"] = sum(same) / len(same)
         results["lengths"][str(length)] = row
         print(
             f"{length:>6} tokens: "

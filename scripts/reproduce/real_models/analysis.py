@@ -123,6 +123,9 @@ def member_rows(records: list[dict], scored_alpha: dict | None = None) -> list[d
             "no_answer_shape_share": (
                 sum(not _ANSWER_SHAPE.search(o) for o in outputs) / len(outputs) if outputs else float("nan")
             ),
+            # how the generated answers were read (greedy_answers' prefill); rows before it was
+            # recorded were read by generate on the padded batch
+            "prefill": record.get("prefill", "batch"),
         }
         row.update({name: found["accuracy"] for name, found in tasks.items()})
         row["beyond_minus_within"] = row["lines_beyond"] - row["lines_within"]
@@ -581,17 +584,18 @@ def format_report(found: dict) -> str:
         "## Members",
         "",
         "Excluded: by format only, when more than half of a member's lines outputs hold no number of the "
-        "answer's shape; the share is given for every member.",
+        "answer's shape; the share is given for every member. Answers read: `batch` (generate on the padded "
+        "batch) or `rows` (each prompt read alone, then decoded together).",
         "",
         "| member | cluster | steps | lines beyond | lines within | needle | recall | composite | PPL | LongPPL | "
-        "LongPPL (SmolLM2) | lines outputs without a number | excluded |",
+        "LongPPL (SmolLM2) | lines outputs without a number | excluded | answers read |",
     ]
-    out.append("|---" * 13 + "|")
+    out.append("|---" * 14 + "|")
     for r in found["rows"]:
         out.append(
             f"| {r['member']} | {r['cluster']} | {r['steps']} | {fmt(r['lines_beyond'])} | {fmt(r['lines_within'])} | "
             f"{fmt(r['needle'])} | {fmt(r['recall'])} | {fmt(r.get('composite'))} | {fmt(r['ppl'])} | "
             f"{fmt(r['longppl'])} | {fmt(r['longppl:smollm2'])} | {fmt(r['no_answer_shape_share'])} | "
-            f"{'format' if r['excluded'] else ''} |"
+            f"{'format' if r['excluded'] else ''} | {r['prefill']} |"
         )
     return "\n".join(out) + "\n"

@@ -98,7 +98,7 @@ PLAN = LongCESizes(
     documents=8,
     max_new_tokens=16,
     batch_size=4,
-    prefill="batch",  # the reader of generated answers: "Deviations" of docs/reproduction.md
+    prefill="rows",  # the reader of generated answers: "Deviations" of docs/reproduction.md
 )
 SMALL = LongCESizes(
     starts=(Start("s1", 4.0, 2048), Start("s2", 2.0, 1024)),

@@ -86,7 +86,7 @@ PLAN = Sizes(
     max_new_tokens=16,
     batch_size=4,
     max_tokens_per_batch=65536,
-    prefill="batch",  # the reader of generated answers: "Deviations" of docs/reproduction.md
+    prefill="rows",  # the reader of generated answers: "Deviations" of docs/reproduction.md
 )
 # random tiny models have no key tokens by the plan's rule (their LSD is noise on both document
 # kinds, their LCL far below -2): the smoke sizes accept any ratio and any LCL, to exercise the path
