@@ -518,3 +518,13 @@ def tiny_gemma3(layer_types, sliding_window=4, seed=0, vocab_size=64, max_positi
         pad_token_id=2,
     )
     return Gemma3ForCausalLM(config).eval()
+
+
+def windows_in_blocks(monkeypatch) -> list[int]:
+    """The windows of every ``longppl.core.attention.blockwise_window_attention`` call from here on
+    (the call still runs): a list the test reads to see which window layers ran in blocks."""
+    import longppl.core.attention as attention
+
+    windows, real = [], attention.blockwise_window_attention
+    monkeypatch.setattr(attention, "blockwise_window_attention", lambda *a: windows.append(a[3]) or real(*a))
+    return windows

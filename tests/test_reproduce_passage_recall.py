@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO
-from helpers import DATA, byte_level_bpe, tiny_gemma3, tiny_model
+from helpers import DATA, byte_level_bpe, tiny_gemma3, tiny_model, windows_in_blocks
 from longppl_reproduce.common import lines, needle, stages
 from longppl_reproduce.common.config import read_population
 from longppl_reproduce.common.passage_recall import (
@@ -201,11 +201,7 @@ def test_the_score_matches_a_plain_per_case_loop_over_a_real_model_s_logits(arch
     """A random two-layer Llama, whose predictions depend on the whole context: the continuations
     are its own greedy tokens with every third one changed, so shares are neither 0 nor 1. A Gemma 3
     with window layers (W = 8) scores them with those layers in blocks, as its plain forward does."""
-    import longppl.core.attention as attention
-
-    blocks = []
-    real = attention.blockwise_window_attention
-    monkeypatch.setattr(attention, "blockwise_window_attention", lambda *a: blocks.append(a[3]) or real(*a))
+    blocks = windows_in_blocks(monkeypatch)
     if arch == "llama":
         model = tiny_model("llama", VOCAB, seed=3)
     else:

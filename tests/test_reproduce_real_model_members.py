@@ -20,6 +20,7 @@ from helpers import (
     run_while_locked,
     tiny_gemma3,
     tiny_model,
+    windows_in_blocks,
     write_books,
 )
 from longppl_reproduce.real_models import members, phases
@@ -435,16 +436,12 @@ def test_rows_decoder_on_gemma_window_layers_is_the_plain_greedy_loop(window, mo
     each prompt's plain greedy tokens; prompts shorter and longer than the windows share a batch."""
     from longppl_reproduce.common.lines import greedy_token_ids
 
-    import longppl.core.attention as attention
-
     model = tiny_gemma3(["sliding_attention", "full_attention", "sliding_attention"], seed=3)
     model.config._attn_implementation = "sdpa"
     if window is not None:
         members.limit_full_attention(model, window)
     model.generation_config.eos_token_id = None
-    blocks = []
-    real = attention.blockwise_window_attention
-    monkeypatch.setattr(attention, "blockwise_window_attention", lambda *a: blocks.append(a[3]) or real(*a))
+    blocks = windows_in_blocks(monkeypatch)
     rng = np.random.default_rng(4)
     rows = [torch.as_tensor(rng.integers(3, 64, n)) for n in (3, 17, 11, 26)]
     expected = [plain_greedy(model, row.tolist(), 7, set()) for row in rows]

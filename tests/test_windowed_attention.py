@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from helpers import windows_in_blocks
 
 from longppl.core.attention import (
     WINDOWED_SDPA,
@@ -67,11 +68,7 @@ def test_a_window_model_scores_as_under_eager_attention_and_comes_back_on_sdpa(m
     model = tiny_gemma()
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
-    calls = []
-    import longppl.core.attention as attention
-
-    real = attention.blockwise_window_attention
-    monkeypatch.setattr(attention, "blockwise_window_attention", lambda *a: calls.append(a[3]) or real(*a))
+    calls = windows_in_blocks(monkeypatch)
     ids = torch.randint(0, 300, (2, 150))
     with torch.no_grad():
         got = token_log_probs(model, ids)

@@ -9,8 +9,8 @@ maskless causal kernel for the whole prompt; ``greedy_token_ids`` (``prefill="ro
 for each length, on the same prompts (random token ids, lengths ``L - U[0, 48)``), interleaved over
 ``--repeats`` rounds after an untimed first round, it times
 
-- ``generate``: ``model.generate`` on the left-padded batch, ``--new-tokens`` greedy tokens (what
-  ``greedy_answers(prefill="batch")`` runs);
+- ``generate``: ``padded_greedy_token_ids`` (``model.generate`` on the left-padded batch),
+  ``--new-tokens`` greedy tokens: what ``greedy_answers(prefill="batch")`` runs;
 - ``rows``: ``greedy_token_ids`` on the same prompts;
 - ``prefill-batch`` / ``prefill-rows``: the prompts' forward pass alone (last position's logits),
   batched under the mask / each alone, to split the time between reading and decoding;
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
 
     import torch
     import transformers
-    from longppl_reproduce.common.lines import greedy_token_ids
+    from longppl_reproduce.common.lines import greedy_token_ids, padded_greedy_token_ids
 
     from longppl.core.attention import windowed_attention
 
@@ -186,11 +186,7 @@ def main(argv=None) -> int:
         def generate():
             found = []
             for batch in prompts:
-                ids, mask = padded(batch)
-                out = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0
-                )
-                found += out[:, ids.shape[1] :].tolist()
+                found += padded_greedy_token_ids(model, *padded(batch), args.new_tokens, 0).tolist()
             return found
 
         @torch.inference_mode()

@@ -319,7 +319,6 @@ def greedy_answers(
         raise ValueError("No cases to score; pass at least one case.")
     pad_token_id = _pad_token_id(tokenizer)
     reporter = Progress(progress is True, progress if callable(progress) else None, desc=desc, unit="case")
-    device = _generation_device(model)
     outputs: list[str] = []
     padding_side, pad_token = tokenizer.padding_side, tokenizer.pad_token
     was_training = getattr(model, "training", False)
@@ -341,24 +340,33 @@ def greedy_answers(
                 inputs = upcoming.result()
                 if start + batch_size < len(prompts):
                     upcoming = encoder.submit(encode, start + batch_size)
+                ids, mask = inputs["input_ids"], inputs["attention_mask"]
                 if prefill == "rows":
-                    rows = [ids[mask.bool()] for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+                    rows = [row[keep.bool()] for row, keep in zip(ids, mask)]
                     new_tokens = greedy_token_ids(model, rows, max_new_tokens, pad_token_id).cpu()
                 else:
-                    generated = model.generate(
-                        input_ids=inputs["input_ids"].to(device),
-                        attention_mask=inputs["attention_mask"].to(device),
-                        max_new_tokens=max_new_tokens,
-                        do_sample=False,
-                        pad_token_id=pad_token_id,
-                    )
-                    new_tokens = generated[:, inputs["input_ids"].shape[1] :].cpu()
+                    new_tokens = padded_greedy_token_ids(model, ids, mask, max_new_tokens, pad_token_id).cpu()
                 outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
                 advance(len(new_tokens))
     finally:
         tokenizer.padding_side, tokenizer.pad_token = padding_side, pad_token
         model.train(was_training)
     return outputs
+
+
+def padded_greedy_token_ids(model, input_ids, attention_mask, max_new_tokens: int, pad_token_id: int):
+    """``model.generate``'s greedy new tokens of a left-padded batch (``input_ids``, ``attention_mask``:
+    ``[batch, n]``, moved to the model's device): ``[batch, m]`` int64 on that device,
+    ``m <= max_new_tokens``. What ``greedy_answers(prefill="batch")`` runs."""
+    device = _generation_device(model)
+    generated = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_token_id,
+    )
+    return generated[:, input_ids.shape[1] :]
 
 
 def _eos_token_ids(model) -> list[int]:
@@ -407,13 +415,11 @@ def greedy_token_ids(model, rows, max_new_tokens: int, pad_token_id: int):
             per_row.append([(layer.keys, layer.values) for layer in getattr(out, name).layers])
             tokens.append(out.logits[0, -1].argmax(-1))
             del out
-        data = []
-        for i in range(len(per_row[0])):
-            pair = []
-            for j in (0, 1):
-                parts = [r[i][j] for r in per_row]
-                pair.append(torch.cat([F.pad(t, (0, 0, longest - t.shape[-2], 0)) for t in parts]))
-            data.append(tuple(pair))
+        # per layer, its keys and then its values: every row's, left-padded on the positions axis
+        data = [
+            tuple(torch.cat([F.pad(t, (0, 0, longest - t.shape[-2], 0)) for t in part]) for part in zip(*layer))
+            for layer in zip(*per_row)
+        ]
         del per_row
         cache = DynamicCache(ddp_cache_data=data, config=model.config)
         del data

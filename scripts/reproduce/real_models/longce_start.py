@@ -270,29 +270,12 @@ def cases_of(run: Run, sizes: LongCESizes, tokenizer, name: str, kind: str, leng
 def accuracies(run: Run, sizes: LongCESizes, model, tokenizer, chosen) -> dict:
     """Per task set of ``chosen`` (``task_sets``' tuples) ``{"accuracy", "per_case"}`` (and the greedy
     ``outputs`` of the generated sets), scored as the LongPPL study scores its members."""
-    from ..common.lines import lines_accuracy
-    from ..common.needle import needle_accuracy
-    from ..common.passage_recall import passage_recall_accuracy
-
     found = {}
     for name, kind, length, short in chosen:
         cases = cases_of(run, sizes, tokenizer, name, kind, length, short)
-        if kind == "recall":
-            result = passage_recall_accuracy(model, cases, sizes.batch_size)
-            found[name] = {"accuracy": result["accuracy"], "per_case": result["per_case"]}
-            continue
         if kind.startswith("lines"):
             cases = [tasks.with_answer_opening(c) for c in cases]
-        score = needle_accuracy if kind == "needle" else lines_accuracy
-        result = score(
-            model,
-            tokenizer,
-            cases,
-            max_new_tokens=sizes.max_new_tokens,
-            batch_size=sizes.batch_size,
-            prefill=sizes.prefill,
-        )
-        found[name] = {"accuracy": result["accuracy"], "per_case": result["is_correct"], "outputs": result["outputs"]}
+        found[name] = phases.task_set_accuracy(kind, model, tokenizer, cases, sizes)
     return found
 
 

@@ -826,10 +826,6 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
     ``outputs`` (which the plan's format exclusion reads). Lines prompts end with the answer's
     opening (``tasks.with_answer_opening``). With ``context``, every prompt is cut so that no
     prediction reads more than ``context`` tokens."""
-    from ..common.lines import lines_accuracy
-    from ..common.needle import needle_accuracy
-    from ..common.passage_recall import passage_recall_accuracy
-
     s = run.sizes
     found = {}
     for name, kind, length in tasks.task_sets(s.lengths, s.cases, 0):
@@ -840,16 +836,26 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
             cases = [population.truncated_recall_case(c, context) for c in cases]
         elif context is not None:
             cases = [population.truncated_case(c, tokenizer, context - s.max_new_tokens - 2) for c in cases]
-        if kind == "recall":
-            result = passage_recall_accuracy(model, cases, s.batch_size)
-            found[name] = {"accuracy": result["accuracy"], "per_case": result["per_case"]}
-            continue
-        score = needle_accuracy if kind == "needle" else lines_accuracy
-        result = score(
-            model, tokenizer, cases, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size, prefill=s.prefill
-        )
-        found[name] = {"accuracy": result["accuracy"], "per_case": result["is_correct"], "outputs": result["outputs"]}
+        found[name] = task_set_accuracy(kind, model, tokenizer, cases, s)
     return found
+
+
+def task_set_accuracy(kind: str, model, tokenizer, cases: list, sizes) -> dict:
+    """One task set's ``{"accuracy", "per_case"}`` (per case: right or wrong, or the recalled share),
+    and for a generated set (lines, needle) the greedy ``outputs``: passage recall teacher forced,
+    the others answered greedily with ``sizes``' ``max_new_tokens``, ``batch_size`` and ``prefill``
+    (this study's :class:`Sizes` or the LongCE study's, which score their sets alike)."""
+    from ..common.lines import lines_accuracy
+    from ..common.needle import needle_accuracy
+    from ..common.passage_recall import passage_recall_accuracy
+
+    if kind == "recall":
+        result = passage_recall_accuracy(model, cases, sizes.batch_size)
+        return {"accuracy": result["accuracy"], "per_case": result["per_case"]}
+    score = needle_accuracy if kind == "needle" else lines_accuracy
+    options = dict(max_new_tokens=sizes.max_new_tokens, batch_size=sizes.batch_size, prefill=sizes.prefill)
+    result = score(model, tokenizer, cases, **options)
+    return {"accuracy": result["accuracy"], "per_case": result["is_correct"], "outputs": result["outputs"]}
 
 
 def _ready_members(run: Run, phase: str, done: set[str]):
