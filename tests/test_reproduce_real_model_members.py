@@ -123,6 +123,21 @@ def test_lines_prompts_end_with_the_answers_opening():
     assert opened.expected_number == case.expected_number
 
 
+def test_a_written_task_set_is_read_back_and_scored_as_its_kind(tmp_path):
+    from longppl_reproduce.common.lines import generate_lines_cases, write_lines_cases
+    from longppl_reproduce.real_models import tasks
+
+    cases = generate_lines_cases(3, 2, seed=1)
+    write_lines_cases(str(tmp_path / "lines-within-900.jsonl"), cases)
+    read = tasks.read_task_set(str(tmp_path / "lines-within-900.jsonl"))
+    assert read == cases
+    opened = tasks.as_scored("lines-within", read)
+    assert [c.prompt for c in opened] == [c.prompt + " " + c.answer[: c.answer.rfind(c.expected_number)] for c in cases]
+    assert tasks.as_scored("needle", read) == cases  # only lines prompts get the answer's opening
+    with pytest.raises(ValueError, match=r"Unknown task kind 'passages'.*lines-beyond-32768"):
+        tasks.read_task_set(str(tmp_path / "passages-900.jsonl"))
+
+
 def test_the_population_has_the_planned_size():
     found = members.population()
     assert len(found) == 54 and len({m.cluster for m in found}) == 12

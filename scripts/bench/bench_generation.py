@@ -24,8 +24,10 @@ suite checks exactness in float32).
 The model is random, in bf16 with SDPA, shaped like SmolLM2-135M or Gemma 3 270M (``--shape``; Gemma's
 window layers run in blocks in ``rows`` and ``prefill-rows``, as ``greedy_token_ids`` reads a prompt),
 or a real one (``--model``: a short name, a ``*.gguf`` file or a saved folder), then with real prompts
-(``--prompts``: a task set's JSONL, ``{}`` standing for the length). No end-of-sequence token is set
-on a random model, so every prompt gets all ``--new-tokens``.
+(``--prompts``: a lines or needle task set's JSONL, ``{}`` standing for the length), read as the
+studies score them (lines prompts end with the answer's opening), and each reader's answers are
+scored as the studies score them (``accuracy``, ``is_correct`` a prompt, under every reader). No
+end-of-sequence token is set on a random model, so every prompt gets all ``--new-tokens``.
 
     python scripts/bench/bench_generation.py --lengths 16384 32768 --json generation.json   # one GPU
     python scripts/bench/bench_generation.py --shape gemma-3-270m --lengths 16384 32768 --json gemma.json
@@ -36,6 +38,7 @@ on a random model, so every prompt gets all ``--new-tokens``.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 
@@ -98,29 +101,47 @@ def float32_answers(model, prompts, new_tokens: int, device: str) -> list:
     return found
 
 
-def real_prompts(args, length: int) -> list:
-    """The first ``batches x batch_size`` prompts of ``--prompts`` whose file name holds ``length``
-    (``{}`` in the path stands for it, e.g. ``tasks/lines-beyond-{}.jsonl``), tokenized by
-    ``--model``'s tokenizer, in batches: ``[[ids [n], ...], ...]``."""
-    import json
+def prompts_file(args, length: int) -> tuple[str, str]:
+    """``--prompts``' file for ``length`` and its task kind (``lines-beyond``, ``needle`` ...), checked
+    before any model is loaded."""
+    if not args.model:
+        raise SystemExit("--prompts needs --model (the prompts' tokenizer).")
+    path = args.prompts.format(length)
+    kind = os.path.basename(path).rsplit("-", 1)[0]
+    if kind.startswith("recall"):
+        raise SystemExit(
+            f"{path}: passage recall is teacher forced, not answered greedily; pass a lines or needle set."
+        )
+    if not os.path.isfile(path):
+        raise SystemExit(f"--prompts: no file {path}; '{{}}' in the path stands for each of --lengths.")
+    return path, kind
 
+
+def real_prompts(args, length: int):
+    """The first ``batches x batch_size`` cases of ``--prompts`` whose file name holds ``length``
+    (``{}`` in the path stands for it, e.g. ``tasks/lines-beyond-{}.jsonl``), read as the studies
+    score them (``tasks.as_scored``: a lines prompt goes on with its answer's opening, so the
+    greedy tokens are the number) and tokenized by ``--model``'s tokenizer as ``greedy_answers``
+    tokenizes them (special tokens added). Returns ``(batches, expected, tokenizer)``: batches
+    ``[[ids [n], ...], ...]``, the expected numbers in the same order."""
     import torch
+    from longppl_reproduce.real_models import tasks
     from transformers import AutoTokenizer
 
     from longppl.models.sources import check_model_source
 
-    if not args.model:
-        raise SystemExit("--prompts needs --model (the prompts' tokenizer).")
-    tokenizer = AutoTokenizer.from_pretrained(check_model_source(args.model, "--model"))
-    with open(args.prompts.format(length), encoding="utf-8") as handle:
-        texts = [json.loads(line)["prompt"] for line in handle if line.strip()]
+    path, kind = prompts_file(args, length)
+    try:
+        cases = tasks.as_scored(kind, tasks.read_task_set(path, kind))
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"--prompts: {error}") from None
     count = args.batches * args.batch_size
-    if len(texts) < count:
-        raise SystemExit(
-            f"{args.prompts.format(length)} holds {len(texts)} prompts; --batches x --batch-size is {count}."
-        )
-    ids = [torch.as_tensor(tokenizer(text)["input_ids"]) for text in texts[:count]]
-    return [ids[i : i + args.batch_size] for i in range(0, count, args.batch_size)]
+    if len(cases) < count:
+        raise SystemExit(f"{path} holds {len(cases)} prompts; --batches x --batch-size is {count}.")
+    tokenizer = AutoTokenizer.from_pretrained(check_model_source(args.model, "--model"))
+    ids = [torch.as_tensor(tokenizer(case.prompt, add_special_tokens=True)["input_ids"]) for case in cases[:count]]
+    expected = [case.expected_number for case in cases[:count]]
+    return [ids[i : i + args.batch_size] for i in range(0, count, args.batch_size)], expected, tokenizer
 
 
 def main(argv=None) -> int:
@@ -134,7 +155,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--prompts",
         default=None,
-        help="a task set's JSONL (its 'prompt' fields, cut to the first batches; with --model): real prompts",
+        help="a lines or needle task set's JSONL, {} for the length (with --model): real prompts, read as scored",
     )
     parser.add_argument("--model", default=None, help="a real model instead of a random one")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke run)")
@@ -152,6 +173,8 @@ def main(argv=None) -> int:
 
     from longppl.core.attention import windowed_attention
 
+    for length in args.lengths if args.prompts else ():
+        prompts_file(args, length)
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     model = build_model(args, device)
     vocab = model.config.get_text_config().vocab_size
@@ -166,8 +189,9 @@ def main(argv=None) -> int:
     }
     rng = random.Random(0)
     for length in args.lengths:
+        expected = None
         if args.prompts:
-            prompts = real_prompts(args, length)
+            prompts, expected, tokenizer = real_prompts(args, length)
         else:
             prompts = [
                 [torch.randint(3, vocab, (length - rng.randrange(48),)) for _ in range(args.batch_size)]
@@ -237,6 +261,15 @@ def main(argv=None) -> int:
             for name in ("generate", "rows"):
                 same = [a == b for a, b in zip(answers[name], reference)]
                 row[name]["agreement_float32"] = sum(same) / len(same)
+        if expected is not None:  # each reader's answers scored as the studies score them
+            from longppl_reproduce.common.lines import scored_answers
+
+            for name, ids in row["answers"].items():
+                texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+                scored = scored_answers(texts, expected)
+                row.setdefault(name, {}).update(accuracy=scored["accuracy"], is_correct=scored["is_correct"])
+            row["expected"] = expected
+            row["prompt_tokens"] = [len(ids) for batch in prompts for ids in batch]
         results["lengths"][str(length)] = row
         print(
             f"{length:>6} tokens: "

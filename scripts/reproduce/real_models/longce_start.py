@@ -272,9 +272,7 @@ def accuracies(run: Run, sizes: LongCESizes, model, tokenizer, chosen) -> dict:
     ``outputs`` of the generated sets), scored as the LongPPL study scores its members."""
     found = {}
     for name, kind, length, short in chosen:
-        cases = cases_of(run, sizes, tokenizer, name, kind, length, short)
-        if kind.startswith("lines"):
-            cases = [tasks.with_answer_opening(c) for c in cases]
+        cases = tasks.as_scored(kind, cases_of(run, sizes, tokenizer, name, kind, length, short))
         found[name] = phases.task_set_accuracy(kind, model, tokenizer, cases, sizes)
     return found
 

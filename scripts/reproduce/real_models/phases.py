@@ -830,8 +830,7 @@ def task_accuracies(run: Run, tokenizer_name: str, model, tokenizer, context: in
     found = {}
     for name, kind, length in tasks.task_sets(s.lengths, s.cases, 0):
         cases = _cases(run, tokenizer_name, tokenizer, kind, length)
-        if kind.startswith("lines"):
-            cases = [tasks.with_answer_opening(c) for c in cases]
+        cases = tasks.as_scored(kind, cases)
         if context is not None and kind == "recall":
             cases = [population.truncated_recall_case(c, context) for c in cases]
         elif context is not None:

@@ -108,9 +108,31 @@ _WRITERS = {
 
 def task_cases(folder: str, name: str, kind: str, build) -> list:
     """The cases of set ``name`` in ``folder``: read if written, else ``build()`` and written."""
-    write, read = _WRITERS[kind.split("-")[0]]
     path = os.path.join(folder, f"{name}.jsonl")
     if not os.path.isfile(path):
         os.makedirs(folder, exist_ok=True)
-        write(path, build())
-    return read(path)
+        _WRITERS[_family(kind)][0](path, build())
+    return read_task_set(path, kind)
+
+
+def read_task_set(path: str, kind: str | None = None) -> list:
+    """The cases of a written task set (``task_cases``' files, e.g. ``tasks/gemma/lines-beyond-32768.jsonl``);
+    ``kind`` (``lines-beyond``, ``needle``, ``recall`` ...) defaults to the file name's first word."""
+    kind = kind or os.path.basename(path).split("-")[0]
+    return _WRITERS[_family(kind, path)][1](path)
+
+
+def as_scored(kind: str, cases: list) -> list:
+    """``cases`` of a ``kind`` set as the studies score them: a lines prompt goes on with its answer's
+    opening (:func:`with_answer_opening`); the other kinds are read as written."""
+    return [with_answer_opening(c) for c in cases] if kind.startswith("lines") else list(cases)
+
+
+def _family(kind: str, path: str | None = None) -> str:
+    family = kind.split("-")[0]
+    if family not in _WRITERS:
+        where = f" (from {path!r})" if path else ""
+        raise ValueError(
+            f"Unknown task kind {kind!r}{where}; a task set is one of {sorted(_WRITERS)}, as in lines-beyond-32768.jsonl."
+        )
+    return family
