@@ -224,6 +224,15 @@ def test_longce_chain_evaluates_each_unit_before_training_the_next(tiny_study, t
     assert len(open(records / "longce_evaluate.jsonl").readlines()) == 5
 
 
+def test_longce_chain_without_the_evaluators_calibration_stops_before_training(tiny_study, tmp_path, capsys):
+    study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books)
+    (tmp_path / "run" / "records").mkdir(parents=True)
+    assert _call(study, "longce-chain", "--arms", "ce") == 2
+    assert "run the 'calibrate' phase first" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "longce_models").exists()
+    assert not (tmp_path / "run" / "records" / "longce_train.jsonl").exists()
+
+
 @pytest.mark.slow
 def test_a_start_being_scored_by_another_process_is_waited_for_not_scored_again(tiny_study, tmp_path, monkeypatch):
 

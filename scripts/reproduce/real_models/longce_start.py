@@ -678,7 +678,12 @@ def chain(run: Run, choice: Choice) -> None:
     claims as in the two phases: a unit another process is training is passed over, and the
     checkpoints of a unit another process trained can be evaluated here meanwhile. The starts must be
     built on this machine (``longce-start``); a ``frozen`` or ``shuffled`` unit scores its start's
-    weights first where this machine lacks them. No unit is begun after ``budget_seconds``."""
+    weights first where this machine lacks them. No unit is begun after ``budget_seconds``.
+
+    Raises:
+        ValueError: the run's records hold no calibration of the Gemma evaluator (the evaluations
+            read its alpha), before any unit is trained."""
+    phases.alphas(run)
     budget = Budget(run.budget_seconds)
     for seed in choice.seeds:
         for start in choice.starts:
