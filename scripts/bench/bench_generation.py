@@ -16,10 +16,10 @@ for each length, on the same prompts (random token ids, lengths ``L - U[0, 48)``
   batched under the mask / each alone, to split the time between reading and decoding;
 
 and reports seconds a prompt, the ratios against ``generate``, peak GiB, and the share of prompts
-whose new tokens agree between the two decoders (with ``--reference``, also each decoder's agreement
-with a float32 copy of the model decoding each prompt alone; the JSON keeps every answer's ids) (bf16 rounding differs between the kernels; with
-random weights near-ties are common, so this is a smoke check, not an exactness test: the test
-suite checks exactness in float32).
+whose new tokens agree between the two decoders; with ``--reference``, also each decoder's agreement
+with a float32 copy of the model decoding each prompt alone. The JSON keeps every answer's ids.
+bf16 rounding differs between the kernels, and with random weights near-ties are common, so the
+agreement is a smoke check, not an exactness test: the test suite checks exactness in float32.
 
 The model is random, in bf16 with SDPA, shaped like SmolLM2-135M or Gemma 3 270M (``--shape``; Gemma's
 window layers run in blocks in ``rows`` and ``prefill-rows``, as ``greedy_token_ids`` reads a prompt),
@@ -72,7 +72,7 @@ def build_model(args, device: str):
     return model.eval()
 
 
-def float32_answers(model, prompts, new_tokens: int, device: str) -> list:
+def float32_answers(model, prompts, new_tokens: int) -> list:
     """Each prompt's greedy tokens from a float32 copy of ``model``, the prompt alone (no padding,
     ``generate``): the reference both decoders are compared with (``--reference``). The prompt is read
     under the library's windowed attention (window layers in blocks, float32 full layers in blocks of
@@ -80,23 +80,17 @@ def float32_answers(model, prompts, new_tokens: int, device: str) -> list:
     import copy
 
     import torch
+    from longppl_reproduce.common.lines import padded_greedy_token_ids
 
     from longppl.core.attention import windowed_attention
 
     exact = copy.deepcopy(model).float()
-    found = []
     with torch.inference_mode(), windowed_attention(exact):
-        for batch in prompts:
-            for row in batch:
-                ids = row.to(device)[None]
-                out = exact.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=new_tokens,
-                    do_sample=False,
-                    pad_token_id=0,
-                )
-                found.append(out[0, ids.shape[1] :].tolist())
+        found = [
+            padded_greedy_token_ids(exact, row[None], torch.ones_like(row[None]), new_tokens, 0)[0].tolist()
+            for batch in prompts
+            for row in batch
+        ]
     del exact
     return found
 
@@ -106,8 +100,10 @@ def prompts_file(args, length: int) -> tuple[str, str]:
     before any model is loaded."""
     if not args.model:
         raise SystemExit("--prompts needs --model (the prompts' tokenizer).")
+    from longppl_reproduce.real_models.tasks import kind_of
+
     path = args.prompts.format(length)
-    kind = os.path.basename(path).rsplit("-", 1)[0]
+    kind = kind_of(path)
     if kind.startswith("recall"):
         raise SystemExit(
             f"{path}: passage recall is teacher forced, not answered greedily; pass a lines or needle set."
@@ -169,7 +165,7 @@ def main(argv=None) -> int:
 
     import torch
     import transformers
-    from longppl_reproduce.common.lines import greedy_token_ids, padded_greedy_token_ids
+    from longppl_reproduce.common.lines import greedy_token_ids, padded_greedy_token_ids, scored_answers
 
     from longppl.core.attention import windowed_attention
 
@@ -256,14 +252,12 @@ def main(argv=None) -> int:
         row["agreement"] = sum(agree) / len(agree)
         row["answers"] = {name: answers[name] for name in ("generate", "rows")}
         if args.reference:
-            reference = float32_answers(model, prompts, args.new_tokens, device)
+            reference = float32_answers(model, prompts, args.new_tokens)
             row["answers"]["float32"] = reference
             for name in ("generate", "rows"):
                 same = [a == b for a, b in zip(answers[name], reference)]
                 row[name]["agreement_float32"] = sum(same) / len(same)
         if expected is not None:  # each reader's answers scored as the studies score them
-            from longppl_reproduce.common.lines import scored_answers
-
             for name, ids in row["answers"].items():
                 texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
                 scored = scored_answers(texts, expected)

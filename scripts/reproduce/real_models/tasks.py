@@ -117,9 +117,13 @@ def task_cases(folder: str, name: str, kind: str, build) -> list:
 
 def read_task_set(path: str, kind: str | None = None) -> list:
     """The cases of a written task set (``task_cases``' files, e.g. ``tasks/gemma/lines-beyond-32768.jsonl``);
-    ``kind`` (``lines-beyond``, ``needle``, ``recall`` ...) defaults to the file name's first word."""
-    kind = kind or os.path.basename(path).split("-")[0]
-    return _WRITERS[_family(kind, path)][1](path)
+    ``kind`` (``lines-beyond``, ``needle``, ``recall`` ...) defaults to the file name's (:func:`kind_of`)."""
+    return _WRITERS[_family(kind or kind_of(path), path)][1](path)
+
+
+def kind_of(path: str) -> str:
+    """The task kind a set's file name gives: ``lines-beyond-32768.jsonl`` -> ``lines-beyond``."""
+    return os.path.splitext(os.path.basename(path))[0].rsplit("-", 1)[0]
 
 
 def as_scored(kind: str, cases: list) -> list:
