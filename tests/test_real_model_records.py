@@ -1,5 +1,6 @@
 """The committed records of the real-evaluator benchmarks rebuild the committed report exactly
-(``scripts/bench/bench_real_models.py report``), and its statistics are what they say."""
+(``scripts/bench/bench_real_models.py report``), and its statistics are what they say; the committed
+records of the real-models LongPPL study give its committed results.json and report.md."""
 
 from __future__ import annotations
 
@@ -45,3 +46,49 @@ def test_jaccard_and_the_bootstrap_interval_against_plain_formulas():
     mean, low, high = bench.bootstrap_mean([1.0, 2.0, 3.0, 4.0])
     assert mean == 2.5 and 1.0 <= low < mean < high <= 4.0
     assert bench.bootstrap_mean([5.0, 5.0]) == (5.0, 5.0, 5.0)
+
+
+def _without_intervals(found):
+    """``found`` with every bootstrap interval's bounds, count and p-value taken out (they depend on
+    the number of resamples), and the decision kept to what no bound decides (outcome and reasons)."""
+    if isinstance(found, dict):
+        bootstrap = "resamples" in found
+        kept = {
+            key: _without_intervals(value)
+            for key, value in found.items()
+            if not (bootstrap and key in ("low", "high", "resamples", "dropped", "p_two_sided"))
+        }
+        if "conditions" in kept and "reasons" in kept:
+            kept.pop("conditions")  # each condition's text quotes a bound
+        return kept
+    if isinstance(found, list):
+        return [_without_intervals(value) for value in found]
+    return found
+
+
+def test_the_committed_study_report_is_what_its_committed_records_give():
+    """docs/records/real_models_study/results.json (made with 10,000 resamples) against the analysis of
+    the committed records with 200: every member row, exclusion, calibration, instrument check, point
+    estimate and reason equal; report.md is that results.json formatted."""
+    from longppl_reproduce.real_models import analysis
+
+    folder = os.path.join(REPO, "docs", "records", "real_models_study")
+
+    def rows(name):
+        with open(os.path.join(folder, "records", f"{name}.jsonl"), encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    found = analysis.analyse(
+        analysis.with_task_documents(rows("members"), rows("task_documents")),
+        rows("instrument"),
+        rows("calibration"),
+        analysis.plan_rules(200),
+    )
+    found = json.loads(json.dumps(found, default=str))
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:
+        committed = json.load(handle)
+    assert committed["statistics"]["all"]["longppl"]["spearman"]["longppl"]["resamples"] == 10000
+    assert len(committed["rows"]) == len(rows("members"))
+    assert _without_intervals(found) == _without_intervals(committed)
+    with open(os.path.join(folder, "report.md"), encoding="utf-8") as handle:
+        assert handle.read() == analysis.format_report(committed)
