@@ -266,3 +266,85 @@ def test_a_start_being_scored_by_another_process_is_waited_for_not_scored_again(
     run_while_locked(monkeypatch, path, lambda: longce_start.score_weights(run, choice), fill)
     assert "longce-weights: s2 scored by another process" in run.log_lines
     assert not (tmp_path / "run" / "records" / "longce_weights.jsonl").exists()  # the scorer records it
+
+
+def _measured_run(tmp_path, budget_seconds):
+    """A run folder whose records say how long units took before (no models: only the records)."""
+    from longppl_reproduce.real_models import longce_start, phases
+
+    run = phases.Run(str(tmp_path), "", "", "", "cpu", budget_seconds, None, phases.PLAN)
+    records = tmp_path / "records"
+    records.mkdir(parents=True)
+
+    def write(name, rows):
+        (records / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    train = [
+        {"key": "s1/ce-s0", "start": "s1", "arm": "ce", "seconds": 100.0, "resumed": False},
+        {"key": "s1/ce-s1", "start": "s1", "arm": "ce", "seconds": 140.0, "resumed": False},
+        {"key": "s1/ce-s2", "start": "s1", "arm": "ce", "seconds": 10.0, "resumed": True},  # a part: left out
+        {"key": "s1/self-s0", "start": "s1", "arm": "self", "seconds": 300.0, "resumed": False},
+        {"key": "s2/ce-s0", "start": "s2", "arm": "ce", "seconds": 30.0, "resumed": False},
+    ]
+    evaluations = [
+        {"key": "s1/start", "start": "s1", "arm": "start", "step": 0, "seconds": 999.0},  # not a checkpoint
+        {"key": "s1/ce-s0/50", "start": "s1", "arm": "ce", "step": 50, "seconds": 200.0},
+        {"key": "s1/ce-s0/100", "start": "s1", "arm": "ce", "step": 100, "seconds": 210.0},
+        {"key": "s1/ce-s0/200", "start": "s1", "arm": "ce", "step": 200, "seconds": 260.0},
+        {"key": "s2/ce-s0/50", "start": "s2", "arm": "ce", "step": 50, "seconds": 60.0},
+    ]
+    write("longce_train", train)
+    write("longce_evaluate", evaluations)
+    write("longce_weights", [{"key": "s1", "scoring_seconds": 50.0}])
+    starts = {s.name: s for s in longce_start.PLAN.starts}
+    return run, starts
+
+
+def test_a_units_seconds_are_read_from_the_units_measured_before(tmp_path):
+    from longppl_reproduce.real_models.longce_start import PLAN, unit_folder, unit_seconds
+
+    run, starts = _measured_run(tmp_path, 1000.0)
+    s1, s2 = starts["s1"], starts["s2"]
+    evaluation = 210.0  # median of the s1 checkpoints' 200, 210, 260 (the start's own row is no checkpoint)
+    ce = (100.0 + 140.0) / 2  # the resumed run's 10 s are a part of a run
+    assert unit_seconds(run, PLAN, s1, "ce", 3) == pytest.approx(ce + 3 * evaluation)
+    assert unit_seconds(run, PLAN, s1, "self", 1) == pytest.approx(300.0 + 3 * evaluation)
+    # no frozen run measured: the slowest arm, plus the weights' scoring (no weights on this machine)
+    assert unit_seconds(run, PLAN, s1, "frozen", 0) == pytest.approx(300.0 + 50.0 + 3 * evaluation)
+    assert unit_seconds(run, PLAN, s1, "ce", 0) == 0.0  # trained and every checkpoint evaluated
+    # trained, nothing evaluated, no checkpoint here: trained again; with them here, only evaluated
+    assert unit_seconds(run, PLAN, s1, "ce", 1) == pytest.approx(ce + 3 * evaluation)
+    for step in PLAN.checkpoints:
+        (tmp_path / "point").mkdir(exist_ok=True)
+        shutil.copytree(tmp_path / "point", f"{unit_folder(run, s1, 'ce', 1)}/point-{step}")
+    assert unit_seconds(run, PLAN, s1, "ce", 1) == pytest.approx(3 * evaluation)
+    assert unit_seconds(run, PLAN, s2, "ce", 1) == pytest.approx(30.0 + 3 * 60.0)
+    (tmp_path / "records" / "longce_evaluate.jsonl").write_text("")
+    assert unit_seconds(run, PLAN, s1, "ce", 3) is None  # no evaluation measured: nothing to go on
+
+
+def test_longce_chain_passes_over_a_unit_that_would_not_end_in_the_budget(tmp_path, monkeypatch):
+    from longppl_reproduce.real_models import longce_start, phases
+
+    begun = []
+    monkeypatch.setattr(phases, "alphas", lambda run: {"gemma": 6.0})
+    monkeypatch.setattr(longce_start, "train_arms", lambda run, one: begun.append(("train", *_unit(one))))
+    monkeypatch.setattr(longce_start, "evaluate", lambda run, one: begun.append(("evaluate", *_unit(one))))
+    # an s1 unit needs about 120 + 3 x 210 s by its records, an s2 unit 30 + 3 x 60 s
+    run, starts = _measured_run(tmp_path, 500.0)
+    choice = longce_start.Choice(longce_start.PLAN, (starts["s1"], starts["s2"]), ("ce",), (3, 4))
+    longce_start.chain(run, choice)
+    assert begun == [("train", "s2", "ce", 3), ("evaluate", "s2", "ce", 3), ("train", "s2", "ce", 4),
+                     ("evaluate", "s2", "ce", 4)]  # fmt: skip
+    assert "longce-chain: s1/ce-s3 needs about 750 s by the units measured so far" in run.log_lines[0]
+    begun.clear()
+    run, _ = _measured_run(tmp_path / "more", 5000.0)
+    longce_start.chain(run, choice)
+    assert [(start, seed) for stage, start, arm, seed in begun if stage == "train"] == [
+        ("s1", 3), ("s2", 3), ("s1", 4), ("s2", 4)
+    ]  # fmt: skip
+
+
+def _unit(choice):
+    (start,), (arm,), (seed,) = choice.starts, choice.arms, choice.seeds
+    return start.name, arm, seed

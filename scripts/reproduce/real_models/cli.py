@@ -12,7 +12,8 @@
   no fine-tuned member but the ones in hand).
 - ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate`` / ``longce-chain``: the
   device phases of the LongCE study from a real start (``longce_start``), resumable in the same way
-  (``longce-chain``: train and evaluate a unit at a time).
+  (``longce-chain``: train and evaluate a unit at a time, and begin none that the units measured
+  before say would not end within ``--budget-seconds``).
 - ``longce-report``: that study's analysis by its plan (paired t intervals, Holm decisions, void
   rule, pooled means), from ``<run>/records/*.jsonl`` alone (``longce_report``):
   ``<run>/longce_results.json`` and ``<run>/longce_report.md``.
@@ -188,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gemma", default="gemma-3-270m", help="Gemma 3 270M: its short name, a *.gguf or a folder")
     parser.add_argument("--smollm2", default="smollm2-135m", help="SmolLM2-135M: its short name, a *.gguf or a folder")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--budget-seconds", type=float, default=480.0)
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=480.0,
+        help="begin no unit after this many seconds (longce-chain: nor one that would not end within them)",
+    )
     parser.add_argument("--members", default=None, help="comma-separated member names (default: all)")
     parser.add_argument("--small", action="store_true", help="tiny lengths and counts (a CPU smoke run)")
     parser.add_argument("--workers", type=int, default=None, help="prepare: processes (default: one per core)")

@@ -582,30 +582,73 @@ def train(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, steps
     return record
 
 
+def unit_key(start: Start, arm: str, seed: int) -> str:
+    """A training unit's key in the records: ``<start>/<arm>-s<seed>`` (its checkpoints' evaluations
+    are ``<key>/<step>``)."""
+    return f"{start.name}/{arm}-s{seed}"
+
+
+def trained_here(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, recorded, evaluated) -> bool:
+    """Whether a unit needs no training on this machine: it is in ``recorded`` (the training records'
+    keys) and every checkpoint not in ``evaluated`` (the evaluations' keys) is saved here."""
+    key = unit_key(start, arm, seed)
+    return key in recorded and all(
+        os.path.isdir(os.path.join(unit_folder(run, start, arm, seed), f"point-{c}"))
+        for c in sizes.checkpoints
+        if f"{key}/{c}" not in evaluated
+    )
+
+
+def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int) -> float | None:
+    """About how many seconds the unit ``start/arm-s<seed>`` still needs on this machine, read from the
+    units measured before it (the records, every session's): its training, unless
+    :func:`trained_here`, plus one evaluation for each checkpoint not yet evaluated.
+
+    A training takes the median seconds of the start's recorded runs of ``arm`` (runs that resumed
+    are left out: their seconds are a part), or, with none, of its slowest measured arm, plus the
+    start's weights scoring (its ``longce_weights`` record) for a ``frozen`` or ``shuffled`` unit on a
+    machine without them. An evaluation takes the median seconds of the start's evaluated
+    checkpoints, any arm. None when nothing of the start is measured yet (nothing to go on)."""
+    trains = [r for r in run.records("longce_train").rows() if r.get("start") == start.name and not r.get("resumed")]
+    evaluations = [r for r in run.records("longce_evaluate").rows() if r.get("start") == start.name and r.get("step")]
+    recorded = {r["key"] for r in run.records("longce_train").rows()}
+    evaluated = {r["key"] for r in run.records("longce_evaluate").rows()}
+    key = unit_key(start, arm, seed)
+    left = [c for c in sizes.checkpoints if f"{key}/{c}" not in evaluated]
+    seconds = 0.0
+    if not trained_here(run, sizes, start, arm, seed, recorded, evaluated):
+        by_arm: dict[str, list[float]] = {}
+        for r in trains:
+            by_arm.setdefault(r["arm"], []).append(r["seconds"])
+        if not by_arm:
+            return None
+        medians = {name: float(np.median(values)) for name, values in by_arm.items()}
+        seconds += medians.get(arm, max(medians.values()))
+        if WEIGHTS_OF_ARM[arm] == "cache" and not os.path.isfile(weights_path(run, start)):
+            scored = [r for r in run.records("longce_weights").rows() if r.get("key") == start.name]
+            seconds += scored[0]["scoring_seconds"] if scored else 0.0
+    if left:
+        if not evaluations:
+            return None
+        seconds += len(left) * float(np.median([r["seconds"] for r in evaluations]))
+    return seconds
+
+
 def train_arms(run: Run, choice: Choice) -> None:
     """One unit per start x arm x seed (seed outermost, so that a call finishes seeds whole). A unit
     with a record whose checkpoints are neither on this machine (a fresh one: ``outputs/`` stays on
     the machine that trained them) nor all evaluated is trained again; its first record is kept."""
     records, budget = run.records("longce_train"), Budget(run.budget_seconds)
     units = [
-        (f"{start.name}/{arm}-s{seed}", (start, arm, seed))
+        (unit_key(start, arm, seed), (start, arm, seed))
         for seed in choice.seeds
         for start in choice.starts
         for arm in choice.arms
     ]
 
-    def done() -> set[str]:  # recorded, with every checkpoint not yet evaluated on this machine
+    def done() -> set[str]:
         recorded, evaluated = records.keys(), run.records("longce_evaluate").keys()
-        return {
-            key
-            for key, (start, arm, seed) in units
-            if key in recorded
-            and all(
-                os.path.isdir(os.path.join(unit_folder(run, start, arm, seed), f"point-{c}"))
-                for c in choice.sizes.checkpoints
-                if f"{key}/{c}" not in evaluated
-            )
-        }
+        return {key for key, unit in units if trained_here(run, choice.sizes, *unit, recorded, evaluated)}
 
     for key, (start, arm, seed) in pending(run, "longce-train", records, budget, units, done=done):
         _start_row(run, start)
@@ -636,11 +679,11 @@ def evaluate(run: Run, choice: Choice) -> None:
         units.append((f"{start.name}/start", (start, start_folder(run, start), "start", None, 0)))
         for seed in choice.seeds:
             for arm in choice.arms:
-                if f"{start.name}/{arm}-s{seed}" not in trained:
+                if unit_key(start, arm, seed) not in trained:
                     continue
                 for c in sizes.checkpoints:
                     folder = os.path.join(unit_folder(run, start, arm, seed), f"point-{c}")
-                    units.append((f"{start.name}/{arm}-s{seed}/{c}", (start, folder, arm, seed, c)))
+                    units.append((f"{unit_key(start, arm, seed)}/{c}", (start, folder, arm, seed, c)))
     for key, (start, folder, arm, seed, step) in pending(run, "longce-evaluate", records, budget, units):
         if not os.path.isdir(folder):
             run.log(f"longce-evaluate: {key}: no model at {folder} on this machine; skipped")
@@ -678,7 +721,10 @@ def chain(run: Run, choice: Choice) -> None:
     claims as in the two phases: a unit another process is training is passed over, and the
     checkpoints of a unit another process trained can be evaluated here meanwhile. The starts must be
     built on this machine (``longce-start``); a ``frozen`` or ``shuffled`` unit scores its start's
-    weights first where this machine lacks them. No unit is begun after ``budget_seconds``.
+    weights first where this machine lacks them. No unit is begun after ``budget_seconds``, nor one
+    that would not end within them by the units measured before (:func:`unit_seconds`): a unit cut off
+    at a session's end is lost with its machine, so the time left goes to a later unit that fits (a
+    ``s2`` unit, at half the length, is the shorter), or the process ends.
 
     Raises:
         ValueError: the run's records hold no calibration of the Gemma evaluator (the evaluations
@@ -691,6 +737,13 @@ def chain(run: Run, choice: Choice) -> None:
                 if budget.spent():
                     run.log("longce-chain: budget spent; call again")
                     return
+                needed = unit_seconds(run, choice.sizes, start, arm, seed)
+                if needed is not None and needed > budget.left():
+                    run.log(
+                        f"longce-chain: {unit_key(start, arm, seed)} needs about {needed:.0f} s by the units"
+                        f" measured so far, {budget.left():.0f} s are left; passed over"
+                    )
+                    continue
                 one = dataclasses.replace(choice, starts=(start,), arms=(arm,), seeds=(seed,))
                 train_arms(run, one)
                 evaluate(run, one)

@@ -189,6 +189,10 @@ class Budget:
     def spent(self) -> bool:
         return time.monotonic() - self.start > self.seconds
 
+    def left(self) -> float:
+        """Seconds left (negative once spent)."""
+        return self.seconds - (time.monotonic() - self.start)
+
 
 def pending(run: Run, phase: str, records: Records, budget: Budget, units, done=None):
     """Yield the ``(key, unit)`` pairs of ``units`` not done yet, until the budget is spent (then say
