@@ -3,7 +3,9 @@ control keeps each document's weights and its unscored positions, and the phases
 -> train -> evaluate run end to end, resume without duplicating rows, and count the frozen arm's
 one-off scoring in its compute."""
 
+import gzip
 import json
+import os
 import shutil
 import types
 
@@ -189,7 +191,15 @@ def test_longce_phases_run_end_to_end_and_resume_without_duplicating_rows(tiny_s
 
 @pytest.mark.slow
 def test_longce_chain_evaluates_each_unit_before_training_the_next(tiny_study, tmp_path, capsys):
-    study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books)
+    # books in capitals: the helpers' books are the CRS reports, which the evaluation must not read
+    books = tmp_path / "books"
+    books.mkdir()
+    for name in ("validation", "train"):
+        with gzip.open(os.path.join(tiny_study.books, f"{name}.jsonl.gz"), "rt", encoding="utf-8") as source:
+            rows = [json.loads(line) for line in source]
+        with gzip.open(books / f"{name}.jsonl.gz", "wt", encoding="utf-8") as target:
+            target.writelines(json.dumps({"text": r["text"].upper()}) + "\n" for r in rows)
+    study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=str(books))
     records = tmp_path / "run" / "records"
     records.mkdir(parents=True)
     shutil.copy(tiny_study.records / "calibration.jsonl", records)
@@ -214,6 +224,9 @@ def test_longce_chain_evaluates_each_unit_before_training_the_next(tiny_study, t
         "s2/frozen-s0/2",
     ]
     assert [r["key"] for r in json.loads("[" + ",".join(open(records / "longce_weights.jsonl")) + "]")] == ["s2"]
+    # PPL and LongPPL were read on held-out books, not on the CRS reports
+    texts = json.loads((tmp_path / "run" / "documents" / "books-longce-s2.json").read_text())
+    assert len(texts) == 2 and all(len(t) > 1000 and t == t.upper() for t in texts)
     # a fresh machine: every unit evaluated, so nothing is trained or scored again
     shutil.rmtree(tmp_path / "run" / "longce_models")
     (tmp_path / "run" / "longce_weights" / "s2.npz").unlink()
@@ -348,3 +361,12 @@ def test_longce_chain_passes_over_a_unit_that_would_not_end_in_the_budget(tmp_pa
 def _unit(choice):
     (start,), (arm,), (seed,) = choice.starts, choice.arms, choice.seeds
     return start.name, arm, seed
+
+
+def test_a_corpus_name_that_names_no_source_is_refused(tmp_path):
+    from longppl_reproduce.real_models import phases
+
+    run = phases.Run(str(tmp_path), "", "", "", "cpu", 1.0, None, phases.PLAN)
+    with pytest.raises(ValueError, match="start its name with 'books'"):
+        phases.corpus_texts(run, "longce-books-s1", None, 1024, 2)
+    assert not (tmp_path / "documents").exists()

@@ -692,7 +692,7 @@ def evaluate(run: Run, choice: Choice) -> None:
         model, tokenizer = load_model(folder, run.device, phases.member_dtype(run.device))
         row = {"start": start.name, "arm": arm, "seed": seed, "step": step}
         row["tasks"] = accuracies(run, sizes, model, tokenizer, task_sets(sizes, start))
-        name = f"longce-books-{start.name}"
+        name = f"books-longce-{start.name}"  # held-out book bodies (the name's first word says so)
         # a few tokens short of L: room for the special tokens the scoring adds
         texts = phases.corpus_texts(
             run, name, AutoTokenizer.from_pretrained(folder), start.length - 16, sizes.documents, seed=2

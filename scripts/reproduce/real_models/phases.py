@@ -321,11 +321,19 @@ def npz_once(path: str, make) -> bool:
 
 
 def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: int = 0) -> list[str]:
-    """``count`` natural documents of ``length`` tokens of ``tokenizer`` (``books``: held-out book
-    bodies; ``govreport``: the repository's CRS reports that reach ``length``), as text, written once
-    to ``<run>/documents/<name>.json``."""
+    """``count`` natural documents of ``length`` tokens of ``tokenizer``, as text, written once to
+    ``<run>/documents/<name>.json``. The name's first word says the source: ``books...`` held-out
+    book bodies, ``govreport...`` the repository's CRS reports that reach ``length``.
+
+    Raises:
+        ValueError: a name that starts with neither."""
     from ..common.corpus_chunks import body_chunks
 
+    if not name.startswith(("books", "govreport")):
+        raise ValueError(
+            f"Unknown corpus {name!r}: start its name with 'books' (held-out book bodies) or 'govreport'"
+            " (the repository's CRS reports)."
+        )
     path = os.path.join(run.root, "documents", f"{name}.json")
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
@@ -333,7 +341,7 @@ def corpus_texts(run: Run, name: str, tokenizer, length: int, count: int, seed: 
     if name.startswith("books"):
         chunks = body_chunks(book_ids(run, tokenizer), length, count, per_book_cap=4, seed=seed)
         texts = tokenizer.batch_decode(chunks.tolist())
-    else:
+    else:  # govreport
         source = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "data", "govreport_crs.jsonl")
         with open(source, encoding="utf-8") as f:
             reports = [json.loads(line)["text"] for line in f if line.strip()]
