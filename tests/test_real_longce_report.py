@@ -384,6 +384,21 @@ def test_a_failed_gate_makes_passage_recall_the_primary_outcome():
     assert "**Start s2** (primary: passage recall beyond)" in text
 
 
+def test_the_void_rule_is_not_applied_to_a_start_that_failed_the_gate():
+    crafted = craft(gate_passed={"s2": False})
+    for start in ("s1", "s2"):  # below half the start's 0.9 at the first checkpoint
+        crafted["values"][start, "ce", 1, 50]["lines_within"] = 0.10
+    found = analyse(crafted)
+    s1, s2 = found["starts"]["s1"], found["starts"]["s2"]
+    assert [r["run"] for r in s1["runs"] if r["void"]] == ["s1/ce-s1"]
+    assert not any(r["void"] for r in s2["runs"])
+    assert {r["void_rule"]["why"] for r in s2["runs"]} == {longce_report.FAILED_GATE}
+    assert s2["differences"]["self - ce"]["primary_accuracy"]["seeds"] == [0, 1, 2, 3]
+    text = longce_report.format_report(found)
+    assert f"Void runs: none; void rule not applied to any run ({longce_report.FAILED_GATE})." in text
+    assert "Void runs: s1/ce-s1 (lines within K 0.100 at step 50, threshold 0.450)." in text
+
+
 def test_missing_pieces_are_skipped_not_a_crash():
     crafted = craft()
     rows = records(crafted)

@@ -4,7 +4,7 @@
 
 - :func:`start_rows`: one row per run (start x arm x seed) with its outcomes at the primary
   checkpoint (the last), its primary outcome at every checkpoint, its compute and the plan's void
-  rule; the start model's row the same way.
+  rule (not applied to a start that failed the gate); the start model's row the same way.
 - :func:`analyse`: per start the paired t intervals across seeds
   (``common.arm_comparison.analyse_arms``, the three-setting study's mechanism too, with
   this plan's pairs, outcomes and no arm-level void), every arm against the start model, Holm's
@@ -78,6 +78,10 @@ def _by_key(rows: list[dict]) -> dict:
     return {row["key"]: row for row in rows}
 
 
+#: Why the void rule is not applied to a start that failed the gate.
+FAILED_GATE = "the start failed the gate: its lines within K are at the floor"
+
+
 def start_rows(records: dict, start: str, arms, seeds, checkpoints) -> dict:
     """A start's rows from the records.
 
@@ -135,7 +139,12 @@ def start_rows(records: dict, start: str, arms, seeds, checkpoints) -> dict:
             at_first = evaluated.get(f"{unit}/{first}")
             within = outcomes_of(at_first, primary)["lines_within"] if at_first is not None else None
             rule = {"at_step": first, "lines_within": within, "threshold": threshold}
-            if threshold is None or within is None:
+            if gate is not None and gate.get("gate_passed") is False:
+                # the start's lines within K are at the floor, where half of them is a case or two:
+                # the rule would void runs by chance (docs/reproduction.md, the study's deviations)
+                rule["checked"] = False
+                rule["why"] = FAILED_GATE
+            elif threshold is None or within is None:
                 rule["checked"] = False
                 rule["why"] = "no start model evaluation" if threshold is None else f"not evaluated at step {first}"
             else:
@@ -461,6 +470,10 @@ def _void_text(found: dict) -> str:
         )
         or "none"
     )
+    failed_gate = [r for r in unchecked if r["void_rule"]["why"] == FAILED_GATE]
+    unchecked = [r for r in unchecked if r["void_rule"]["why"] != FAILED_GATE]
+    if failed_gate:
+        text += f"; void rule not applied to any run ({FAILED_GATE})"
     if unchecked:
         text += "; void rule not checked: " + ", ".join(f"{r['run']} ({r['void_rule']['why']})" for r in unchecked)
     return text + "."
