@@ -204,7 +204,13 @@ def test_longce_chain_evaluates_each_unit_before_training_the_next(tiny_study, t
     records.mkdir(parents=True)
     shutil.copy(tiny_study.records / "calibration.jsonl", records)
     assert _call(study, "longce-start") == 0
-    capsys.readouterr()
+    # every task set of the start is built before the first evaluation (side by side, not one by one there)
+    from longppl_reproduce.real_models.longce_start import SMALL, task_sets
+
+    start = next(s for s in SMALL.starts if s.name == "s2")
+    written = sorted(p.name for p in (tmp_path / "run" / "tasks" / "longce-smollm2").iterdir())
+    assert written == sorted(f"{name}.jsonl" for name, *_ in task_sets(SMALL, start))
+    assert f"longce-start: {len(written)} task sets written" in capsys.readouterr().out
     assert _call(study, "longce-chain", "--arms", "ce,frozen") == 0
     done = [
         line.split(" ")[1]

@@ -267,6 +267,34 @@ def cases_of(run: Run, sizes: LongCESizes, tokenizer, name: str, kind: str, leng
     return tasks.task_cases(folder, name, kind, build)
 
 
+def _build_set(job: tuple) -> str:
+    """One of the study's task sets, in a worker process: ``(run fields, sizes, tokenizer folder,
+    task_sets' tuple)``."""
+    fields, sizes, folder, chosen = job
+    from transformers import AutoTokenizer
+
+    cases_of(Run(**fields), sizes, AutoTokenizer.from_pretrained(folder), *chosen)
+    return chosen[0]
+
+
+def prepare_task_sets(run: Run, choice: Choice, workers: int | None = None) -> None:
+    """Every task set of the chosen starts not yet in ``<run>/tasks/longce-smollm2``, built side by side
+    in up to ``workers`` processes (default one per CPU core), with the base's tokenizer (each start
+    and checkpoint saves the same one). Built one by one at a fresh machine's first evaluations, they
+    would keep a worker off the GPU for minutes; the sets are the same either way."""
+    base = phases.base_folder(run.smollm2, "--smollm2")
+    folder = os.path.join(run.root, "tasks", "longce-smollm2")
+    wanted = {}
+    for start in choice.starts:
+        for chosen in task_sets(choice.sizes, start):
+            if not os.path.isfile(os.path.join(folder, f"{chosen[0]}.jsonl")):
+                wanted.setdefault(chosen[0], chosen)
+    if wanted:
+        fields = phases.run_fields(run)
+        done = phases.in_processes(_build_set, [(fields, choice.sizes, base, c) for c in wanted.values()], workers)
+        run.log(f"longce-start: {len(done)} task sets written ({', '.join(done)})")
+
+
 def accuracies(run: Run, sizes: LongCESizes, model, tokenizer, chosen) -> dict:
     """Per task set of ``chosen`` (``task_sets``' tuples) ``{"accuracy", "per_case"}`` (and the greedy
     ``outputs`` of the generated sets), scored as the LongPPL study scores its members."""
@@ -299,8 +327,9 @@ def _start_row(run: Run, start: Start) -> dict:
 
 
 def build_starts(run: Run, choice: Choice) -> None:
-    """Per start: the YaRN-extended SmolLM2 saved, and the gate on lines within K at the trained
-    length; then per start the pilot of ``r`` (``self``'s median step time over ``ce``'s)."""
+    """The chosen starts' task sets (:func:`prepare_task_sets`); per start: the YaRN-extended SmolLM2
+    saved, and the gate on lines within K at the trained length; then per start the pilot of ``r``
+    (``self``'s median step time over ``ce``'s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sizes, records, budget = choice.sizes, run.records("longce_start"), Budget(run.budget_seconds)
@@ -312,6 +341,7 @@ def build_starts(run: Run, choice: Choice) -> None:
             model = AutoModelForCausalLM.from_pretrained(base, config=config, attn_implementation=attention)
             _save(model, AutoTokenizer.from_pretrained(base), start_folder(run, start))
 
+    prepare_task_sets(run, choice)
     for start in choice.starts:
         if start.name in records.keys():
             build(start)

@@ -423,25 +423,35 @@ def _build_set(job: tuple) -> str:
 def prepare(run: Run, workers: int | None = None) -> None:
     """The documents and every task set of both tokenizers, written once (CPU only; the task sets
     side by side in ``workers`` processes, default one per CPU core). The later phases read them."""
-    from concurrent.futures import ProcessPoolExecutor
-
     jobs = []
     for evaluator in evaluators(run):
         natural_corpora(run, evaluator)
         for name, kind, length in tasks.task_sets(run.sizes.lengths, run.sizes.cases, 0):
             if not os.path.isfile(os.path.join(run.root, "tasks", evaluator.name, f"{name}.jsonl")):
-                fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.name != "log_lines"}
-                jobs.append((fields, evaluator.name, evaluator.folder, kind, length))
+                jobs.append((run_fields(run), evaluator.name, evaluator.folder, kind, length))
     if not jobs:
         run.log("prepare: every task set kept")
         return
-    count = min(len(jobs), workers or os.cpu_count() or 1)
-    if count == 1:
-        done = [_build_set(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(count) as pool:
-            done = list(pool.map(_build_set, jobs))
+    done = in_processes(_build_set, jobs, workers)
     run.log(f"prepare: {len(done)} task sets written ({', '.join(done)})")
+
+
+def run_fields(run: Run) -> dict:
+    """``run``'s fields, for ``Run(**fields)`` in a worker process."""
+    return {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.name != "log_lines"}
+
+
+def in_processes(function, jobs: list, workers: int | None = None) -> list:
+    """``[function(job) for job in jobs]``, side by side in up to ``workers`` processes (default one
+    per CPU core), or in this process when one would do. ``function`` is a module-level function and
+    each job picklable."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    count = min(len(jobs), workers or os.cpu_count() or 1)
+    if count <= 1:
+        return [function(job) for job in jobs]
+    with ProcessPoolExecutor(count) as pool:
+        return list(pool.map(function, jobs))
 
 
 # ------------------------------------------------------------------ calibrate
