@@ -444,13 +444,15 @@ def run_fields(run: Run) -> dict:
 def in_processes(function, jobs: list, workers: int | None = None) -> list:
     """``[function(job) for job in jobs]``, side by side in up to ``workers`` processes (default one
     per CPU core), or in this process when one would do. ``function`` is a module-level function and
-    each job picklable."""
+    each job picklable. The processes are spawned, not forked: the caller may hold a CUDA context and
+    threads (a worker between two units), which a forked child must not inherit."""
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     count = min(len(jobs), workers or os.cpu_count() or 1)
     if count <= 1:
         return [function(job) for job in jobs]
-    with ProcessPoolExecutor(count) as pool:
+    with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(function, jobs))
 
 
@@ -700,10 +702,18 @@ def trained_folder(run: Run, spec) -> str:
 _TRAINING_IDS: dict = {}  # (books file, its size and time, tokenizer fingerprint) -> token ids, for this process
 
 
+def _tokenized(job: tuple) -> list[np.ndarray]:
+    """``(tokenizer, texts)`` -> each text's ``[n]`` int64 token ids, without special tokens (in a worker
+    process: arrays travel back far cheaper than lists of ints)."""
+    tokenizer, texts = job
+    return [np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in texts]
+
+
 def training_books(run: Run, tokenizer) -> list[np.ndarray]:
     """The training books as ``[n_b]`` int64 token ids of ``tokenizer``, one array a book.
 
-    The whole training set takes about 90 s to tokenize, and every worker process that trains (a
+    The whole training set takes about 90 s to tokenize in one process (it is tokenized in one
+    process a CPU core, the books split among them), and every worker process that trains (a
     member's fine-tune, a LongCE pool) needs it, so the ids are kept once a run folder in
     ``<run>/tokens/train-<books digest>-<tokenizer fingerprint>.npz`` (flat ids and per-book
     lengths, no pickle; :func:`npz_once`), and held in memory for the rest of the process."""
@@ -722,8 +732,13 @@ def training_books(run: Run, tokenizer) -> list[np.ndarray]:
     path = os.path.join(run.root, "tokens", f"train-{file_sha256(source)[:16]}-{fingerprint[:16]}.npz")
 
     def make() -> dict:
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in read_books(source)]
-        flat = np.concatenate([np.asarray(row, dtype=np.int64) for row in ids])
+        books = read_books(source)
+        # one group a process, dealt round (every count-th book) so that long and short books mix;
+        # book i comes back as group i % count's (i // count)-th
+        count = max(1, min(len(books), os.cpu_count() or 1))
+        groups = in_processes(_tokenized, [(tokenizer, books[g::count]) for g in range(count)])
+        ids = [groups[i % count][i // count] for i in range(len(books))]
+        flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
         # int32 halves the file (hundreds of MB); every vocabulary here fits it
         kind = np.int32 if flat.size == 0 or flat.max() < 2**31 else np.int64
         return dict(ids=flat.astype(kind), lengths=np.array([len(row) for row in ids]))
