@@ -384,6 +384,20 @@ def submit(values: dict, tmp_path) -> str:
     return done.stdout.split("JOB ")[-1].split()[0]
 
 
+def step_daemons() -> list[int]:
+    """The pids of the ``slurmstepd`` processes on this machine (the single node's job and batch steps)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm", encoding="utf-8") as handle:
+                    if handle.read().strip() == "slurmstepd":
+                        found.append(int(entry))
+            except OSError:  # gone meanwhile
+                pass
+    return found
+
+
 def slurm_node() -> str:
     return subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()[0]
 
@@ -423,10 +437,12 @@ def interrupt_and_rerun(corpus, tmp_path, values: dict, lost: str, node: str) ->
     else:
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=longppl-test"], check=True)
         # the tasks that ran there are killed; wait until their processes are gone (Slurm requeues them at
-        # once, and a requeued task launched while its old copy still exits drains the node)
+        # once, and a requeued task launched while its old copy still exits drains the node). slurmd counts
+        # a job as running until its step daemons have exited, after the steps have left `listpids`
         wait_until(
             lambda: (
                 "No job steps exist" in subprocess.run(["scontrol", "listpids"], capture_output=True, text=True).stderr
+                and not step_daemons()
             ),
             "the tasks of the node set DOWN, exiting",
         )
