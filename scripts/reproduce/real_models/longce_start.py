@@ -639,10 +639,10 @@ def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
     start's weights scoring (its ``longce_weights`` record) for a ``frozen`` or ``shuffled`` unit on a
     machine without them. An evaluation takes the median seconds of the start's evaluated
     checkpoints, any arm. None when nothing of the start is measured yet (nothing to go on)."""
-    trains = [r for r in run.records("longce_train").rows() if r.get("start") == start.name and not r.get("resumed")]
-    evaluations = [r for r in run.records("longce_evaluate").rows() if r.get("start") == start.name and r.get("step")]
-    recorded = {r["key"] for r in run.records("longce_train").rows()}
-    evaluated = {r["key"] for r in run.records("longce_evaluate").rows()}
+    train_rows, evaluate_rows = run.records("longce_train").rows(), run.records("longce_evaluate").rows()
+    trains = [r for r in train_rows if r.get("start") == start.name and not r.get("resumed")]
+    evaluations = [r for r in evaluate_rows if r.get("start") == start.name and r.get("step")]  # step 0: the start
+    recorded, evaluated = {r["key"] for r in train_rows}, {r["key"] for r in evaluate_rows}
     key = unit_key(start, arm, seed)
     left = [c for c in sizes.checkpoints if f"{key}/{c}" not in evaluated]
     seconds = 0.0

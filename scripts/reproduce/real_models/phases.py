@@ -436,6 +436,11 @@ def prepare(run: Run, workers: int | None = None) -> None:
     run.log(f"prepare: {len(done)} task sets written ({', '.join(done)})")
 
 
+#: The default cap on :func:`in_processes`' processes: each spawned one imports torch and
+#: transformers anew (hundreds of MB), and the jobs here (task sets, book groups) gain little past it.
+MAX_PROCESSES = 16
+
+
 def run_fields(run: Run) -> dict:
     """``run``'s fields, for ``Run(**fields)`` in a worker process."""
     return {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.name != "log_lines"}
@@ -443,13 +448,14 @@ def run_fields(run: Run) -> dict:
 
 def in_processes(function, jobs: list, workers: int | None = None) -> list:
     """``[function(job) for job in jobs]``, side by side in up to ``workers`` processes (default one
-    per CPU core), or in this process when one would do. ``function`` is a module-level function and
-    each job picklable. The processes are spawned, not forked: the caller may hold a CUDA context and
-    threads (a worker between two units), which a forked child must not inherit."""
+    per CPU core, at most :data:`MAX_PROCESSES`), or in this process when one would do. ``function`` is
+    a module-level function and each job picklable. The processes are spawned, not forked: the caller
+    may hold a CUDA context and threads (a worker between two units), which a forked child must not
+    inherit."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    count = min(len(jobs), workers or os.cpu_count() or 1)
+    count = min(len(jobs), workers or min(os.cpu_count() or 1, MAX_PROCESSES))
     if count <= 1:
         return [function(job) for job in jobs]
     with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -735,7 +741,7 @@ def training_books(run: Run, tokenizer) -> list[np.ndarray]:
         books = read_books(source)
         # one group a process, dealt round (every count-th book) so that long and short books mix;
         # book i comes back as group i % count's (i // count)-th
-        count = max(1, min(len(books), os.cpu_count() or 1))
+        count = max(1, min(len(books), os.cpu_count() or 1, MAX_PROCESSES))
         groups = in_processes(_tokenized, [(tokenizer, books[g::count]) for g in range(count)])
         ids = [groups[i % count][i // count] for i in range(len(books))]
         flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
