@@ -292,9 +292,7 @@ def held_out_books(run: Run) -> list[str]:
 
 
 def book_ids(run: Run, tokenizer) -> list[np.ndarray]:
-    return [
-        np.asarray(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=np.int64) for t in held_out_books(run)
-    ]
+    return _tokenized((tokenizer, held_out_books(run)))
 
 
 def _write_json(path: str, value) -> None:
@@ -423,12 +421,12 @@ def _build_set(job: tuple) -> str:
 def prepare(run: Run, workers: int | None = None) -> None:
     """The documents and every task set of both tokenizers, written once (CPU only; the task sets
     side by side in ``workers`` processes, default one per CPU core). The later phases read them."""
-    jobs = []
+    jobs, fields = [], run_fields(run)
     for evaluator in evaluators(run):
         natural_corpora(run, evaluator)
         for name, kind, length in tasks.task_sets(run.sizes.lengths, run.sizes.cases, 0):
             if not os.path.isfile(os.path.join(run.root, "tasks", evaluator.name, f"{name}.jsonl")):
-                jobs.append((run_fields(run), evaluator.name, evaluator.folder, kind, length))
+                jobs.append((fields, evaluator.name, evaluator.folder, kind, length))
     if not jobs:
         run.log("prepare: every task set kept")
         return
@@ -446,6 +444,11 @@ def run_fields(run: Run) -> dict:
     return {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.name != "log_lines"}
 
 
+def process_count(jobs: int, workers: int | None = None) -> int:
+    """How many processes :func:`in_processes` runs ``jobs`` jobs in (at least 1)."""
+    return max(1, min(jobs, workers or min(os.cpu_count() or 1, MAX_PROCESSES)))
+
+
 def in_processes(function, jobs: list, workers: int | None = None) -> list:
     """``[function(job) for job in jobs]``, side by side in up to ``workers`` processes (default one
     per CPU core, at most :data:`MAX_PROCESSES`), or in this process when one would do. ``function`` is
@@ -455,7 +458,7 @@ def in_processes(function, jobs: list, workers: int | None = None) -> list:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    count = min(len(jobs), workers or min(os.cpu_count() or 1, MAX_PROCESSES))
+    count = process_count(len(jobs), workers)
     if count <= 1:
         return [function(job) for job in jobs]
     with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -741,7 +744,7 @@ def training_books(run: Run, tokenizer) -> list[np.ndarray]:
         books = read_books(source)
         # one group a process, dealt round (every count-th book) so that long and short books mix;
         # book i comes back as group i % count's (i // count)-th
-        count = max(1, min(len(books), os.cpu_count() or 1, MAX_PROCESSES))
+        count = process_count(len(books))
         groups = in_processes(_tokenized, [(tokenizer, books[g::count]) for g in range(count)])
         ids = [groups[i % count][i // count] for i in range(len(books))]
         flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
