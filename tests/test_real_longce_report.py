@@ -267,6 +267,7 @@ def frozen_text(test: dict) -> str:
 def test_the_report_names_the_decision_gate_r_and_compute(staged):
     text, results = staged["text"], staged["results"]
     assert "**LongCE's claim (`self − ce`, primary, Holm-adjusted): reproduced.**" in text
+    assert results["runs"] == {"planned": 40, "entered": 40} and "Provisional" not in text
     assert results["decisions"]["claim"] == {
         "decision": "reproduced",
         "positive_starts": ["s1", "s2"],
@@ -417,6 +418,12 @@ def test_missing_pieces_are_skipped_not_a_crash():
     text = longce_report.format_report(found)
     assert "## Start s2\n\nSkipped: no gate record of s2" in text
     assert "Holm-adjusted): setting-dependent (on the records of s1: s2 not in them).**" in text
+    # 17 of the 40 runs entered (s2's 20 absent, three of s1's not evaluated at step 200): provisional
+    assert found["runs"] == {"planned": 40, "entered": 17}
+    assert (
+        "- **Provisional: 17 of the 40 planned runs are in the records** (a run enters once evaluated at step 200)"
+        in text
+    )
     # no start model evaluation: the void rule cannot be checked, and says so
     rows["longce_evaluate"] = [r for r in rows["longce_evaluate"] if r["key"] != "s1/start"]
     found = longce_report.analyse(rows, list(STARTS), ARMS, SEEDS, CHECKPOINTS)

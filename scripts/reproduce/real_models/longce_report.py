@@ -360,6 +360,11 @@ def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95
         "arms": list(arms),
         "seeds": list(seeds),
         "checkpoints": list(checkpoints),
+        # a run enters once evaluated at the last checkpoint; until all have, the decisions are provisional
+        "runs": {
+            "planned": len(starts) * len(arms) * len(seeds),
+            "entered": sum(len(found.get("runs", [])) for found in analysed.values()),
+        },
         "starts": analysed,
         "pooled": pooled,
         "decisions": decide(analysed, pooled),
@@ -390,7 +395,15 @@ def decision_lines(results: dict) -> list[str]:
     # not positive, so the claim reads "setting-dependent" at best
     present = ", ".join(n for n in starts if n not in absent) or "no start"
     scope = f" (on the records of {present}: {', '.join(absent)} not in them)"
-    out = [
+    runs = results["runs"]
+    out = []
+    if runs["entered"] < runs["planned"]:
+        out.append(
+            f"- **Provisional: {runs['entered']} of the {runs['planned']} planned runs are in the records** (a run "
+            f"enters once evaluated at step {results['checkpoints'][-1]}). The decisions below are the plan's rules "
+            "applied to these runs alone; the study's decision is theirs once every run is in."
+        )
+    out += [
         f"- **LongCE's claim (`self − ce`, primary, Holm-adjusted): {claim['decision']}{scope if absent else ''}.** "
         "Starts where it is "
         f"positive after Holm: {', '.join(claim['positive_starts']) or 'none'} (of "
