@@ -7,12 +7,13 @@ import gzip
 import json
 import os
 import shutil
+import sys
 import types
 
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, run_real_models_stage, run_while_locked, tiny_model, write_books
+from helpers import byte_level_bpe, run_guarded, run_real_models_stage, run_while_locked, tiny_model, write_books
 from longppl_reproduce.real_models.longce_start import frozen_weights, shuffled_weights
 
 
@@ -376,3 +377,57 @@ def test_a_corpus_name_that_names_no_source_is_refused(tmp_path):
     with pytest.raises(ValueError, match="start its name with 'books'"):
         phases.corpus_texts(run, "longce-books-s1", None, 1024, 2)
     assert not (tmp_path / "documents").exists()
+
+
+WORKERS_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "scripts",
+    "reproduce",
+    "real_models",
+    "run_longce_workers.sh",
+)
+
+
+def _workers(study, seconds, *options, **environ):
+    """``run_longce_workers.sh`` on the tiny study, on the CPU at the smoke sizes, start s2."""
+    env = dict(os.environ, DEVICES="cpu", PYTHON=sys.executable, **environ)
+    paths = ["--run", str(study.root / "run"), "--books", study.books]
+    paths += ["--gemma", study.folders["gemma"], "--smollm2", study.folders["smollm2"], "--small", "--starts", "s2"]
+    return run_guarded(
+        ["bash", WORKERS_SCRIPT, str(seconds), *paths, *options], env=env, capture_output=True, text=True
+    )
+
+
+@pytest.mark.slow
+def test_the_workers_script_runs_each_unit_once_across_its_processes(tiny_study, tmp_path):
+    records = tmp_path / "run" / "records"
+    records.mkdir(parents=True)
+    shutil.copy(tiny_study.records / "calibration.jsonl", records)
+    study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books, records=records)
+    done = _workers(study, 900, "--arms", "ce,self", WORKERS="2", PASSES="2")
+    assert done.returncode == 0, done.stderr
+    # two processes, each with its log: the first built the start, the second found it
+    (folder,) = (tmp_path / "run" / "logs").glob("longce-workers-*")
+    logs = {p.name: p.read_text() for p in folder.iterdir()}
+    assert sorted(logs) == ["cpu-1.log", "cpu-2.log"], logs.keys()
+    assert sum("longce-start: s2 kept" in text for text in logs.values()) == 1
+    assert all("== longce-chain pass 2 on cpu" in text for text in logs.values())
+    # every unit trained once and every evaluation made once, whichever process did it
+    assert sorted(r["key"] for r in _rows(study, "longce_train")) == ["s2/ce-s0", "s2/self-s0"]
+    evaluated = [r["key"] for r in _rows(study, "longce_evaluate")]
+    assert sorted(evaluated) == sorted(["s2/start", "s2/ce-s0/1", "s2/ce-s0/2", "s2/self-s0/1", "s2/self-s0/2"])
+    assert [r["key"] for r in _rows(study, "longce_start")] == ["s2", "pilot/s2"]
+
+
+@pytest.mark.slow
+def test_the_workers_script_refuses_a_bad_time_or_an_option_it_sets(tiny_study, tmp_path):
+    study = types.SimpleNamespace(root=tmp_path, folders=tiny_study.folders, books=tiny_study.books)
+    for seconds, options, said in (
+        ("ten", (), "SECONDS, a whole number of seconds above 0"),
+        ("0", (), "SECONDS, a whole number of seconds above 0"),
+        ("60", ("--device", "cuda:1"), "--device is set here"),
+        ("60", ("--budget-seconds=5",), "--budget-seconds=5 is set here"),
+    ):
+        done = _workers(study, seconds, *options)
+        assert done.returncode == 2 and said in done.stderr, (seconds, options, done.stderr)
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
