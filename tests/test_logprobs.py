@@ -184,6 +184,36 @@ def test_unknown_logit_postprocessing_is_detected(tokenizer, sequences):
         token_log_probs(model, torch.tensor([sequences[0]]))
 
 
+def test_float32_rounding_at_a_large_scale_is_not_taken_for_postprocessing(tokenizer, sequences):
+    """Two float32 passes that sum in another order differ by rounding that grows with the values'
+    scale (a real model's log-probabilities reach about 90): a relative change of 2e-5 on logits of
+    about 100 is such a difference, and is accepted; a change of 1% is not."""
+    ids = torch.tensor([sequences[0]])
+
+    def with_logits_times(factor: float):
+        model = tiny_model("llama", len(tokenizer))
+        with torch.no_grad():
+            model.lm_head.weight.mul_(100.0 / model(ids).logits.abs().max())
+        original = model.forward
+
+        def forward(*args, **kwargs):
+            out = original(*args, **kwargs)
+            out.logits = out.logits * factor
+            return out
+
+        model.forward = forward
+        with torch.no_grad():
+            moved = (model(ids).logits[0].log_softmax(-1) - original(ids).logits[0].log_softmax(-1)).abs().max()
+        return model, moved
+
+    rounded, moved = with_logits_times(1.0 + 2e-5)
+    assert moved > 1e-3  # beyond a fixed tolerance of 1e-3
+    token_log_probs(rounded, ids)  # accepted
+    scaled, _ = with_logits_times(1.01)
+    with pytest.raises(RuntimeError, match="do not reproduce its own logits"):
+        token_log_probs(scaled, ids)
+
+
 def test_scores_through_a_deepspeed_style_engine(tokenizer, sequences):
     # DeepSpeed's engine wraps the model in `.module` and is what the Trainer hands compute_loss; deepspeed
     # is not installed in CI, so a wrapper class that lives in a `deepspeed.*` module stands in for it.

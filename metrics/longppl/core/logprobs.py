@@ -239,8 +239,14 @@ def verify_head(head: CausalLMHead, input_ids: torch.Tensor) -> None:
         hidden = head.backbone(input_ids=probe, use_cache=False).last_hidden_state[0]
         ours = head.logits(hidden).log_softmax(-1)
     dtype = head.head.weight.dtype if hasattr(head.head, "weight") else torch.float32
-    # In half precision the model post-processes bf16 logits while we do it in float32.
-    atol = 1e-3 if dtype == torch.float32 else 0.25
+    # In half precision the model post-processes bf16 logits while we do it in float32. In float32
+    # the two passes agree to rounding, and rounding grows with the values' scale when the passes sum
+    # in another order (another thread count on a busy CPU): Gemma 3 270M's log-probabilities reach
+    # about 90, and its two passes were once 1.6e-3 apart (a thread count changed between them gave
+    # 3e-4 here). A post-processing step (a softcap, a scale) moves them by far more.
+    finite = reference[torch.isfinite(reference)]
+    scale = finite.abs().max().item() if finite.numel() else 0.0
+    atol = 1e-3 + 1e-4 * scale if dtype == torch.float32 else 0.25
     diff = (reference - ours.to(reference.device)).abs().max().item()
     if not math.isfinite(diff) or diff > atol:
         raise RuntimeError(
