@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import byte_level_bpe, run_guarded, run_real_models_stage, run_while_locked, tiny_model, write_books
+from helpers import REPO, byte_level_bpe, run_guarded, run_real_models_stage, run_while_locked, tiny_model, write_books
 from longppl_reproduce.real_models.longce_start import frozen_weights, shuffled_weights
 
 
@@ -379,13 +379,7 @@ def test_a_corpus_name_that_names_no_source_is_refused(tmp_path):
     assert not (tmp_path / "documents").exists()
 
 
-WORKERS_SCRIPT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "scripts",
-    "reproduce",
-    "real_models",
-    "run_longce_workers.sh",
-)
+WORKERS_SCRIPT = os.path.join(REPO, "scripts", "reproduce", "real_models", "run_longce_workers.sh")
 
 
 def _workers(study, seconds, *options, **environ):

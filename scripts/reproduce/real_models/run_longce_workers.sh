@@ -25,19 +25,17 @@ if [ $# -lt 1 ] || ! [[ $1 =~ ^[0-9]+$ ]] || [ "$1" -lt 1 ]; then
 fi
 SECONDS_GIVEN=$1
 shift
+RUN=outputs/real # the command line's default
+previous=
 for option in "$@"; do
+    [ "$previous" = --run ] && RUN=$option
     case $option in
+    --run=*) RUN=${option#--run=} ;;
     --device | --device=* | --budget-seconds | --budget-seconds=*)
         echo "$0: $option is set here (DEVICES, SECONDS); leave it out" >&2
         exit 2
         ;;
     esac
-done
-RUN=outputs/real # the command line's default
-previous=
-for option in "$@"; do
-    [ "$previous" = --run ] && RUN=$option
-    case $option in --run=*) RUN=${option#--run=} ;; esac
     previous=$option
 done
 PYTHON=${PYTHON:-python3}
