@@ -222,6 +222,54 @@ def test_a_killed_holder_leaves_its_unit_free(tmp_path):
     assert [key for key, _ in phases.pending(run, "score", records, budget, iter([("a", 0)]))] == ["a"]
 
 
+def test_held_names_the_claims_live_processes_hold_and_not_a_killed_ones(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import wait_guarded
+    from longppl_reproduce.real_models.claims import claim, held
+
+    root = str(tmp_path / "run")
+    assert held(root, "longce-chain/cuda~0") == []  # never claimed
+    holder = (
+        "import sys\n"
+        "from longppl_reproduce.real_models.claims import claim\n"
+        f"with claim({root!r}, 'longce-chain/cuda~0', 'other') as mine:\n"
+        "    print('free' if mine is None else mine, flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "free"
+        with claim(root, "longce-chain/cuda~0", "cuda:0 mine") as mine:
+            assert mine is None
+            with claim(root, "longce-chain/cuda~0", "gone"):
+                pass  # claimed and let go: its file stays
+            assert held(root, "longce-chain/cuda~0") == ["cuda~0~mine", "other"]
+            # probing left every claim as it was
+            with claim(root, "longce-chain/cuda~0", "other") as again:
+                assert again is not None and again.startswith("held by process")
+    finally:
+        process.kill()
+        wait_guarded(process)
+    assert held(root, "longce-chain/cuda~0") == []
+
+
+def test_pending_writes_each_line_once_to_a_caller_that_asks_again(tmp_path):
+    from longppl_reproduce.real_models.claims import claim
+
+    run = bare_run(tmp_path / "run")
+    records, budget, said = run.records("score"), phases.Budget(1e9), set()
+    records.append("a", {})
+    with claim(run.root, "score", "b"):
+        for _ in range(3):
+            assert list(phases.pending(run, "score", records, budget, [("a", 0), ("b", 0)], said=said)) == []
+    assert run.log_lines.count("score: a kept") == 1
+    assert run.log_lines.count(f"score: b held by process {os.getpid()}; left to it") == 1
+    list(phases.pending(run, "score", records, budget, [("a", 0)]))  # without: every time
+    assert run.log_lines.count("score: a kept") == 2
+
+
 def test_a_corpus_being_scored_is_waited_for_and_read_not_scored_again(tmp_path, monkeypatch):
     run = bare_run(tmp_path / "run")
     evaluator = phases.Evaluator("gemma", "unused", (4, 2), 8, 8)

@@ -48,3 +48,32 @@ def claim(root: str, phase: str, key: str):
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def held(root: str, phase: str) -> list[str]:
+    """The keys (as :func:`claim_path` writes them in file names) of ``phase``'s claims that live
+    processes hold now, this process's own included; ``[]`` for a phase never claimed.
+
+    Each lock file is tried with a shared lock that is let go at once, so a process that claims the
+    unit at that very instant finds it held, as if by another process, and passes it over once."""
+    folder = os.path.join(root, "claims", phase)
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".lock"):
+            continue
+        try:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                found.append(name[: -len(".lock")])
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    return found

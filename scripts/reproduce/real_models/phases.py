@@ -194,7 +194,7 @@ class Budget:
         return self.seconds - (time.monotonic() - self.start)
 
 
-def pending(run: Run, phase: str, records: Records, budget: Budget, units, done=None):
+def pending(run: Run, phase: str, records: Records, budget: Budget, units, done=None, said: set | None = None):
     """Yield the ``(key, unit)`` pairs of ``units`` not done yet, until the budget is spent (then say
     so: the next call goes on).
 
@@ -202,21 +202,29 @@ def pending(run: Run, phase: str, records: Records, budget: Budget, units, done=
     (``claims.claim``) for as long as the caller works on it, i.e. until it asks for the next one, and a
     unit claimed by another process, or done since this one looked, is left. ``done``: a function
     returning the keys done (default: the keys ``records`` holds), asked again once a unit is claimed.
+    ``said``: the log lines this process wrote before, for a caller that asks again and again (each
+    line is written once, then added to it).
     """
     from .claims import claim
+
+    def log(line: str) -> None:
+        if said is None or line not in said:
+            run.log(line)
+        if said is not None:
+            said.add(line)
 
     finished = records.keys if done is None else done
     seen = finished()
     for key, unit in units:
         if key in seen:
-            run.log(f"{phase}: {key} kept")
+            log(f"{phase}: {key} kept")
             continue
         if budget.spent():
             run.log(f"{phase}: budget spent; call again")
             return
         with claim(run.root, phase, key) as holder:
             if holder is not None:
-                run.log(f"{phase}: {key} {holder}; left to it")
+                log(f"{phase}: {key} {holder}; left to it")
                 continue
             if key in finished():
                 run.log(f"{phase}: {key} done by another process")
