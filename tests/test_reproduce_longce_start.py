@@ -3,6 +3,7 @@ control keeps each document's weights and its unscored positions, and the phases
 -> train -> evaluate run end to end, resume without duplicating rows, and count the frozen arm's
 one-off scoring in its compute."""
 
+import dataclasses
 import gzip
 import json
 import os
@@ -218,11 +219,11 @@ def test_longce_chain_evaluates_each_unit_before_training_the_next(tiny_study, t
         for line in capsys.readouterr().out.splitlines()
         if line.startswith(("longce-train: s2/", "longce-evaluate: s2/", "longce-weights: s2 ")) and " kept" not in line
     ]
-    # each unit trained, then its checkpoints evaluated, before the next unit; the frozen unit's
-    # weights scored on the way (no 'longce-weights' phase was run)
+    # the start evaluated first (saved here), then each unit trained and its checkpoints evaluated
+    # before the next unit; the frozen unit's weights scored on the way (no 'longce-weights' phase ran)
     assert done == [
-        "s2/ce-s0",
         "s2/start",
+        "s2/ce-s0",
         "s2/ce-s0/1",
         "s2/ce-s0/2",
         "s2",
@@ -329,6 +330,8 @@ def test_a_units_seconds_are_read_from_the_units_measured_before(tmp_path):
     ce = (100.0 + 140.0) / 2  # the resumed run's 10 s are a part of a run
     assert unit_seconds(run, PLAN, s1, "ce", 3) == pytest.approx(ce + 3 * evaluation)
     assert unit_seconds(run, PLAN, s1, "self", 1) == pytest.approx(300.0 + 3 * evaluation)
+    # other processes on the device evaluate the checkpoints saved before the training's end
+    assert unit_seconds(run, PLAN, s1, "self", 1, helped=True) == pytest.approx(300.0 + evaluation)
     # no frozen run measured: the slowest arm, plus the weights' scoring (no weights on this machine)
     assert unit_seconds(run, PLAN, s1, "frozen", 0) == pytest.approx(300.0 + 50.0 + 3 * evaluation)
     assert unit_seconds(run, PLAN, s1, "ce", 0) == 0.0  # trained and every checkpoint evaluated
@@ -343,26 +346,103 @@ def test_a_units_seconds_are_read_from_the_units_measured_before(tmp_path):
     assert unit_seconds(run, PLAN, s1, "ce", 3) is None  # no evaluation measured: nothing to go on
 
 
-def test_longce_chain_passes_over_a_unit_that_would_not_end_in_the_budget(tmp_path, monkeypatch):
+def _mocked_chain(tmp_path, monkeypatch, budget_seconds):
+    """A measured run (no models) whose chain trains and evaluates by writing records alone: a unit's
+    training saves its checkpoints' folders. Returns ``(run, choice, done)``, ``done`` the
+    ``(stage, key)`` pairs in the order they ran."""
     from longppl_reproduce.real_models import longce_start, phases
 
-    begun = []
+    done = []
+    seconds = {("s1", "train"): 120.0, ("s2", "train"): 30.0, ("s1", "evaluate"): 210.0, ("s2", "evaluate"): 60.0}
+
+    def train_unit(run, choice, records, key, start, arm, seed):
+        done.append(("train", key))
+        for c in choice.sizes.checkpoints:
+            os.makedirs(f"{longce_start.unit_folder(run, start, arm, seed)}/point-{c}", exist_ok=True)
+        row = {"start": start.name, "arm": arm, "seed": seed, "seconds": seconds[start.name, "train"]}
+        records.append(key, {**row, "resumed": False})  # the medians stay as they were
+
+    def evaluate_model(run, sizes, records, key, start, folder, arm, seed, step):
+        done.append(("evaluate", key))
+        records.append(key, {"start": start.name, "step": step, "seconds": seconds[start.name, "evaluate"]})
+
     monkeypatch.setattr(phases, "alphas", lambda run: {"gemma": 6.0})
-    monkeypatch.setattr(longce_start, "train_arms", lambda run, one: begun.append(("train", *_unit(one))))
-    monkeypatch.setattr(longce_start, "evaluate", lambda run, one: begun.append(("evaluate", *_unit(one))))
-    # an s1 unit needs about 120 + 3 x 210 s by its records, an s2 unit 30 + 3 x 60 s
-    run, starts = _measured_run(tmp_path, 500.0)
+    monkeypatch.setattr(longce_start, "_train_unit", train_unit)
+    monkeypatch.setattr(longce_start, "_evaluate_model", evaluate_model)
+    run, starts = _measured_run(tmp_path, budget_seconds)
     choice = longce_start.Choice(longce_start.PLAN, (starts["s1"], starts["s2"]), ("ce",), (3, 4))
+    return run, choice, done
+
+
+def _evaluations_of(key):
+    return [("evaluate", f"{key}/{c}") for c in (50, 100, 200)]
+
+
+def test_longce_chain_passes_over_a_unit_that_would_not_end_in_the_budget(tmp_path, monkeypatch):
+    from longppl_reproduce.real_models import longce_start
+
+    # alone on its device: an s1 unit needs about 120 + 3 x 210 s by its records, an s2 unit 30 + 3 x 60 s
+    run, choice, done = _mocked_chain(tmp_path, monkeypatch, 500.0)
     longce_start.chain(run, choice)
-    assert begun == [("train", "s2", "ce", 3), ("evaluate", "s2", "ce", 3), ("train", "s2", "ce", 4),
-                     ("evaluate", "s2", "ce", 4)]  # fmt: skip
-    assert "longce-chain: s1/ce-s3 needs about 750 s by the units measured so far" in run.log_lines[0]
-    begun.clear()
-    run, _ = _measured_run(tmp_path / "more", 5000.0)
-    longce_start.chain(run, choice)
-    assert [(start, seed) for stage, start, arm, seed in begun if stage == "train"] == [
-        ("s1", 3), ("s2", 3), ("s1", 4), ("s2", 4)
+    assert done == [
+        ("train", "s2/ce-s3"), *_evaluations_of("s2/ce-s3"), ("train", "s2/ce-s4"), *_evaluations_of("s2/ce-s4")
     ]  # fmt: skip
+    passed = [line for line in run.log_lines if line.startswith("longce-chain: s1/ce-s3 needs about 750 s")]
+    assert len(passed) == 1, run.log_lines  # said once, though asked on every turn
+    run, choice, done = _mocked_chain(tmp_path / "more", monkeypatch, 5000.0)
+    longce_start.chain(run, choice)
+    assert [key for stage, key in done if stage == "train"] == ["s1/ce-s3", "s2/ce-s3", "s1/ce-s4", "s2/ce-s4"]
+    assert done[:4] == [("train", "s1/ce-s3"), *_evaluations_of("s1/ce-s3")]  # each unit evaluated before the next
+
+
+def test_longce_chain_with_another_process_on_its_device_counts_one_evaluation_after_a_training(tmp_path, monkeypatch):
+    from longppl_reproduce.real_models import longce_start
+    from longppl_reproduce.real_models.claims import claim
+
+    run, choice, done = _mocked_chain(tmp_path, monkeypatch, 500.0)
+    with claim(run.root, "longce-chain/cpu", "another") as other:  # another chain process on the device
+        assert other is None
+        longce_start.chain(run, choice)
+    # the other evaluates s1/ce-s3's first checkpoints while it trains: 120 + 210 s fit in 500
+    assert [key for stage, key in done if stage == "train"] == ["s1/ce-s3", "s2/ce-s3", "s1/ce-s4", "s2/ce-s4"]
+
+
+def test_longce_chain_waits_while_another_process_trains_on_its_device(tmp_path, monkeypatch):
+    import contextlib
+
+    from longppl_reproduce.real_models import longce_start
+    from longppl_reproduce.real_models.claims import claim
+
+    run, choice, done = _mocked_chain(tmp_path, monkeypatch, 5000.0)
+    training = contextlib.ExitStack()
+    assert training.enter_context(claim(run.root, "longce-device/cpu", "training")) is None
+
+    def wait():  # the other process saves a checkpoint, then ends its training
+        done.append(("wait", len(done)))
+        if len([stage for stage, _ in done if stage == "wait"]) == 1:
+            os.makedirs(f"{longce_start.unit_folder(run, choice.starts[1], 'ce', 3)}/point-50")
+        else:
+            training.close()
+
+    monkeypatch.setattr(longce_start, "_wait", wait)
+    longce_start.chain(run, choice)
+    # nothing trained while the device was taken; the saved checkpoint evaluated meanwhile
+    assert done[:4] == [("wait", 0), ("evaluate", "s2/ce-s3/50"), ("wait", 2), ("train", "s1/ce-s3")]
+    assert done.count(("evaluate", "s2/ce-s3/50")) == 1 and ("train", "s2/ce-s3") in done
+
+
+def test_longce_chain_passes_over_an_evaluation_that_would_not_end_in_the_budget(tmp_path, monkeypatch):
+    from longppl_reproduce.real_models import longce_start
+
+    run, choice, done = _mocked_chain(tmp_path, monkeypatch, 100.0)
+    starts = {s.name: s for s in choice.starts}
+    # checkpoints saved here of units trained before: an s1 one needs 210 s, an s2 one 60 s
+    os.makedirs(f"{longce_start.unit_folder(run, starts['s1'], 'ce', 1)}/point-50")
+    for c in (50, 100, 200):  # 50 evaluated already
+        os.makedirs(f"{longce_start.unit_folder(run, starts['s2'], 'ce', 0)}/point-{c}")
+    longce_start.chain(run, dataclasses.replace(choice, seeds=(0, 1)))
+    assert done == [("evaluate", "s2/ce-s0/100"), ("evaluate", "s2/ce-s0/200")]  # and no unit fits in what is left
+    assert any(line.startswith("longce-chain: s1/ce-s1/50 needs about 210 s") for line in run.log_lines)
 
 
 def _unit(choice):

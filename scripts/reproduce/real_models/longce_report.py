@@ -612,7 +612,8 @@ def format_report(results: dict) -> str:
     out += ["", "## Compute per arm", ""]
     out.append(
         "Compute is the run's seconds; for `frozen` and `shuffled` it includes the one-off scoring of the start "
-        "model's weights. `ce-fresh` runs r × the steps."
+        "model's weights. `ce-fresh` runs r × the steps. The seconds are wall-clock on a GPU shared with the "
+        "study's other processes, so they compare arms only as far as what ran beside them was alike."
     )
     out += ["", *_compute_table(results)]
     return "\n".join(out) + "\n"

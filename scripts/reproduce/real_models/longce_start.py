@@ -20,8 +20,9 @@ new unit once ``--budget-seconds`` have passed.
 - ``longce-evaluate`` (``longce_evaluate.jsonl``): per start model and per saved checkpoint, the
   task accuracies (lines, needle and passage recall beyond the trained length; lines within K at the
   short lengths) and PPL / LongPPL under the calibrated Gemma evaluator on held-out books at L.
-- ``longce-chain``: ``longce-train`` and ``longce-evaluate`` a unit at a time (:func:`chain`), so
-  that a session's end loses no trained unit but the ones in hand.
+- ``longce-chain``: ``longce-train`` and ``longce-evaluate`` in one pipeline (:func:`chain`): one
+  training a device at a time, the checkpoints it saves evaluated beside it by the other processes,
+  so that a session's end loses no trained unit but the one in hand.
 
 The stage ``longce-report`` (module ``longce_report``) applies the plan's analysis to these records
 alone: ``<run>/longce_results.json`` and ``<run>/longce_report.md``.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import time
 
@@ -42,6 +44,7 @@ import numpy as np
 from ..common.fine_tuning import in_order_trainer, step_timer
 from . import members as population
 from . import phases, tasks
+from .claims import claim, held
 from .phases import Budget, Run, pending
 
 ARMS = ("ce", "self", "frozen", "shuffled", "ce-fresh")
@@ -629,19 +632,29 @@ def trained_here(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
     )
 
 
-def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int) -> float | None:
+def evaluation_seconds(run: Run, start: Start) -> float | None:
+    """About how many seconds one checkpoint's evaluation of ``start`` takes: the median seconds of
+    its evaluated checkpoints in the records (every session's, any arm; the start's own evaluation
+    pays one-off costs and is left out). None when none is measured yet."""
+    rows = run.records("longce_evaluate").rows()
+    found = [r["seconds"] for r in rows if r.get("start") == start.name and r.get("step")]  # step 0: the start
+    return float(np.median(found)) if found else None
+
+
+def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, helped: bool = False) -> float | None:
     """About how many seconds the unit ``start/arm-s<seed>`` still needs on this machine, read from the
     units measured before it (the records, every session's): its training, unless
-    :func:`trained_here`, plus one evaluation for each checkpoint not yet evaluated.
+    :func:`trained_here`, plus one evaluation (:func:`evaluation_seconds`) for each checkpoint not yet
+    evaluated. ``helped``: other processes on the device evaluate the checkpoints a training saves
+    before its end while it goes on (:func:`chain`), so a unit to train counts only its last
+    checkpoint's evaluation after the training.
 
     A training takes the median seconds of the start's recorded runs of ``arm`` (runs that resumed
     are left out: their seconds are a part), or, with none, of its slowest measured arm, plus the
     start's weights scoring (its ``longce_weights`` record) for a ``frozen`` or ``shuffled`` unit on a
-    machine without them. An evaluation takes the median seconds of the start's evaluated
-    checkpoints, any arm. None when nothing of the start is measured yet (nothing to go on)."""
+    machine without them. None when nothing of the start is measured yet (nothing to go on)."""
     train_rows, evaluate_rows = run.records("longce_train").rows(), run.records("longce_evaluate").rows()
     trains = [r for r in train_rows if r.get("start") == start.name and not r.get("resumed")]
-    evaluations = [r for r in evaluate_rows if r.get("start") == start.name and r.get("step")]  # step 0: the start
     recorded, evaluated = {r["key"] for r in train_rows}, {r["key"] for r in evaluate_rows}
     key = unit_key(start, arm, seed)
     left = [c for c in sizes.checkpoints if f"{key}/{c}" not in evaluated]
@@ -657,10 +670,13 @@ def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
         if WEIGHTS_OF_ARM[arm] == "cache" and not os.path.isfile(weights_path(run, start)):
             scored = [r for r in run.records("longce_weights").rows() if r.get("key") == start.name]
             seconds += scored[0]["scoring_seconds"] if scored else 0.0
+        if helped:
+            left = left[-1:]
     if left:
-        if not evaluations:
+        evaluation = evaluation_seconds(run, start)
+        if evaluation is None:
             return None
-        seconds += len(left) * float(np.median([r["seconds"] for r in evaluations]))
+        seconds += len(left) * evaluation
     return seconds
 
 
@@ -677,106 +693,221 @@ def train_arms(run: Run, choice: Choice) -> None:
     ]
 
     def done() -> set[str]:
-        recorded, evaluated = records.keys(), run.records("longce_evaluate").keys()
-        return {key for key, unit in units if trained_here(run, choice.sizes, *unit, recorded, evaluated)}
+        return _train_done(run, choice, units)
 
     for key, (start, arm, seed) in pending(run, "longce-train", records, budget, units, done=done):
-        _start_row(run, start)
-        if WEIGHTS_OF_ARM[arm] == "cache" and not os.path.isfile(weights_path(run, start)):
-            score_weights(run, dataclasses.replace(choice, starts=(start,)))  # a fresh machine's first such unit
-        record = train(run, choice.sizes, start, arm, seed)
-        if key in records.keys():
-            run.log(f"longce-train: {key} trained again for its evaluation (its first record kept)")
-            continue
-        records.append(key, record)
-        run.log(f"longce-train: {key} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+        _train_unit(run, choice, records, key, start, arm, seed)
+
+
+def _train_unit(run: Run, choice: Choice, records, key: str, start: Start, arm: str, seed: int) -> None:
+    """Train one unit claimed by the caller and append its record (a unit trained again for its
+    evaluation keeps its first record); a ``frozen`` or ``shuffled`` unit scores its start's weights
+    first on a machine without them."""
+    _start_row(run, start)
+    if WEIGHTS_OF_ARM[arm] == "cache" and not os.path.isfile(weights_path(run, start)):
+        score_weights(run, dataclasses.replace(choice, starts=(start,)))  # a fresh machine's first such unit
+    record = train(run, choice.sizes, start, arm, seed)
+    if key in records.keys():
+        run.log(f"longce-train: {key} trained again for its evaluation (its first record kept)")
+        return
+    records.append(key, record)
+    run.log(f"longce-train: {key} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
+
+
+def _train_done(run: Run, choice: Choice, units) -> set[str]:
+    """The keys of ``units`` (``(key, (start, arm, seed))``) that need no training on this machine."""
+    recorded, evaluated = run.records("longce_train").keys(), run.records("longce_evaluate").keys()
+    return {key for key, unit in units if trained_here(run, choice.sizes, *unit, recorded, evaluated)}
 
 
 # ------------------------------------------------------------------ longce-evaluate
 
 
-def evaluate(run: Run, choice: Choice) -> None:
-    """Per start model and per saved checkpoint of a trained run: every task set of the start, and
-    PPL / LongPPL on held-out books at L under the calibrated Gemma evaluator."""
-    from transformers import AutoTokenizer
-
-    sizes, records, budget = choice.sizes, run.records("longce_evaluate"), Budget(run.budget_seconds)
-    alpha = phases.alphas(run)
-    gemma = phases.evaluators(run)[0]
+def evaluation_units(run: Run, choice: Choice, here_only: bool = False) -> list[tuple[str, tuple]]:
+    """``(key, (start, folder, arm, seed, step))`` of ``choice``'s evaluations in the units' order:
+    per start, its own model (``<start>/start``, step 0) and each checkpoint of its units
+    (``<unit>/<step>``). By default the checkpoints of every unit with a training record, saved here
+    or not; ``here_only``: the models saved on this machine, any unit's (a training saves each
+    checkpoint as it passes it, so its first ones can be evaluated while it goes on)."""
     trained = {r["key"] for r in run.records("longce_train").rows()}
     units = []
     for start in choice.starts:
         units.append((f"{start.name}/start", (start, start_folder(run, start), "start", None, 0)))
         for seed in choice.seeds:
             for arm in choice.arms:
-                if unit_key(start, arm, seed) not in trained:
+                if not here_only and unit_key(start, arm, seed) not in trained:
                     continue
-                for c in sizes.checkpoints:
+                for c in choice.sizes.checkpoints:
                     folder = os.path.join(unit_folder(run, start, arm, seed), f"point-{c}")
                     units.append((f"{unit_key(start, arm, seed)}/{c}", (start, folder, arm, seed, c)))
-    for key, (start, folder, arm, seed, step) in pending(run, "longce-evaluate", records, budget, units):
-        if not os.path.isdir(folder):
-            run.log(f"longce-evaluate: {key}: no model at {folder} on this machine; skipped")
-            continue
-        started = time.monotonic()
-        model, tokenizer = load_model(folder, run.device, phases.member_dtype(run.device))
-        row = {"start": start.name, "arm": arm, "seed": seed, "step": step}
-        row["tasks"] = accuracies(run, sizes, model, tokenizer, task_sets(sizes, start))
-        name = f"books-longce-{start.name}"  # held-out book bodies (the name's first word says so)
-        # a few tokens short of L: room for the special tokens the scoring adds
-        texts = phases.corpus_texts(
-            run, name, AutoTokenizer.from_pretrained(folder), start.length - 16, sizes.documents, seed=2
-        )
-        row["books"] = phases.longppl_under(run, gemma, alpha["gemma"], name, texts, model, tokenizer)
-        row["seconds"] = time.monotonic() - started
-        records.append(key, row)
-        run.log(f"longce-evaluate: {key} PPL {row['books']['ppl']:.3f} LongPPL {row['books']['longppl']:.3f}")
-        del model
-        if run.device.startswith("cuda"):
-            import torch
+    if here_only:
+        units = [(key, unit) for key, unit in units if os.path.isdir(unit[1])]
+    return units
 
-            torch.cuda.empty_cache()
+
+def evaluate(run: Run, choice: Choice) -> None:
+    """Per start model and per saved checkpoint of a trained run: every task set of the start, and
+    PPL / LongPPL on held-out books at L under the calibrated Gemma evaluator."""
+    phases.alphas(run)  # no calibration: say so before any model is loaded
+    records, budget = run.records("longce_evaluate"), Budget(run.budget_seconds)
+    for key, unit in pending(run, "longce-evaluate", records, budget, evaluation_units(run, choice)):
+        if not os.path.isdir(unit[1]):
+            run.log(f"longce-evaluate: {key}: no model at {unit[1]} on this machine; skipped")
+            continue
+        _evaluate_model(run, choice.sizes, records, key, *unit)
+
+
+def _evaluate_model(run: Run, sizes: LongCESizes, records, key: str, start, folder, arm, seed, step) -> None:
+    """One evaluation claimed by the caller (:func:`evaluate`), appended to ``records`` as ``key``."""
+    from transformers import AutoTokenizer
+
+    alpha = phases.alphas(run)
+    gemma = phases.evaluators(run)[0]
+    started = time.monotonic()
+    model, tokenizer = load_model(folder, run.device, phases.member_dtype(run.device))
+    row = {"start": start.name, "arm": arm, "seed": seed, "step": step}
+    row["tasks"] = accuracies(run, sizes, model, tokenizer, task_sets(sizes, start))
+    name = f"books-longce-{start.name}"  # held-out book bodies (the name's first word says so)
+    # a few tokens short of L: room for the special tokens the scoring adds
+    texts = phases.corpus_texts(
+        run, name, AutoTokenizer.from_pretrained(folder), start.length - 16, sizes.documents, seed=2
+    )
+    row["books"] = phases.longppl_under(run, gemma, alpha["gemma"], name, texts, model, tokenizer)
+    row["seconds"] = time.monotonic() - started
+    records.append(key, row)
+    run.log(f"longce-evaluate: {key} PPL {row['books']['ppl']:.3f} LongPPL {row['books']['longppl']:.3f}")
+    del model
+    if run.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------ longce-chain
 
 
-def chain(run: Run, choice: Choice) -> None:
-    """``longce-train``'s units in its order (seeds outermost), each trained and then evaluated at its
-    checkpoints (after its start's own evaluation) before the next unit begins.
+#: seconds a ``longce-chain`` process waits before it looks again while another process trains on
+#: its device (whose checkpoints it evaluates as they are saved)
+WAIT_SECONDS = 10.0
 
-    A unit's checkpoints stay on the machine that trained it, so training every unit before
-    evaluating any would lose, at a session's end, every unit trained and not yet evaluated (then
-    trained again); this loses at most the unit in hand. Processes side by side share the units by
-    claims as in the two phases: a unit another process is training is passed over, and the
-    checkpoints of a unit another process trained can be evaluated here meanwhile. The starts must be
-    built on this machine (``longce-start``); a ``frozen`` or ``shuffled`` unit scores its start's
-    weights first where this machine lacks them. No unit is begun after ``budget_seconds``, nor one
-    that would not end within them by the units measured before (:func:`unit_seconds`): a unit cut off
-    at a session's end is lost with its machine, so the time left goes to a later unit that fits (a
-    ``s2`` unit, at half the length, is the shorter), or the process ends.
+
+def _wait() -> None:
+    time.sleep(WAIT_SECONDS)
+
+
+def _device_phase(run: Run, kind: str) -> str:
+    """The claims' phase ``<kind>/<device>`` of the run's device: ``longce-device`` (its one training at
+    a time) or ``longce-chain`` (the chain processes on it, one claim each)."""
+    return f"{kind}/" + re.sub(r"[^\w.-]", "~", run.device)
+
+
+def chain(run: Run, choice: Choice) -> None:
+    """``longce-train``'s and ``longce-evaluate``'s units in one process, so that each unit is
+    evaluated on the machine that trained it. Processes side by side on a device share the work:
+
+    - an evaluation comes first: any model saved on this machine and not evaluated yet (the starts'
+      own, then the checkpoints in the units' order), including the checkpoints that a training still
+      going on has saved;
+    - else one process at a time on a device trains the next unit in ``longce-train``'s order (seeds
+      outermost), its checkpoints then evaluated by the processes that are free, itself included;
+    - else, while a training goes on in the run folder, the process waits (``WAIT_SECONDS``) for its
+      checkpoints; with none, it ends.
+
+    The GPU's throughput is shared by what runs on it, so several trainings side by side each take
+    as many times longer: a unit then outlasts a session (four 32k trainings took 2.0 s a step each,
+    and an ``s1`` unit with its three evaluations about 1,800 s of a session's 1,450), and a unit cut
+    off at the session's end is lost with its machine. One training a device, with its first
+    checkpoints evaluated beside it, ends each unit soonest for the same throughput.
+
+    No unit or evaluation is begun after ``budget_seconds``, nor one that would not end within them
+    by the units measured before (:func:`unit_seconds`, :func:`evaluation_seconds`; with other
+    processes on the device, a unit to train counts only its last checkpoint's evaluation after it).
+    A ``frozen`` or ``shuffled`` unit scores its start's weights first where this machine lacks them.
+    The starts must be built on this machine (``longce-start``).
 
     Raises:
         ValueError: the run's records hold no calibration of the Gemma evaluator (the evaluations
             read its alpha), before any unit is trained."""
     phases.alphas(run)
-    budget = Budget(run.budget_seconds)
-    for seed in choice.seeds:
-        for start in choice.starts:
-            for arm in choice.arms:
-                if budget.spent():
-                    run.log("longce-chain: budget spent; call again")
-                    return
-                needed = unit_seconds(run, choice.sizes, start, arm, seed)
-                if needed is not None and needed > budget.left():
-                    run.log(
-                        f"longce-chain: {unit_key(start, arm, seed)} needs about {needed:.0f} s by the units"
-                        f" measured so far, {budget.left():.0f} s are left; passed over"
-                    )
-                    continue
-                one = dataclasses.replace(choice, starts=(start,), arms=(arm,), seeds=(seed,))
-                train_arms(run, one)
-                evaluate(run, one)
+    budget, said = Budget(run.budget_seconds), set()
+    workers = _device_phase(run, "longce-chain")
+    with claim(run.root, workers, str(os.getpid())):
+        while not budget.spent():
+            if _evaluate_next(run, choice, budget, said):
+                continue
+            trained = _train_next(run, choice, budget, said, helped=len(held(run.root, workers)) > 1)
+            if trained == "trained":
+                continue
+            if trained == "none" and not any(held(run.root, f"longce-device/{d}") for d in _devices(run)):
+                return  # nothing to train here and no training whose checkpoints would come
+            _wait()
+        run.log("longce-chain: budget spent; call again")
+
+
+def _devices(run: Run) -> list[str]:
+    folder = os.path.join(run.root, "claims", "longce-device")
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def _passed_over(run: Run, said: set, what: str, needed: float, budget: Budget) -> None:
+    line = f"longce-chain: {what} needs about {needed:.0f} s by the units measured so far"
+    if line not in said:
+        said.add(line)
+        run.log(f"{line}, {budget.left():.0f} s are left; passed over")
+
+
+def _evaluate_next(run: Run, choice: Choice, budget: Budget, said: set) -> bool:
+    """Make the first evaluation of a model saved here that no process has made or holds and that
+    fits the budget; whether one was made."""
+    records = run.records("longce_evaluate")
+    done = records.keys()
+    fitting = []
+    for key, unit in evaluation_units(run, choice, here_only=True):
+        if key in done:
+            continue
+        needed = evaluation_seconds(run, unit[0]) if unit[4] else None  # a start's own: always made
+        if needed is not None and needed > budget.left():
+            _passed_over(run, said, key, needed, budget)
+            continue
+        fitting.append((key, unit))
+    for key, unit in pending(run, "longce-evaluate", records, budget, fitting, said=said):
+        _evaluate_model(run, choice.sizes, records, key, *unit)
+        return True
+    return False
+
+
+def _train_next(run: Run, choice: Choice, budget: Budget, said: set, helped: bool) -> str:
+    """Train the first unit of ``choice`` that needs training here, no process holds and fits the
+    budget, if no other process trains on this device: ``"trained"``, ``"busy"`` (another process
+    trains on it) or ``"none"`` (no unit to train)."""
+    with claim(run.root, _device_phase(run, "longce-device"), "training") as holder:
+        if holder is not None:
+            return "busy"
+        records = run.records("longce_train")
+        units = [
+            (unit_key(start, arm, seed), (start, arm, seed))
+            for seed in choice.seeds
+            for start in choice.starts
+            for arm in choice.arms
+        ]
+        done = _train_done(run, choice, units)
+        fitting = []
+        for key, (start, arm, seed) in units:
+            if key in done:
+                continue
+            needed = unit_seconds(run, choice.sizes, start, arm, seed, helped=helped)
+            if needed is not None and needed > budget.left():
+                _passed_over(run, said, key, needed, budget)
+                continue
+            fitting.append((key, (start, arm, seed)))
+
+        def still() -> set[str]:
+            return _train_done(run, choice, fitting)
+
+        for key, unit in pending(run, "longce-train", records, budget, fitting, done=still, said=said):
+            _train_unit(run, choice, records, key, *unit)
+            return "trained"
+    return "none"
 
 
 def stages() -> dict:

@@ -2,7 +2,8 @@
 # The device work of "LongCE from a real start" (docs/reproduction.md) on one machine, for a fixed
 # time, resumable: on each device WORKERS processes side by side, each running `longce-start` (one
 # process at a time: the first builds the starts and their task sets, the others find them) and
-# then `longce-chain` passes until SECONDS from now. The processes share the units by claims, and
+# then `longce-chain` passes until SECONDS from now. The processes share the units by claims: one
+# trains a unit at a time on a device while the others evaluate the checkpoints it saves, and
 # `longce-chain` begins no unit that the units measured before say would not end in the time left.
 #
 #   scripts/reproduce/real_models/run_longce_workers.sh SECONDS [OPTIONS...]
@@ -11,10 +12,10 @@
 # --smollm2, --starts, --arms, --seeds, --small); --device and --budget-seconds are set here.
 # Environment:
 #   DEVICES  the devices, space-separated (default: cuda:0 ... for every GPU nvidia-smi lists, else cpu)
-#   WORKERS  processes per device (default 3: a 32k-token SmolLM2 training step holds about 37 GiB,
-#            so four side by side ran out of an H200's 140 GiB)
-#   PASSES   longce-chain passes per process (default 2: a second pass takes up units another
-#            process left, such as checkpoints it trained and could not evaluate in time)
+#   WORKERS  processes per device (default 3: one trains while two evaluate the checkpoints it
+#            saves; a 32k-token SmolLM2 training holds about 37 GiB of an H200's 140)
+#   PASSES   longce-chain passes per process (default 2: a second pass takes up what a failed
+#            first one left)
 #   PYTHON   the interpreter (default python3)
 # Each process logs to <run>/logs/longce-workers-<epoch>/<device>-<i>.log. The exit status is 0 when
 # every stage of every process ended with 0; else 1, and the logs to read are named.
