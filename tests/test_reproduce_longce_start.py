@@ -415,7 +415,7 @@ def test_longce_chain_waits_while_another_process_trains_on_its_device(tmp_path,
 
     run, choice, done = _mocked_chain(tmp_path, monkeypatch, 5000.0)
     training = contextlib.ExitStack()
-    assert training.enter_context(claim(run.root, "longce-device/cpu", "training")) is None
+    assert training.enter_context(claim(run.root, "longce-device", "cpu")) is None
 
     def wait():  # the other process saves a checkpoint, then ends its training
         done.append(("wait", len(done)))

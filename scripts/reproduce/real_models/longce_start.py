@@ -632,16 +632,29 @@ def trained_here(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
     )
 
 
-def evaluation_seconds(run: Run, start: Start) -> float | None:
+#: the records the time estimates read
+MEASURED = ("longce_train", "longce_evaluate", "longce_weights")
+
+
+def measured(run: Run) -> dict[str, list[dict]]:
+    """``{name: rows}`` of the records in :data:`MEASURED`, each file read once: for a caller that
+    asks :func:`unit_seconds` of many units at one moment."""
+    return {name: run.records(name).rows() for name in MEASURED}
+
+
+def evaluation_seconds(run: Run, start: Start, rows: dict | None = None) -> float | None:
     """About how many seconds one checkpoint's evaluation of ``start`` takes: the median seconds of
     its evaluated checkpoints in the records (every session's, any arm; the start's own evaluation
-    pays one-off costs and is left out). None when none is measured yet."""
-    rows = run.records("longce_evaluate").rows()
+    pays one-off costs and is left out). None when none is measured yet. ``rows``: the records
+    already read (:func:`measured`), else they are read here."""
+    rows = (rows or measured(run))["longce_evaluate"]
     found = [r["seconds"] for r in rows if r.get("start") == start.name and r.get("step")]  # step 0: the start
     return float(np.median(found)) if found else None
 
 
-def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, helped: bool = False) -> float | None:
+def unit_seconds(
+    run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, helped: bool = False, rows: dict | None = None
+) -> float | None:
     """About how many seconds the unit ``start/arm-s<seed>`` still needs on this machine, read from the
     units measured before it (the records, every session's): its training, unless
     :func:`trained_here`, plus one evaluation (:func:`evaluation_seconds`) for each checkpoint not yet
@@ -652,8 +665,10 @@ def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
     A training takes the median seconds of the start's recorded runs of ``arm`` (runs that resumed
     are left out: their seconds are a part), or, with none, of its slowest measured arm, plus the
     start's weights scoring (its ``longce_weights`` record) for a ``frozen`` or ``shuffled`` unit on a
-    machine without them. None when nothing of the start is measured yet (nothing to go on)."""
-    train_rows, evaluate_rows = run.records("longce_train").rows(), run.records("longce_evaluate").rows()
+    machine without them. None when nothing of the start is measured yet (nothing to go on). ``rows``:
+    the records already read (:func:`measured`), else they are read here."""
+    rows = rows or measured(run)
+    train_rows, evaluate_rows = rows["longce_train"], rows["longce_evaluate"]
     trains = [r for r in train_rows if r.get("start") == start.name and not r.get("resumed")]
     recorded, evaluated = {r["key"] for r in train_rows}, {r["key"] for r in evaluate_rows}
     key = unit_key(start, arm, seed)
@@ -668,12 +683,12 @@ def unit_seconds(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
         medians = {name: float(np.median(values)) for name, values in by_arm.items()}
         seconds += medians.get(arm, max(medians.values()))
         if WEIGHTS_OF_ARM[arm] == "cache" and not os.path.isfile(weights_path(run, start)):
-            scored = [r for r in run.records("longce_weights").rows() if r.get("key") == start.name]
+            scored = [r for r in rows["longce_weights"] if r.get("key") == start.name]
             seconds += scored[0]["scoring_seconds"] if scored else 0.0
         if helped:
             left = left[-1:]
     if left:
-        evaluation = evaluation_seconds(run, start)
+        evaluation = evaluation_seconds(run, start, rows)
         if evaluation is None:
             return None
         seconds += len(left) * evaluation
@@ -714,9 +729,11 @@ def _train_unit(run: Run, choice: Choice, records, key: str, start: Start, arm: 
     run.log(f"longce-train: {key} {record['steps']} steps, last loss {record['losses'][-1]:.3f}")
 
 
-def _train_done(run: Run, choice: Choice, units) -> set[str]:
-    """The keys of ``units`` (``(key, (start, arm, seed))``) that need no training on this machine."""
-    recorded, evaluated = run.records("longce_train").keys(), run.records("longce_evaluate").keys()
+def _train_done(run: Run, choice: Choice, units, rows: dict | None = None) -> set[str]:
+    """The keys of ``units`` (``(key, (start, arm, seed))``) that need no training on this machine;
+    ``rows``: the records already read (:func:`measured`), else they are read here."""
+    rows = rows or measured(run)
+    recorded, evaluated = {r["key"] for r in rows["longce_train"]}, {r["key"] for r in rows["longce_evaluate"]}
     return {key for key, unit in units if trained_here(run, choice.sizes, *unit, recorded, evaluated)}
 
 
@@ -795,10 +812,9 @@ def _wait() -> None:
     time.sleep(WAIT_SECONDS)
 
 
-def _device_phase(run: Run, kind: str) -> str:
-    """The claims' phase ``<kind>/<device>`` of the run's device: ``longce-device`` (its one training at
-    a time) or ``longce-chain`` (the chain processes on it, one claim each)."""
-    return f"{kind}/" + re.sub(r"[^\w.-]", "~", run.device)
+def _chain_phase(run: Run) -> str:
+    """The claims' phase of the chain processes on the run's device (one claim each, by process id)."""
+    return "longce-chain/" + re.sub(r"[^\w.-]", "~", run.device)
 
 
 def chain(run: Run, choice: Choice) -> None:
@@ -830,7 +846,7 @@ def chain(run: Run, choice: Choice) -> None:
             read its alpha), before any unit is trained."""
     phases.alphas(run)
     budget, said = Budget(run.budget_seconds), set()
-    workers = _device_phase(run, "longce-chain")
+    workers = _chain_phase(run)
     with claim(run.root, workers, str(os.getpid())):
         while not budget.spent():
             if _evaluate_next(run, choice, budget, said):
@@ -838,15 +854,10 @@ def chain(run: Run, choice: Choice) -> None:
             trained = _train_next(run, choice, budget, said, helped=len(held(run.root, workers)) > 1)
             if trained == "trained":
                 continue
-            if trained == "none" and not any(held(run.root, f"longce-device/{d}") for d in _devices(run)):
+            if trained == "none" and not held(run.root, "longce-device"):
                 return  # nothing to train here and no training whose checkpoints would come
             _wait()
         run.log("longce-chain: budget spent; call again")
-
-
-def _devices(run: Run) -> list[str]:
-    folder = os.path.join(run.root, "claims", "longce-device")
-    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
 def _passed_over(run: Run, said: set, what: str, needed: float, budget: Budget) -> None:
@@ -860,12 +871,14 @@ def _evaluate_next(run: Run, choice: Choice, budget: Budget, said: set) -> bool:
     """Make the first evaluation of a model saved here that no process has made or holds and that
     fits the budget; whether one was made."""
     records = run.records("longce_evaluate")
-    done = records.keys()
+    rows = {"longce_evaluate": records.rows()}
+    done = {r["key"] for r in rows["longce_evaluate"]}
+    estimates = {start.name: evaluation_seconds(run, start, rows) for start in choice.starts}
     fitting = []
     for key, unit in evaluation_units(run, choice, here_only=True):
         if key in done:
             continue
-        needed = evaluation_seconds(run, unit[0]) if unit[4] else None  # a start's own: always made
+        needed = estimates[unit[0].name] if unit[4] else None  # a start's own: always made
         if needed is not None and needed > budget.left():
             _passed_over(run, said, key, needed, budget)
             continue
@@ -880,7 +893,7 @@ def _train_next(run: Run, choice: Choice, budget: Budget, said: set, helped: boo
     """Train the first unit of ``choice`` that needs training here, no process holds and fits the
     budget, if no other process trains on this device: ``"trained"``, ``"busy"`` (another process
     trains on it) or ``"none"`` (no unit to train)."""
-    with claim(run.root, _device_phase(run, "longce-device"), "training") as holder:
+    with claim(run.root, "longce-device", run.device) as holder:  # one training a device
         if holder is not None:
             return "busy"
         records = run.records("longce_train")
@@ -890,12 +903,13 @@ def _train_next(run: Run, choice: Choice, budget: Budget, said: set, helped: boo
             for start in choice.starts
             for arm in choice.arms
         ]
-        done = _train_done(run, choice, units)
+        rows = measured(run)
+        done = _train_done(run, choice, units, rows)
         fitting = []
         for key, (start, arm, seed) in units:
             if key in done:
                 continue
-            needed = unit_seconds(run, choice.sizes, start, arm, seed, helped=helped)
+            needed = unit_seconds(run, choice.sizes, start, arm, seed, helped=helped, rows=rows)
             if needed is not None and needed > budget.left():
                 _passed_over(run, said, key, needed, budget)
                 continue
