@@ -45,7 +45,8 @@ from ..common.fine_tuning import in_order_trainer, step_timer
 from . import members as population
 from . import phases, tasks
 from .claims import claim, held
-from .phases import Budget, Run, pending
+from .phases import Run
+from .progress import Budget, pending
 
 ARMS = ("ce", "self", "frozen", "shuffled", "ce-fresh")
 #: where each arm's token weights come from (``LongCEConfig.longce_weights``)
