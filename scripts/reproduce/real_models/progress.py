@@ -7,10 +7,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .phases import Run
 
 
 class Records:
@@ -63,9 +59,9 @@ class Budget:
         return self.seconds - (time.monotonic() - self.start)
 
 
-def pending(run: Run, phase: str, records: Records, budget: Budget, units, done=None, said: set | None = None):
+def pending(run, phase: str, records: Records, budget: Budget, units, done=None, said: set | None = None):
     """Yield the ``(key, unit)`` pairs of ``units`` not done yet, until the budget is spent (then say
-    so: the next call goes on).
+    so: the next call goes on). ``run``: a ``phases.Run`` (its ``root`` and ``log``).
 
     Processes side by side on one run folder (one per GPU) share the units: each unit is claimed
     (``claims.claim``) for as long as the caller works on it, i.e. until it asks for the next one, and a
