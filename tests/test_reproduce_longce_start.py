@@ -431,6 +431,52 @@ def test_longce_chain_waits_while_another_process_trains_on_its_device(tmp_path,
     assert done.count(("evaluate", "s2/ce-s3/50")) == 1 and ("train", "s2/ce-s3") in done
 
 
+def test_longce_chain_waits_for_the_processes_started_beside_it_before_choosing_a_training(tmp_path, monkeypatch):
+    import contextlib
+
+    from longppl_reproduce.real_models import longce_start
+    from longppl_reproduce.real_models.claims import claim
+
+    run, choice, done = _mocked_chain(tmp_path, monkeypatch, 500.0)
+    other = contextlib.ExitStack()
+
+    def wait():  # the second process started on the device joins while this one waits
+        done.append(("wait", len(done)))
+        assert other.enter_context(claim(run.root, "longce-chain/cpu", "the other")) is None
+
+    monkeypatch.setattr(longce_start, "_wait", wait)
+    with other:
+        longce_start.chain(run, dataclasses.replace(choice, workers=2))
+    # it waited once, then chose with a helper: s1/ce-s3 (120 + 210 s) fits in 500 s; alone it would not
+    assert done[:2] == [("wait", 0), ("train", "s1/ce-s3")]
+    assert any("1 of the 2 processes started on cpu have joined; waiting" in line for line in run.log_lines)
+
+
+def test_longce_chain_goes_on_alone_when_the_processes_started_beside_it_do_not_join(tmp_path, monkeypatch):
+    from longppl_reproduce.real_models import longce_start
+
+    run, choice, done = _mocked_chain(tmp_path, monkeypatch, 500.0)
+    monkeypatch.setattr(longce_start, "_wait", lambda: done.append(("wait", len(done))))
+    longce_start.chain(run, dataclasses.replace(choice, workers=3))
+    waits = [entry for entry in done if entry[0] == "wait"]
+    assert waits == [("wait", i) for i in range(longce_start.PEER_WAITS)]  # a bounded wait, before anything else
+    # then alone: the s1 units (120 + 3 x 210 s) do not fit in 500 s, the s2 ones do
+    assert [key for stage, key in done if stage == "train"] == ["s2/ce-s3", "s2/ce-s4"]
+    assert any("1 of the 3 processes started on cpu have joined after 120 s" in line for line in run.log_lines)
+
+
+def test_longce_chain_refuses_no_workers():
+    import argparse
+
+    from longppl_reproduce.real_models import longce_start
+
+    for workers in (0, -1):
+        args = argparse.Namespace(small=True, starts=None, arms=None, seeds=None, workers=workers)
+        with pytest.raises(ValueError, match="--workers must be 1 or more"):
+            longce_start.Choice.from_args(args)
+    assert longce_start.Choice.from_args(argparse.Namespace(small=True, workers=None)).workers == 1
+
+
 def test_longce_chain_passes_over_an_evaluation_that_would_not_end_in_the_budget(tmp_path, monkeypatch):
     from longppl_reproduce.real_models import longce_start
 
@@ -501,6 +547,7 @@ def test_the_workers_script_refuses_a_bad_time_or_an_option_it_sets(tiny_study, 
         ("0", (), "SECONDS, a whole number of seconds above 0"),
         ("60", ("--device", "cuda:1"), "--device is set here"),
         ("60", ("--budget-seconds=5",), "--budget-seconds=5 is set here"),
+        ("60", ("--workers", "2"), "--workers is set here"),
     ):
         done = _workers(study, seconds, *options)
         assert done.returncode == 2 and said in done.stderr, (seconds, options, done.stderr)

@@ -197,7 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--members", default=None, help="comma-separated member names (default: all)")
     parser.add_argument("--small", action="store_true", help="tiny lengths and counts (a CPU smoke run)")
-    parser.add_argument("--workers", type=int, default=None, help="prepare: processes (default: one per core)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="prepare: processes (default: one per core); longce-chain: the chain processes started on its"
+        " device, this one included (default 1; before its first training it waits for them to join)",
+    )
     parser.add_argument("--starts", default=None, help="longce-*: comma-separated starts (s1, s2; default: both)")
     parser.add_argument(
         "--arms", default=None, help="longce-train/evaluate/chain: comma-separated arms (default: all five)"

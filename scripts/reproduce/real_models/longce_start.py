@@ -126,12 +126,14 @@ SMALL = LongCESizes(
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """What one call works on: its sizes and the starts, arms and seeds it was asked for."""
+    """What one call works on: its sizes and the starts, arms and seeds it was asked for; ``workers``:
+    the ``longce-chain`` processes started side by side on its device, this one included."""
 
     sizes: LongCESizes
     starts: tuple[Start, ...]
     arms: tuple[str, ...]
     seeds: tuple[int, ...]
+    workers: int = 1
 
     @classmethod
     def from_args(cls, args) -> Choice:
@@ -147,11 +149,15 @@ class Choice:
             return picked
 
         names = chosen(getattr(args, "starts", None), [s.name for s in sizes.starts], "starts")
+        workers = 1 if getattr(args, "workers", None) is None else args.workers
+        if workers < 1:
+            raise ValueError(f"--workers must be 1 or more (the processes started on the device); got {workers}.")
         return cls(
             sizes,
             tuple(s for s in sizes.starts if s.name in names),
             chosen(getattr(args, "arms", None), ARMS, "arms"),
             chosen(getattr(args, "seeds", None), sizes.seeds, "seeds", int),
+            workers,
         )
 
 
@@ -809,6 +815,12 @@ def _evaluate_model(run: Run, sizes: LongCESizes, records, key: str, start, fold
 WAIT_SECONDS = 10.0
 
 
+#: waits (of ``WAIT_SECONDS``) a ``longce-chain`` process makes, at most, for the processes started
+#: beside it (``Choice.workers``) to join before it chooses a unit to train: they start one after
+#: another (each runs ``longce-start`` first), and a choice made before they join counts no helper
+PEER_WAITS = 12
+
+
 def _wait() -> None:
     time.sleep(WAIT_SECONDS)
 
@@ -830,6 +842,10 @@ def chain(run: Run, choice: Choice) -> None:
     - else, while a training goes on in the run folder, the process waits (``WAIT_SECONDS``) for its
       checkpoints; with none, it ends.
 
+    Before its first choice of a unit to train, a process waits (up to ``PEER_WAITS`` waits) for the
+    ``choice.workers`` processes started on its device to join (each holds a claim while it runs), so
+    that the choice counts them as helpers; its evaluations go on meanwhile.
+
     The GPU's throughput is shared by what runs on it, so several trainings side by side each take
     as many times longer: a unit then outlasts a session (four 32k trainings took 2.0 s a step each,
     and an ``s1`` unit with its three evaluations about 1,800 s of a session's 1,450), and a unit cut
@@ -846,13 +862,26 @@ def chain(run: Run, choice: Choice) -> None:
         ValueError: the run's records hold no calibration of the Gemma evaluator (the evaluations
             read its alpha), before any unit is trained."""
     phases.alphas(run)
-    budget, said = Budget(run.budget_seconds), set()
+    budget, said, peer_waits = Budget(run.budget_seconds), set(), PEER_WAITS
     workers = _chain_phase(run)
+
+    def joined(here: int) -> str:
+        return f"longce-chain: {here} of the {choice.workers} processes started on {run.device} have joined"
+
     with claim(run.root, workers, str(os.getpid())):
         while not budget.spent():
             if _evaluate_next(run, choice, budget, said):
                 continue
-            trained = _train_next(run, choice, budget, said, helped=len(held(run.root, workers)) > 1)
+            here = len(held(run.root, workers))
+            if here < choice.workers and peer_waits > 0:
+                peer_waits -= 1
+                _said(run, said, f"{joined(here)}; waiting for the others before choosing a unit to train")
+                _wait()
+                continue
+            if here < choice.workers:
+                _said(run, said, f"{joined(here)} after {PEER_WAITS * WAIT_SECONDS:.0f} s; going on with them")
+            peer_waits = 0  # joined once: later a process that ends leaves the others to go on without it
+            trained = _train_next(run, choice, budget, said, helped=here > 1)
             if trained == "trained":
                 continue
             if trained == "none" and not held(run.root, "longce-device"):
@@ -861,11 +890,16 @@ def chain(run: Run, choice: Choice) -> None:
         run.log("longce-chain: budget spent; call again")
 
 
-def _passed_over(run: Run, said: set, what: str, needed: float, budget: Budget) -> None:
-    line = f"longce-chain: {what} needs about {needed:.0f} s by the units measured so far"
+def _said(run: Run, said: set, line: str, tail: str = "") -> None:
+    """Log ``line`` (with ``tail``) the first time only: the chain asks the same every few seconds."""
     if line not in said:
         said.add(line)
-        run.log(f"{line}, {budget.left():.0f} s are left; passed over")
+        run.log(line + tail)
+
+
+def _passed_over(run: Run, said: set, what: str, needed: float, budget: Budget) -> None:
+    line = f"longce-chain: {what} needs about {needed:.0f} s by the units measured so far"
+    _said(run, said, line, f", {budget.left():.0f} s are left; passed over")
 
 
 def _evaluate_next(run: Run, choice: Choice, budget: Budget, said: set) -> bool:

@@ -9,7 +9,10 @@
 #   scripts/reproduce/real_models/run_longce_workers.sh SECONDS [OPTIONS...]
 #
 # OPTIONS go to every stage of python -m longppl_reproduce.real_models.cli (--run, --books, --gemma,
-# --smollm2, --starts, --arms, --seeds, --small); --device and --budget-seconds are set here.
+# --smollm2, --starts, --arms, --seeds, --small); --device, --budget-seconds and --workers are set
+# here (a first chain pass is told how many processes were started on its device, and waits for
+# them to join before it chooses a unit to train: with helpers it counts one evaluation after a
+# training, not three).
 # Environment:
 #   DEVICES  the devices, space-separated (default: cuda:0 ... for every GPU nvidia-smi lists, else cpu)
 #   WORKERS  processes per device (default 3: one trains while two evaluate the checkpoints it
@@ -32,8 +35,8 @@ for option in "$@"; do
     [ "$previous" = --run ] && RUN=$option
     case $option in
     --run=*) RUN=${option#--run=} ;;
-    --device | --device=* | --budget-seconds | --budget-seconds=*)
-        echo "$0: $option is set here (DEVICES, SECONDS); leave it out" >&2
+    --device | --device=* | --budget-seconds | --budget-seconds=* | --workers | --workers=*)
+        echo "$0: $option is set here (DEVICES, SECONDS, WORKERS); leave it out" >&2
         exit 2
         ;;
     esac
@@ -63,7 +66,10 @@ worker() { # worker DEVICE LOG OPTIONS...: longce-start, then the chain passes; 
         left=$((END - $(date +%s)))
         [ "$left" -gt 60 ] || break # too little left to begin anything
         echo "== longce-chain pass $pass on $device, $left s left, $(date +%T)" >>"$log"
-        "${M[@]}" longce-chain "$@" --device "$device" --budget-seconds "$left" >>"$log" 2>&1 || failed=1
+        # the first pass waits for the processes started beside it; a later one goes on with those left
+        joined=1
+        [ "$pass" = 1 ] && joined=$WORKERS
+        "${M[@]}" longce-chain "$@" --device "$device" --budget-seconds "$left" --workers "$joined" >>"$log" 2>&1 || failed=1
     done
     echo "== done $(date +%T)" >>"$log"
     return $failed
