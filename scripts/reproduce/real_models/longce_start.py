@@ -46,7 +46,7 @@ from . import members as population
 from . import phases, tasks
 from .claims import claim, held
 from .phases import Run
-from .progress import Budget, pending
+from .progress import Budget, pending, say_once
 
 ARMS = ("ce", "self", "frozen", "shuffled", "ce-fresh")
 #: where each arm's token weights come from (``LongCEConfig.longce_weights``)
@@ -702,17 +702,23 @@ def unit_seconds(
     return seconds
 
 
-def train_arms(run: Run, choice: Choice) -> None:
-    """One unit per start x arm x seed (seed outermost, so that a call finishes seeds whole). A unit
-    with a record whose checkpoints are neither on this machine (a fresh one: ``outputs/`` stays on
-    the machine that trained them) nor all evaluated is trained again; its first record is kept."""
-    records, budget = run.records("longce_train"), Budget(run.budget_seconds)
-    units = [
+def training_units(choice: Choice) -> list[tuple[str, tuple[Start, str, int]]]:
+    """``(key, (start, arm, seed))`` of every unit of ``choice`` in ``longce-train``'s order: seed
+    outermost, so that a call finishes seeds whole."""
+    return [
         (unit_key(start, arm, seed), (start, arm, seed))
         for seed in choice.seeds
         for start in choice.starts
         for arm in choice.arms
     ]
+
+
+def train_arms(run: Run, choice: Choice) -> None:
+    """One unit per start x arm x seed (seed outermost, so that a call finishes seeds whole). A unit
+    with a record whose checkpoints are neither on this machine (a fresh one: ``outputs/`` stays on
+    the machine that trained them) nor all evaluated is trained again; its first record is kept."""
+    records, budget = run.records("longce_train"), Budget(run.budget_seconds)
+    units = training_units(choice)
 
     def done() -> set[str]:
         return _train_done(run, choice, units)
@@ -875,11 +881,11 @@ def chain(run: Run, choice: Choice) -> None:
             here = len(held(run.root, workers))
             if here < choice.workers and peer_waits > 0:
                 peer_waits -= 1
-                _said(run, said, f"{joined(here)}; waiting for the others before choosing a unit to train")
+                say_once(run, said, f"{joined(here)}; waiting for the others before choosing a unit to train")
                 _wait()
                 continue
             if here < choice.workers:
-                _said(run, said, f"{joined(here)} after {PEER_WAITS * WAIT_SECONDS:.0f} s; going on with them")
+                say_once(run, said, f"{joined(here)} after {PEER_WAITS * WAIT_SECONDS:.0f} s; going on with them")
             peer_waits = 0  # joined once: later a process that ends leaves the others to go on without it
             trained = _train_next(run, choice, budget, said, helped=here > 1)
             if trained == "trained":
@@ -890,16 +896,9 @@ def chain(run: Run, choice: Choice) -> None:
         run.log("longce-chain: budget spent; call again")
 
 
-def _said(run: Run, said: set, line: str, tail: str = "") -> None:
-    """Log ``line`` (with ``tail``) the first time only: the chain asks the same every few seconds."""
-    if line not in said:
-        said.add(line)
-        run.log(line + tail)
-
-
 def _passed_over(run: Run, said: set, what: str, needed: float, budget: Budget) -> None:
     line = f"longce-chain: {what} needs about {needed:.0f} s by the units measured so far"
-    _said(run, said, line, f", {budget.left():.0f} s are left; passed over")
+    say_once(run, said, line, f", {budget.left():.0f} s are left; passed over")
 
 
 def _evaluate_next(run: Run, choice: Choice, budget: Budget, said: set) -> bool:
@@ -932,12 +931,7 @@ def _train_next(run: Run, choice: Choice, budget: Budget, said: set, helped: boo
         if holder is not None:
             return "busy"
         records = run.records("longce_train")
-        units = [
-            (unit_key(start, arm, seed), (start, arm, seed))
-            for seed in choice.seeds
-            for start in choice.starts
-            for arm in choice.arms
-        ]
+        units = training_units(choice)
         rows = measured(run)
         done = _train_done(run, choice, units, rows)
         fitting = []

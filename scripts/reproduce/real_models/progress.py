@@ -72,26 +72,29 @@ def pending(run, phase: str, records: Records, budget: Budget, units, done=None,
     """
     from .claims import claim
 
-    def log(line: str) -> None:
-        if said is None or line not in said:
-            run.log(line)
-        if said is not None:
-            said.add(line)
-
     finished = records.keys if done is None else done
     seen = finished()
     for key, unit in units:
         if key in seen:
-            log(f"{phase}: {key} kept")
+            say_once(run, said, f"{phase}: {key} kept")
             continue
         if budget.spent():
             run.log(f"{phase}: budget spent; call again")
             return
         with claim(run.root, phase, key) as holder:
             if holder is not None:
-                log(f"{phase}: {key} {holder}; left to it")
+                say_once(run, said, f"{phase}: {key} {holder}; left to it")
                 continue
             if key in finished():
                 run.log(f"{phase}: {key} done by another process")
                 continue
             yield key, unit
+
+
+def say_once(run, said: set | None, line: str, tail: str = "") -> None:
+    """Log ``line`` + ``tail`` unless ``said`` (the lines this process logged before, for a caller
+    that asks the same again and again) holds ``line``; then add it. ``said`` None: always log."""
+    if said is None or line not in said:
+        run.log(line + tail)
+    if said is not None:
+        said.add(line)
