@@ -444,12 +444,22 @@ def test_longce_chain_waits_for_the_processes_started_beside_it_before_choosing_
         done.append(("wait", len(done)))
         assert other.enter_context(claim(run.root, "longce-chain/cpu", "the other")) is None
 
+    trained = longce_start._train_unit
+
+    def train_then_the_other_leaves(*args):
+        trained(*args)
+        other.close()
+
     monkeypatch.setattr(longce_start, "_wait", wait)
+    monkeypatch.setattr(longce_start, "_train_unit", train_then_the_other_leaves)
     with other:
         longce_start.chain(run, dataclasses.replace(choice, workers=2))
     # it waited once, then chose with a helper: s1/ce-s3 (120 + 210 s) fits in 500 s; alone it would not
     assert done[:2] == [("wait", 0), ("train", "s1/ce-s3")]
     assert any("1 of the 2 processes started on cpu have joined; waiting" in line for line in run.log_lines)
+    # the other leaving later is no wait that ran out, and is not logged as one
+    assert not any("going on with them" in line for line in run.log_lines), run.log_lines
+    assert ("wait", 0) == done[0] and done.count(("wait", 0)) == 1 and len([d for d in done if d[0] == "wait"]) == 1
 
 
 def test_longce_chain_goes_on_alone_when_the_processes_started_beside_it_do_not_join(tmp_path, monkeypatch):
@@ -463,6 +473,35 @@ def test_longce_chain_goes_on_alone_when_the_processes_started_beside_it_do_not_
     # then alone: the s1 units (120 + 3 x 210 s) do not fit in 500 s, the s2 ones do
     assert [key for stage, key in done if stage == "train"] == ["s2/ce-s3", "s2/ce-s4"]
     assert any("1 of the 3 processes started on cpu have joined after 120 s" in line for line in run.log_lines)
+
+
+def test_a_device_is_named_by_the_gpu_that_cuda_visible_devices_shows(monkeypatch):
+    from longppl_reproduce.real_models import longce_start
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 1")
+    named = [longce_start.device_name(d) for d in ("cuda:0", "cuda:1", "cuda:2", "cpu", "cuda")]
+    assert named == ["cuda:3", "cuda:1", "cuda:2", "cpu", "cuda"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert [longce_start.device_name(d) for d in ("cuda:0", "cuda:1")] == ["cuda:0", "cuda:1"]
+
+
+def test_longce_chain_trains_beside_a_training_on_another_gpu(tmp_path, monkeypatch):
+    import contextlib
+
+    from longppl_reproduce.real_models import longce_start
+    from longppl_reproduce.real_models.claims import claim
+
+    # each process sees one GPU as cuda:0; a training on GPU 0 takes no turn from a process on GPU 1
+    for visible, trains in (("1", True), ("0", False)):
+        run, choice, done = _mocked_chain(tmp_path / visible, monkeypatch, 5000.0)
+        run = dataclasses.replace(run, device="cuda:0")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        training = contextlib.ExitStack()
+        assert training.enter_context(claim(run.root, "longce-device", "cuda:0")) is None  # GPU 0's trainer
+        monkeypatch.setattr(longce_start, "_wait", lambda: (done.append(("wait", 0)), training.close()))
+        longce_start.chain(run, choice)
+        assert (done[0][0] == "train") is trains, (visible, done[:3])
+        assert ("train", "s1/ce-s3") in done
 
 
 def test_longce_chain_refuses_no_workers():
@@ -537,6 +576,27 @@ def test_the_workers_script_runs_each_unit_once_across_its_processes(tiny_study,
     evaluated = [r["key"] for r in _rows(study, "longce_evaluate")]
     assert sorted(evaluated) == sorted(["s2/start", "s2/ce-s0/1", "s2/ce-s0/2", "s2/self-s0/1", "s2/self-s0/2"])
     assert [r["key"] for r in _rows(study, "longce_start")] == ["s2", "pilot/s2"]
+
+
+def test_the_workers_script_shows_each_process_its_gpu_alone(tmp_path):
+    # a stand-in interpreter that records what each stage was given; the stages themselves are tested above
+    seen = tmp_path / "seen"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES $*" >> {seen}\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, DEVICES="cuda:2 cuda:0", WORKERS="1", PASSES="1", PYTHON=str(fake))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    done = run_guarded(
+        ["bash", WORKERS_SCRIPT, "120", "--run", str(tmp_path / "run")], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    lines = sorted(seen.read_text().splitlines())
+    stages = [(line.split()[0], line.split()[3], line.split()[line.split().index("--device") + 1]) for line in lines]
+    assert sorted(stages) == [("0", "longce-chain", "cuda:0"), ("0", "longce-start", "cuda:0"),
+                              ("2", "longce-chain", "cuda:0"), ("2", "longce-start", "cuda:0")]  # fmt: skip
+    (folder,) = (tmp_path / "run" / "logs").glob("longce-workers-*")
+    assert sorted(p.name for p in folder.iterdir()) == ["cuda0-1.log", "cuda2-1.log"]
+    assert "== longce-chain pass 1 on cuda:2" in (folder / "cuda2-1.log").read_text()
 
 
 @pytest.mark.slow

@@ -831,9 +831,22 @@ def _wait() -> None:
     time.sleep(WAIT_SECONDS)
 
 
+def device_name(device: str) -> str:
+    """The physical device behind ``device`` (``"cuda:<k>"``, ``"cpu"``), as claims name it: ``cuda:<k>``
+    is the k-th GPU that ``CUDA_VISIBLE_DEVICES`` leaves visible, so two processes each shown one other
+    GPU (both ``cuda:0`` to torch) are on different devices. ``device`` itself where nothing maps it."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    match = re.fullmatch(r"cuda:(\d+)", device)
+    if match is None or not visible:
+        return device
+    shown = [part.strip() for part in visible.split(",") if part.strip()]
+    index = int(match.group(1))
+    return f"cuda:{shown[index]}" if index < len(shown) else device
+
+
 def _chain_phase(run: Run) -> str:
     """The claims' phase of the chain processes on the run's device (one claim each, by process id)."""
-    return "longce-chain/" + re.sub(r"[^\w.-]", "~", run.device)
+    return "longce-chain/" + re.sub(r"[^\w.-]", "~", device_name(run.device))
 
 
 def chain(run: Run, choice: Choice) -> None:
@@ -868,25 +881,27 @@ def chain(run: Run, choice: Choice) -> None:
         ValueError: the run's records hold no calibration of the Gemma evaluator (the evaluations
             read its alpha), before any unit is trained."""
     phases.alphas(run)
-    budget, said, peer_waits = Budget(run.budget_seconds), set(), PEER_WAITS
+    budget, said, peer_waits, waiting = Budget(run.budget_seconds), set(), PEER_WAITS, True
     workers = _chain_phase(run)
 
     def joined(here: int) -> str:
-        return f"longce-chain: {here} of the {choice.workers} processes started on {run.device} have joined"
+        return (
+            f"longce-chain: {here} of the {choice.workers} processes started on {device_name(run.device)} have joined"
+        )
 
     with claim(run.root, workers, str(os.getpid())):
         while not budget.spent():
             if _evaluate_next(run, choice, budget, said):
                 continue
             here = len(held(run.root, workers))
-            if here < choice.workers and peer_waits > 0:
+            if waiting and here < choice.workers and peer_waits > 0:
                 peer_waits -= 1
                 say_once(run, said, f"{joined(here)}; waiting for the others before choosing a unit to train")
                 _wait()
                 continue
-            if here < choice.workers:
+            if waiting and here < choice.workers:
                 say_once(run, said, f"{joined(here)} after {PEER_WAITS * WAIT_SECONDS:.0f} s; going on with them")
-            peer_waits = 0  # joined once: later a process that ends leaves the others to go on without it
+            waiting = False  # once only: later a process that ends its pass leaves the others to go on without it
             trained = _train_next(run, choice, budget, said, helped=here > 1)
             if trained == "trained":
                 continue
@@ -927,7 +942,7 @@ def _train_next(run: Run, choice: Choice, budget: Budget, said: set, helped: boo
     """Train the first unit of ``choice`` that needs training here, no process holds and fits the
     budget, if no other process trains on this device: ``"trained"``, ``"busy"`` (another process
     trains on it) or ``"none"`` (no unit to train)."""
-    with claim(run.root, "longce-device", run.device) as holder:  # one training a device
+    with claim(run.root, "longce-device", device_name(run.device)) as holder:  # one training a device
         if holder is not None:
             return "busy"
         records = run.records("longce_train")

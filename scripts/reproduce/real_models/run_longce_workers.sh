@@ -14,7 +14,8 @@
 # them to join before it chooses a unit to train: with helpers it counts one evaluation after a
 # training, not three).
 # Environment:
-#   DEVICES  the devices, space-separated (default: cuda:0 ... for every GPU nvidia-smi lists, else cpu)
+#   DEVICES  the devices, space-separated (default: cuda:0 ... for every GPU nvidia-smi lists, else cpu);
+#            cuda:N is the N-th GPU as nvidia-smi lists it, and its processes see that GPU only
 #   WORKERS  processes per device (default 3: one trains while two evaluate the checkpoints it
 #            saves; a 32k-token SmolLM2 training holds about 37 GiB of an H200's 140)
 #   PASSES   longce-chain passes per process (default 2: a second pass takes up what a failed
@@ -59,9 +60,15 @@ mkdir -p "$LOGS" || exit 1
 M=("$PYTHON" -m longppl_reproduce.real_models.cli)
 
 worker() { # worker DEVICE LOG OPTIONS...: longce-start, then the chain passes; 1 if a stage failed
-    local device=$1 log=$2 failed=0 pass left
+    local device=$1 log=$2 failed=0 pass left on=$1
     shift 2
-    flock "$RUN/logs/.longce-start.lock" "${M[@]}" longce-start "$@" --device "$device" >>"$log" 2>&1 || failed=1
+    # a process sees its GPU only: with more visible, the trainer would spread one process over all of
+    # them (DataParallel, which LongCETrainer refuses); claims still name the physical GPU
+    if [[ $device =~ ^cuda:([0-9]+)$ ]]; then
+        export CUDA_VISIBLE_DEVICES=${BASH_REMATCH[1]}
+        on=cuda:0
+    fi
+    flock "$RUN/logs/.longce-start.lock" "${M[@]}" longce-start "$@" --device "$on" >>"$log" 2>&1 || failed=1
     for pass in $(seq 1 "$PASSES"); do
         left=$((END - $(date +%s)))
         [ "$left" -gt 60 ] || break # too little left to begin anything
@@ -69,7 +76,7 @@ worker() { # worker DEVICE LOG OPTIONS...: longce-start, then the chain passes; 
         # the first pass waits for the processes started beside it; a later one goes on with those left
         joined=1
         [ "$pass" = 1 ] && joined=$WORKERS
-        "${M[@]}" longce-chain "$@" --device "$device" --budget-seconds "$left" --workers "$joined" >>"$log" 2>&1 || failed=1
+        "${M[@]}" longce-chain "$@" --device "$on" --budget-seconds "$left" --workers "$joined" >>"$log" 2>&1 || failed=1
     done
     echo "== done $(date +%T)" >>"$log"
     return $failed
