@@ -346,6 +346,39 @@ def test_a_units_seconds_are_read_from_the_units_measured_before(tmp_path):
     assert unit_seconds(run, PLAN, s1, "ce", 3) is None  # no evaluation measured: nothing to go on
 
 
+def test_a_trainings_seconds_follow_the_starts_last_runs_brought_to_the_arms_cost_by_its_pilot(tmp_path):
+    from longppl_reproduce.real_models.longce_start import PLAN, RECENT_TRAININGS, fresh_steps, unit_seconds
+
+    run, starts = _measured_run(tmp_path, 1000.0)
+    s1 = starts["s1"]
+    evaluation = 210.0  # as in the fixture
+    # s1's pilot: a self step costs 1.5 ce steps; ce-fresh runs round(1.5 x 200) steps at a ce step's cost
+    (tmp_path / "records" / "longce_start.jsonl").write_text(
+        json.dumps({"key": "pilot/s1", "start": "s1", "r": 1.5})
+        + "\n"
+        + json.dumps({"key": "pilot/s2", "r": 2.0})
+        + "\n"
+    )
+    later = [  # after the fixture's runs (ce 100, ce 140, a resumed part, self 300), as units run now
+        {"key": "s1/frozen-s1", "start": "s1", "arm": "frozen", "seconds": 80.0, "resumed": False},
+        {"key": "s1/self-s1", "start": "s1", "arm": "self", "seconds": 90.0, "resumed": False},  # 60 ce-seconds
+        {"key": "s1/ce-fresh-s1", "start": "s1", "arm": "ce-fresh", "seconds": 105.0, "resumed": False},  # 70
+        {"key": "s1/ce-s3", "start": "s1", "arm": "ce", "seconds": 5.0, "resumed": True},  # a part: left out
+    ]
+    with open(tmp_path / "records" / "longce_train.jsonl", "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in later)
+    assert RECENT_TRAININGS == 3
+    per_ce = 70.0  # the median of 80, 90 / 1.5 and 105 / (300 / 200): the last three, the fixture's left out
+    assert fresh_steps(PLAN, 1.5) == 300
+    assert unit_seconds(run, PLAN, s1, "ce", 3) == pytest.approx(per_ce + 3 * evaluation)
+    assert unit_seconds(run, PLAN, s1, "self", 2) == pytest.approx(1.5 * per_ce + 3 * evaluation)
+    assert unit_seconds(run, PLAN, s1, "ce-fresh", 2, helped=True) == pytest.approx(1.5 * per_ce + evaluation)
+    # frozen and shuffled: a ce training's cost, plus the weights' scoring on a machine without them
+    assert unit_seconds(run, PLAN, s1, "shuffled", 2) == pytest.approx(per_ce + 50.0 + 3 * evaluation)
+    # s2's only run is ce: 30 s a ce training, its self twice that (its own pilot, not s1's)
+    assert unit_seconds(run, PLAN, starts["s2"], "self", 1, helped=True) == pytest.approx(2 * 30.0 + 60.0)
+
+
 def _mocked_chain(tmp_path, monkeypatch, budget_seconds):
     """A measured run (no models) whose chain trains and evaluates by writing records alone: a unit's
     training saves its checkpoints' folders. Returns ``(run, choice, done)``, ``done`` the

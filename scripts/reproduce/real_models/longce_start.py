@@ -640,7 +640,10 @@ def trained_here(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
 
 
 #: the records the time estimates read
-MEASURED = ("longce_train", "longce_evaluate", "longce_weights")
+MEASURED = ("longce_train", "longce_evaluate", "longce_weights", "longce_start")
+
+#: the trainings of a start that estimate its next ones: its last, which ran as units run now
+RECENT_TRAININGS = 3
 
 
 def measured(run: Run) -> dict[str, list[dict]]:
@@ -669,11 +672,16 @@ def unit_seconds(
     before its end while it goes on (:func:`chain`), so a unit to train counts only its last
     checkpoint's evaluation after the training.
 
-    A training takes the median seconds of the start's recorded runs of ``arm`` (runs that resumed
-    are left out: their seconds are a part), or, with none, of its slowest measured arm, plus the
-    start's weights scoring (its ``longce_weights`` record) for a ``frozen`` or ``shuffled`` unit on a
-    machine without them. None when nothing of the start is measured yet (nothing to go on). ``rows``:
-    the records already read (:func:`measured`), else they are read here."""
+    A training takes the median of the start's last :data:`RECENT_TRAININGS` recorded runs (runs
+    that resumed are left out: their seconds are a part), any arm's, each brought to ``arm``'s cost
+    by the start's pilot: a ``self`` step costs r ``ce`` steps, ``ce-fresh`` runs r times the steps,
+    ``frozen`` and ``shuffled`` cost what ``ce`` does. The last runs, not all: how units share a GPU
+    changed across sessions (four trainings side by side at first, one a device since), and the
+    last ones ran as the next will. Without the start's pilot record, the median of ``arm``'s runs,
+    or with none its slowest arm's. Plus the start's weights scoring (its ``longce_weights`` record)
+    for a ``frozen`` or ``shuffled`` unit on a machine without them. None when nothing of the start
+    is measured yet (nothing to go on). ``rows``: the records already read (:func:`measured`), else
+    they are read here."""
     rows = rows or measured(run)
     train_rows, evaluate_rows = rows["longce_train"], rows["longce_evaluate"]
     trains = [r for r in train_rows if r.get("start") == start.name and not r.get("resumed")]
@@ -682,13 +690,18 @@ def unit_seconds(
     left = [c for c in sizes.checkpoints if f"{key}/{c}" not in evaluated]
     seconds = 0.0
     if not trained_here(run, sizes, start, arm, seed, recorded, evaluated):
-        by_arm: dict[str, list[float]] = {}
-        for r in trains:
-            by_arm.setdefault(r["arm"], []).append(r["seconds"])
-        if not by_arm:
+        if not trains:
             return None
-        medians = {name: float(np.median(values)) for name, values in by_arm.items()}
-        seconds += medians.get(arm, max(medians.values()))
+        pilot = [r["r"] for r in rows.get("longce_start", []) if r.get("key") == f"pilot/{start.name}"]
+        if pilot:
+            cost = {"self": pilot[0], "ce-fresh": fresh_steps(sizes, pilot[0]) / sizes.steps}
+            recent = [r["seconds"] / cost.get(r["arm"], 1.0) for r in trains[-RECENT_TRAININGS:]]
+            seconds += float(np.median(recent)) * cost.get(arm, 1.0)
+        else:
+            medians = {
+                a: float(np.median([r["seconds"] for r in trains if r["arm"] == a])) for a in {r["arm"] for r in trains}
+            }
+            seconds += medians.get(arm, max(medians.values()))
         if WEIGHTS_OF_ARM[arm] == "cache" and not os.path.isfile(weights_path(run, start)):
             scored = [r for r in rows["longce_weights"] if r.get("key") == start.name]
             seconds += scored[0]["scoring_seconds"] if scored else 0.0
