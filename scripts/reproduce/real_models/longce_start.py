@@ -511,6 +511,13 @@ def fresh_steps(sizes: LongCESizes, ratio: float) -> int:
     return steps
 
 
+def pilot_ratio(start_rows: list[dict], start: Start) -> float | None:
+    """The pilot's r of ``start`` (a ``self`` step's seconds over a ``ce`` step's) from the
+    ``longce_start`` records' rows; None before its pilot ran."""
+    found = [r["r"] for r in start_rows if r.get("key") == f"pilot/{start.name}"]
+    return found[0] if found else None
+
+
 def train(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, steps: int | None = None) -> dict:
     """One run of ``arm`` with ``seed`` from the start model, or the pilot when ``steps`` is given
     (nothing saved). Returns the training record; a full run saves the model at each checkpoint to
@@ -531,10 +538,9 @@ def train(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int, steps
     ratio, scoring_seconds = None, 0.0
     total = steps or sizes.steps
     if arm == "ce-fresh" and not pilot:
-        pilots = {r["key"]: r for r in run.records("longce_start").rows()}
-        if f"pilot/{start.name}" not in pilots:
+        ratio = pilot_ratio(run.records("longce_start").rows(), start)
+        if ratio is None:
             raise ValueError(f"ce-fresh needs the pilot's r of {start.name}: run the 'longce-start' phase first.")
-        ratio = pilots[f"pilot/{start.name}"]["r"]
         total = fresh_steps(sizes, ratio)
         extra = reserve[np.random.default_rng([seed, 1]).permutation(len(reserve))[: total - len(rows)]]
         rows = np.concatenate([rows, extra])
@@ -692,9 +698,9 @@ def unit_seconds(
     if not trained_here(run, sizes, start, arm, seed, recorded, evaluated):
         if not trains:
             return None
-        pilot = [r["r"] for r in rows.get("longce_start", []) if r.get("key") == f"pilot/{start.name}"]
-        if pilot:
-            cost = {"self": pilot[0], "ce-fresh": fresh_steps(sizes, pilot[0]) / sizes.steps}
+        ratio = pilot_ratio(rows.get("longce_start", []), start)
+        if ratio is not None:
+            cost = {"self": ratio, "ce-fresh": fresh_steps(sizes, ratio) / sizes.steps}
             recent = [r["seconds"] / cost.get(r["arm"], 1.0) for r in trains[-RECENT_TRAININGS:]]
             seconds += float(np.median(recent)) * cost.get(arm, 1.0)
         else:
@@ -894,7 +900,8 @@ def chain(run: Run, choice: Choice) -> None:
         ValueError: the run's records hold no calibration of the Gemma evaluator (the evaluations
             read its alpha), before any unit is trained."""
     phases.alphas(run)
-    budget, said, peer_waits, waiting = Budget(run.budget_seconds), set(), PEER_WAITS, True
+    budget, said, peer_waits = Budget(run.budget_seconds), set(), PEER_WAITS
+    wanted = choice.workers  # the processes waited for; 0 once the first choice is made
     workers = _chain_phase(run)
 
     def joined(here: int) -> str:
@@ -907,14 +914,14 @@ def chain(run: Run, choice: Choice) -> None:
             if _evaluate_next(run, choice, budget, said):
                 continue
             here = len(held(run.root, workers))
-            if waiting and here < choice.workers and peer_waits > 0:
+            if here < wanted and peer_waits > 0:
                 peer_waits -= 1
                 say_once(run, said, f"{joined(here)}; waiting for the others before choosing a unit to train")
                 _wait()
                 continue
-            if waiting and here < choice.workers:
+            if here < wanted:
                 say_once(run, said, f"{joined(here)} after {PEER_WAITS * WAIT_SECONDS:.0f} s; going on with them")
-            waiting = False  # once only: later a process that ends its pass leaves the others to go on without it
+            wanted = 0  # once only: later a process that ends its pass leaves the others to go on without it
             trained = _train_next(run, choice, budget, said, helped=here > 1)
             if trained == "trained":
                 continue

@@ -60,7 +60,7 @@ mkdir -p "$LOGS" || exit 1
 M=("$PYTHON" -m longppl_reproduce.real_models.cli)
 
 worker() { # worker DEVICE LOG OPTIONS...: longce-start, then the chain passes; 1 if a stage failed
-    local device=$1 log=$2 failed=0 pass left on=$1
+    local device=$1 log=$2 failed=0 pass left joined on=$1
     shift 2
     # a process sees its GPU only: with more visible, the trainer would spread one process over all of
     # them (DataParallel, which LongCETrainer refuses); claims still name the physical GPU
