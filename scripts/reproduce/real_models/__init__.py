@@ -18,6 +18,8 @@ Modules:
 - ``analysis``: the LongPPL plan's statistics and decision, from those records alone.
 - ``longce_start``: the device phases of "LongCE from a real start" (starts and gate, the start
   model's weights, the five arms' training, every checkpoint's outcomes).
+- ``longce_chain``: its ``longce-chain`` stage, the training and the evaluations in one pipeline a
+  device shared by processes side by side, and the time estimates by which it begins a unit.
 - ``longce_report``: that plan's statistics and decisions, from its records alone.
 - ``cli``: the command line; its ``STAGES`` table maps each stage's name to its function.
 

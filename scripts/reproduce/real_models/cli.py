@@ -12,7 +12,7 @@
   no fine-tuned member but the ones in hand).
 - ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate`` / ``longce-chain``: the
   device phases of the LongCE study from a real start (``longce_start``), resumable in the same way
-  (``longce-chain``: train and evaluate a unit at a time, and begin none that the units measured
+  (``longce-chain``, ``longce_chain``: train and evaluate a unit at a time, and begin none that the units measured
   before say would not end within ``--budget-seconds``).
 - ``longce-report``: that study's analysis by its plan (paired t intervals, Holm decisions, void
   rule, pooled means), from ``<run>/records/*.jsonl`` alone (``longce_report``):
@@ -88,9 +88,10 @@ def stage_chain(args) -> None:
 
 
 def stage_longce(args) -> None:
-    from . import longce_start, phases
+    from . import longce_chain, longce_start, phases
 
-    longce_start.stages()[args.stage](phases.Run.from_args(args), longce_start.Choice.from_args(args))
+    stages = {**longce_start.stages(), "longce-chain": longce_chain.chain}
+    stages[args.stage](phases.Run.from_args(args), longce_start.Choice.from_args(args))
 
 
 def _write_outputs(folder: str, texts: dict) -> None:
