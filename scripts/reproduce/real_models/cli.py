@@ -12,8 +12,8 @@
   no fine-tuned member but the ones in hand).
 - ``longce-start`` / ``longce-weights`` / ``longce-train`` / ``longce-evaluate`` / ``longce-chain``: the
   device phases of the LongCE study from a real start (``longce_start``), resumable in the same way
-  (``longce-chain``, ``longce_chain``: train and evaluate a unit at a time, and begin none that the units measured
-  before say would not end within ``--budget-seconds``).
+  (``longce-chain``, module ``longce_chain``: train and evaluate a unit at a time, and begin none
+  that the units measured before say would not end within ``--budget-seconds``).
 - ``longce-report``: that study's analysis by its plan (paired t intervals, Holm decisions, void
   rule, pooled means), from ``<run>/records/*.jsonl`` alone (``longce_report``):
   ``<run>/longce_results.json`` and ``<run>/longce_report.md``.

@@ -6,7 +6,7 @@ units measured before, by which it begins no unit that would not end within the 
 - :func:`chain`: one training a device at a time, the checkpoints it saves evaluated beside it by the
   other processes, so that a session's end loses no trained unit but the one in hand.
 - :func:`unit_seconds`, :func:`evaluation_seconds`: what a unit and one checkpoint's evaluation still
-  need on this machine, from the records (:func:`measured`).
+  need on this machine, from the records (``longce_start.measured``).
 - :func:`device_name`: the physical device a process's ``cuda:<k>`` is, as the claims name it.
 """
 
@@ -28,6 +28,7 @@ from .longce_start import (
     evaluate_model,
     evaluation_units,
     fresh_steps,
+    measured,
     pilot_ratio,
     train_unit,
     trained_here,
@@ -42,24 +43,15 @@ from .progress import Budget, pending, say_once
 # ------------------------------------------------------------------ estimates from the records
 
 
-#: the records the time estimates read
-MEASURED = ("longce_train", "longce_evaluate", "longce_weights", "longce_start")
-
 #: the trainings of a start that estimate its next ones: its last, which ran as units run now
 RECENT_TRAININGS = 3
-
-
-def measured(run: Run) -> dict[str, list[dict]]:
-    """``{name: rows}`` of the records in :data:`MEASURED`, each file read once: for a caller that
-    asks :func:`unit_seconds` of many units at one moment."""
-    return {name: run.records(name).rows() for name in MEASURED}
 
 
 def evaluation_seconds(run: Run, start: Start, rows: dict | None = None) -> float | None:
     """About how many seconds one checkpoint's evaluation of ``start`` takes: the median seconds of
     its evaluated checkpoints in the records (every session's, any arm; the start's own evaluation
     pays one-off costs and is left out). None when none is measured yet. ``rows``: the records
-    already read (:func:`measured`), else they are read here."""
+    already read (``longce_start.measured``), else they are read here."""
     rows = (rows or measured(run))["longce_evaluate"]
     found = [r["seconds"] for r in rows if r.get("start") == start.name and r.get("step")]  # step 0: the start
     return float(np.median(found)) if found else None
@@ -83,8 +75,8 @@ def unit_seconds(
     last ones ran as the next will. Without the start's pilot record, the median of ``arm``'s runs,
     or with none its slowest arm's. Plus the start's weights scoring (its ``longce_weights`` record)
     for a ``frozen`` or ``shuffled`` unit on a machine without them. None when nothing of the start
-    is measured yet (nothing to go on). ``rows``: the records already read (:func:`measured`), else
-    they are read here."""
+    is measured yet (nothing to go on). ``rows``: the records already read
+    (``longce_start.measured``), else they are read here."""
     rows = rows or measured(run)
     train_rows, evaluate_rows = rows["longce_train"], rows["longce_evaluate"]
     trains = [r for r in train_rows if r.get("start") == start.name and not r.get("resumed")]

@@ -20,9 +20,9 @@ new unit once ``--budget-seconds`` have passed.
 - ``longce-evaluate`` (``longce_evaluate.jsonl``): per start model and per saved checkpoint, the
   task accuracies (lines, needle and passage recall beyond the trained length; lines within K at the
   short lengths) and PPL / LongPPL under the calibrated Gemma evaluator on held-out books at L.
-- ``longce-chain``: ``longce-train`` and ``longce-evaluate`` in one pipeline (module ``longce_chain``): one
-  training a device at a time, the checkpoints it saves evaluated beside it by the other processes,
-  so that a session's end loses no trained unit but the one in hand.
+- ``longce-chain`` (module ``longce_chain``): ``longce-train`` and ``longce-evaluate`` in one
+  pipeline: one training a device at a time, the checkpoints it saves evaluated beside it by the
+  other processes, so that a session's end loses no trained unit but the one in hand.
 
 The stage ``longce-report`` (module ``longce_report``) applies the plan's analysis to these records
 alone: ``<run>/longce_results.json`` and ``<run>/longce_report.md``.
@@ -643,6 +643,16 @@ def trained_here(run: Run, sizes: LongCESizes, start: Start, arm: str, seed: int
     )
 
 
+#: the records the time estimates read
+MEASURED = ("longce_train", "longce_evaluate", "longce_weights", "longce_start")
+
+
+def measured(run: Run) -> dict[str, list[dict]]:
+    """``{name: rows}`` of the records in :data:`MEASURED`, each file read once: for a caller that
+    asks the time estimates of many units at one moment (``longce_chain.unit_seconds``)."""
+    return {name: run.records(name).rows() for name in MEASURED}
+
+
 def training_units(choice: Choice) -> list[tuple[str, tuple[Start, str, int]]]:
     """``(key, (start, arm, seed))`` of every unit of ``choice`` in ``longce-train``'s order: seed
     outermost, so that a call finishes seeds whole."""
@@ -685,9 +695,8 @@ def train_unit(run: Run, choice: Choice, records, key: str, start: Start, arm: s
 
 def trained_keys(run: Run, choice: Choice, units, rows: dict | None = None) -> set[str]:
     """The keys of ``units`` (``(key, (start, arm, seed))``) that need no training on this machine;
-    ``rows``: the ``longce_train`` and ``longce_evaluate`` records already read (``{name: rows}``),
-    else they are read here."""
-    rows = rows or {name: run.records(name).rows() for name in ("longce_train", "longce_evaluate")}
+    ``rows``: the records already read (:func:`measured`), else they are read here."""
+    rows = rows or measured(run)
     recorded, evaluated = {r["key"] for r in rows["longce_train"]}, {r["key"] for r in rows["longce_evaluate"]}
     return {key for key, unit in units if trained_here(run, choice.sizes, *unit, recorded, evaluated)}
 
@@ -756,7 +765,8 @@ def evaluate_model(run: Run, sizes: LongCESizes, records, key: str, start, folde
 
 
 def stages() -> dict:
-    """The phases by stage name, each ``function(run, choice)`` (``longce-chain``: ``longce_chain.chain``)."""
+    """The phases by stage name, each ``function(run, choice)``; ``longce-chain`` is
+    ``longce_chain.chain`` (the command line adds it)."""
     return {
         "longce-start": build_starts,
         "longce-weights": score_weights,
