@@ -70,13 +70,9 @@ def test_a_units_seconds_are_read_from_the_units_measured_before(tmp_path):
     assert unit_seconds(run, PLAN, s1, "ce", 3) is None  # no evaluation measured: nothing to go on
 
 
-def test_a_trainings_seconds_follow_the_starts_last_runs_brought_to_the_arms_cost_by_its_pilot(tmp_path):
-    from longppl_reproduce.real_models.longce_chain import RECENT_TRAININGS, unit_seconds
-    from longppl_reproduce.real_models.longce_start import PLAN, fresh_steps
-
+def _with_pilot_and_later_runs(tmp_path):
+    """The fixture's run, with s1's and s2's pilots and later s1 runs, as units run now."""
     run, starts = _measured_run(tmp_path, 1000.0)
-    s1 = starts["s1"]
-    evaluation = 210.0  # as in the fixture
     # s1's pilot: a self step costs 1.5 ce steps; ce-fresh runs round(1.5 x 200) steps at a ce step's cost
     (tmp_path / "records" / "longce_start.jsonl").write_text(
         json.dumps({"key": "pilot/s1", "start": "s1", "r": 1.5})
@@ -84,24 +80,52 @@ def test_a_trainings_seconds_follow_the_starts_last_runs_brought_to_the_arms_cos
         + json.dumps({"key": "pilot/s2", "r": 2.0})
         + "\n"
     )
-    later = [  # after the fixture's runs (ce 100, ce 140, a resumed part, self 300), as units run now
+    later = [  # after the fixture's runs (ce 100, ce 140, a resumed part, self 300)
         {"key": "s1/frozen-s1", "start": "s1", "arm": "frozen", "seconds": 80.0, "resumed": False},
         {"key": "s1/self-s1", "start": "s1", "arm": "self", "seconds": 90.0, "resumed": False},  # 60 ce-seconds
-        {"key": "s1/ce-fresh-s1", "start": "s1", "arm": "ce-fresh", "seconds": 105.0, "resumed": False},  # 70
+        {"key": "s1/ce-fresh-s1", "start": "s1", "arm": "ce-fresh", "seconds": 120.0, "resumed": False},  # 80
         {"key": "s1/ce-s3", "start": "s1", "arm": "ce", "seconds": 5.0, "resumed": True},  # a part: left out
     ]
     with open(tmp_path / "records" / "longce_train.jsonl", "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in later)
-    assert RECENT_TRAININGS == 3
-    per_ce = 70.0  # the median of 80, 90 / 1.5 and 105 / (300 / 200): the last three, the fixture's left out
+    return run, starts
+
+
+def test_a_trainings_seconds_are_its_arms_recent_runs_else_the_starts_last_runs_by_its_pilot(tmp_path):
+    from longppl_reproduce.real_models.longce_chain import RECENT_ARM_TRAININGS, RECENT_TRAININGS, unit_seconds
+    from longppl_reproduce.real_models.longce_start import PLAN, fresh_steps
+
+    run, starts = _with_pilot_and_later_runs(tmp_path)
+    s1 = starts["s1"]
+    evaluation = 210.0  # as in the fixture
+    assert (RECENT_TRAININGS, RECENT_ARM_TRAININGS) == (3, 10)  # every s1 run is among its last 10
+    # an arm with runs of its own: their median, not the pilot's scaling of the others
+    assert unit_seconds(run, PLAN, s1, "ce", 3) == pytest.approx((100.0 + 140.0) / 2 + 3 * evaluation)
+    assert unit_seconds(run, PLAN, s1, "self", 2) == pytest.approx((300.0 + 90.0) / 2 + 3 * evaluation)
+    assert unit_seconds(run, PLAN, s1, "ce-fresh", 2, helped=True) == pytest.approx(120.0 + evaluation)
+    # shuffled has none: the last three runs brought to a ce training's cost by the pilot (80, 60 and
+    # 120 / (300 / 200) = 80: median 80), plus the weights' scoring on a machine without them
     assert fresh_steps(PLAN, 1.5) == 300
-    assert unit_seconds(run, PLAN, s1, "ce", 3) == pytest.approx(per_ce + 3 * evaluation)
-    assert unit_seconds(run, PLAN, s1, "self", 2) == pytest.approx(1.5 * per_ce + 3 * evaluation)
-    assert unit_seconds(run, PLAN, s1, "ce-fresh", 2, helped=True) == pytest.approx(1.5 * per_ce + evaluation)
-    # frozen and shuffled: a ce training's cost, plus the weights' scoring on a machine without them
-    assert unit_seconds(run, PLAN, s1, "shuffled", 2) == pytest.approx(per_ce + 50.0 + 3 * evaluation)
+    assert unit_seconds(run, PLAN, s1, "shuffled", 2) == pytest.approx(80.0 + 50.0 + 3 * evaluation)
     # s2's only run is ce: 30 s a ce training, its self twice that (its own pilot, not s1's)
     assert unit_seconds(run, PLAN, starts["s2"], "self", 1, helped=True) == pytest.approx(2 * 30.0 + 60.0)
+
+
+def test_an_arms_own_runs_count_only_among_the_starts_recent_ones(tmp_path, monkeypatch):
+    from longppl_reproduce.real_models import longce_chain
+    from longppl_reproduce.real_models.longce_start import PLAN
+
+    run, starts = _with_pilot_and_later_runs(tmp_path)
+    s1 = starts["s1"]
+    evaluation = 210.0
+    # the last four s1 runs that did not resume: self 300, frozen 80, self 90, ce-fresh 120
+    monkeypatch.setattr(longce_chain, "RECENT_ARM_TRAININGS", 4)
+    # ce's runs (100, 140) are older: the last three by the pilot instead (80, 60, 80: median 80)
+    assert longce_chain.unit_seconds(run, PLAN, s1, "ce", 3) == pytest.approx(80.0 + 3 * evaluation)
+    assert longce_chain.unit_seconds(run, PLAN, s1, "self", 2) == pytest.approx((300.0 + 90.0) / 2 + 3 * evaluation)
+    monkeypatch.setattr(longce_chain, "RECENT_ARM_TRAININGS", 2)  # self 90 and ce-fresh 120 only
+    assert longce_chain.unit_seconds(run, PLAN, s1, "self", 2) == pytest.approx(90.0 + 3 * evaluation)
+    assert longce_chain.unit_seconds(run, PLAN, s1, "frozen", 2) == pytest.approx(80.0 + 50.0 + 3 * evaluation)
 
 
 def _mocked_chain(tmp_path, monkeypatch, budget_seconds):

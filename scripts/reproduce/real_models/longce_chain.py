@@ -46,6 +46,10 @@ from .progress import Budget, pending, say_once
 #: the trainings of a start that estimate its next ones: its last, which ran as units run now
 RECENT_TRAININGS = 3
 
+#: the trainings of a start among which an arm's own runs, where there are any, estimate its next one:
+#: about two sessions' trainings of an S1 start, all run one training a device
+RECENT_ARM_TRAININGS = 10
+
 
 def evaluation_seconds(run: Run, start: Start, rows: dict | None = None) -> float | None:
     """About how many seconds one checkpoint's evaluation of ``start`` takes: the median seconds of
@@ -67,13 +71,17 @@ def unit_seconds(
     before its end while it goes on (:func:`chain`), so a unit to train counts only its last
     checkpoint's evaluation after the training.
 
-    A training takes the median of the start's last :data:`RECENT_TRAININGS` recorded runs (runs
-    that resumed are left out: their seconds are a part), any arm's, each brought to ``arm``'s cost
-    by the start's pilot: a ``self`` step costs r ``ce`` steps, ``ce-fresh`` runs r times the steps,
-    ``frozen`` and ``shuffled`` cost what ``ce`` does. The last runs, not all: how units share a GPU
-    changed across sessions (four trainings side by side at first, one a device since), and the
-    last ones ran as the next will. Without the start's pilot record, the median of ``arm``'s runs,
-    or with none its slowest arm's. Plus the start's weights scoring (its ``longce_weights`` record)
+    A training takes the median of ``arm``'s own runs among the start's last
+    :data:`RECENT_ARM_TRAININGS` recorded runs (runs that resumed are left out: their seconds are a
+    part). With none, the median of the start's last :data:`RECENT_TRAININGS` runs, any arm's, each
+    brought to ``arm``'s cost by the start's pilot: a ``self`` step costs r ``ce`` steps, ``ce-fresh``
+    runs r times the steps, ``frozen`` and ``shuffled`` cost what ``ce`` does. The last runs, not
+    all: how units share a GPU changed across sessions (four trainings side by side at first, one a
+    device since), and the last ones ran as the next will. The arm's own runs first: the pilot timed
+    steps alone, while a unit's training shares the GPU with its checkpoints' evaluations for part
+    of its time, a smaller part of a longer run (S1 ``ce-fresh`` took 290-334 s where its pilot
+    scaling gave about 440). Without the start's pilot record and no own run, the median of
+    ``arm``'s runs, or with none its slowest arm's. Plus the start's weights scoring (its ``longce_weights`` record)
     for a ``frozen`` or ``shuffled`` unit on a machine without them. None when nothing of the start
     is measured yet (nothing to go on). ``rows``: the records already read
     (``longce_start.measured``), else they are read here."""
@@ -88,7 +96,10 @@ def unit_seconds(
         if not trains:
             return None
         ratio = pilot_ratio(rows.get("longce_start", []), start)
-        if ratio is not None:
+        own = [r["seconds"] for r in trains[-RECENT_ARM_TRAININGS:] if r["arm"] == arm]
+        if own:
+            seconds += float(np.median(own))
+        elif ratio is not None:
             cost = {"self": ratio, "ce-fresh": fresh_steps(sizes, ratio) / sizes.steps}
             recent = [r["seconds"] / cost.get(r["arm"], 1.0) for r in trains[-RECENT_TRAININGS:]]
             seconds += float(np.median(recent)) * cost.get(arm, 1.0)
