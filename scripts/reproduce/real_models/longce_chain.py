@@ -95,11 +95,10 @@ def unit_seconds(
     if not trained_here(run, sizes, start, arm, seed, recorded, evaluated):
         if not trains:
             return None
-        ratio = pilot_ratio(rows.get("longce_start", []), start)
         own = [r["seconds"] for r in trains[-RECENT_ARM_TRAININGS:] if r["arm"] == arm]
         if own:
             seconds += float(np.median(own))
-        elif ratio is not None:
+        elif (ratio := pilot_ratio(rows.get("longce_start", []), start)) is not None:
             cost = {"self": ratio, "ce-fresh": fresh_steps(sizes, ratio) / sizes.steps}
             recent = [r["seconds"] / cost.get(r["arm"], 1.0) for r in trains[-RECENT_TRAININGS:]]
             seconds += float(np.median(recent)) * cost.get(arm, 1.0)
