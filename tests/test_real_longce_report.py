@@ -286,6 +286,36 @@ def test_the_report_names_the_decision_gate_r_and_compute(staged):
     assert "## Pooled over the starts" in text and "## Compute per arm" in text
 
 
+def test_the_exploratory_case_interval_sits_beside_the_t_interval_and_decides_nothing(staged):
+    # the staged records carry no per-case answers: every contrast says so, the decisions stand
+    cases = staged["results"]["starts"]["s1"]["cases"]
+    assert set(cases) == {
+        "self - ce",
+        "frozen - ce",
+        "frozen - shuffled",
+        "self - ce-fresh",
+        "self - frozen",
+        "shuffled - ce",
+    }
+    assert all("no per-case answers" in entry["skipped"] for entry in cases.values())
+    assert "### Exploratory: the cases resampled (decides nothing)" in staged["text"]
+    # each case answered as its set's accuracy: no spread over cases, so the interval is the point,
+    # and the point is the plan's mean of the paired differences
+    rows = records(staged["crafted"])
+    for r in rows["longce_evaluate"]:
+        for task in r["tasks"].values():
+            task["per_case"] = [task["accuracy"]] * 3
+    found = longce_report.analyse(rows, list(STARTS), ARMS, SEEDS, CHECKPOINTS)
+    s1 = found["starts"]["s1"]
+    entry = s1["cases"]["self - ce"]
+    t = s1["differences"]["self - ce"]["primary_accuracy"]
+    assert entry["value"] == pytest.approx(np.mean(diffs(staged["crafted"], "s1", "self", "ce", "lines_beyond")))
+    assert entry["value"] == pytest.approx(t["value"])
+    assert entry["low"] == pytest.approx(entry["value"]) and entry["high"] == pytest.approx(entry["value"])
+    assert entry["holds_under_both"] is (t["low"] > 0)
+    assert found["decisions"] == staged["results"]["decisions"]
+
+
 def test_a_run_below_half_the_starts_within_k_at_the_first_checkpoint_is_void():
     crafted = craft()
     values = crafted["values"]

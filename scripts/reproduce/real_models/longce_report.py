@@ -9,7 +9,8 @@
   (``common.arm_comparison.analyse_arms``, the three-setting study's mechanism too, with
   this plan's pairs, outcomes and no arm-level void), every arm against the start model, Holm's
   correction over the four decided contrasts (:func:`holm_family`) and the compute per arm; the
-  pooled means over the starts (``pool_clusters``); the decisions (:func:`decide`).
+  pooled means over the starts (``pool_clusters``); the decisions (:func:`decide`); beside them the
+  exploratory case-resampled intervals (``longce_cases``), which decide nothing.
 - :func:`format_report`: ``longce_report.md``.
 
 Everything here is pure: records in, numbers out, so the tests can craft them.
@@ -23,6 +24,7 @@ from ..common.report_text import fmt, spread
 from ..common.run_folder import finite
 from ..common.statistics import holm
 from .analysis import mean_over_lengths
+from .longce_cases import case_resampled, holds_under_both
 
 #: The outcomes per run (the first is the primary one), with their report labels and decimals.
 OUTCOMES = {
@@ -48,6 +50,9 @@ DECIDED_PAIRS = (("self", "ce"), ("frozen", "ce"), ("frozen", "shuffled"), ("sel
 #: every arm).
 REPORTED_PAIRS = (("self", "frozen"), ("shuffled", "ce"), ("ce-fresh", "ce"))
 PAIRS = DECIDED_PAIRS + REPORTED_PAIRS
+#: The exploratory case-resampled interval's contrasts: the four decided, ``self - frozen`` and
+#: ``shuffled - ce`` (docs/reproduction.md, the study's deviations).
+CASE_PAIRS = DECIDED_PAIRS + REPORTED_PAIRS[:2]
 #: The outcomes pooled over the starts: the primary one (decided) and the held-out task (reported).
 POOLED_MEASURES = ("primary_accuracy", "recall")
 #: "Frozen matches self": ``frozen - self``'s unadjusted interval above minus this.
@@ -306,6 +311,17 @@ def decide(starts: dict, pooled: dict, margin: float = MARGIN) -> dict:
     }
 
 
+def _cases(records: dict, found: dict, step: int) -> dict:
+    """The exploratory case-resampled interval of each of :data:`CASE_PAIRS` (``longce_cases``),
+    each with ``holds_under_both`` beside the plan's t interval."""
+    evaluated = _by_key(records.get("longce_evaluate", []))
+    prefix = TASK_PREFIXES[found["primary"]]
+    out = case_resampled(evaluated, found["runs"], prefix, step, CASE_PAIRS)
+    for name, entry in out.items():
+        entry["holds_under_both"] = holds_under_both(found["differences"][name]["primary_accuracy"], entry)
+    return out
+
+
 def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95, alpha: float = ALPHA) -> dict:
     """The study's statistics and decisions from its records.
 
@@ -319,7 +335,8 @@ def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95
         ``{"level", "alpha", "arms", "seeds", "checkpoints", "starts": {start: ...},
         "pooled", "decisions"}``; a start is :func:`start_rows`' dict plus ``analyse_setting``'s
         (``void``, ``summary``, ``differences``, ``against_start``), ``holm``, ``along`` and
-        ``compute``, or ``{"skipped": why, "gate", "r"}`` when the records hold no evaluation of it.
+        ``compute`` and ``cases`` (the exploratory case-resampled intervals, :func:`_cases`), or
+        ``{"skipped": why, "gate", "r"}`` when the records hold no evaluation of it.
     """
     analysed = {}
     for start in starts:
@@ -351,6 +368,7 @@ def analyse(records: dict, starts, arms, seeds, checkpoints, level: float = 0.95
         found["holm"] = holm_family(found["differences"], alpha)
         found["along"] = along_fine_tuning(found["runs"], arms, checkpoints)
         found["compute"] = compute_by_arm(records, start, arms, seeds)
+        found["cases"] = _cases(records, found, checkpoints[-1])
         analysed[start] = found
     usable = {name: found for name, found in analysed.items() if "skipped" not in found}
     pooled = shared.pool_clusters(usable, level, pairs=PAIRS, measures=POOLED_MEASURES)
@@ -560,10 +578,33 @@ def _compute_table(results: dict) -> list[str]:
     return out
 
 
+def _cases_table(found: dict, level: int) -> list[str]:
+    out = [
+        "The plan's t interval varies the seed (the data order); this one draws each length's cases again, "
+        "the same draw for every run (paired), on the primary outcome at the primary step.",
+        "",
+        f"| contrast | seeds | t interval (seeds) | {level}% interval, cases resampled | both exclude 0 |",
+        "|---|---:|---|---|---|",
+    ]
+    for name, entry in found["cases"].items():
+        t = found["differences"][name]["primary_accuracy"]
+        label = name.replace(" - ", " − ")
+        if "skipped" in entry:
+            out.append(f"| {label} | | {interval_text(t, 3)} | skipped: {entry['skipped']} | |")
+            continue
+        held = {True: "**yes**", False: "no", None: "n/a"}[entry["holds_under_both"]]
+        out.append(
+            f"| {label} | {len(entry['seeds'])} | {interval_text(t, 3)} | {interval_text(entry, 3)} "
+            f"({entry['resamples']:,} resamples) | {held} |"
+        )
+    return out
+
+
 def format_report(results: dict) -> str:
     """``longce_report.md``: gate and r per start, the decisions in words, per start its runs (void
     runs named), mean ± sd per arm, the primary along fine-tuning, the paired differences with their
-    t intervals, the Holm table and the differences against the start model; the pooled table;
+    t intervals, the Holm table, the exploratory case-resampled intervals and the differences against
+    the start model; the pooled table;
     the compute per arm."""
     level = round(results["level"] * 100)
     checkpoints = results["checkpoints"]
@@ -600,6 +641,7 @@ def format_report(results: dict) -> str:
         out += shared.difference_table(found["differences"], outcomes, OUTCOMES)
         out += ["", "### Holm over the four decided contrasts (primary outcome, two-sided paired t)", ""]
         out += _holm_table(found["holm"])
+        out += ["", "### Exploratory: the cases resampled (decides nothing)", "", *_cases_table(found, level)]
         out += ["", "### Against the start model", ""]
         out.append("The start model is evaluated once: each interval is the arm's spread over seeds about its value.")
         out += ["", *shared.difference_table(found["against_start"], outcomes, OUTCOMES)]
