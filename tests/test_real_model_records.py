@@ -1,6 +1,7 @@
 """The committed records of the real-evaluator benchmarks rebuild the committed report exactly
 (``scripts/bench/bench_real_models.py report``), and its statistics are what they say; the committed
-records of the real-models LongPPL study give its committed results.json and report.md."""
+records of the real-models LongPPL study give its committed results.json and report.md, and those
+of the LongCE study its longce_results.json and longce_report.md."""
 
 from __future__ import annotations
 
@@ -92,3 +93,22 @@ def test_the_committed_study_report_is_what_its_committed_records_give():
     assert _without_intervals(found) == _without_intervals(committed)
     with open(os.path.join(folder, "report.md"), encoding="utf-8") as handle:
         assert handle.read() == analysis.format_report(committed)
+
+
+def test_the_committed_longce_report_is_what_its_committed_records_give(tmp_path):
+    """docs/records/real_models_study/longce_{report.md,results.json}: ``longce-report`` on a copy of
+    the committed LongCE records writes them byte for byte (the case resampling is seeded)."""
+    import shutil
+
+    from longppl_reproduce.real_models.cli import main
+
+    folder = os.path.join(REPO, "docs", "records", "real_models_study")
+    (tmp_path / "records").mkdir()
+    for path in glob.glob(os.path.join(folder, "records", "longce_*.jsonl")):
+        shutil.copy(path, tmp_path / "records")
+    assert main(["longce-report", "--run", str(tmp_path)]) == 0
+    for name in ("longce_results.json", "longce_report.md"):
+        with open(os.path.join(folder, name), encoding="utf-8") as handle:
+            assert (tmp_path / name).read_text(encoding="utf-8") == handle.read(), name
+    committed = json.loads((tmp_path / "longce_results.json").read_text())
+    assert committed["runs"] == {"planned": 40, "entered": 40}
