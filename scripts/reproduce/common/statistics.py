@@ -100,7 +100,7 @@ def _resampled_indices(n: int, clusters, resamples: int, seed: int) -> list[np.n
     return [np.concatenate([members[c] for c in row]) for row in draws]
 
 
-def _percentile_summary(value: float, samples: Sequence[float], level: float) -> dict:
+def percentile_summary(value: float, samples: Sequence[float], level: float) -> dict:
     """``value`` with the percentile interval of the defined (non-NaN) ``samples``."""
     samples = np.asarray(samples, dtype=np.float64)
     defined = samples[~np.isnan(samples)]
@@ -132,7 +132,7 @@ def bootstrap_correlation(
     function, level = _method(method), _check_level(level)
     x, y = _columns(("x", "y"), (x, y))
     samples = [function(x[i], y[i]) for i in _resampled_indices(x.shape[0], clusters, resamples, seed)]
-    return _percentile_summary(function(x, y), samples, level)
+    return percentile_summary(function(x, y), samples, level)
 
 
 def paired_bootstrap_difference(
@@ -153,7 +153,7 @@ def paired_bootstrap_difference(
     samples = np.array(
         [function(a[i], y[i]) - function(b[i], y[i]) for i in _resampled_indices(y.shape[0], clusters, resamples, seed)]
     )
-    result = _percentile_summary(function(a, y) - function(b, y), samples, level)
+    result = percentile_summary(function(a, y) - function(b, y), samples, level)
     defined = samples[~np.isnan(samples)]
     value = result["value"]
     if defined.size == 0 or math.isnan(value):
@@ -341,7 +341,7 @@ def bootstrap_partial_correlation(
     level = _check_level(level)
     x, y, z = _partial_inputs(x, y, z)
     samples = [_partial(x[i], y[i], z[i]) for i in _resampled_indices(x.shape[0], clusters, resamples, seed)]
-    return _percentile_summary(_partial(x, y, z), samples, level)
+    return percentile_summary(_partial(x, y, z), samples, level)
 
 
 def fisher_interval(r: float, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -379,7 +379,7 @@ def bootstrap_mean(values, resamples: int = 10000, seed: int = 0, level: float =
     if values.shape[0] == 0:
         raise ValueError("bootstrap_mean got no values; pass at least one.")
     samples = [values[i].mean() for i in _resampled_indices(values.shape[0], None, resamples, seed)]
-    return _percentile_summary(values.mean(), samples, level)
+    return percentile_summary(values.mean(), samples, level)
 
 
 # The variance ratio lambda = var(cluster intercept) / var(residual) is profiled over this grid
@@ -624,4 +624,4 @@ def bootstrap_random_intercept_slope(
         beta = _random_intercept(y[index], design[index], groups)[0]
         samples.append(beta[1])
     fit = random_intercept_fit(y, x, clusters, covariates)
-    return {**_percentile_summary(fit["slope"], samples, level), "fit": fit}
+    return {**percentile_summary(fit["slope"], samples, level), "fit": fit}

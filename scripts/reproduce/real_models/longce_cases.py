@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..common.run_folder import finite
+from ..common.statistics import percentile_summary
 
 #: Resamples and the generator's seed (the LongPPL study's too).
 RESAMPLES = 10000
@@ -68,7 +69,8 @@ def case_resampled(
         pairs: ``(arm, baseline)`` pairs.
 
     Returns:
-        ``{"a - b": {"value", "low", "high", "seeds", "resamples", "level"}}``, or
+        ``{"a - b": {"value", "low", "high", "resamples", "dropped", "level", "seeds"}}``
+        (``statistics.percentile_summary``'s, with the seeds), or
         ``{"a - b": {"skipped": why}}`` for a pair with fewer than one seed in both arms or without
         per-case answers. Draws: per length in ascending order, ``integers(n, size=(resamples, n))``
         of ``numpy.random.default_rng(seed)``, shared by every run and pair.
@@ -86,6 +88,11 @@ def case_resampled(
             problems[row["method"], row["seed"]] = str(error)
     sizes: dict[int, int] = {}
     for (arm, s), found in cases.items():
+        if sizes and set(found) != set(sizes):
+            raise ValueError(
+                f"{arm} seed {s}: {prefix} task sets at lengths {sorted(found)} where other runs have "
+                f"{sorted(sizes)}; every run of a start must answer the same task sets."
+            )
         for length, values in found.items():
             if sizes.setdefault(length, values.size) != values.size:
                 raise ValueError(
@@ -97,7 +104,6 @@ def case_resampled(
     resampled = {
         run: np.mean([found[length][draws[length]].mean(axis=1) for length in sorted(sizes)], axis=0)
         for run, found in cases.items()
-        if set(found) == set(sizes)
     }
     observed = {run: float(np.mean([v.mean() for v in found.values()])) for run, found in cases.items()}
     out = {}
@@ -109,9 +115,8 @@ def case_resampled(
             out[name] = {"skipped": why[0]}
             continue
         samples = np.mean([resampled[a, s] - resampled[b, s] for s in seeds], axis=0)
-        low, high = (float(q) for q in np.quantile(samples, [(1 - level) / 2, (1 + level) / 2]))
         value = float(np.mean([observed[a, s] - observed[b, s] for s in seeds]))
-        out[name] = {"value": value, "low": low, "high": high, "seeds": seeds, "resamples": resamples, "level": level}
+        out[name] = {**percentile_summary(value, samples, level), "seeds": seeds}
     return out
 
 
